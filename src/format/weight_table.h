@@ -1,0 +1,39 @@
+// The table from Hugging Face tensor names to weight slots with the shapes config.json implies.
+// One entry per tensor (with `{layer}` expanded). Binding a checkpoint reports every missing,
+// mis-shaped, mis-typed or unused tensor in one error.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "format/model_config.h"
+#include "format/safetensors.h"
+
+namespace oscar::format {
+
+enum class WeightKind {
+  kEmbed, kFinalNorm, kLmHead,
+  kInputNorm, kPostAttnNorm, kQProj, kKProj, kVProj, kOProj, kQNorm, kKNorm,
+  kQBias, kKBias, kVBias, kGateProj, kUpProj, kDownProj,
+};
+
+struct WeightSpec {
+  std::string hf_name;          // "model.layers.3.self_attn.q_proj.weight"
+  WeightKind kind;
+  int layer = -1;               // -1 for global weights
+  std::vector<int64_t> shape;   // expected, HF layout ([out, in] for linear layers)
+  bool optional = false;        // lm_head when embeddings are tied
+};
+
+std::vector<WeightSpec> weight_specs(const ModelConfig& config);
+
+// Tensors of a checkpoint bound to the specs, in spec order (nullptr for an absent optional one).
+struct BoundWeights {
+  std::vector<WeightSpec> specs;
+  std::vector<const TensorView*> tensors;
+};
+// Weights must be BF16, F16 or F32; any other dtype is refused by name.
+Result<BoundWeights> bind_weights(const ModelConfig& config, const Checkpoint& checkpoint);
+
+}  // namespace oscar::format

@@ -1,0 +1,57 @@
+// PagePool: a fixed number of equally sized pages preallocated from a byte budget, handed out by
+// index with reference counts (a page shared by the radix prefix cache and several sequences is
+// freed when its last reference is dropped). One pool holds BF16 pages (sinks, recent window),
+// another INT2 pages (history); see kernels/kv_layout.h for what a page contains.
+//
+// Not thread-safe: the engine's scheduler thread owns the pools. Running out of pages is a
+// ResourceExhausted Status, never an abort.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace oscar::kv {
+
+using PageId = int32_t;
+inline constexpr PageId kNoPage = -1;
+
+class PagePool {
+ public:
+  // n_pages pages of page_bytes each. page_bytes == 0 makes a simulated pool (no memory), used by
+  // scheduler and radix-cache tests.
+  PagePool(std::string name, int64_t n_pages, size_t page_bytes);
+
+  static int64_t pages_for_budget(size_t budget_bytes, size_t page_bytes);
+
+  // A fresh page with refcount 1.
+  Result<PageId> alloc();
+  // All-or-nothing: n pages or none (ResourceExhausted).
+  Result<std::vector<PageId>> alloc_n(int64_t n);
+  void retain(PageId page);   // refcount += 1
+  void release(PageId page);  // refcount -= 1; at 0 the page returns to the free list
+
+  uint8_t* data(PageId page);
+  const uint8_t* data(PageId page) const;
+  int32_t refcount(PageId page) const;
+
+  const std::string& name() const { return name_; }
+  int64_t n_pages() const { return n_pages_; }
+  int64_t n_free() const { return static_cast<int64_t>(free_.size()); }
+  int64_t n_used() const { return n_pages_ - n_free(); }
+  size_t page_bytes() const { return page_bytes_; }
+  size_t total_bytes() const { return page_bytes_ * static_cast<size_t>(n_pages_); }
+
+ private:
+  std::string name_;
+  int64_t n_pages_;
+  size_t page_bytes_;
+  std::vector<uint8_t> storage_;   // [n_pages, page_bytes]
+  std::vector<int32_t> refcount_;  // [n_pages]
+  std::vector<PageId> free_;       // LIFO free list
+};
+
+}  // namespace oscar::kv
