@@ -2,8 +2,9 @@
 //
 // Goals: zero-copy access to tensors of Hugging Face checkpoints, golden files and rotation files,
 // with every check the reference implementation makes (header length cap of 100 MB, valid JSON,
-// offsets inside the data section, no overlaps, numel x dtype size == byte range, computed with
-// overflow-checked arithmetic). Non-goals: writing sharded files; dtypes other than those below.
+// offsets inside the data section, ranges that tile it without gaps or overlaps, numel x dtype
+// size == byte range, computed with overflow-checked arithmetic, no negative dims). Non-goals:
+// writing sharded files; dtypes other than those below (others are refused by name).
 // Versioning: the format has no version field; we follow the reference's rules as of 0.4.
 #pragma once
 
@@ -24,6 +25,9 @@ enum class DType { kBF16, kF16, kF32, kI64, kI32 };
 
 const char* dtype_name(DType dtype);  // "BF16", "F16", ...
 size_t dtype_size(DType dtype);
+// "BF16" -> kBF16. Other safetensors dtypes ("F64", "U8", "F8_E4M3", ...) are Unimplemented,
+// strings that are no safetensors dtype at all are InvalidArgument; both name the string.
+Result<DType> dtype_from_name(const std::string& name);
 
 // A view of one tensor inside a mapped file. Valid while the owning SafetensorsFile lives.
 struct TensorView {
@@ -60,8 +64,17 @@ class SafetensorsFile {
 };
 
 // A checkpoint directory: model.safetensors, or model.safetensors.index.json + shards.
+// Move-only: by_name_ points into shards_, so a copy would dangle.
 class Checkpoint {
  public:
+  Checkpoint() = default;
+  Checkpoint(Checkpoint&&) noexcept = default;
+  Checkpoint& operator=(Checkpoint&&) noexcept = default;
+  Checkpoint(const Checkpoint&) = delete;
+  Checkpoint& operator=(const Checkpoint&) = delete;
+
+  // `dir` holds model.safetensors (preferred) or model.safetensors.index.json naming the shards
+  // in "weight_map". A path to a single .safetensors file is accepted too.
   static Result<Checkpoint> open(const std::string& dir);
 
   const TensorView* find(const std::string& name) const;
@@ -74,8 +87,10 @@ class Checkpoint {
   std::map<std::string, const TensorView*> by_name_;
 };
 
-// Writes a single safetensors file (rotation files, test fixtures). Tensors are written in the
-// given order with 8-byte aligned offsets.
+// Writes a single safetensors file (rotation files, test fixtures), as the reference does: the
+// JSON header is padded with spaces to a multiple of 8 bytes, then the tensors follow contiguously
+// in the given order (the format forbids gaps, so tensor data is not padded). `bytes` of each
+// tensor must hold exactly numel x dtype_size bytes. Writes PATH.tmp, then renames it.
 struct TensorToWrite {
   std::string name;
   DType dtype;
@@ -84,6 +99,7 @@ struct TensorToWrite {
 };
 Status write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                          const std::map<std::string, std::string>& metadata);
+// An F32 tensor from values (checked: values.size() == product of shape).
 TensorToWrite f32_tensor(const std::string& name, std::vector<int64_t> shape,
                          std::span<const float> values);
 

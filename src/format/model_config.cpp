@@ -1,0 +1,278 @@
+// Parsing and validating config.json into ModelConfig. Field names and defaults follow the
+// Hugging Face configuration classes (Qwen3Config, Qwen2Config, LlamaConfig); anything that
+// would change the math oscar implements (rope scaling, sliding windows, MoE, another
+// activation) is refused by name rather than ignored.
+#include "format/model_config.h"
+
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "core/mmap_file.h"
+#include "format/sha256.h"
+
+namespace oscar::format {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kSupported = "Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM";
+
+// Reads an integer field that fits int. Absent (or null) -> `fallback` if given, else an error.
+Status get_int(const json& j, const char* key, int* out, const int* fallback = nullptr) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (fallback != nullptr) {
+      *out = *fallback;
+      return Status();
+    }
+    return invalid_argument("config.json: missing required field \"%s\"", key);
+  }
+  if (!it->is_number_integer())
+    return invalid_argument("config.json: \"%s\" must be an integer, got %s %s", key,
+                            it->type_name(), it->dump().substr(0, 40).c_str());
+  int64_t v = it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX}
+                  ? INT64_MAX
+                  : it->get<int64_t>();
+  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+    return out_of_range("config.json: \"%s\" = %s does not fit a 32-bit int", key,
+                        it->dump().c_str());
+  *out = static_cast<int>(v);
+  return Status();
+}
+
+Status get_number(const json& j, const char* key, double* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return Status();  // keep the default
+  if (!it->is_number())
+    return invalid_argument("config.json: \"%s\" must be a number, got %s", key, it->type_name());
+  *out = it->get<double>();
+  return Status();
+}
+
+Status get_bool(const json& j, const char* key, bool* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return Status();  // keep the default
+  if (!it->is_boolean())
+    return invalid_argument("config.json: \"%s\" must be true or false, got %s", key,
+                            it->type_name());
+  *out = it->get<bool>();
+  return Status();
+}
+
+// A token id field: absent/null -> -1, an int, or (eos) a list whose first element is used.
+Status get_token_id(const json& j, const char* key, int* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    *out = -1;
+    return Status();
+  }
+  const json* v = &*it;
+  if (v->is_array()) {
+    if (v->empty()) {
+      *out = -1;
+      return Status();
+    }
+    v = &(*v)[0];
+  }
+  if (!v->is_number_integer() || v->get<int64_t>() < 0 ||
+      v->get<int64_t>() > std::numeric_limits<int>::max())
+    return invalid_argument("config.json: \"%s\" must be a token id or a list of them, got %s",
+                            key, it->dump().substr(0, 40).c_str());
+  *out = static_cast<int>(v->get<int64_t>());
+  return Status();
+}
+
+// rope_scaling / rope_parameters: only the default (unscaled) RoPE is implemented.
+Status check_rope_type(const json& rope, const char* where) {
+  if (rope.is_null()) return Status();
+  if (!rope.is_object())
+    return invalid_argument("config.json: \"%s\" must be an object or null", where);
+  for (const char* key : {"rope_type", "type"}) {
+    auto it = rope.find(key);
+    if (it == rope.end() || it->is_null()) continue;
+    if (!it->is_string())
+      return invalid_argument("config.json: %s.%s must be a string", where, key);
+    const std::string type = it->get<std::string>();
+    if (type != "default")
+      return unimplemented("config.json: %s type '%s' is not supported (only default RoPE)",
+                           where, type.c_str());
+  }
+  return Status();
+}
+
+Result<ModelConfig> parse(const json& j) {
+  if (!j.is_object()) return invalid_argument("config.json: must be a JSON object");
+  ModelConfig c;
+
+  auto archs = j.find("architectures");
+  if (archs == j.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string())
+    return invalid_argument("config.json: missing \"architectures\" (supported: %s)", kSupported);
+  c.architecture_name = (*archs)[0].get<std::string>();
+  if (c.architecture_name == "Qwen3ForCausalLM") {
+    c.arch = Architecture::kQwen3;
+    c.qk_norm = true;
+    c.attention_bias = false;
+  } else if (c.architecture_name == "Qwen2ForCausalLM") {
+    c.arch = Architecture::kQwen2;
+    c.qk_norm = false;
+    c.attention_bias = true;  // Qwen2 always has q/k/v bias; the config has no switch for it
+  } else if (c.architecture_name == "LlamaForCausalLM") {
+    c.arch = Architecture::kLlama;
+    c.qk_norm = false;
+    c.attention_bias = false;
+  } else {
+    return unimplemented("config.json: architecture '%s' is not supported (supported: %s)",
+                         c.architecture_name.c_str(), kSupported);
+  }
+
+  OSCAR_RETURN_IF_ERROR(get_int(j, "vocab_size", &c.vocab_size));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "hidden_size", &c.hidden_size));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "intermediate_size", &c.intermediate_size));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "num_hidden_layers", &c.n_layers));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "num_attention_heads", &c.n_heads_q));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "num_key_value_heads", &c.n_heads_kv, &c.n_heads_q));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "max_position_embeddings", &c.max_position_embeddings));
+  if (c.n_heads_q <= 0)
+    return invalid_argument("config.json: num_attention_heads %d must be positive", c.n_heads_q);
+  const int default_head_dim = c.hidden_size / c.n_heads_q;
+  OSCAR_RETURN_IF_ERROR(get_int(j, "head_dim", &c.head_dim, &default_head_dim));
+
+  double eps = c.rms_norm_eps;
+  OSCAR_RETURN_IF_ERROR(get_number(j, "rms_norm_eps", &eps));
+  c.rms_norm_eps = static_cast<float>(eps);
+  OSCAR_RETURN_IF_ERROR(get_bool(j, "tie_word_embeddings", &c.tie_word_embeddings));
+  if (c.arch == Architecture::kQwen3 || c.arch == Architecture::kLlama)
+    OSCAR_RETURN_IF_ERROR(get_bool(j, "attention_bias", &c.attention_bias));
+  OSCAR_RETURN_IF_ERROR(get_token_id(j, "bos_token_id", &c.bos_token_id));
+  OSCAR_RETURN_IF_ERROR(get_token_id(j, "eos_token_id", &c.eos_token_id));
+
+  // RoPE: `rope_theta` top-level (transformers 4) or inside `rope_parameters` (transformers 5).
+  OSCAR_RETURN_IF_ERROR(get_number(j, "rope_theta", &c.rope_theta));
+  if (auto rp = j.find("rope_parameters"); rp != j.end()) {
+    OSCAR_RETURN_IF_ERROR(check_rope_type(*rp, "rope_parameters"));
+    if (rp->is_object()) OSCAR_RETURN_IF_ERROR(get_number(*rp, "rope_theta", &c.rope_theta));
+  }
+  if (auto rs = j.find("rope_scaling"); rs != j.end())
+    OSCAR_RETURN_IF_ERROR(check_rope_type(*rs, "rope_scaling"));
+
+  // Features that change the math and are not implemented.
+  bool sliding = false;
+  OSCAR_RETURN_IF_ERROR(get_bool(j, "use_sliding_window", &sliding));
+  if (sliding)
+    return unimplemented("config.json: use_sliding_window is true; sliding-window attention is "
+                         "not supported");
+  if (auto lt = j.find("layer_types"); lt != j.end() && lt->is_array()) {
+    for (size_t i = 0; i < lt->size(); ++i) {
+      const json& t = (*lt)[i];
+      if (!t.is_string() || t.get<std::string>() != "full_attention")
+        return unimplemented("config.json: layer_types[%zu] is %s; only full_attention is "
+                             "supported", i, t.dump().c_str());
+    }
+  }
+  if (auto act = j.find("hidden_act"); act != j.end() && !act->is_null()) {
+    if (!act->is_string() || act->get<std::string>() != "silu")
+      return unimplemented("config.json: hidden_act %s is not supported (only silu)",
+                           act->dump().c_str());
+  }
+  for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"}) {
+    auto it = j.find(key);
+    if (it != j.end() && it->is_number_integer() && it->get<int64_t>() > 0)
+      return unimplemented("config.json: %s = %lld; mixture-of-experts models are not supported",
+                           key, static_cast<long long>(it->get<int64_t>()));
+  }
+  bool mlp_bias = false;
+  OSCAR_RETURN_IF_ERROR(get_bool(j, "mlp_bias", &mlp_bias));
+  if (mlp_bias) return unimplemented("config.json: mlp_bias true is not supported");
+
+  OSCAR_RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
+}  // namespace
+
+Result<ModelConfig> ModelConfig::from_json_text(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    return invalid_argument("config.json: not valid JSON: %s", e.what());
+  }
+  Result<ModelConfig> c = [&]() -> Result<ModelConfig> {
+    try {
+      return parse(j);
+    } catch (const json::exception& e) {  // defensive: every access above is type-checked
+      return invalid_argument("config.json: %s", e.what());
+    }
+  }();
+  if (!c.ok()) return c;
+  c->sha256 = sha256_hex(text);
+  return c;
+}
+
+Result<ModelConfig> ModelConfig::load(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  OSCAR_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  Result<ModelConfig> c = from_json_text(text);
+  if (!c.ok()) return c.status().with_context(model_dir);
+  return c;
+}
+
+Status ModelConfig::validate() {
+  struct Positive {
+    const char* name;
+    int value;
+  };
+  for (const Positive& p : {Positive{"vocab_size", vocab_size}, Positive{"hidden_size", hidden_size},
+                            Positive{"intermediate_size", intermediate_size},
+                            Positive{"num_hidden_layers", n_layers},
+                            Positive{"num_attention_heads", n_heads_q},
+                            Positive{"num_key_value_heads", n_heads_kv},
+                            Positive{"head_dim", head_dim},
+                            Positive{"max_position_embeddings", max_position_embeddings}}) {
+    if (p.value <= 0)
+      return invalid_argument("config: %s = %d must be positive", p.name, p.value);
+  }
+  if (n_heads_q % n_heads_kv != 0)
+    return invalid_argument("config: num_attention_heads %d is not a multiple of "
+                            "num_key_value_heads %d", n_heads_q, n_heads_kv);
+  if (head_dim % 2 != 0)
+    return invalid_argument("config: head_dim %d must be even (RoPE rotates halves)", head_dim);
+  if (!(std::isfinite(rms_norm_eps) && rms_norm_eps > 0.0f))
+    return invalid_argument("config: rms_norm_eps %g must be positive", double{rms_norm_eps});
+  if (!(std::isfinite(rope_theta) && rope_theta > 0.0))
+    return invalid_argument("config: rope_theta %g must be positive", rope_theta);
+  if (bos_token_id >= vocab_size || eos_token_id >= vocab_size)
+    return invalid_argument("config: bos_token_id %d / eos_token_id %d outside vocab_size %d",
+                            bos_token_id, eos_token_id, vocab_size);
+  const int64_t q = int64_t{n_heads_q} * head_dim;
+  const int64_t kv = int64_t{n_heads_kv} * head_dim;
+  if (q > std::numeric_limits<int>::max())
+    return out_of_range("config: num_attention_heads %d x head_dim %d is too large", n_heads_q,
+                        head_dim);
+  gqa_ratio = n_heads_q / n_heads_kv;
+  q_dim = static_cast<int>(q);
+  kv_dim = static_cast<int>(kv);
+  return Status();
+}
+
+int64_t ModelConfig::n_params() const {
+  const int64_t h = hidden_size, v = vocab_size, inter = intermediate_size;
+  int64_t per_layer = 2 * h                          // input / post-attention RMSNorm
+                      + int64_t{q_dim} * h * 2       // q_proj, o_proj
+                      + int64_t{kv_dim} * h * 2      // k_proj, v_proj
+                      + 3 * inter * h;               // gate, up, down
+  if (qk_norm) per_layer += 2 * int64_t{head_dim};
+  if (attention_bias) per_layer += q_dim + 2 * int64_t{kv_dim};
+  int64_t n = v * h + h + per_layer * n_layers;
+  if (!tie_word_embeddings) n += v * h;
+  return n;
+}
+
+int64_t ModelConfig::kv_bytes_per_token_bf16() const {
+  return 2 * int64_t{n_layers} * kv_dim * 2;
+}
+
+}  // namespace oscar::format
