@@ -36,7 +36,7 @@ void log_message(LogLevel level, const char* fmt, ...) {
   if (static_cast<int>(level) < g_level.load()) return;
   va_list args;
   va_start(args, fmt);
-  std::string line = vformat(fmt, args);
+  std::string line = str_vformat(fmt, args);
   va_end(args);
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_sink) {

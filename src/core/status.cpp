@@ -24,7 +24,7 @@ std::string Status::to_string() const {
   return std::string(status_code_name(code_)) + ": " + message_;
 }
 
-std::string vformat(const char* fmt, va_list args) {
+std::string str_vformat(const char* fmt, va_list args) {
   va_list copy;
   va_copy(copy, args);
   int n = std::vsnprintf(nullptr, 0, fmt, copy);
@@ -35,10 +35,10 @@ std::string vformat(const char* fmt, va_list args) {
   return out;
 }
 
-std::string format(const char* fmt, ...) {
+std::string str_format(const char* fmt, ...) {
   va_list args;
   va_start(args, fmt);
-  std::string s = vformat(fmt, args);
+  std::string s = str_vformat(fmt, args);
   va_end(args);
   return s;
 }
@@ -47,7 +47,7 @@ std::string format(const char* fmt, ...) {
   Status fn(const char* fmt, ...) {            \
     va_list args;                              \
     va_start(args, fmt);                       \
-    std::string s = vformat(fmt, args);        \
+    std::string s = str_vformat(fmt, args);        \
     va_end(args);                              \
     return Status(code, std::move(s));         \
   }

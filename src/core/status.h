@@ -55,8 +55,8 @@ Status resource_exhausted(const char* fmt, ...) __attribute__((format(printf, 1,
 Status unimplemented(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 Status internal_error(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
-std::string vformat(const char* fmt, va_list args);
-std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string str_vformat(const char* fmt, va_list args);
+std::string str_format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // A value or the Status that explains why there is none.
 template <typename T>
