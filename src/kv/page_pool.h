@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,24 +20,39 @@ namespace oscar::kv {
 using PageId = int32_t;
 inline constexpr PageId kNoPage = -1;
 
+// Index of a pool in the engine's pool list, as stored in radix-cache entries (CachedPage::pool).
+inline constexpr uint8_t kPoolBf16 = 0;  // sinks and recent window
+inline constexpr uint8_t kPoolInt2 = 1;  // history
+
 class PagePool {
  public:
   // n_pages pages of page_bytes each. page_bytes == 0 makes a simulated pool (no memory), used by
-  // scheduler and radix-cache tests.
+  // scheduler and radix-cache tests. Checks 0 <= n_pages <= INT32_MAX (page ids are int32).
   PagePool(std::string name, int64_t n_pages, size_t page_bytes);
 
+  // How many whole pages of page_bytes fit in budget_bytes (rounded down, capped at INT32_MAX).
+  // page_bytes must be > 0.
   static int64_t pages_for_budget(size_t budget_bytes, size_t page_bytes);
 
-  // A fresh page with refcount 1.
+  // A fresh page with refcount 1 (ResourceExhausted when none is free). Page contents are not
+  // cleared: whoever allocates a page writes it before anyone reads it.
   Result<PageId> alloc();
-  // All-or-nothing: n pages or none (ResourceExhausted).
+  // All-or-nothing: n >= 0 pages, each with refcount 1, or none (ResourceExhausted).
   Result<std::vector<PageId>> alloc_n(int64_t n);
-  void retain(PageId page);   // refcount += 1
-  void release(PageId page);  // refcount -= 1; at 0 the page returns to the free list
+  // refcount += 1. The page must be allocated (refcount > 0): retaining a free page is a bug.
+  void retain(PageId page);
+  // refcount -= 1; at 0 the page returns to the free list. Releasing a free page is a bug.
+  void release(PageId page);
+  // Releases each page once (e.g. a sequence's whole page list).
+  void release_all(std::span<const PageId> pages);
 
+  // [page_bytes] bytes of an allocated page; not available in a simulated pool.
   uint8_t* data(PageId page);
   const uint8_t* data(PageId page) const;
+  // 0 for a free page. Checks that the id is in range.
   int32_t refcount(PageId page) const;
+  bool valid_id(PageId page) const { return page >= 0 && page < n_pages_; }
+  bool simulated() const { return page_bytes_ == 0; }
 
   const std::string& name() const { return name_; }
   int64_t n_pages() const { return n_pages_; }

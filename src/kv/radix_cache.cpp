@@ -1,0 +1,399 @@
+#include "kv/radix_cache.h"
+
+#include <algorithm>
+#include <limits>
+#include <queue>
+#include <tuple>
+#include <utility>
+
+#include "core/check.h"
+
+namespace oscar::kv {
+
+bool RadixCache::PageKeyLess::operator()(std::span<const int32_t> a,
+                                         std::span<const int32_t> b) const {
+  return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end());
+}
+
+RadixCache::RadixCache(int32_t page_size, std::vector<PagePool*> pools)
+    : page_size_(page_size), pools_(std::move(pools)) {
+  OSCAR_CHECK(page_size > 0, "radix cache: page_size %d must be > 0", page_size);
+  OSCAR_CHECK(!pools_.empty() && pools_.size() <= 256, "radix cache: %zu pools", pools_.size());
+  for (const PagePool* pool : pools_) OSCAR_CHECK(pool != nullptr, "radix cache: null pool");
+  stats_.evicted_pages.assign(pools_.size(), 0);
+  stats_.cached_pages.assign(pools_.size(), 0);
+  stats_.evictable_pages.assign(pools_.size(), 0);
+  auto root = std::make_unique<Node>();
+  root->id = 0;
+  root_ = root.get();
+  nodes_.emplace(0, std::move(root));
+}
+
+RadixCache::~RadixCache() {
+  for (auto& [id, node] : nodes_) {
+    for (const CachedPage& page : node->pages) pools_[page.pool]->release(page.page);
+  }
+}
+
+RadixCache::Node* RadixCache::find_node(NodeHandle handle) const {
+  auto it = nodes_.find(handle.id);
+  OSCAR_CHECK(it != nodes_.end(), "radix cache: stale node handle %llu",
+              static_cast<unsigned long long>(handle.id));
+  return it->second.get();
+}
+
+RadixCache::Node* RadixCache::new_node(Node* parent) {
+  auto node = std::make_unique<Node>();
+  node->id = next_id_++;
+  node->parent = parent;
+  Node* raw = node.get();
+  nodes_.emplace(raw->id, std::move(node));
+  ++stats_.n_nodes;
+  return raw;
+}
+
+void RadixCache::add_gauges(const Node* node, int64_t cached_delta, int64_t evictable_delta) {
+  for (const CachedPage& page : node->pages) {
+    stats_.cached_pages[page.pool] += cached_delta;
+    stats_.evictable_pages[page.pool] += evictable_delta;
+  }
+}
+
+void RadixCache::touch(Node* node) {
+  const uint64_t now = ++clock_;
+  for (Node* n = node; n != nullptr; n = n->parent) n->last_access = now;
+}
+
+size_t RadixCache::match_pages(const Node* node, std::span<const int32_t> tokens) const {
+  const size_t p = static_cast<size_t>(page_size_);
+  size_t k = 0;
+  while (k < node->pages.size() && (k + 1) * p <= tokens.size() &&
+         std::equal(tokens.begin() + k * p, tokens.begin() + (k + 1) * p,
+                    node->tokens.begin() + k * p)) {
+    ++k;
+  }
+  return k;
+}
+
+RadixCache::Node* RadixCache::split(Node* node, size_t n_pages) {
+  OSCAR_CHECK(n_pages > 0 && n_pages < node->pages.size(), "radix cache: split at %zu of %zu",
+              n_pages, node->pages.size());
+  const size_t p = static_cast<size_t>(page_size_);
+  Node* parent = node->parent;
+  Node* upper = new_node(parent);
+  upper->tokens.assign(node->tokens.begin(), node->tokens.begin() + n_pages * p);
+  upper->pages.assign(node->pages.begin(), node->pages.begin() + n_pages);
+  // Every lock on node also covers its new ancestor; the pages just move, so gauges are unchanged.
+  upper->lock_count = node->lock_count;
+  upper->last_access = node->last_access;
+  node->tokens.erase(node->tokens.begin(), node->tokens.begin() + n_pages * p);
+  node->pages.erase(node->pages.begin(), node->pages.begin() + n_pages);
+  // The first page is unchanged, so the parent's key for this edge stays the same.
+  auto it = parent->children.find(std::span<const int32_t>(upper->tokens).first(p));
+  OSCAR_CHECK(it != parent->children.end() && it->second == node, "radix cache: split lost edge");
+  it->second = upper;
+  upper->children.emplace(std::vector<int32_t>(node->tokens.begin(), node->tokens.begin() + p),
+                          node);
+  node->parent = upper;
+  return upper;
+}
+
+PrefixMatch RadixCache::match_prefix(std::span<const int32_t> tokens) {
+  const size_t p = static_cast<size_t>(page_size_);
+  PrefixMatch match;
+  Node* node = root_;
+  size_t pos = 0;
+  while (tokens.size() - pos >= p) {
+    auto it = node->children.find(tokens.subspan(pos, p));
+    if (it == node->children.end()) break;
+    Node* child = it->second;
+    const size_t k = match_pages(child, tokens.subspan(pos));
+    OSCAR_CHECK(k >= 1, "radix cache: child key matched but its first page did not");
+    const bool whole_edge = k == child->pages.size();
+    if (!whole_edge) child = split(child, k);
+    match.pages.insert(match.pages.end(), child->pages.begin(), child->pages.end());
+    pos += k * p;
+    node = child;
+    if (!whole_edge) break;
+  }
+  touch(node);
+  match.n_tokens_matched = static_cast<int64_t>(pos);
+  match.last_node = NodeHandle{node->id};
+  ++stats_.lookups;
+  stats_.lookup_tokens += static_cast<int64_t>(tokens.size());
+  stats_.matched_tokens += match.n_tokens_matched;
+  if (match.n_tokens_matched > 0) {
+    ++stats_.hits;
+  } else {
+    ++stats_.misses;
+  }
+  return match;
+}
+
+InsertResult RadixCache::insert(std::span<const int32_t> tokens,
+                                std::span<const CachedPage> pages) {
+  const size_t p = static_cast<size_t>(page_size_);
+  OSCAR_CHECK(tokens.size() == pages.size() * p,
+              "radix cache: insert of %zu tokens with %zu pages (page_size %d)", tokens.size(),
+              pages.size(), page_size_);
+  for (const CachedPage& page : pages) {
+    OSCAR_CHECK(page.pool < pools_.size(), "radix cache: pool index %d of %zu", page.pool,
+                pools_.size());
+    OSCAR_CHECK(pools_[page.pool]->refcount(page.page) > 0,
+                "radix cache: insert of page %d that the caller does not hold (pool %s)",
+                page.page, pools_[page.pool]->name().c_str());
+  }
+  InsertResult result;
+  result.cached_pages.reserve(pages.size());
+  Node* node = root_;
+  size_t pos = 0;
+  while (pos < tokens.size()) {
+    auto it = node->children.find(tokens.subspan(pos, p));
+    if (it == node->children.end()) {
+      // The rest is new: one leaf adopts the caller's pages.
+      Node* leaf = new_node(node);
+      leaf->tokens.assign(tokens.begin() + pos, tokens.end());
+      leaf->pages.assign(pages.begin() + pos / p, pages.end());
+      for (const CachedPage& page : leaf->pages) pools_[page.pool]->retain(page.page);
+      add_gauges(leaf, +1, +1);
+      result.n_pages_adopted = static_cast<int64_t>(leaf->pages.size());
+      result.cached_pages.insert(result.cached_pages.end(), leaf->pages.begin(),
+                                 leaf->pages.end());
+      node->children.emplace(std::vector<int32_t>(leaf->tokens.begin(), leaf->tokens.begin() + p),
+                             leaf);
+      node = leaf;
+      pos = tokens.size();
+      break;
+    }
+    Node* child = it->second;
+    const size_t k = match_pages(child, tokens.subspan(pos));
+    OSCAR_CHECK(k >= 1, "radix cache: child key matched but its first page did not");
+    if (k < child->pages.size()) child = split(child, k);
+    result.cached_pages.insert(result.cached_pages.end(), child->pages.begin(),
+                               child->pages.end());
+    result.n_tokens_existing += static_cast<int64_t>(k * p);
+    pos += k * p;
+    node = child;
+  }
+  touch(node);
+  result.last_node = NodeHandle{node->id};
+  ++stats_.inserts;
+  stats_.inserted_pages += result.n_pages_adopted;
+  return result;
+}
+
+void RadixCache::lock(NodeHandle handle) {
+  for (Node* n = find_node(handle); n != root_; n = n->parent) {
+    if (n->lock_count++ == 0) add_gauges(n, 0, -1);
+  }
+}
+
+void RadixCache::unlock(NodeHandle handle) {
+  for (Node* n = find_node(handle); n != root_; n = n->parent) {
+    OSCAR_CHECK(n->lock_count > 0, "radix cache: unlock of unlocked node %llu",
+                static_cast<unsigned long long>(n->id));
+    if (--n->lock_count == 0) add_gauges(n, 0, +1);
+  }
+}
+
+int32_t RadixCache::lock_count(NodeHandle handle) const { return find_node(handle)->lock_count; }
+
+bool RadixCache::release_cached(CachedPage page) {
+  PagePool* pool = pools_[page.pool];
+  const bool last = pool->refcount(page.page) == 1;
+  pool->release(page.page);
+  stats_.cached_pages[page.pool] -= 1;
+  stats_.evictable_pages[page.pool] -= 1;  // only unlocked nodes are evicted
+  stats_.evicted_pages[page.pool] += 1;
+  return last;
+}
+
+void RadixCache::remove_leaf(Node* node) {
+  OSCAR_CHECK(node != root_ && node->children.empty() && node->lock_count == 0 &&
+                  !node->pages.empty(),
+              "radix cache: remove_leaf on node %llu", static_cast<unsigned long long>(node->id));
+  Node* parent = node->parent;
+  auto it = parent->children.find(std::span<const int32_t>(node->tokens).first(page_size_));
+  OSCAR_CHECK(it != parent->children.end() && it->second == node,
+              "radix cache: leaf %llu missing from its parent",
+              static_cast<unsigned long long>(node->id));
+  parent->children.erase(it);
+  nodes_.erase(node->id);
+  --stats_.n_nodes;
+  ++stats_.evicted_nodes;
+}
+
+bool RadixCache::worth_evicting(const Node* leaf, uint8_t pool) const {
+  // Evicting leaf can free pages of `pool` only if it or one of its unlocked ancestors (they can
+  // become leaves in turn; locked ones never can) holds such a page.
+  for (const Node* n = leaf; n != root_ && n->lock_count == 0; n = n->parent) {
+    for (const CachedPage& page : n->pages) {
+      if (page.pool == pool) return true;
+    }
+  }
+  return false;
+}
+
+int64_t RadixCache::evict(int64_t n_pages_needed, uint8_t pool) {
+  OSCAR_CHECK(pool < pools_.size(), "radix cache: evict from pool index %d of %zu", pool,
+              pools_.size());
+  OSCAR_CHECK(n_pages_needed >= 0, "radix cache: evict(%lld)",
+              static_cast<long long>(n_pages_needed));
+  return evict_impl(n_pages_needed, pool, /*any_leaf=*/false);
+}
+
+void RadixCache::evict_all_unlocked() {
+  evict_impl(std::numeric_limits<int64_t>::max(), 0, /*any_leaf=*/true);
+}
+
+int64_t RadixCache::evict_impl(int64_t n_pages_needed, uint8_t pool, bool any_leaf) {
+  if (n_pages_needed == 0) return 0;
+  const size_t p = static_cast<size_t>(page_size_);
+  // Min-heap of unlocked leaves by (last access, id): least recently used first, ties by age.
+  using Entry = std::pair<uint64_t, uint64_t>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  for (const auto& [id, node] : nodes_) {
+    if (node.get() != root_ && node->children.empty() && node->lock_count == 0) {
+      heap.emplace(node->last_access, id);
+    }
+  }
+  int64_t freed = 0;
+  while (freed < n_pages_needed && !heap.empty()) {
+    Node* leaf = nodes_.at(heap.top().second).get();
+    heap.pop();
+    if (!any_leaf && !worth_evicting(leaf, pool)) continue;
+    // Trim from the tail (the deepest, least shareable tokens) while keeping the first page, which
+    // keys the edge in the parent.
+    while (leaf->pages.size() > 1 && freed < n_pages_needed) {
+      const CachedPage page = leaf->pages.back();
+      if (release_cached(page) && page.pool == pool) ++freed;
+      leaf->pages.pop_back();
+      leaf->tokens.resize(leaf->pages.size() * p);
+    }
+    if (freed >= n_pages_needed) break;
+    const CachedPage page = leaf->pages.front();
+    if (release_cached(page) && page.pool == pool) ++freed;
+    Node* parent = leaf->parent;
+    remove_leaf(leaf);
+    if (parent != root_ && parent->children.empty() && parent->lock_count == 0) {
+      heap.emplace(parent->last_access, parent->id);
+    }
+  }
+  return freed;
+}
+
+void RadixCache::reset() {
+  for (const auto& [id, node] : nodes_) {
+    OSCAR_CHECK(node->lock_count == 0, "radix cache: reset with node %llu locked (%d)",
+                static_cast<unsigned long long>(id), node->lock_count);
+  }
+  for (auto& [id, node] : nodes_) {
+    for (const CachedPage& page : node->pages) pools_[page.pool]->release(page.page);
+  }
+  std::unique_ptr<Node> root = std::move(nodes_.at(0));
+  nodes_.clear();
+  root->children.clear();
+  root->last_access = 0;
+  root_ = root.get();
+  nodes_.emplace(0, std::move(root));
+  std::fill(stats_.cached_pages.begin(), stats_.cached_pages.end(), 0);
+  std::fill(stats_.evictable_pages.begin(), stats_.evictable_pages.end(), 0);
+  stats_.n_nodes = 0;
+}
+
+void RadixCache::reset_stats() {
+  RadixCacheStats fresh;
+  fresh.evicted_pages.assign(pools_.size(), 0);
+  fresh.cached_pages = stats_.cached_pages;
+  fresh.evictable_pages = stats_.evictable_pages;
+  fresh.n_nodes = stats_.n_nodes;
+  stats_ = std::move(fresh);
+}
+
+void RadixCache::retain_pages(std::span<const CachedPage> pages) {
+  for (const CachedPage& page : pages) {
+    OSCAR_CHECK(page.pool < pools_.size(), "radix cache: pool index %d", page.pool);
+    pools_[page.pool]->retain(page.page);
+  }
+}
+
+void RadixCache::release_pages(std::span<const CachedPage> pages) {
+  for (const CachedPage& page : pages) {
+    OSCAR_CHECK(page.pool < pools_.size(), "radix cache: pool index %d", page.pool);
+    pools_[page.pool]->release(page.page);
+  }
+}
+
+void RadixCache::for_each_page(
+    const std::function<void(std::span<const int32_t> prefix, CachedPage page)>& fn) const {
+  const size_t p = static_cast<size_t>(page_size_);
+  std::vector<int32_t> path;
+  // Depth-first with an explicit stack of (node, path length before its edge).
+  std::vector<std::pair<const Node*, size_t>> stack{{root_, 0}};
+  while (!stack.empty()) {
+    auto [node, base] = stack.back();
+    stack.pop_back();
+    path.resize(base);
+    for (size_t k = 0; k < node->pages.size(); ++k) {
+      path.insert(path.end(), node->tokens.begin() + k * p, node->tokens.begin() + (k + 1) * p);
+      fn(path, node->pages[k]);
+    }
+    for (const auto& [key, child] : node->children) stack.emplace_back(child, path.size());
+  }
+}
+
+void RadixCache::check_invariants() const {
+  const size_t p = static_cast<size_t>(page_size_);
+  std::vector<int64_t> cached(pools_.size(), 0);
+  std::vector<int64_t> evictable(pools_.size(), 0);
+  int64_t n_reached = 0;
+  std::vector<const Node*> stack{root_};
+  OSCAR_CHECK(root_->pages.empty() && root_->tokens.empty() && root_->parent == nullptr &&
+                  root_->lock_count == 0,
+              "radix cache: bad root");
+  while (!stack.empty()) {
+    const Node* node = stack.back();
+    stack.pop_back();
+    if (node != root_) {
+      ++n_reached;
+      OSCAR_CHECK(!node->pages.empty() && node->tokens.size() == node->pages.size() * p,
+                  "radix cache: node %llu has %zu tokens and %zu pages",
+                  static_cast<unsigned long long>(node->id), node->tokens.size(),
+                  node->pages.size());
+      OSCAR_CHECK(node->lock_count >= 0, "radix cache: negative lock count");
+      auto it = nodes_.find(node->id);
+      OSCAR_CHECK(it != nodes_.end() && it->second.get() == node, "radix cache: unlisted node");
+      for (const CachedPage& page : node->pages) {
+        OSCAR_CHECK(page.pool < pools_.size(), "radix cache: pool index %d", page.pool);
+        OSCAR_CHECK(pools_[page.pool]->refcount(page.page) >= 1,
+                    "radix cache: cached page %d of pool %s is free", page.page,
+                    pools_[page.pool]->name().c_str());
+        ++cached[page.pool];
+        if (node->lock_count == 0) ++evictable[page.pool];
+      }
+    }
+    int64_t child_locks = 0;
+    for (const auto& [key, child] : node->children) {
+      OSCAR_CHECK(child->parent == node, "radix cache: bad parent link");
+      OSCAR_CHECK(key.size() == p && child->tokens.size() >= p &&
+                      std::equal(key.begin(), key.end(), child->tokens.begin()),
+                  "radix cache: child key differs from its first page");
+      child_locks += child->lock_count;
+      stack.push_back(child);
+    }
+    if (node != root_) {
+      OSCAR_CHECK(node->lock_count >= child_locks,
+                  "radix cache: node %llu lock count %d < its children's %lld",
+                  static_cast<unsigned long long>(node->id), node->lock_count,
+                  static_cast<long long>(child_locks));
+    }
+  }
+  OSCAR_CHECK(n_reached + 1 == static_cast<int64_t>(nodes_.size()) && n_reached == stats_.n_nodes,
+              "radix cache: %lld nodes reachable, %zu listed, gauge %lld",
+              static_cast<long long>(n_reached), nodes_.size(),
+              static_cast<long long>(stats_.n_nodes));
+  OSCAR_CHECK(cached == stats_.cached_pages, "radix cache: cached_pages gauge is off");
+  OSCAR_CHECK(evictable == stats_.evictable_pages, "radix cache: evictable_pages gauge is off");
+}
+
+}  // namespace oscar::kv
