@@ -1,0 +1,30 @@
+// KV-cache modes selectable at run time (OSCAR.md §8: baselines in the same binary) and their
+// command-line names. What each mode means for the cache is implemented by kv/ and kernels/;
+// this file is only the vocabulary.
+#pragma once
+
+#include <string_view>
+
+#include "core/status.h"
+
+namespace oscar::quant {
+
+enum class CacheMode {
+  kBF16,          // "bf16": no quantization, BF16 cache
+  kF32,           // "f32": exact float32 cache, the reference for everything else
+  kInt2Naive,     // "int2-naive": INT2, no rotation, no clipping
+  kInt2Hadamard,  // "int2-hadamard": INT2 after H · P_br (QuaRot-style), no U
+  kKivi2,         // "kivi2": keys per channel / values per token, groups of 32 (quant/kivi.h)
+  kOscar,         // "oscar": R = U · H · P_br, clipping, uniform INT2
+  kOscarLloyd,    // "oscar-lloyd": as oscar with the Lloyd-Max quantizer
+};
+
+// "bf16", "f32", "int2-naive", "int2-hadamard", "kivi2", "oscar", "oscar-lloyd" (exact,
+// lower case). Anything else is InvalidArgument naming the string and the accepted names.
+Result<CacheMode> parse_cache_mode(std::string_view name);
+const char* cache_mode_name(CacheMode mode);
+
+// Whether a mode stores INT2 codes (and so has a quantized history region).
+bool cache_mode_is_quantized(CacheMode mode);
+
+}  // namespace oscar::quant
