@@ -44,6 +44,15 @@ PageNeed pages_for_length(const RegionConfig& cfg, int64_t n_tokens) {
   return need;
 }
 
+PageNeed peak_pages_for_length(const RegionConfig& cfg, int64_t n_tokens) {
+  PageNeed need = pages_for_length(cfg, n_tokens);
+  const int64_t after_sinks = std::max<int64_t>(0, n_tokens - cfg.n_sink);
+  need.recent_pages =
+      ceil_div(std::min<int64_t>(after_sinks, int64_t{cfg.n_recent} + cfg.page_size),
+               cfg.page_size);
+  return need;
+}
+
 int64_t reusable_prefix_tokens(const RegionConfig& cfg, int64_t prompt_tokens) {
   OSCAR_CHECK(cfg.validate().ok(), "reusable_prefix_tokens: invalid region config");
   OSCAR_CHECK(prompt_tokens >= 0, "reusable_prefix_tokens: prompt_tokens %lld < 0",
@@ -69,7 +78,7 @@ PageNeed pages_needed(const RegionConfig& cfg, int64_t prompt_tokens, int64_t ma
               "pages_needed: cached_tokens %lld for a prompt of %lld tokens (reusable %lld)",
               static_cast<long long>(cached_tokens), static_cast<long long>(prompt_tokens),
               static_cast<long long>(reusable_prefix_tokens(cfg, prompt_tokens)));
-  PageNeed need = pages_for_length(cfg, prompt_tokens + max_tokens);
+  PageNeed need = peak_pages_for_length(cfg, prompt_tokens + max_tokens);
   const int64_t cached_sink_pages = std::min<int64_t>(cached_tokens, cfg.n_sink) / p;
   const int64_t cached_hist_pages = std::max<int64_t>(0, cached_tokens - cfg.n_sink) / p;
   need.sink_pages -= cached_sink_pages;

@@ -4,15 +4,19 @@
 // from the radix cache, preempt). Nothing here allocates.
 //
 // Regions, for a sequence of L tokens with page size P (n_sink and n_recent multiples of P):
-//   sinks    tokens [0, min(L, n_sink))                      BF16, ceil(min(L, n_sink) / P) pages
-//   history  tokens [n_sink, n_sink + H*P)                   INT2, H pages
-//   recent   tokens [n_sink + H*P, L)                        BF16, ceil(w / P) pages, w = L - n_sink - H*P
-// where H = max(0, floor((L - n_sink - n_recent) / P)): the recent window holds w tokens with
-// n_recent <= w <= n_recent + P - 1 once the sequence is long enough (a page is demoted when w
-// reaches n_recent + P), so it spans at most ceil((n_recent + P) / P) = n_recent/P + 1 pages.
-// All three counts are non-decreasing in L, and during a demotion the new INT2 page is allocated
-// while the old BF16 page is still held, which the bounds above already cover. So the peak need
-// of a request is the need at L = prompt_tokens + max_tokens.
+//   sinks    tokens [0, min(L, n_sink))          BF16, ceil(min(L, n_sink) / P) pages
+//   history  tokens [n_sink, n_sink + H*P)       INT2, H pages
+//   recent   tokens [n_sink + H*P, L)            BF16, ceil(w / P) pages, w = L - n_sink - H*P
+// where H = max(0, floor((L - n_sink - n_recent) / P)) (pages_for_length). Once the sequence is
+// long enough the window holds n_recent <= w <= n_recent + P - 1 tokens: when a token brings w to
+// n_recent + P, a new INT2 page is allocated while the oldest BF16 page is still held, then that
+// BF16 page is freed. So the window's page count is not monotone in L (17 pages at w = 271, 16
+// after the demotion at w = 272, for P = 16, n_recent = 256); over a lifetime it peaks at
+//   ceil(min(L - n_sink, n_recent + P) / P)  <=  ceil((n_recent + P) / P) = n_recent / P + 1.
+// Sinks and history only grow. The peak need of a request that may reach T = prompt_tokens +
+// max_tokens tokens is therefore sinks(T) + that window peak in BF16, and H(T) in INT2
+// (peak_pages_for_length); tests/kv/test_admission.cpp checks both formulas against a token-by-
+// token simulation.
 #pragma once
 
 #include <cstdint>
@@ -42,8 +46,13 @@ struct PageNeed {
   int64_t int2_pages() const { return hist_pages; }
 };
 
-// Pages a sequence of n_tokens tokens holds in each region (formula above). cfg must be valid.
+// Pages a sequence of exactly n_tokens tokens holds in each region (formula above), e.g. right
+// after the prefill of an n_tokens prompt. cfg must be valid.
 PageNeed pages_for_length(const RegionConfig& cfg, int64_t n_tokens);
+
+// The most pages of each region that a sequence holds at any point while growing token by token
+// to n_tokens tokens, demotion transients included (formula above).
+PageNeed peak_pages_for_length(const RegionConfig& cfg, int64_t n_tokens);
 
 // The longest page-aligned prefix of a prompt of prompt_tokens tokens whose pages a radix-cache
 // hit may supply: it must lie in the sink or history regions at prefill time (the recent window
@@ -51,8 +60,8 @@ PageNeed pages_for_length(const RegionConfig& cfg, int64_t n_tokens);
 // logits give the first output token). A multiple of page_size; 0 for an empty prompt.
 int64_t reusable_prefix_tokens(const RegionConfig& cfg, int64_t prompt_tokens);
 
-// Fresh pages a request must allocate over its lifetime: the pages of a sequence of
-// prompt_tokens + max_tokens tokens, minus the cached_tokens prefix already supplied by the radix
+// Fresh pages a request must be able to hold at once over its lifetime: the peak pages of a
+// sequence growing to prompt_tokens + max_tokens tokens, minus the cached_tokens prefix already supplied by the radix
 // cache (sink pages for the part below n_sink, history pages above). Checks that cached_tokens is
 // a multiple of page_size and <= reusable_prefix_tokens(cfg, prompt_tokens).
 PageNeed pages_needed(const RegionConfig& cfg, int64_t prompt_tokens, int64_t max_tokens,

@@ -1,1 +1,147 @@
+// Admission arithmetic (admission.h): region page counts for short prompts (inside the sinks),
+// exactly at the region boundaries and long ones, checked both by hand and against a token-by-token
+// simulation of sink filling and recent-window demotion; the reusable radix prefix; pool checks.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "kv/admission.h"
+
+namespace oscar::kv {
+namespace {
+
+RegionConfig default_cfg() { return RegionConfig{16, 64, 256}; }
+
+void expect_need(const PageNeed& got, int64_t sink, int64_t recent, int64_t hist, int64_t len) {
+  EXPECT_EQ(got.sink_pages, sink) << "len " << len;
+  EXPECT_EQ(got.recent_pages, recent) << "len " << len;
+  EXPECT_EQ(got.hist_pages, hist) << "len " << len;
+}
+
+TEST(Admission, ValidateConfig) {
+  EXPECT_TRUE(default_cfg().validate().ok());
+  EXPECT_TRUE((RegionConfig{16, 0, 0}).validate().ok());
+  EXPECT_FALSE((RegionConfig{12, 0, 0}).validate().ok());   // not a power of two
+  EXPECT_FALSE((RegionConfig{0, 0, 0}).validate().ok());
+  EXPECT_FALSE((RegionConfig{16, 60, 256}).validate().ok()); // n_sink not page-aligned
+  Status st = (RegionConfig{16, 64, 250}).validate();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("n_recent 250"), std::string::npos) << st.message();
+}
+
+TEST(Admission, PagesForLengthByHand) {
+  const RegionConfig cfg = default_cfg();
+  expect_need(pages_for_length(cfg, 0), 0, 0, 0, 0);
+  expect_need(pages_for_length(cfg, 1), 1, 0, 0, 1);
+  expect_need(pages_for_length(cfg, 40), 3, 0, 0, 40);      // shorter than n_sink
+  expect_need(pages_for_length(cfg, 64), 4, 0, 0, 64);      // exactly the sinks
+  expect_need(pages_for_length(cfg, 65), 4, 1, 0, 65);      // first recent token
+  expect_need(pages_for_length(cfg, 320), 4, 16, 0, 320);   // sinks + full window
+  expect_need(pages_for_length(cfg, 335), 4, 17, 0, 335);   // window at n_recent + P - 1
+  expect_need(pages_for_length(cfg, 336), 4, 16, 1, 336);   // first demotion
+  expect_need(pages_for_length(cfg, 337), 4, 17, 1, 337);
+  expect_need(pages_for_length(cfg, 10000), 4, 16, 605, 10000);
+  // Plain INT2 everywhere: only the page being filled is BF16.
+  const RegionConfig plain{16, 0, 0};
+  expect_need(pages_for_length(plain, 32), 0, 0, 2, 32);
+  expect_need(pages_for_length(plain, 33), 0, 1, 2, 33);
+}
+
+// Token-by-token model of the cache: sinks fill first, then the recent window; when the window
+// reaches n_recent + P tokens, a new INT2 page is allocated (while the BF16 page is still held)
+// and the oldest recent page is freed. pages_for_length must equal the model's state after every
+// token, and peak_pages_for_length must equal the model's peak up to that length.
+TEST(Admission, MatchesTokenByTokenSimulation) {
+  for (const RegionConfig& cfg : {default_cfg(), RegionConfig{16, 0, 0}, RegionConfig{32, 32, 64},
+                                  RegionConfig{64, 64, 0}, RegionConfig{16, 0, 128}}) {
+    ASSERT_TRUE(cfg.validate().ok());
+    const int64_t p = cfg.page_size;
+    int64_t sink_tokens = 0, recent_tokens = 0, hist_pages = 0;
+    int64_t peak_bf16 = 0, peak_int2 = 0;
+    auto bf16_pages = [&] { return (sink_tokens + p - 1) / p + (recent_tokens + p - 1) / p; };
+    for (int64_t len = 1; len <= 3000; ++len) {
+      if (sink_tokens < cfg.n_sink) {
+        ++sink_tokens;
+      } else {
+        ++recent_tokens;
+      }
+      peak_bf16 = std::max(peak_bf16, bf16_pages());
+      if (recent_tokens == cfg.n_recent + p) {
+        ++hist_pages;  // demotion: INT2 page first, then the BF16 page goes
+        peak_int2 = std::max(peak_int2, hist_pages);
+        peak_bf16 = std::max(peak_bf16, bf16_pages());
+        recent_tokens -= p;
+      }
+      const PageNeed need = pages_for_length(cfg, len);
+      ASSERT_EQ(need.sink_pages, (sink_tokens + p - 1) / p) << "len " << len;
+      ASSERT_EQ(need.recent_pages, (recent_tokens + p - 1) / p) << "len " << len;
+      ASSERT_EQ(need.hist_pages, hist_pages) << "len " << len;
+      const PageNeed peak = peak_pages_for_length(cfg, len);
+      ASSERT_EQ(peak.bf16_pages(), peak_bf16) << "len " << len;
+      ASSERT_EQ(peak.int2_pages(), peak_int2) << "len " << len;
+      ASSERT_LE(peak.recent_pages, (cfg.n_recent + p + p - 1) / p) << "len " << len;
+    }
+  }
+}
+
+TEST(Admission, ReusablePrefix) {
+  const RegionConfig cfg = default_cfg();
+  EXPECT_EQ(reusable_prefix_tokens(cfg, 0), 0);
+  EXPECT_EQ(reusable_prefix_tokens(cfg, 1), 0);
+  EXPECT_EQ(reusable_prefix_tokens(cfg, 16), 0);    // one token must stay to compute
+  EXPECT_EQ(reusable_prefix_tokens(cfg, 17), 16);
+  EXPECT_EQ(reusable_prefix_tokens(cfg, 40), 32);   // full sink pages only
+  EXPECT_EQ(reusable_prefix_tokens(cfg, 64), 48);
+  EXPECT_EQ(reusable_prefix_tokens(cfg, 65), 64);
+  EXPECT_EQ(reusable_prefix_tokens(cfg, 320), 64);  // the rest is the recent window
+  EXPECT_EQ(reusable_prefix_tokens(cfg, 336), 80);
+  EXPECT_EQ(reusable_prefix_tokens(cfg, 337), 80);
+  EXPECT_EQ(reusable_prefix_tokens(cfg, 10000), 64 + 605 * 16);
+  EXPECT_EQ(reusable_prefix_tokens(RegionConfig{16, 0, 0}, 32), 16);
+  EXPECT_EQ(reusable_prefix_tokens(RegionConfig{16, 0, 0}, 33), 32);
+}
+
+TEST(Admission, PagesNeededWithAndWithoutCache) {
+  const RegionConfig cfg = default_cfg();
+  // Short prompt that stays inside the sinks even after generation.
+  expect_need(pages_needed(cfg, 10, 20), 2, 0, 0, 30);
+  // Prompt of 300 plus 100 tokens: 400 tokens = 64 sink + 5 history pages + 256 recent at the
+  // end, but the window peaked at 17 pages before a demotion.
+  expect_need(pages_needed(cfg, 300, 100), 4, 17, 5, 400);
+  expect_need(pages_needed(cfg, 300, 100, 64), 0, 17, 5, 400);   // sinks cached
+  expect_need(pages_needed(cfg, 300, 100, 32), 2, 17, 5, 400);   // half the sinks cached
+  // Exactly at the first demotion, and one token short of it.
+  expect_need(pages_needed(cfg, 300, 36), 4, 17, 1, 336);
+  expect_need(pages_needed(cfg, 300, 35), 4, 17, 0, 335);
+  expect_need(pages_needed(cfg, 64, 0), 4, 0, 0, 64);
+  // Long prompt with its whole reusable prefix cached: only the tail and the window are fresh.
+  expect_need(pages_needed(cfg, 10000, 100, 9744), 0, 17, 6, 10100);
+  expect_need(pages_needed(cfg, 0, 0), 0, 0, 0, 0);
+}
+
+TEST(Admission, CanAdmitAndFits) {
+  PagePool bf16("bf16", 21, 0);
+  PagePool int2("int2", 10, 0);
+  const PageNeed need = pages_needed(default_cfg(), 300, 100);  // 21 BF16, 5 INT2
+  EXPECT_TRUE(can_admit(bf16, int2, need));
+  EXPECT_TRUE(check_fits_pools(bf16, int2, need).ok());
+  auto one = bf16.alloc();
+  ASSERT_TRUE(one.ok());
+  EXPECT_FALSE(can_admit(bf16, int2, need));
+  EXPECT_TRUE(check_fits_pools(bf16, int2, need).ok());  // fits once the page comes back
+  bf16.release(*one);
+  const PageNeed huge = pages_needed(default_cfg(), 1000, 0);  // 21 BF16, 42 INT2 pages
+  EXPECT_FALSE(can_admit(bf16, int2, huge));
+  Status st = check_fits_pools(bf16, int2, huge);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("int2"), std::string::npos) << st.message();
+}
+
+TEST(AdmissionDeathTest, CachedBeyondReusableAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH((void)pages_needed(default_cfg(), 320, 10, 80), "cached_tokens");
+  EXPECT_DEATH((void)pages_needed(default_cfg(), 320, 10, 8), "cached_tokens");
+}
+
+}  // namespace
+}  // namespace oscar::kv
