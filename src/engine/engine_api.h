@@ -1,0 +1,123 @@
+// Engine: the interface between the HTTP layer (src/server/) and whatever runs the model (the
+// continuous-batching scheduler in src/engine/, or a fake in tests/server/). The server turns an
+// OpenAI request into a GenerationRequest, submits it with a callback, and relays the
+// GenerationEvents it receives. Nothing about HTTP, JSON schemas or the scheduler's internals
+// lives here. Header-only: plain data plus one abstract class.
+//
+// Threading contract (implementations must honour it; the server relies on it):
+//   - Every method may be called from any thread, concurrently.
+//   - on_event is invoked from the engine's own thread(s), never from inside submit() or
+//     cancel(). It must return quickly and must not call back into the Engine synchronously.
+//   - For one request, events arrive in order and never concurrently: zero or more kToken, then
+//     exactly one terminal event (kFinished or kError), after which on_event is never called
+//     again and is destroyed. This holds for cancelled requests too (finish_reason "cancelled"),
+//     so a callback that owns resources is always released.
+//   - If submit() returns an error, on_event is never called.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+
+namespace oscar::engine {
+
+// How the next token is drawn. temperature 0 means greedy (argmax).
+struct SamplingParams {
+  float temperature = 1.0f;  // >= 0
+  int top_k = 0;             // 0 = off
+  float top_p = 1.0f;        // (0, 1]; 1 = off
+  bool has_seed = false;     // false: the engine picks a seed
+  uint64_t seed = 0;         // used only when has_seed
+};
+
+struct GenerationRequest {
+  std::string request_id;           // unique among live requests; cancel() uses it
+  std::vector<int32_t> prompt_ids;  // [n_prompt_tokens], each in [0, vocab_size)
+  SamplingParams sampling;
+  int max_tokens = 16;              // > 0; prompt + max_tokens <= max_context_tokens
+  std::vector<std::string> stop;    // stop strings, matched on the decoded text; not emitted
+  bool ignore_eos = false;          // keep generating past the end-of-sequence token
+};
+
+struct GenerationEvent {
+  enum Kind { kToken, kFinished, kError };
+  Kind kind = kToken;
+  // kToken: new text, always whole UTF-8 characters (the engine holds back a partial character
+  // and any text that could still become a stop string). May be empty.
+  std::string text_delta;
+  int32_t token_id = -1;       // kToken: the sampled token
+  std::string finish_reason;   // kFinished: "stop" (EOS or stop string) | "length" | "cancelled"
+  Status error;                // kError: why the request failed
+  // Usage so far; final on the terminal event.
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_tokens = 0;       // prompt tokens served from the prefix cache
+};
+
+struct EngineInfo {
+  std::string model_name;      // what /v1/models lists and requests must name
+  int max_context_tokens = 0;  // prompt + completion
+  int vocab_size = 0;
+  bool ready = false;          // false while loading or warming up (/health answers 503)
+};
+
+// A latency histogram as Prometheus wants it. counts has upper_bounds.size() + 1 entries: counts[i]
+// observations fell in (upper_bounds[i-1], upper_bounds[i]], the last entry is the +Inf bucket.
+// Counts are per bucket (not cumulative); the server accumulates them.
+struct Histogram {
+  std::vector<double> upper_bounds;  // seconds, ascending
+  std::vector<uint64_t> counts;      // [upper_bounds.size() + 1]
+  double sum = 0.0;                  // seconds, over all observations
+};
+
+struct KvPoolUsage {
+  std::string pool;  // "bf16", "int2", ...
+  int64_t pages_used = 0;
+  int64_t pages_total = 0;
+};
+
+// A snapshot; totals are monotonic since engine start.
+struct EngineMetrics {
+  int requests_running = 0;
+  int requests_waiting = 0;
+  uint64_t prompt_tokens_total = 0;
+  uint64_t generation_tokens_total = 0;
+  std::vector<KvPoolUsage> kv_pools;
+  double prefix_cache_hit_rate = 0.0;          // [0, 1]
+  double kv_effective_bits_per_element = 0.0;  // averaged over the stored KV cache
+  Histogram time_to_first_token_seconds;
+  Histogram time_per_output_token_seconds;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // Queues a request. Returns an error at once (and never calls on_event) when the request can
+  // never run: prompt plus max_tokens beyond the context, ids out of range, duplicate id.
+  virtual Status submit(GenerationRequest req,
+                        std::function<void(const GenerationEvent&)> on_event) = 0;
+  // Stops a request soon (queued or running) and frees its KV pages; its terminal event is
+  // kFinished with finish_reason "cancelled" (unless it finished first). Unknown ids are ignored.
+  virtual void cancel(const std::string& request_id) = 0;
+
+  virtual EngineInfo info() const = 0;
+  virtual EngineMetrics metrics() const = 0;
+
+  // Text to prompt ids, without special tokens added.
+  virtual Result<std::vector<int32_t>> tokenize(std::string_view text) const = 0;
+  // Renders the model's chat template. messages is the OpenAI array as received (validated by the
+  // server only for shape: non-empty, objects with a string "role"); tools is an array or null;
+  // chat_template_kwargs is an object or null (e.g. {"enable_thinking": false}).
+  virtual Result<std::string> apply_chat_template(
+      const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+      bool add_generation_prompt, const nlohmann::ordered_json& chat_template_kwargs) const = 0;
+};
+
+}  // namespace oscar::engine

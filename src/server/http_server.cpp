@@ -1,0 +1,716 @@
+// HttpServer implementation. One Session per TCP connection, all its handlers on one strand. A
+// Session reads a request, answers it, and reads the next (keep-alive). Generation requests hand
+// the engine a callback that posts each event back onto the session's strand.
+//
+// Lifetimes: while its engine request is live a Session keeps itself alive (self_hold_), released
+// on the terminal event or by stop(). The engine callback reaches the Session only through the
+// server-wide EventGate, which stop() closes after the I/O threads have been joined, so no event
+// can touch a Session once the io_context is gone.
+#include "server/http_server.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <csignal>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "server/openai_request.h"
+#include "server/openai_response.h"
+
+namespace oscar::server {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using json = nlohmann::ordered_json;
+
+class Session;
+
+// Lets engine threads post to sessions only while the server runs.
+struct EventGate {
+  std::mutex mu;
+  bool open = true;
+};
+
+struct HttpServer::State {
+  engine::Engine* engine = nullptr;
+  ServerOptions options;
+  std::string model_name;
+  int64_t created = 0;
+
+  net::io_context ioc;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+  std::optional<tcp::acceptor> acceptor;
+  std::vector<std::thread> threads;
+  uint16_t bound_port = 0;
+  std::atomic<bool> shutting_down{false};
+  bool started = false;
+  bool stopped = false;
+  std::mutex stop_mu;  // serialises start()/stop()
+
+  std::shared_ptr<EventGate> gate = std::make_shared<EventGate>();
+
+  // Live sessions, for shutdown; and the number with a request in progress.
+  std::mutex sessions_mu;
+  std::condition_variable sessions_cv;
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
+  int busy_sessions = 0;
+
+  mutable std::mutex counters_mu;
+  ServerCounters counters;
+
+  void count_response(int status) {
+    std::lock_guard<std::mutex> lock(counters_mu);
+    ++counters.responses_by_status[status];
+  }
+  void count_disconnect() {
+    std::lock_guard<std::mutex> lock(counters_mu);
+    ++counters.client_disconnects;
+  }
+};
+
+namespace {
+
+// Constant-time comparison, so the API key can not be guessed byte by byte from timings.
+bool equal_constant_time(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+int http_status_for(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange: return 400;
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kResourceExhausted: return 503;
+    case StatusCode::kUnimplemented: return 501;
+    default: return 500;
+  }
+}
+
+ApiError error_from_status(const Status& s, const char* context) {
+  ApiError e = invalid_request(std::string(context) + ": " + s.message(), "", http_status_for(s));
+  if (e.http_status >= 500) e.type = "server_error";
+  return e;
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, std::shared_ptr<HttpServer::State> st)
+      : st_(std::move(st)), stream_(std::move(socket)) {}
+
+  ~Session() {
+    std::lock_guard<std::mutex> lock(st_->sessions_mu);
+    st_->sessions.erase(this);
+    if (busy_) {
+      --st_->busy_sessions;
+      st_->sessions_cv.notify_all();
+    }
+  }
+
+  void start() {
+    {
+      std::lock_guard<std::mutex> lock(st_->sessions_mu);
+      st_->sessions[this] = weak_from_this();
+    }
+    net::dispatch(stream_.get_executor(),
+                  [self = shared_from_this()] { self->do_read(); });
+  }
+
+  net::any_io_executor get_executor_for_shutdown() { return stream_.get_executor(); }
+
+  // stop(), phase 1: close idle connections; busy ones close after their response.
+  void on_shutdown() {
+    if (!busy_) close();
+  }
+
+  // stop(), phase 2: cancel whatever still runs and drop the connection.
+  void force_close() {
+    if (generating_) st_->engine->cancel(request_id_);
+    close();
+    self_hold_.reset();
+  }
+
+  // stop(), after the I/O threads have been joined: break the self-reference.
+  void release_after_join() { self_hold_.reset(); }
+
+ private:
+  // ---- reading ----
+
+  void do_read() {
+    if (st_->shutting_down) return close();
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(kMaxHeaderBytes));
+    parser_->body_limit(kMaxBodyBytes);
+    stream_.expires_after(st_->options.read_timeout);
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->on_read(ec);
+                     });
+  }
+
+  void on_read(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == net::error::operation_aborted ||
+        ec == beast::error::timeout || ec == net::error::connection_reset || ec == net::error::eof) {
+      return close();
+    }
+    set_busy(true);
+    if (ec == http::error::header_limit) {
+      ApiError e = invalid_request(
+          str_format("request headers exceed %zu bytes", kMaxHeaderBytes), "", 431);
+      e.code = "request_header_fields_too_large";
+      return send_error(e, /*keep_alive=*/false);
+    }
+    if (ec == http::error::body_limit) {
+      ApiError e =
+          invalid_request(str_format("request body exceeds %zu bytes", kMaxBodyBytes), "", 413);
+      e.code = "request_too_large";
+      return send_error(e, /*keep_alive=*/false);
+    }
+    if (ec) {
+      return send_error(invalid_request("malformed HTTP request: " + ec.message()),
+                        /*keep_alive=*/false);
+    }
+    http::request<http::string_body> req = parser_->release();
+    version_ = req.version();
+    keep_alive_ = req.keep_alive();
+    handle(req);
+  }
+
+  // ---- routing ----
+
+  void handle(const http::request<http::string_body>& req) {
+    std::string_view target(req.target().data(), req.target().size());
+    if (size_t q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+    const bool get = req.method() == http::verb::get;
+    const bool post = req.method() == http::verb::post;
+
+    if (target == "/health") {
+      if (!get) return send_method_not_allowed();
+      bool ready = st_->engine->info().ready;
+      return send(ready ? 200 : 503, ready ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}",
+                  "application/json");
+    }
+    if (target == "/metrics") {
+      if (!get) return send_method_not_allowed();
+      ServerCounters counters;
+      {
+        std::lock_guard<std::mutex> lock(st_->counters_mu);
+        counters = st_->counters;
+      }
+      return send(200, render_prometheus(st_->engine->metrics(), counters),
+                  "text/plain; version=0.0.4; charset=utf-8");
+    }
+    const bool v1 = target == "/v1/models" || target == "/v1/chat/completions" ||
+                    target == "/v1/completions";
+    if (!v1) {
+      ApiError e = invalid_request("no route for " + std::string(target), "", 404);
+      e.code = "not_found";
+      return send_error(e, keep_alive_);
+    }
+    if (!st_->options.api_key.empty()) {
+      auto it = req.find(http::field::authorization);
+      std::string_view got = it == req.end()
+                                 ? std::string_view()
+                                 : std::string_view(it->value().data(), it->value().size());
+      if (!equal_constant_time(got, "Bearer " + st_->options.api_key)) {
+        ApiError e = invalid_request("missing or incorrect API key in the Authorization header",
+                                     "", 401);
+        e.code = "invalid_api_key";
+        return send_error(e, keep_alive_);
+      }
+    }
+    if (target == "/v1/models") {
+      if (!get) return send_method_not_allowed();
+      return send(200,
+                  dump_json(models_body(st_->model_name, st_->created,
+                                        st_->engine->info().max_context_tokens)),
+                  "application/json");
+    }
+    if (!post) return send_method_not_allowed();
+    start_generation(target == "/v1/chat/completions" ? Endpoint::kChatCompletions
+                                                       : Endpoint::kCompletions,
+                     req.body());
+  }
+
+  // ---- generation ----
+
+  void start_generation(Endpoint endpoint, const std::string& body) {
+    engine::EngineInfo info = st_->engine->info();
+    if (!info.ready) {
+      ApiError e = invalid_request("the model is still loading", "", 503);
+      e.type = "server_error";
+      return send_error(e, keep_alive_);
+    }
+    ModelLimits limits{st_->model_name, info.max_context_tokens, info.vocab_size};
+    ParseResult parsed = parse_openai_request(endpoint, body, limits);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*e, keep_alive_);
+    OpenAIRequest& req = std::get<OpenAIRequest>(parsed);
+
+    std::vector<int32_t> prompt_ids;
+    if (endpoint == Endpoint::kChatCompletions) {
+      Result<std::string> text = st_->engine->apply_chat_template(
+          req.messages, req.tools, /*add_generation_prompt=*/true, req.chat_template_kwargs);
+      if (!text.ok()) return send_error(error_from_status(text.status(), "chat template"), keep_alive_);
+      Result<std::vector<int32_t>> ids = st_->engine->tokenize(*text);
+      if (!ids.ok()) return send_error(error_from_status(ids.status(), "tokenizer"), keep_alive_);
+      prompt_ids = std::move(ids).value();
+    } else if (req.prompt_is_ids) {
+      prompt_ids = std::move(req.prompt_ids);
+    } else {
+      Result<std::vector<int32_t>> ids = st_->engine->tokenize(req.prompt_text);
+      if (!ids.ok()) return send_error(error_from_status(ids.status(), "tokenizer"), keep_alive_);
+      prompt_ids = std::move(ids).value();
+    }
+    auto fit = check_context_fit(static_cast<int>(prompt_ids.size()), req.max_tokens,
+                                 info.max_context_tokens);
+    if (auto* e = std::get_if<ApiError>(&fit)) return send_error(*e, keep_alive_);
+
+    meta_ = ResponseMeta{endpoint, make_response_id(endpoint), unix_now(), st_->model_name};
+    request_id_ = meta_.id;
+    streaming_ = req.stream;
+    include_usage_ = req.include_usage;
+    text_.clear();
+    usage_ = Usage{static_cast<int>(prompt_ids.size()), 0, 0};
+
+    engine::GenerationRequest greq;
+    greq.request_id = request_id_;
+    greq.prompt_ids = std::move(prompt_ids);
+    greq.sampling = req.sampling;
+    greq.max_tokens = std::get<int>(fit);
+    greq.stop = std::move(req.stop);
+    greq.ignore_eos = req.ignore_eos;
+
+    std::weak_ptr<Session> weak = weak_from_this();
+    std::shared_ptr<EventGate> gate = st_->gate;
+    auto executor = stream_.get_executor();
+    Status submitted = st_->engine->submit(
+        std::move(greq), [weak, gate, executor](const engine::GenerationEvent& ev) {
+          std::lock_guard<std::mutex> lock(gate->mu);
+          if (!gate->open) return;
+          if (std::shared_ptr<Session> s = weak.lock()) {
+            net::post(executor, [s, ev] { s->on_event(ev); });
+          }
+        });
+    if (!submitted.ok()) return send_error(error_from_status(submitted, "engine"), keep_alive_);
+
+    generating_ = true;
+    self_hold_ = shared_from_this();
+    watch_for_disconnect();
+    if (streaming_) {
+      chunked_ = version_ >= 11;
+      if (!chunked_) keep_alive_ = false;
+      std::string head = "HTTP/1.1 200 OK\r\nServer: oscar\r\nContent-Type: text/event-stream\r\n"
+                         "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n";
+      head += chunked_ ? "Transfer-Encoding: chunked\r\n" : "";
+      head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+      pending_ += head;
+      st_->count_response(200);
+      if (endpoint == Endpoint::kChatCompletions) {
+        queue_event(sse_event(stream_chunk(meta_, "", /*role_first=*/true, "")));
+      }
+      flush();
+    }
+  }
+
+  void on_event(const engine::GenerationEvent& ev) {
+    if (!generating_) return;  // after a disconnect: only the terminal event is left to come
+    usage_.prompt_tokens = ev.prompt_tokens > 0 ? ev.prompt_tokens : usage_.prompt_tokens;
+    usage_.completion_tokens = ev.completion_tokens;
+    usage_.cached_tokens = ev.cached_tokens;
+    switch (ev.kind) {
+      case engine::GenerationEvent::kToken:
+        if (streaming_) {
+          if (!ev.text_delta.empty() && !client_gone_) {
+            queue_event(sse_event(stream_chunk(meta_, ev.text_delta, false, "")));
+            flush();
+          }
+        } else {
+          text_ += ev.text_delta;
+        }
+        return;
+      case engine::GenerationEvent::kFinished:
+        generating_ = false;
+        self_hold_.reset();
+        if (client_gone_) return;
+        if (streaming_) {
+          queue_event(sse_event(stream_chunk(meta_, "", false, ev.finish_reason)));
+          if (include_usage_) queue_event(sse_event(usage_chunk(meta_, usage_)));
+          end_stream();
+        } else {
+          stop_watching();
+          send(200, dump_json(completion_body(meta_, text_, ev.finish_reason, usage_)),
+               "application/json");
+        }
+        return;
+      case engine::GenerationEvent::kError: {
+        generating_ = false;
+        self_hold_.reset();
+        if (client_gone_) return;
+        ApiError e = error_from_status(ev.error, "generation failed");
+        if (streaming_) {
+          queue_event("data: " + e.to_json() + "\n\n");
+          end_stream();
+        } else {
+          stop_watching();
+          send_error(e, keep_alive_);
+        }
+        return;
+      }
+    }
+  }
+
+  // A readable socket while we are answering means the client closed it (or pipelined the next
+  // request, which we then leave for after the response).
+  void watch_for_disconnect() {
+    const uint64_t gen = ++watch_gen_;
+    stream_.socket().async_wait(
+        tcp::socket::wait_read, [self = shared_from_this(), gen](beast::error_code ec) {
+          if (gen != self->watch_gen_ || ec == net::error::operation_aborted) return;
+          if (!self->generating_ && !self->writing_) return;
+          if (!ec) {
+            char c;
+            beast::error_code peek_ec;
+            size_t n = self->stream_.socket().receive(net::buffer(&c, 1),
+                                                      tcp::socket::message_peek, peek_ec);
+            if (n > 0 && !peek_ec) return;  // pipelined data: not a disconnect
+          }
+          self->on_client_gone();
+        });
+  }
+
+  void stop_watching() {
+    ++watch_gen_;
+    beast::error_code ec;
+    stream_.socket().cancel(ec);
+  }
+
+  void on_client_gone() {
+    if (client_gone_) return;
+    client_gone_ = true;
+    if (generating_) {
+      st_->count_disconnect();
+      st_->engine->cancel(request_id_);
+      OSCAR_LOG_INFO("server: client disconnected, cancelled request_id=%s", request_id_.c_str());
+    }
+    close();
+  }
+
+  // ---- streaming writes ----
+
+  void queue_event(const std::string& data) {
+    if (chunked_) {
+      pending_ += str_format("%zx\r\n", data.size());
+      pending_ += data;
+      pending_ += "\r\n";
+    } else {
+      pending_ += data;
+    }
+  }
+
+  void end_stream() {
+    queue_event(std::string(kSseDone));
+    if (chunked_) pending_ += "0\r\n\r\n";
+    end_after_flush_ = true;
+    flush();
+  }
+
+  void flush() {
+    if (writing_ || pending_.empty() || client_gone_) return;
+    writing_ = true;
+    inflight_.swap(pending_);
+    pending_.clear();
+    stream_.expires_after(st_->options.write_timeout);
+    net::async_write(stream_, net::buffer(inflight_),
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->on_stream_write(ec);
+                     });
+  }
+
+  void on_stream_write(beast::error_code ec) {
+    writing_ = false;
+    inflight_.clear();
+    if (ec) return on_client_gone();
+    if (!pending_.empty()) return flush();
+    if (end_after_flush_) {
+      end_after_flush_ = false;
+      stop_watching();
+      finish_request(keep_alive_);
+    }
+  }
+
+  // ---- whole responses ----
+
+  void send(int status, std::string body, const char* content_type) {
+    auto res = std::make_shared<http::response<http::string_body>>(
+        static_cast<http::status>(status), version_);
+    res->set(http::field::server, "oscar");
+    res->set(http::field::content_type, content_type);
+    res->keep_alive(keep_alive_ && !st_->shutting_down);
+    res->body() = std::move(body);
+    res->prepare_payload();
+    write_response(res, status, keep_alive_);
+  }
+
+  void send_error(const ApiError& e, bool keep_alive) {
+    auto res = std::make_shared<http::response<http::string_body>>(
+        static_cast<http::status>(e.http_status), version_);
+    res->set(http::field::server, "oscar");
+    res->set(http::field::content_type, "application/json");
+    if (e.http_status == 401) res->set(http::field::www_authenticate, "Bearer");
+    res->keep_alive(keep_alive && !st_->shutting_down);
+    res->body() = e.to_json();
+    res->prepare_payload();
+    write_response(res, e.http_status, keep_alive);
+  }
+
+  void send_method_not_allowed() {
+    ApiError e = invalid_request("method not allowed", "", 405);
+    send_error(e, keep_alive_);
+  }
+
+  void write_response(std::shared_ptr<http::response<http::string_body>> res, int status,
+                      bool keep_alive) {
+    st_->count_response(status);
+    writing_ = true;
+    stream_.expires_after(st_->options.write_timeout);
+    http::async_write(stream_, *res,
+                      [self = shared_from_this(), res, keep_alive](beast::error_code ec, size_t) {
+                        self->writing_ = false;
+                        if (ec) return self->close();
+                        self->finish_request(keep_alive);
+                      });
+  }
+
+  void finish_request(bool keep_alive) {
+    set_busy(false);
+    if (keep_alive && !st_->shutting_down && !client_gone_) return do_read();
+    lingering_close();
+  }
+
+  // Half-close, then drain what the client still sends for a moment, so that it reads our answer
+  // (e.g. a 413) instead of a connection reset caused by unread data.
+  void lingering_close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) return close();
+    stream_.expires_after(std::chrono::seconds(1));
+    drain_buf_.resize(16 * 1024);
+    drain();
+  }
+
+  void drain() {
+    stream_.async_read_some(net::buffer(drain_buf_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) return self->close();
+                              self->drain();
+                            });
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    set_busy(false);
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.socket().close(ec);
+  }
+
+  void set_busy(bool busy) {
+    if (busy == busy_) return;
+    std::lock_guard<std::mutex> lock(st_->sessions_mu);
+    busy_ = busy;
+    st_->busy_sessions += busy ? 1 : -1;
+    st_->sessions_cv.notify_all();
+  }
+
+  std::shared_ptr<HttpServer::State> st_;
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::vector<char> drain_buf_;
+
+  // The request being answered.
+  unsigned version_ = 11;
+  bool keep_alive_ = true;
+  bool busy_ = false;     // from a request read to its response written (guarded by sessions_mu)
+  bool closed_ = false;
+  bool client_gone_ = false;
+
+  // Generation state (strand only).
+  std::shared_ptr<Session> self_hold_;  // set while the engine request is live
+  std::string request_id_;
+  bool generating_ = false;  // engine request submitted, terminal event not yet seen
+  bool streaming_ = false;
+  bool include_usage_ = false;
+  bool chunked_ = true;
+  ResponseMeta meta_;
+  std::string text_;  // non-streaming: the completion so far
+  Usage usage_;
+  uint64_t watch_gen_ = 0;
+
+  // Streaming output: bytes queued, bytes being written.
+  std::string pending_;
+  std::string inflight_;
+  bool writing_ = false;
+  bool end_after_flush_ = false;
+};
+
+namespace {
+
+void do_accept(std::shared_ptr<HttpServer::State> st) {
+  st->acceptor->async_accept(net::make_strand(st->ioc), [st](beast::error_code ec,
+                                                             tcp::socket socket) {
+    if (ec == net::error::operation_aborted || !st->acceptor->is_open()) return;
+    if (!ec && !st->shutting_down) {
+      std::make_shared<Session>(std::move(socket), st)->start();
+    }
+    do_accept(st);
+  });
+}
+
+std::vector<std::shared_ptr<Session>> live_sessions(HttpServer::State& st) {
+  std::vector<std::shared_ptr<Session>> out;
+  std::lock_guard<std::mutex> lock(st.sessions_mu);
+  for (auto& [ptr, weak] : st.sessions) {
+    if (auto s = weak.lock()) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace
+
+HttpServer::HttpServer(engine::Engine* engine, ServerOptions options)
+    : state_(std::make_shared<State>()) {
+  OSCAR_CHECK(engine != nullptr, "HttpServer needs an engine");
+  state_->engine = engine;
+  state_->options = std::move(options);
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+Status HttpServer::start() {
+  std::lock_guard<std::mutex> lock(state_->stop_mu);
+  State& st = *state_;
+  if (st.started) return internal_error("HttpServer::start called twice");
+  if (st.options.n_threads < 1) {
+    return invalid_argument("server: n_threads must be >= 1, got %d", st.options.n_threads);
+  }
+  st.model_name = st.options.served_model_name.empty() ? st.engine->info().model_name
+                                                       : st.options.served_model_name;
+  st.created = unix_now();
+
+  beast::error_code ec;
+  net::ip::address addr = net::ip::make_address(st.options.host, ec);
+  if (ec) return invalid_argument("server: bad host '%s': %s", st.options.host.c_str(),
+                                  ec.message().c_str());
+  tcp::endpoint endpoint(addr, st.options.port);
+  st.acceptor.emplace(st.ioc);
+  st.acceptor->open(endpoint.protocol(), ec);
+  if (!ec) st.acceptor->set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) st.acceptor->bind(endpoint, ec);
+  if (!ec) st.acceptor->listen(net::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Status(StatusCode::kInvalidArgument,
+                  str_format("server: cannot listen on %s:%u: %s", st.options.host.c_str(),
+                         st.options.port, ec.message().c_str()));
+  }
+  st.bound_port = st.acceptor->local_endpoint().port();
+  st.work.emplace(st.ioc.get_executor());
+  do_accept(state_);
+  for (int i = 0; i < st.options.n_threads; ++i) {
+    st.threads.emplace_back([s = state_.get()] { s->ioc.run(); });
+  }
+  st.started = true;
+  OSCAR_LOG_INFO("server: listening host=%s port=%u model=%s threads=%d auth=%s",
+                 st.options.host.c_str(), st.bound_port, st.model_name.c_str(),
+                 st.options.n_threads, st.options.api_key.empty() ? "off" : "bearer");
+  return Status();
+}
+
+uint16_t HttpServer::port() const { return state_->bound_port; }
+
+void HttpServer::stop() {
+  std::lock_guard<std::mutex> lock(state_->stop_mu);
+  State& st = *state_;
+  if (!st.started || st.stopped) return;
+  st.stopped = true;
+  st.shutting_down = true;
+
+  // 1. Stop accepting; close idle connections.
+  net::post(st.ioc, [s = state_] {
+    beast::error_code ec;
+    s->acceptor->close(ec);
+  });
+  for (auto& s : live_sessions(st)) {
+    net::post(s->get_executor_for_shutdown(), [s] { s->on_shutdown(); });
+  }
+  // 2. Let running requests finish, up to the grace period.
+  {
+    std::unique_lock<std::mutex> l(st.sessions_mu);
+    st.sessions_cv.wait_for(l, st.options.shutdown_grace, [&] { return st.busy_sessions == 0; });
+  }
+  // 3. Cancel the rest.
+  for (auto& s : live_sessions(st)) {
+    net::post(s->get_executor_for_shutdown(), [s] { s->force_close(); });
+  }
+  {
+    std::unique_lock<std::mutex> l(st.sessions_mu);
+    st.sessions_cv.wait_for(l, std::chrono::seconds(1), [&] { return st.sessions.empty(); });
+  }
+  st.work.reset();
+  st.ioc.stop();
+  for (auto& t : st.threads) t.join();
+  st.threads.clear();
+  {
+    std::lock_guard<std::mutex> g(st.gate->mu);
+    st.gate->open = false;
+  }
+  for (auto& s : live_sessions(st)) s->release_after_join();
+  OSCAR_LOG_INFO("server: stopped port=%u", st.bound_port);
+}
+
+ServerCounters HttpServer::counters() const {
+  std::lock_guard<std::mutex> lock(state_->counters_mu);
+  return state_->counters;
+}
+
+Status serve_until_signal(engine::Engine* engine, const ServerOptions& options) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  // Block the signals in this thread before the I/O threads start, so they inherit the mask and
+  // only sigwait below receives them.
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  HttpServer server(engine, options);
+  Status st = server.start();
+  if (!st.ok()) return st;
+  int sig = 0;
+  sigwait(&set, &sig);
+  OSCAR_LOG_INFO("server: signal=%d, shutting down", sig);
+  server.stop();
+  return Status();
+}
+
+}  // namespace oscar::server

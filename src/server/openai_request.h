@@ -1,0 +1,102 @@
+// OpenAI request parsing and validation: pure functions from a request body to a validated
+// OpenAIRequest, or to the OpenAI-format error (HTTP status, message naming the field) that the
+// server sends back. No sockets, no engine calls: prompt templating and tokenization happen in the
+// server, which then calls check_context_fit() with the prompt length. Response bodies live in
+// openai_response.h.
+//
+// Accepted (both endpoints unless noted): model, messages (chat), prompt (completions: string,
+// list of token ids, or a list of exactly one string / one id list), max_tokens,
+// max_completion_tokens, temperature, top_p, top_k (extension), seed, stop (string or list), n
+// (only 1), stream, stream_options.include_usage, tools and chat_template_kwargs (chat,
+// extensions passed to the template), ignore_eos (extension). A null value means "not given".
+// Unknown fields are ignored, as OpenAI clients expect.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine_api.h"
+
+namespace oscar::server {
+
+// ---- Limits, declared once. The HTTP layer enforces the first two while reading. ----
+// Request line plus all header fields; beyond it the server answers 431 and closes.
+inline constexpr size_t kMaxHeaderBytes = 16 * 1024;
+// Request body; 8 MiB holds a ~1M-token context as text. Beyond it: 413 and close.
+inline constexpr size_t kMaxBodyBytes = 8 * 1024 * 1024;
+// Nesting of JSON arrays/objects, checked by a pre-scan before parsing so that a hostile body can
+// not exhaust the stack of the recursive parser or of the code that walks the tree.
+inline constexpr int kMaxJsonDepth = 64;
+// OpenAI's own limits on stop sequences.
+inline constexpr size_t kMaxStopStrings = 4;
+inline constexpr size_t kMaxStopStringBytes = 256;
+// OpenAI's temperature range.
+inline constexpr double kMaxTemperature = 2.0;
+
+// An error as OpenAI reports it: {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field, "" -> null
+  std::string code;   // e.g. "model_not_found", "" -> null
+  std::string to_json() const;
+};
+
+ApiError invalid_request(std::string message, std::string param = "", int http_status = 400);
+
+enum class Endpoint { kChatCompletions, kCompletions };
+
+// What the parser needs to know about the served model (from engine::EngineInfo).
+struct ModelLimits {
+  std::string model_name;
+  int max_context_tokens = 0;
+  int vocab_size = 0;
+};
+
+struct OpenAIRequest {
+  Endpoint endpoint = Endpoint::kChatCompletions;
+  std::string model;
+
+  // /v1/chat/completions
+  nlohmann::ordered_json messages;              // non-empty array of objects with string "role"
+  nlohmann::ordered_json tools;                 // array or null
+  nlohmann::ordered_json chat_template_kwargs;  // object or null
+
+  // /v1/completions: either text or ids.
+  bool prompt_is_ids = false;
+  std::string prompt_text;
+  std::vector<int32_t> prompt_ids;  // [n_prompt_tokens], each in [0, vocab_size)
+
+  std::optional<int> max_tokens;  // > 0 when given; default: the rest of the context
+  engine::SamplingParams sampling;
+  std::vector<std::string> stop;  // <= kMaxStopStrings, each 1..kMaxStopStringBytes bytes
+  bool ignore_eos = false;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+using ParseResult = std::variant<OpenAIRequest, ApiError>;
+
+// Validates everything that can be checked without the tokenizer. body_bytes beyond
+// kMaxBodyBytes is 413 (the server normally stops reading before that).
+ParseResult parse_openai_request(Endpoint endpoint, std::string_view body,
+                                 const ModelLimits& limits);
+
+// True when arrays/objects nest deeper than max_depth (brackets inside strings do not count).
+bool json_depth_exceeds(std::string_view text, int max_depth);
+
+// After tokenization: the prompt must be non-empty and prompt + max_tokens must fit the context.
+// Returns the max_tokens to use (the requested one, or all the room left), or a 400 whose
+// message gives the numbers.
+std::variant<int, ApiError> check_context_fit(int prompt_tokens, std::optional<int> max_tokens,
+                                              int max_context_tokens);
+
+}  // namespace oscar::server

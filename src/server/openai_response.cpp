@@ -1,0 +1,117 @@
+#include "server/openai_response.h"
+
+#include <cstdio>
+#include <mutex>
+#include <random>
+
+namespace oscar::server {
+
+using json = nlohmann::ordered_json;
+
+std::string make_response_id(Endpoint endpoint) {
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}());
+  uint64_t a, b;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    a = rng();
+    b = rng();
+  }
+  char hex[25];
+  std::snprintf(hex, sizeof(hex), "%016llx%08llx", static_cast<unsigned long long>(a),
+                static_cast<unsigned long long>(b & 0xffffffffULL));
+  return std::string(endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + hex;
+}
+
+std::string openai_finish_reason(const std::string& engine_reason) {
+  if (engine_reason == "cancelled") return "abort";
+  return engine_reason;
+}
+
+json usage_json(const Usage& usage) {
+  json u = json::object();
+  u["prompt_tokens"] = usage.prompt_tokens;
+  u["completion_tokens"] = usage.completion_tokens;
+  u["total_tokens"] = usage.prompt_tokens + usage.completion_tokens;
+  u["prompt_tokens_details"] = json{{"cached_tokens", usage.cached_tokens}};
+  return u;
+}
+
+namespace {
+
+json header(const ResponseMeta& meta, const char* chat_object) {
+  json j = json::object();
+  j["id"] = meta.id;
+  j["object"] = meta.endpoint == Endpoint::kChatCompletions ? chat_object : "text_completion";
+  j["created"] = meta.created;
+  j["model"] = meta.model;
+  return j;
+}
+
+json finish_json(const std::string& reason) {
+  return reason.empty() ? json(nullptr) : json(openai_finish_reason(reason));
+}
+
+}  // namespace
+
+json completion_body(const ResponseMeta& meta, const std::string& text,
+                     const std::string& finish_reason, const Usage& usage) {
+  json j = header(meta, "chat.completion");
+  json choice = json::object();
+  choice["index"] = 0;
+  if (meta.endpoint == Endpoint::kChatCompletions) {
+    choice["message"] = json{{"role", "assistant"}, {"content", text}};
+    choice["logprobs"] = nullptr;
+  } else {
+    choice["text"] = text;
+    choice["logprobs"] = nullptr;
+  }
+  choice["finish_reason"] = finish_json(finish_reason);
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(usage);
+  return j;
+}
+
+json stream_chunk(const ResponseMeta& meta, const std::string& text_delta, bool role_first,
+                  const std::string& finish_reason) {
+  json j = header(meta, "chat.completion.chunk");
+  json choice = json::object();
+  choice["index"] = 0;
+  if (meta.endpoint == Endpoint::kChatCompletions) {
+    json delta = json::object();
+    if (role_first) delta["role"] = "assistant";
+    if (!text_delta.empty() || role_first) delta["content"] = text_delta;
+    choice["delta"] = std::move(delta);
+  } else {
+    choice["text"] = text_delta;
+  }
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_json(finish_reason);
+  j["choices"] = json::array({choice});
+  return j;
+}
+
+json usage_chunk(const ResponseMeta& meta, const Usage& usage) {
+  json j = header(meta, "chat.completion.chunk");
+  j["choices"] = json::array();
+  j["usage"] = usage_json(usage);
+  return j;
+}
+
+json models_body(const std::string& model, int64_t created, int max_model_len) {
+  json m = json::object();
+  m["id"] = model;
+  m["object"] = "model";
+  m["created"] = created;
+  m["owned_by"] = "oscar";
+  m["max_model_len"] = max_model_len;
+  return json{{"object", "list"}, {"data", json::array({m})}};
+}
+
+std::string dump_json(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string sse_event(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+}  // namespace oscar::server

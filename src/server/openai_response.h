@@ -1,0 +1,60 @@
+// OpenAI response bodies: the JSON the server sends for /v1/chat/completions, /v1/completions and
+// /v1/models, the streaming chunks, and SSE framing. Pure functions of their arguments (ids and
+// timestamps are passed in), so tests can compare exact bytes. Request parsing lives in
+// openai_request.h; HTTP in http_server.h.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "server/openai_request.h"
+
+namespace oscar::server {
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_tokens = 0;  // reported as usage.prompt_tokens_details.cached_tokens
+};
+
+// Fixed per response: every chunk of a stream repeats them.
+struct ResponseMeta {
+  Endpoint endpoint = Endpoint::kChatCompletions;
+  std::string id;        // "chatcmpl-..." or "cmpl-..."
+  int64_t created = 0;   // Unix seconds
+  std::string model;
+};
+
+// A fresh id with the endpoint's prefix and 24 random hex digits. Thread-safe.
+std::string make_response_id(Endpoint endpoint);
+
+// The engine's "cancelled" is not an OpenAI value; clients see "abort" (vLLM's spelling).
+std::string openai_finish_reason(const std::string& engine_reason);
+
+nlohmann::ordered_json usage_json(const Usage& usage);
+
+// Non-streaming body: object "chat.completion" / "text_completion", one choice.
+nlohmann::ordered_json completion_body(const ResponseMeta& meta, const std::string& text,
+                                       const std::string& finish_reason, const Usage& usage);
+
+// One streaming chunk, object "chat.completion.chunk" / "text_completion". For chat, role_first
+// adds delta.role = "assistant" (the first chunk). finish_reason empty -> null.
+nlohmann::ordered_json stream_chunk(const ResponseMeta& meta, const std::string& text_delta,
+                                    bool role_first, const std::string& finish_reason);
+// The final chunk of stream_options.include_usage: choices is empty and usage is set.
+nlohmann::ordered_json usage_chunk(const ResponseMeta& meta, const Usage& usage);
+
+// GET /v1/models.
+nlohmann::ordered_json models_body(const std::string& model, int64_t created, int max_model_len);
+
+// JSON text for the wire: invalid UTF-8 is replaced, never thrown.
+std::string dump_json(const nlohmann::ordered_json& j);
+// "data: <json>\n\n"
+std::string sse_event(const nlohmann::ordered_json& j);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+}  // namespace oscar::server

@@ -1,0 +1,100 @@
+#include "server/prometheus.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/status.h"
+
+namespace oscar::server {
+
+namespace {
+
+// Prometheus floats: shortest round-trip form, +Inf/-Inf/NaN spelled as the format wants.
+std::string num(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  // Prefer the short form when it round-trips.
+  char short_buf[64];
+  std::snprintf(short_buf, sizeof(short_buf), "%g", v);
+  return std::strtod(short_buf, nullptr) == v ? short_buf : buf;
+}
+
+// Label values escape backslash, quote and newline.
+std::string label(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+void head(std::string* out, const char* name, const char* type, const char* help) {
+  *out += str_format("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+void scalar(std::string* out, const char* name, const char* type, const char* help, double v) {
+  head(out, name, type, help);
+  *out += str_format("%s %s\n", name, num(v).c_str());
+}
+
+void histogram(std::string* out, const char* name, const char* help, const engine::Histogram& h) {
+  head(out, name, "histogram", help);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < h.upper_bounds.size(); ++i) {
+    if (i < h.counts.size()) cumulative += h.counts[i];
+    *out += str_format("%s_bucket{le=\"%s\"} %llu\n", name, num(h.upper_bounds[i]).c_str(),
+                   static_cast<unsigned long long>(cumulative));
+  }
+  for (size_t i = h.upper_bounds.size(); i < h.counts.size(); ++i) cumulative += h.counts[i];
+  *out += str_format("%s_bucket{le=\"+Inf\"} %llu\n", name, static_cast<unsigned long long>(cumulative));
+  *out += str_format("%s_sum %s\n", name, num(h.sum).c_str());
+  *out += str_format("%s_count %llu\n", name, static_cast<unsigned long long>(cumulative));
+}
+
+}  // namespace
+
+std::string render_prometheus(const engine::EngineMetrics& m, const ServerCounters& c) {
+  std::string out;
+  scalar(&out, "oscar_requests_running", "gauge", "Requests being decoded.", m.requests_running);
+  scalar(&out, "oscar_requests_waiting", "gauge", "Requests queued for admission.",
+         m.requests_waiting);
+  scalar(&out, "oscar_prompt_tokens_total", "counter", "Prompt tokens processed.",
+         static_cast<double>(m.prompt_tokens_total));
+  scalar(&out, "oscar_generation_tokens_total", "counter", "Tokens generated.",
+         static_cast<double>(m.generation_tokens_total));
+  histogram(&out, "oscar_time_to_first_token_seconds", "Time from arrival to first token.",
+            m.time_to_first_token_seconds);
+  histogram(&out, "oscar_time_per_output_token_seconds", "Time between output tokens.",
+            m.time_per_output_token_seconds);
+  head(&out, "oscar_kv_pages_used", "gauge", "KV cache pages in use, per pool.");
+  for (const auto& p : m.kv_pools) {
+    out += str_format("oscar_kv_pages_used{pool=\"%s\"} %lld\n", label(p.pool).c_str(),
+                  static_cast<long long>(p.pages_used));
+  }
+  head(&out, "oscar_kv_pages_total", "gauge", "KV cache pages, per pool.");
+  for (const auto& p : m.kv_pools) {
+    out += str_format("oscar_kv_pages_total{pool=\"%s\"} %lld\n", label(p.pool).c_str(),
+                  static_cast<long long>(p.pages_total));
+  }
+  scalar(&out, "oscar_prefix_cache_hit_rate", "gauge",
+         "Fraction of prompt tokens served from the prefix cache.", m.prefix_cache_hit_rate);
+  scalar(&out, "oscar_kv_effective_bits_per_element", "gauge",
+         "Average stored bits per KV element, scales included.", m.kv_effective_bits_per_element);
+  head(&out, "oscar_http_responses_total", "counter", "HTTP responses sent, by status.");
+  for (const auto& [status, n] : c.responses_by_status) {
+    out += str_format("oscar_http_responses_total{status=\"%d\"} %llu\n", status,
+                  static_cast<unsigned long long>(n));
+  }
+  scalar(&out, "oscar_client_disconnects_total", "counter",
+         "Requests cancelled because the client went away.",
+         static_cast<double>(c.client_disconnects));
+  return out;
+}
+
+}  // namespace oscar::server

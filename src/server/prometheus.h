@@ -1,0 +1,29 @@
+// Prometheus text exposition (format 0.0.4) of the engine's metrics and the server's own request
+// counters, for GET /metrics. Pure: a snapshot in, text out. Metric names are declared here and
+// nowhere else.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "engine/engine_api.h"
+
+namespace oscar::server {
+
+// Counters the HTTP layer keeps itself.
+struct ServerCounters {
+  std::map<int, uint64_t> responses_by_status;  // HTTP status -> responses sent
+  uint64_t client_disconnects = 0;              // streams/requests cancelled by a disconnect
+};
+
+// Emits, with HELP and TYPE lines:
+//   oscar_requests_running, oscar_requests_waiting (gauges)
+//   oscar_prompt_tokens_total, oscar_generation_tokens_total (counters)
+//   oscar_time_to_first_token_seconds, oscar_time_per_output_token_seconds (histograms)
+//   oscar_kv_pages_used{pool=...}, oscar_kv_pages_total{pool=...} (gauges)
+//   oscar_prefix_cache_hit_rate, oscar_kv_effective_bits_per_element (gauges)
+//   oscar_http_responses_total{status=...}, oscar_client_disconnects_total (counters)
+std::string render_prometheus(const engine::EngineMetrics& m, const ServerCounters& c);
+
+}  // namespace oscar::server
