@@ -1,0 +1,280 @@
+// ModelConfig parsing: the tiny model, the six real Qwen3 shape configs (tests/data/configs),
+// both RoPE spellings, tied/untied embeddings, eos lists, and the refusals (unknown architecture,
+// rope scaling, sliding window, missing or mistyped fields, inconsistent head counts).
+// Also SHA-256 against the FIPS 180-2 test vectors.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/mmap_file.h"
+#include "format/model_config.h"
+#include "format/sha256.h"
+
+namespace oscar::format {
+namespace {
+
+#define EXPECT_MSG_HAS(status, text) \
+  EXPECT_NE((status).message().find(text), std::string::npos) << (status).to_string()
+
+// A minimal transformers-4 style Qwen3 config; tests edit it.
+nlohmann::json base_config() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+    "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 32, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000, "rope_scaling": null, "tie_word_embeddings": true,
+    "attention_bias": false, "hidden_act": "silu", "use_sliding_window": false,
+    "sliding_window": null, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16"
+  })");
+}
+
+Result<ModelConfig> parse(const nlohmann::json& j) { return ModelConfig::from_json_text(j.dump()); }
+
+TEST(Sha256, KnownVectors) {
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  // 55, 56 and 64 bytes exercise the one- and two-block padding paths.
+  EXPECT_EQ(sha256_hex(std::string(1000000, 'a')),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  EXPECT_EQ(sha256_hex(std::string(55, 'a')),
+            "9f4390f8d30c2dd92ec9f095b65e2b9ae9b0a925a5258e241c9f1e910f734318");
+  EXPECT_EQ(sha256_hex(std::string(56, 'a')),
+            "b35439a4ac6f0948b6d6f9e3c6af0f5f590ce20f1bde7090ef7970686ec6738a");
+  EXPECT_EQ(sha256_hex(std::string(64, 'a')),
+            "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
+}
+
+TEST(ModelConfig, TinyQwen3) {
+  Result<ModelConfig> r = ModelConfig::load("models/tiny-qwen3");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const ModelConfig& c = r.value();
+  EXPECT_EQ(c.arch, Architecture::kQwen3);
+  EXPECT_EQ(c.architecture_name, "Qwen3ForCausalLM");
+  EXPECT_EQ(c.vocab_size, 8192);
+  EXPECT_EQ(c.hidden_size, 256);
+  EXPECT_EQ(c.intermediate_size, 768);
+  EXPECT_EQ(c.n_layers, 8);
+  EXPECT_EQ(c.n_heads_q, 4);
+  EXPECT_EQ(c.n_heads_kv, 2);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.gqa_ratio, 2);
+  EXPECT_EQ(c.q_dim, 512);
+  EXPECT_EQ(c.kv_dim, 256);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);  // from rope_parameters (transformers 5 spelling)
+  EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-6f);
+  EXPECT_EQ(c.max_position_embeddings, 32768);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_EQ(c.bos_token_id, 8189);
+  EXPECT_EQ(c.eos_token_id, 8189);
+  EXPECT_EQ(c.n_params(), 9967872);
+  EXPECT_EQ(c.kv_bytes_per_token_bf16(), 2 * 8 * 256 * 2);
+  // The fingerprint the reference rotation file records (sha256sum of config.json).
+  EXPECT_EQ(c.sha256, "ca6b491d81b8f474c5559c14a031ce7bbd9c3c7227ee713c085355b354b02f0c");
+}
+
+TEST(ModelConfig, RealQwen3Shapes) {
+  struct Expect {
+    const char* file;
+    int layers, heads_q, heads_kv, hidden, inter;
+    bool tied;
+  };
+  // Shapes from the published Qwen3 dense configs.
+  const Expect cases[] = {
+      {"qwen3-0.6b.json", 28, 16, 8, 1024, 3072, true},
+      {"qwen3-1.7b.json", 28, 16, 8, 2048, 6144, true},
+      {"qwen3-4b.json", 36, 32, 8, 2560, 9728, true},
+      {"qwen3-8b.json", 36, 32, 8, 4096, 12288, false},
+      {"qwen3-14b.json", 40, 40, 8, 5120, 17408, false},
+      {"qwen3-32b.json", 64, 64, 8, 5120, 25600, false},
+  };
+  for (const Expect& e : cases) {
+    SCOPED_TRACE(e.file);
+    Result<std::string> text = read_text_file(std::string("tests/data/configs/") + e.file);
+    ASSERT_TRUE(text.ok()) << text.status().to_string();
+    Result<ModelConfig> r = ModelConfig::from_json_text(text.value());
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->n_layers, e.layers);
+    EXPECT_EQ(r->n_heads_q, e.heads_q);
+    EXPECT_EQ(r->n_heads_kv, e.heads_kv);
+    EXPECT_EQ(r->hidden_size, e.hidden);
+    EXPECT_EQ(r->intermediate_size, e.inter);
+    EXPECT_EQ(r->tie_word_embeddings, e.tied);
+    EXPECT_EQ(r->head_dim, 128);
+    EXPECT_EQ(r->vocab_size, 151936);
+    EXPECT_DOUBLE_EQ(r->rope_theta, 1e6);  // top-level spelling
+    EXPECT_EQ(r->eos_token_id, 151645);
+    EXPECT_EQ(r->sha256, sha256_hex(text.value()));
+  }
+  // The README's worked example: Qwen3-8B, 147 456 bytes of BF16 KV per token.
+  Result<std::string> text = read_text_file("tests/data/configs/qwen3-8b.json");
+  ASSERT_TRUE(text.ok());
+  Result<ModelConfig> c8 = ModelConfig::from_json_text(text.value());
+  ASSERT_TRUE(c8.ok());
+  EXPECT_EQ(c8->kv_bytes_per_token_bf16(), 147456);
+  EXPECT_EQ(c8->gqa_ratio, 4);
+  // Qwen3-8B: 8.19 B parameters with the untied lm_head.
+  EXPECT_EQ(c8->n_params(), 8190735360);
+}
+
+TEST(ModelConfig, RopeSpellings) {
+  nlohmann::json j = base_config();
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_theta", 5e5}, {"rope_type", "default"}};
+  Result<ModelConfig> a = parse(j);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_DOUBLE_EQ(a->rope_theta, 5e5);
+
+  nlohmann::json k = base_config();
+  k["rope_theta"] = 250000.0;
+  Result<ModelConfig> b = parse(k);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_DOUBLE_EQ(b->rope_theta, 250000.0);
+
+  k["rope_scaling"] = {{"rope_type", "default"}};
+  EXPECT_TRUE(parse(k).ok());
+}
+
+TEST(ModelConfig, RopeScalingRefused) {
+  for (const char* type : {"yarn", "linear", "dynamic", "llama3"}) {
+    nlohmann::json j = base_config();
+    j["rope_scaling"] = {{"rope_type", type}, {"factor", 4.0}};
+    Result<ModelConfig> r = parse(j);
+    ASSERT_FALSE(r.ok()) << type;
+    EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
+    EXPECT_MSG_HAS(r.status(), type);
+  }
+  nlohmann::json old = base_config();
+  old["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};  // pre-4.45 spelling
+  EXPECT_FALSE(parse(old).ok());
+  nlohmann::json v5 = base_config();
+  v5["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "yarn"}};
+  EXPECT_EQ(parse(v5).status().code(), StatusCode::kUnimplemented);
+}
+
+TEST(ModelConfig, TiedAndUntied) {
+  nlohmann::json j = base_config();
+  j["tie_word_embeddings"] = false;
+  Result<ModelConfig> untied = parse(j);
+  ASSERT_TRUE(untied.ok());
+  j["tie_word_embeddings"] = true;
+  Result<ModelConfig> tied = parse(j);
+  ASSERT_TRUE(tied.ok());
+  EXPECT_FALSE(untied->tie_word_embeddings);
+  EXPECT_EQ(untied->n_params() - tied->n_params(), 1000 * 64);
+  j.erase("tie_word_embeddings");  // HF default for Qwen3 is untied
+  EXPECT_FALSE(parse(j)->tie_word_embeddings);
+}
+
+TEST(ModelConfig, DefaultsAndTokenIds) {
+  nlohmann::json j = base_config();
+  j.erase("head_dim");
+  j.erase("num_key_value_heads");
+  j["eos_token_id"] = {7, 2};
+  j["bos_token_id"] = nullptr;
+  Result<ModelConfig> r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->head_dim, 16);   // hidden_size / num_attention_heads
+  EXPECT_EQ(r->n_heads_kv, 4);  // defaults to num_attention_heads (MHA)
+  EXPECT_EQ(r->eos_token_id, 7);
+  EXPECT_EQ(r->bos_token_id, -1);
+}
+
+TEST(ModelConfig, OtherArchitectures) {
+  nlohmann::json q2 = base_config();
+  q2["architectures"] = {"Qwen2ForCausalLM"};
+  q2.erase("head_dim");
+  Result<ModelConfig> a = parse(q2);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->arch, Architecture::kQwen2);
+  EXPECT_TRUE(a->attention_bias);
+  EXPECT_FALSE(a->qk_norm);
+
+  nlohmann::json llama = base_config();
+  llama["architectures"] = {"LlamaForCausalLM"};
+  llama["attention_bias"] = true;
+  Result<ModelConfig> b = parse(llama);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(b->arch, Architecture::kLlama);
+  EXPECT_TRUE(b->attention_bias);
+  EXPECT_FALSE(b->qk_norm);
+}
+
+TEST(ModelConfig, UnknownArchitecture) {
+  nlohmann::json j = base_config();
+  j["architectures"] = {"Qwen3MoeForCausalLM"};
+  Result<ModelConfig> r = parse(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
+  EXPECT_MSG_HAS(r.status(), "Qwen3MoeForCausalLM");
+  EXPECT_MSG_HAS(r.status(), "Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM");
+  j.erase("architectures");
+  EXPECT_MSG_HAS(parse(j).status(), "architectures");
+}
+
+TEST(ModelConfig, RefusedFeatures) {
+  nlohmann::json j = base_config();
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 4096;
+  EXPECT_MSG_HAS(parse(j).status(), "sliding");
+  nlohmann::json k = base_config();
+  k["layer_types"] = {"full_attention", "sliding_attention"};
+  EXPECT_MSG_HAS(parse(k).status(), "layer_types[1]");
+  nlohmann::json a = base_config();
+  a["hidden_act"] = "gelu";
+  EXPECT_MSG_HAS(parse(a).status(), "gelu");
+  nlohmann::json m = base_config();
+  m["num_experts"] = 128;
+  EXPECT_MSG_HAS(parse(m).status(), "num_experts");
+}
+
+TEST(ModelConfig, MissingAndBadFields) {
+  for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads", "max_position_embeddings"}) {
+    nlohmann::json j = base_config();
+    j.erase(key);
+    Result<ModelConfig> r = parse(j);
+    ASSERT_FALSE(r.ok()) << key;
+    EXPECT_MSG_HAS(r.status(), key);
+  }
+  nlohmann::json s = base_config();
+  s["hidden_size"] = "64";
+  EXPECT_MSG_HAS(parse(s).status(), "hidden_size");
+  nlohmann::json f = base_config();
+  f["num_hidden_layers"] = 2.5;
+  EXPECT_MSG_HAS(parse(f).status(), "num_hidden_layers");
+  nlohmann::json big = base_config();
+  big["vocab_size"] = 1ll << 40;
+  EXPECT_MSG_HAS(parse(big).status(), "vocab_size");
+  EXPECT_MSG_HAS(ModelConfig::from_json_text("{not json").status(), "not valid JSON");
+  EXPECT_FALSE(ModelConfig::from_json_text("[1]").ok());
+  EXPECT_EQ(ModelConfig::load("/nonexistent-dir").status().code(), StatusCode::kNotFound);
+}
+
+TEST(ModelConfig, ValidateRanges) {
+  nlohmann::json j = base_config();
+  j["num_key_value_heads"] = 3;  // 4 % 3 != 0
+  EXPECT_MSG_HAS(parse(j).status(), "not a multiple");
+  nlohmann::json h = base_config();
+  h["head_dim"] = 33;
+  EXPECT_MSG_HAS(parse(h).status(), "even");
+  nlohmann::json z = base_config();
+  z["num_hidden_layers"] = 0;
+  EXPECT_MSG_HAS(parse(z).status(), "num_hidden_layers = 0");
+  nlohmann::json e = base_config();
+  e["eos_token_id"] = 5000;  // beyond vocab_size 1000
+  EXPECT_MSG_HAS(parse(e).status(), "eos_token_id");
+  nlohmann::json n = base_config();
+  n["num_attention_heads"] = 0;
+  EXPECT_FALSE(parse(n).ok());  // no division by zero computing the default head_dim
+}
+
+}  // namespace
+}  // namespace oscar::format

@@ -1,0 +1,163 @@
+// Weight table and binding on synthetic checkpoints written to a temp dir: a complete checkpoint
+// binds; a broken one reports every missing, mis-shaped, mis-typed and unused tensor at once.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "format/model_config.h"
+#include "format/safetensors.h"
+#include "format/weight_table.h"
+
+namespace oscar::format {
+namespace {
+
+#define EXPECT_MSG_HAS(status, text) \
+  EXPECT_NE((status).message().find(text), std::string::npos) << (status).to_string()
+
+ModelConfig small_config(const char* arch, bool tied) {
+  nlohmann::json j = {{"architectures", {arch}},       {"vocab_size", 32},
+                      {"hidden_size", 16},             {"intermediate_size", 24},
+                      {"num_hidden_layers", 2},        {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},      {"head_dim", 8},
+                      {"max_position_embeddings", 64}, {"tie_word_embeddings", tied}};
+  Result<ModelConfig> r = ModelConfig::from_json_text(j.dump());
+  OSCAR_CHECK(r.ok(), "%s", r.status().to_string().c_str());
+  return r.value();
+}
+
+TensorToWrite zeros(const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return {name, dtype, shape, std::vector<uint8_t>(static_cast<size_t>(n) * dtype_size(dtype))};
+}
+
+// Writes DIR/model.safetensors holding every spec'd tensor (lm_head only if required).
+std::vector<TensorToWrite> full_checkpoint(const ModelConfig& c) {
+  std::vector<TensorToWrite> out;
+  for (const WeightSpec& s : weight_specs(c)) {
+    if (!s.optional) out.push_back(zeros(s.hf_name, DType::kBF16, s.shape));
+  }
+  return out;
+}
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    static int n = 0;
+    path = std::filesystem::temp_directory_path() /
+           ("oscar_wt_" + std::to_string(getpid()) + "_" + std::to_string(n++));
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+TEST(WeightTable, SpecsQwen3) {
+  ModelConfig c = small_config("Qwen3ForCausalLM", true);
+  std::vector<WeightSpec> specs = weight_specs(c);
+  ASSERT_EQ(specs.size(), 1u + 2 * 11 + 2);  // embed, 11 per layer, norm, lm_head
+  EXPECT_EQ(specs.front().hf_name, "model.embed_tokens.weight");
+  EXPECT_EQ(specs.front().shape, (std::vector<int64_t>{32, 16}));
+  EXPECT_EQ(specs.back().hf_name, "lm_head.weight");
+  EXPECT_TRUE(specs.back().optional);
+  int64_t params = 0;
+  for (const WeightSpec& s : specs) {
+    if (s.optional) continue;
+    int64_t n = 1;
+    for (int64_t d : s.shape) n *= d;
+    params += n;
+    std::vector<int64_t> want;
+    switch (s.kind) {
+      case WeightKind::kQProj: want = {32, 16}; break;
+      case WeightKind::kKProj: want = {16, 16}; break;
+      case WeightKind::kOProj: want = {16, 32}; break;
+      case WeightKind::kQNorm: want = {8}; break;
+      case WeightKind::kDownProj: want = {16, 24}; break;
+      default: want = s.shape;
+    }
+    EXPECT_EQ(s.shape, want) << s.hf_name;
+  }
+  EXPECT_EQ(params, c.n_params());  // the table and n_params() agree
+  EXPECT_EQ(specs[5].hf_name, "model.layers.0.self_attn.q_norm.weight");
+  EXPECT_EQ(specs[5].layer, 0);
+
+  ModelConfig untied = small_config("Qwen3ForCausalLM", false);
+  EXPECT_FALSE(weight_specs(untied).back().optional);
+}
+
+TEST(WeightTable, SpecsQwen2HasBiasNoQkNorm) {
+  ModelConfig c = small_config("Qwen2ForCausalLM", false);
+  int bias = 0, qk_norm = 0;
+  int64_t params = 0;
+  for (const WeightSpec& s : weight_specs(c)) {
+    bias += s.kind == WeightKind::kQBias || s.kind == WeightKind::kKBias ||
+            s.kind == WeightKind::kVBias;
+    qk_norm += s.kind == WeightKind::kQNorm || s.kind == WeightKind::kKNorm;
+    int64_t n = 1;
+    for (int64_t d : s.shape) n *= d;
+    params += n;
+    if (s.hf_name == "model.layers.1.self_attn.k_proj.bias") {
+      EXPECT_EQ(s.shape, (std::vector<int64_t>{16}));
+    }
+  }
+  EXPECT_EQ(bias, 6);
+  EXPECT_EQ(qk_norm, 0);
+  EXPECT_EQ(params, c.n_params());
+}
+
+TEST(WeightTable, BindCompleteCheckpoint) {
+  TempDir dir;
+  ModelConfig c = small_config("Qwen3ForCausalLM", true);
+  ASSERT_TRUE(write_safetensors((dir.path / "model.safetensors").string(), full_checkpoint(c), {})
+                  .ok());
+  Result<Checkpoint> ck = Checkpoint::open(dir.path.string());
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  Result<BoundWeights> b = bind_weights(c, ck.value());
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  ASSERT_EQ(b->tensors.size(), b->specs.size());
+  EXPECT_EQ(b->tensors.back(), nullptr);  // tied: no lm_head
+  for (size_t i = 0; i + 1 < b->tensors.size(); ++i) {
+    ASSERT_NE(b->tensors[i], nullptr);
+    EXPECT_EQ(b->tensors[i]->name, b->specs[i].hf_name);
+  }
+}
+
+TEST(WeightTable, BindReportsEveryProblem) {
+  TempDir dir;
+  ModelConfig c = small_config("Qwen3ForCausalLM", false);  // untied: lm_head required
+  std::vector<TensorToWrite> t = full_checkpoint(c);
+  // Remove lm_head and one layer norm, reshape q_proj, retype k_proj, add two extras.
+  std::erase_if(t, [](const TensorToWrite& x) {
+    return x.name == "lm_head.weight" || x.name == "model.layers.1.input_layernorm.weight";
+  });
+  for (TensorToWrite& x : t) {
+    if (x.name == "model.layers.0.self_attn.q_proj.weight") x = zeros(x.name, DType::kBF16, {16, 32});
+    if (x.name == "model.layers.1.self_attn.k_proj.weight") x = zeros(x.name, DType::kI32, {16, 16});
+  }
+  t.push_back(zeros("model.layers.2.mlp.up_proj.weight", DType::kBF16, {24, 16}));
+  t.push_back(zeros("model.rotary_emb.inv_freq", DType::kF32, {4}));
+  ASSERT_TRUE(write_safetensors((dir.path / "model.safetensors").string(), t, {}).ok());
+  Result<Checkpoint> ck = Checkpoint::open(dir.path.string());
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  Result<BoundWeights> b = bind_weights(c, ck.value());
+  ASSERT_FALSE(b.ok());
+  const Status& st = b.status();
+  EXPECT_MSG_HAS(st, "6 problem(s)");
+  EXPECT_MSG_HAS(st, "missing lm_head.weight (expected [32, 16])");
+  EXPECT_MSG_HAS(st, "missing model.layers.1.input_layernorm.weight");
+  EXPECT_MSG_HAS(st, "wrong shape model.layers.0.self_attn.q_proj.weight: expected [32, 16], got "
+                     "[16, 32]");
+  EXPECT_MSG_HAS(st, "wrong dtype model.layers.1.self_attn.k_proj.weight: I32");
+  EXPECT_MSG_HAS(st, "unused model.layers.2.mlp.up_proj.weight");
+  EXPECT_MSG_HAS(st, "unused model.rotary_emb.inv_freq");
+}
+
+}  // namespace
+}  // namespace oscar::format
