@@ -1,0 +1,269 @@
+// Rotation file reader and writer (see rotation_file.h, OSCAR.md §7).
+#include "quant/rotation_file.h"
+
+#include <charconv>
+#include <cmath>
+#include <set>
+#include <span>
+
+#include "core/check.h"
+#include "format/safetensors.h"
+#include "quant/rotation.h"
+
+namespace oscar::quant {
+namespace {
+
+using format::DType;
+using format::SafetensorsFile;
+using format::TensorView;
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+// Integer metadata field `key`, required.
+Status metadata_int(const SafetensorsFile& file, const char* key, int* out) {
+  auto it = file.metadata().find(key);
+  if (it == file.metadata().end()) {
+    return invalid_argument("rotation file %s: metadata '%s' is missing", file.path().c_str(), key);
+  }
+  const std::string& v = it->second;
+  auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
+  if (ec != std::errc() || ptr != v.data() + v.size()) {
+    return invalid_argument("rotation file %s: metadata '%s' = '%s' is not an integer",
+                            file.path().c_str(), key, v.c_str());
+  }
+  return Status();
+}
+
+Status check_int_matches(const SafetensorsFile& file, const char* key, int expected) {
+  int v = 0;
+  OSCAR_RETURN_IF_ERROR(metadata_int(file, key, &v));
+  if (v != expected) {
+    return invalid_argument("rotation file %s: %s %d != model %d", file.path().c_str(), key, v,
+                            expected);
+  }
+  return Status();
+}
+
+// Copies one per-layer tensor, [n_heads, per_head...] or [per_head...] (broadcast to heads),
+// into dst: [n_heads, prod(per_head)] floats. `per_head` is the expected shape of one head;
+// for clip it is {} and a [1]-shaped tensor is accepted too.
+Status read_per_head(const SafetensorsFile& file, const std::string& name, int n_heads,
+                     const std::vector<int64_t>& per_head, float* dst) {
+  const TensorView* t = file.find(name);
+  if (t == nullptr) {
+    return not_found("rotation file %s: tensor '%s' is missing", file.path().c_str(),
+                     name.c_str());
+  }
+  if (t->dtype != DType::kF32) {
+    return invalid_argument("rotation file %s: tensor '%s' has dtype %s, expected F32",
+                            file.path().c_str(), name.c_str(), format::dtype_name(t->dtype));
+  }
+  std::vector<int64_t> full = {n_heads};
+  full.insert(full.end(), per_head.begin(), per_head.end());
+  const bool per_head_shape = t->shape == full;
+  const bool broadcast = t->shape == per_head || (per_head.empty() && t->shape == std::vector<int64_t>{1});
+  if (!per_head_shape && !broadcast) {
+    std::string expected = shape_string(full) + " or " + shape_string(per_head);
+    return invalid_argument("rotation file %s: tensor '%s' has shape %s, expected %s",
+                            file.path().c_str(), name.c_str(), shape_string(t->shape).c_str(),
+                            expected.c_str());
+  }
+  const std::vector<float> values = t->to_f32();
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) {
+      return invalid_argument("rotation file %s: tensor '%s' element %zu is not finite",
+                              file.path().c_str(), name.c_str(), i);
+    }
+  }
+  size_t head_numel = 1;
+  for (int64_t s : per_head) head_numel *= static_cast<size_t>(s);
+  for (int h = 0; h < n_heads; ++h) {
+    const float* src = values.data() + (per_head_shape ? h * head_numel : 0);
+    std::copy(src, src + head_numel, dst + h * head_numel);
+  }
+  return Status();
+}
+
+Status check_size(const char* what, size_t got, size_t expected) {
+  if (got != expected) {
+    return invalid_argument("write_rotation_file: %s has %zu values, expected %zu", what, got,
+                            expected);
+  }
+  return Status();
+}
+
+}  // namespace
+
+const float* RotationSet::k_rotation(int layer, int head) const {
+  OSCAR_CHECK(layer >= 0 && layer < n_layers && head >= 0 && head < n_heads_kv,
+              "layer %d head %d", layer, head);
+  return k_rot.data() + (static_cast<size_t>(layer) * n_heads_kv + head) * head_dim * head_dim;
+}
+const float* RotationSet::v_rotation(int layer, int head) const {
+  OSCAR_CHECK(layer >= 0 && layer < n_layers && head >= 0 && head < n_heads_kv,
+              "layer %d head %d", layer, head);
+  return v_rot.data() + (static_cast<size_t>(layer) * n_heads_kv + head) * head_dim * head_dim;
+}
+float RotationSet::k_clip_ratio(int layer, int head) const {
+  OSCAR_CHECK(layer >= 0 && layer < n_layers && head >= 0 && head < n_heads_kv,
+              "layer %d head %d", layer, head);
+  return k_clip[static_cast<size_t>(layer) * n_heads_kv + head];
+}
+float RotationSet::v_clip_ratio(int layer, int head) const {
+  OSCAR_CHECK(layer >= 0 && layer < n_layers && head >= 0 && head < n_heads_kv,
+              "layer %d head %d", layer, head);
+  return v_clip[static_cast<size_t>(layer) * n_heads_kv + head];
+}
+
+Result<RotationSet> load_rotation_file(const std::string& path,
+                                       const std::string& expected_config_sha256, int n_layers,
+                                       int n_heads_kv, int head_dim) {
+  OSCAR_CHECK(n_layers > 0 && n_heads_kv > 0 && head_dim > 0, "n_layers %d n_heads_kv %d d %d",
+              n_layers, n_heads_kv, head_dim);
+  OSCAR_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(path));
+  const auto& meta = file.metadata();
+
+  auto fmt = meta.find("format");
+  if (fmt == meta.end() || fmt->second != kRotationFileFormat) {
+    return invalid_argument("rotation file %s: metadata format '%s', expected '%s'", path.c_str(),
+                            fmt == meta.end() ? "(missing)" : fmt->second.c_str(),
+                            kRotationFileFormat);
+  }
+  int version = 0;
+  OSCAR_RETURN_IF_ERROR(metadata_int(file, "version", &version));
+  if (version < 1 || version > kRotationFileVersion) {
+    return unimplemented("rotation file %s: version %d is not supported (this build reads %d)",
+                         path.c_str(), version, kRotationFileVersion);
+  }
+  auto sha = meta.find("model_config_sha256");
+  if (!expected_config_sha256.empty()) {
+    if (sha == meta.end()) {
+      return invalid_argument("rotation file %s: metadata model_config_sha256 is missing; "
+                              "cannot check it against the model's config.json (sha256 %s)",
+                              path.c_str(), expected_config_sha256.c_str());
+    }
+    if (sha->second != expected_config_sha256) {
+      return invalid_argument("rotation file %s was calibrated for a model whose config.json has "
+                              "sha256 %s, but this model's config.json has sha256 %s",
+                              path.c_str(), sha->second.c_str(), expected_config_sha256.c_str());
+    }
+  }
+  OSCAR_RETURN_IF_ERROR(check_int_matches(file, "head_dim", head_dim));
+  OSCAR_RETURN_IF_ERROR(check_int_matches(file, "n_layers", n_layers));
+  OSCAR_RETURN_IF_ERROR(check_int_matches(file, "n_kv_heads", n_heads_kv));
+
+  RotationSet set;
+  set.n_layers = n_layers;
+  set.n_heads_kv = n_heads_kv;
+  set.head_dim = head_dim;
+  OSCAR_RETURN_IF_ERROR(metadata_int(file, "group_size", &set.group_size));
+  if (set.group_size <= 0 || head_dim % set.group_size != 0) {
+    return invalid_argument("rotation file %s: group_size %d does not divide head_dim %d",
+                            path.c_str(), set.group_size, head_dim);
+  }
+  set.metadata = meta;
+
+  const size_t d = static_cast<size_t>(head_dim);
+  const size_t lh = static_cast<size_t>(n_layers) * n_heads_kv;
+  set.k_rot.resize(lh * d * d);
+  set.v_rot.resize(lh * d * d);
+  set.k_eig.resize(lh * d);
+  set.v_eig.resize(lh * d);
+  set.k_clip.resize(lh);
+  set.v_clip.resize(lh);
+  std::set<std::string> expected_names;
+  for (int l = 0; l < n_layers; ++l) {
+    for (const char* kind : {"k", "v"}) {
+      const bool is_k = kind[0] == 'k';
+      const std::string prefix = "layers." + std::to_string(l) + "." + kind + ".";
+      const size_t base = static_cast<size_t>(l) * n_heads_kv;
+      float* rot = (is_k ? set.k_rot : set.v_rot).data() + base * d * d;
+      float* eig = (is_k ? set.k_eig : set.v_eig).data() + base * d;
+      float* clip = (is_k ? set.k_clip : set.v_clip).data() + base;
+      OSCAR_RETURN_IF_ERROR(read_per_head(file, prefix + "rotation", n_heads_kv,
+                                          {head_dim, head_dim}, rot));
+      OSCAR_RETURN_IF_ERROR(read_per_head(file, prefix + "eigenvalues", n_heads_kv, {head_dim}, eig));
+      OSCAR_RETURN_IF_ERROR(read_per_head(file, prefix + "clip", n_heads_kv, {}, clip));
+      for (const char* t : {"rotation", "eigenvalues", "clip"}) expected_names.insert(prefix + t);
+      for (int h = 0; h < n_heads_kv; ++h) {
+        const double err = orthogonality_error(rot + h * d * d, head_dim);
+        if (!(err < kRotationOrthogonalityTol)) {
+          return invalid_argument("rotation file %s: %srotation head %d is not orthogonal: "
+                                  "max |RᵀR − I| = %.3g (limit %.0e)",
+                                  path.c_str(), prefix.c_str(), h, err, kRotationOrthogonalityTol);
+        }
+        if (!(clip[h] > 0.0f)) {
+          return invalid_argument("rotation file %s: %sclip head %d = %g must be > 0",
+                                  path.c_str(), prefix.c_str(), h, static_cast<double>(clip[h]));
+        }
+      }
+    }
+  }
+  for (const TensorView& t : file.tensors()) {
+    if (expected_names.count(t.name) == 0) {
+      return invalid_argument("rotation file %s: unexpected tensor '%s' (n_layers %d)",
+                              path.c_str(), t.name.c_str(), n_layers);
+    }
+  }
+  return set;
+}
+
+Status write_rotation_file(const std::string& path, const RotationSet& set) {
+  if (set.n_layers <= 0 || set.n_heads_kv <= 0 || set.head_dim <= 0 || set.group_size <= 0) {
+    return invalid_argument("write_rotation_file %s: bad sizes n_layers %d n_heads_kv %d "
+                            "head_dim %d group_size %d",
+                            path.c_str(), set.n_layers, set.n_heads_kv, set.head_dim,
+                            set.group_size);
+  }
+  const size_t d = static_cast<size_t>(set.head_dim);
+  const size_t lh = static_cast<size_t>(set.n_layers) * set.n_heads_kv;
+  OSCAR_RETURN_IF_ERROR(check_size("k_rot", set.k_rot.size(), lh * d * d));
+  OSCAR_RETURN_IF_ERROR(check_size("v_rot", set.v_rot.size(), lh * d * d));
+  OSCAR_RETURN_IF_ERROR(check_size("k_eig", set.k_eig.size(), lh * d));
+  OSCAR_RETURN_IF_ERROR(check_size("v_eig", set.v_eig.size(), lh * d));
+  OSCAR_RETURN_IF_ERROR(check_size("k_clip", set.k_clip.size(), lh));
+  OSCAR_RETURN_IF_ERROR(check_size("v_clip", set.v_clip.size(), lh));
+  auto sha = set.metadata.find("model_config_sha256");
+  if (sha == set.metadata.end() || sha->second.empty()) {
+    return invalid_argument("write_rotation_file %s: metadata model_config_sha256 is required",
+                            path.c_str());
+  }
+  std::map<std::string, std::string> meta = set.metadata;
+  meta["format"] = kRotationFileFormat;
+  meta["version"] = std::to_string(kRotationFileVersion);
+  meta["head_dim"] = std::to_string(set.head_dim);
+  meta["n_layers"] = std::to_string(set.n_layers);
+  meta["n_kv_heads"] = std::to_string(set.n_heads_kv);
+  meta["group_size"] = std::to_string(set.group_size);
+
+  const int64_t h = set.n_heads_kv, dd = set.head_dim;
+  std::vector<format::TensorToWrite> tensors;
+  for (int l = 0; l < set.n_layers; ++l) {
+    const size_t base = static_cast<size_t>(l) * set.n_heads_kv;
+    for (const char* kind : {"k", "v"}) {
+      const bool is_k = kind[0] == 'k';
+      const std::string prefix = "layers." + std::to_string(l) + "." + kind + ".";
+      const std::vector<float>& rot = is_k ? set.k_rot : set.v_rot;
+      const std::vector<float>& eig = is_k ? set.k_eig : set.v_eig;
+      const std::vector<float>& clip = is_k ? set.k_clip : set.v_clip;
+      tensors.push_back(format::f32_tensor(
+          prefix + "rotation", {h, dd, dd},
+          std::span<const float>(rot.data() + base * d * d, set.n_heads_kv * d * d)));
+      tensors.push_back(format::f32_tensor(
+          prefix + "eigenvalues", {h, dd},
+          std::span<const float>(eig.data() + base * d, set.n_heads_kv * d)));
+      tensors.push_back(format::f32_tensor(
+          prefix + "clip", {h}, std::span<const float>(clip.data() + base, set.n_heads_kv)));
+    }
+  }
+  return format::write_safetensors(path, tensors, meta).with_context("write_rotation_file");
+}
+
+}  // namespace oscar::quant

@@ -1,0 +1,63 @@
+// The OSCAR rotation file (OSCAR.md §7): reading, validating and writing the per-(layer, KV head)
+// rotations R = U·H·P_br, eigenvalues and clip ratios that `oscar calibrate` produces.
+//
+// Goals: one safetensors file, mmap-read and copied once into a RotationSet; every check that
+// protects a run from a wrong file (format tag, version, model fingerprint, head_dim / n_layers /
+// n_kv_heads, tensor names, shapes and dtypes, finite values, orthogonality), each failure a
+// Status whose message names the file, the tensor and both values. Non-goals: converting the
+// published RotationZoo torch pickles (a Python script's job); choosing or applying rotations.
+//
+// Layout, for each layer l and kind c in {k, v}:
+//   layers.{l}.{c}.rotation     F32 [n_kv_heads, d, d]  (or [d, d]: one per layer, broadcast)
+//   layers.{l}.{c}.eigenvalues  F32 [n_kv_heads, d]     (or [d], broadcast)
+//   layers.{l}.{c}.clip         F32 [n_kv_heads]        (or [1] / [], broadcast)
+// __metadata__ strings: format = "oscar-rotations", version, head_dim, n_layers, n_kv_heads,
+// group_size, value_objective, model_config_sha256, calibration, created_by.
+// Versioning: `version` "1" is the only version; a higher one is Unimplemented (refused), so a
+// reader never silently misreads a newer layout. Unknown tensors are refused as well.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace oscar::quant {
+
+inline constexpr const char* kRotationFileFormat = "oscar-rotations";
+inline constexpr int kRotationFileVersion = 1;
+// Loading refuses a rotation whose max |RᵀR − I| reaches this.
+inline constexpr double kRotationOrthogonalityTol = 1e-3;
+
+// Owned, host-side copy of a rotation file. Row-major float everywhere; x' = x R.
+struct RotationSet {
+  int n_layers = 0;
+  int n_heads_kv = 0;
+  int head_dim = 0;
+  int group_size = 0;
+  std::vector<float> k_rot, v_rot;    // [n_layers, n_heads_kv, head_dim, head_dim]
+  std::vector<float> k_eig, v_eig;    // [n_layers, n_heads_kv, head_dim], descending
+  std::vector<float> k_clip, v_clip;  // [n_layers, n_heads_kv], ρ (>= 1 means no clipping)
+  std::map<std::string, std::string> metadata;  // every __metadata__ string, as read
+
+  // Pointers into the arrays above. Preconditions (checked): layer, head in range.
+  const float* k_rotation(int layer, int head) const;  // [head_dim, head_dim]
+  const float* v_rotation(int layer, int head) const;  // [head_dim, head_dim]
+  float k_clip_ratio(int layer, int head) const;
+  float v_clip_ratio(int layer, int head) const;
+};
+
+// Reads and validates a rotation file against the model it will serve. `expected_config_sha256`
+// is the SHA-256 (lowercase hex) of the model's config.json; a mismatch is InvalidArgument naming
+// both hashes. An empty `expected_config_sha256` skips that one check (inspection tools only).
+Result<RotationSet> load_rotation_file(const std::string& path,
+                                       const std::string& expected_config_sha256, int n_layers,
+                                       int n_heads_kv, int head_dim);
+
+// Writes `set` (shapes checked against its sizes) with per-head tensors. Metadata: everything
+// in set.metadata, with format, version, head_dim, n_layers, n_kv_heads and group_size set from
+// the struct; set.metadata must hold a non-empty "model_config_sha256".
+Status write_rotation_file(const std::string& path, const RotationSet& set);
+
+}  // namespace oscar::quant

@@ -1,0 +1,230 @@
+// Tests of the rotation file (quant/rotation_file.h, OSCAR.md §7) against the golden reference
+// file of tiny-qwen3 and on files written here (round trip, broadcast, every refusal).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "format/safetensors.h"
+#include "format/sha256.h"
+#include "quant/hadamard.h"
+#include "quant/rotation.h"
+#include "quant/rotation_file.h"
+
+namespace oscar::quant {
+namespace {
+
+const std::string kModelDir = std::string(OSCAR_SOURCE_DIR) + "/models/tiny-qwen3";
+const std::string kReference = kModelDir + "/golden/oscar_rotations_reference.safetensors";
+constexpr int kLayers = 8, kHeads = 2, kDim = 128;
+
+std::string config_sha256() {
+  std::ifstream in(kModelDir + "/config.json", std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return format::sha256_hex(ss.str());
+}
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "oscar_rot_" + std::to_string(getpid()) + "_" + name;
+}
+
+TEST(RotationFile, LoadsTheReferenceFile) {
+  Result<RotationSet> r = load_rotation_file(kReference, config_sha256(), kLayers, kHeads, kDim);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const RotationSet& set = *r;
+  EXPECT_EQ(set.group_size, 128);
+  EXPECT_EQ(set.metadata.at("format"), "oscar-rotations");
+  double worst = 0;
+  for (int l = 0; l < kLayers; ++l) {
+    for (int h = 0; h < kHeads; ++h) {
+      worst = std::max(worst, orthogonality_error(set.k_rotation(l, h), kDim));
+      worst = std::max(worst, orthogonality_error(set.v_rotation(l, h), kDim));
+      for (const std::vector<float>* eig : {&set.k_eig, &set.v_eig}) {
+        const float* e = eig->data() + (l * kHeads + h) * kDim;
+        for (int i = 1; i < kDim; ++i) {
+          ASSERT_GE(e[i - 1], e[i]) << "eigenvalues not descending, layer " << l << " head " << h;
+        }
+        EXPECT_GE(e[kDim - 1], -1e-3f * e[0]) << "covariance eigenvalues are >= 0";
+      }
+      EXPECT_GT(set.k_clip_ratio(l, h), 0.5f);
+      EXPECT_LE(set.k_clip_ratio(l, h), 1.0f);
+      EXPECT_GT(set.v_clip_ratio(l, h), 0.5f);
+      EXPECT_LE(set.v_clip_ratio(l, h), 1.0f);
+    }
+  }
+  std::printf("reference rotation file: max |RᵀR − I| = %.3g\n", worst);
+  EXPECT_LT(worst, 1e-7);  // the golden README states 1.7e-8
+}
+
+TEST(RotationFile, RefusesAMismatchedModel) {
+  const std::string wrong(64, 'a');
+  Result<RotationSet> r = load_rotation_file(kReference, wrong, kLayers, kHeads, kDim);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(wrong), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find(config_sha256()), std::string::npos) << r.status().message();
+
+  r = load_rotation_file(kReference, config_sha256(), kLayers, kHeads, 64);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("head_dim 128 != model 64"), std::string::npos)
+      << r.status().message();
+  r = load_rotation_file(kReference, config_sha256(), 4, kHeads, kDim);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("n_layers 8 != model 4"), std::string::npos);
+  r = load_rotation_file(kReference, config_sha256(), kLayers, 4, kDim);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("n_kv_heads 2 != model 4"), std::string::npos);
+  r = load_rotation_file(kModelDir + "/no_such_file.safetensors", "", kLayers, kHeads, kDim);
+  EXPECT_FALSE(r.ok());
+}
+
+// A small synthetic set: random orthogonal U composed with H·P_br, per head.
+RotationSet make_set(int n_layers, int n_heads, int d, uint32_t seed) {
+  RotationSet set;
+  set.n_layers = n_layers;
+  set.n_heads_kv = n_heads;
+  set.head_dim = d;
+  set.group_size = 32;
+  set.metadata["model_config_sha256"] = "abc123";
+  set.metadata["calibration"] = "synthetic test";
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> normal;
+  for (int i = 0; i < n_layers * n_heads * 2; ++i) {
+    std::vector<double> u(d * d);
+    for (auto& v : u) v = normal(rng);
+    for (int j = 0; j < d; ++j) {  // Gram-Schmidt on columns
+      for (int p = 0; p < j; ++p) {
+        double dot = 0;
+        for (int r = 0; r < d; ++r) dot += u[r * d + j] * u[r * d + p];
+        for (int r = 0; r < d; ++r) u[r * d + j] -= dot * u[r * d + p];
+      }
+      double n = 0;
+      for (int r = 0; r < d; ++r) n += u[r * d + j] * u[r * d + j];
+      for (int r = 0; r < d; ++r) u[r * d + j] /= std::sqrt(n);
+    }
+    std::vector<float> rot = compose_rotation(u.data(), d);
+    auto& dst = (i % 2 == 0) ? set.k_rot : set.v_rot;
+    dst.insert(dst.end(), rot.begin(), rot.end());
+  }
+  for (int i = 0; i < n_layers * n_heads; ++i) {
+    for (int j = 0; j < d; ++j) {
+      set.k_eig.push_back(static_cast<float>(d - j));
+      set.v_eig.push_back(static_cast<float>(2 * (d - j)));
+    }
+    set.k_clip.push_back(0.9f + 0.01f * static_cast<float>(i));
+    set.v_clip.push_back(0.92f);
+  }
+  return set;
+}
+
+TEST(RotationFile, WriteThenLoadRoundTrips) {
+  const RotationSet set = make_set(3, 2, 32, 77);
+  const std::string path = temp_path("roundtrip.safetensors");
+  ASSERT_TRUE(write_rotation_file(path, set).ok());
+  Result<RotationSet> r = load_rotation_file(path, "abc123", 3, 2, 32);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->k_rot, set.k_rot);
+  EXPECT_EQ(r->v_rot, set.v_rot);
+  EXPECT_EQ(r->k_eig, set.k_eig);
+  EXPECT_EQ(r->v_eig, set.v_eig);
+  EXPECT_EQ(r->k_clip, set.k_clip);
+  EXPECT_EQ(r->v_clip, set.v_clip);
+  EXPECT_EQ(r->group_size, 32);
+  EXPECT_EQ(r->metadata.at("calibration"), "synthetic test");
+  EXPECT_EQ(r->metadata.at("version"), "1");
+  std::remove(path.c_str());
+
+  RotationSet bad = set;
+  bad.metadata.erase("model_config_sha256");
+  EXPECT_FALSE(write_rotation_file(path, bad).ok());
+  bad = set;
+  bad.k_clip.pop_back();
+  EXPECT_FALSE(write_rotation_file(path, bad).ok());
+}
+
+// Writes a file by hand: one layer, [d, d] rotation etc. (per-layer form), or a custom variant.
+Status write_custom(const std::string& path, int d, const std::vector<float>& rot,
+                    std::vector<int64_t> rot_shape, std::map<std::string, std::string> meta,
+                    bool extra_tensor = false) {
+  std::vector<float> eig(d, 1.0f), clip = {0.95f};
+  std::vector<format::TensorToWrite> t;
+  for (const char* kind : {"k", "v"}) {
+    const std::string p = std::string("layers.0.") + kind + ".";
+    t.push_back(format::f32_tensor(p + "rotation", rot_shape, rot));
+    t.push_back(format::f32_tensor(p + "eigenvalues", {d}, eig));
+    t.push_back(format::f32_tensor(p + "clip", {1}, clip));
+  }
+  if (extra_tensor) t.push_back(format::f32_tensor("layers.1.k.clip", {1}, clip));
+  return format::write_safetensors(path, t, meta);
+}
+
+std::map<std::string, std::string> good_meta(int d) {
+  return {{"format", "oscar-rotations"}, {"version", "1"},       {"head_dim", std::to_string(d)},
+          {"n_layers", "1"},             {"n_kv_heads", "4"},    {"group_size", "32"},
+          {"model_config_sha256", "ff"}};
+}
+
+TEST(RotationFile, PerLayerRotationsBroadcastToHeads) {
+  constexpr int d = 32;
+  const std::vector<float> hp = hadamard_bitrev_rotation(d);
+  const std::string path = temp_path("per_layer.safetensors");
+  ASSERT_TRUE(write_custom(path, d, hp, {d, d}, good_meta(d)).ok());
+  Result<RotationSet> r = load_rotation_file(path, "ff", 1, 4, d);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (int h = 0; h < 4; ++h) {
+    EXPECT_EQ(std::vector<float>(r->k_rotation(0, h), r->k_rotation(0, h) + d * d), hp);
+    EXPECT_EQ(std::vector<float>(r->v_rotation(0, h), r->v_rotation(0, h) + d * d), hp);
+    EXPECT_EQ(r->k_clip_ratio(0, h), 0.95f);
+  }
+  std::remove(path.c_str());
+}
+
+TEST(RotationFile, RefusesBadFiles) {
+  constexpr int d = 32;
+  const std::vector<float> hp = hadamard_bitrev_rotation(d);
+  const std::string path = temp_path("bad.safetensors");
+  auto load = [&]() { return load_rotation_file(path, "ff", 1, 4, d); };
+
+  std::vector<float> skewed = hp;
+  skewed[5] += 0.01f;  // not orthogonal
+  ASSERT_TRUE(write_custom(path, d, skewed, {d, d}, good_meta(d)).ok());
+  Result<RotationSet> r = load();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("not orthogonal"), std::string::npos) << r.status().message();
+
+  auto meta = good_meta(d);
+  meta["format"] = "something-else";
+  ASSERT_TRUE(write_custom(path, d, hp, {d, d}, meta).ok());
+  r = load();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("something-else"), std::string::npos);
+
+  meta = good_meta(d);
+  meta["version"] = "2";
+  ASSERT_TRUE(write_custom(path, d, hp, {d, d}, meta).ok());
+  r = load();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
+
+  ASSERT_TRUE(write_custom(path, d, std::vector<float>(2 * d * d, 0.0f), {2, d, d}, good_meta(d)).ok());
+  r = load();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("shape [2, 32, 32]"), std::string::npos)
+      << r.status().message();
+
+  ASSERT_TRUE(write_custom(path, d, hp, {d, d}, good_meta(d), /*extra_tensor=*/true).ok());
+  r = load();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("unexpected tensor 'layers.1.k.clip'"), std::string::npos)
+      << r.status().message();
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace oscar::quant
