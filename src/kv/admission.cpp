@@ -17,8 +17,9 @@ Status RegionConfig::validate() const {
                             page_size);
   }
   if (n_sink < 0 || n_sink % page_size != 0) {
-    return invalid_argument("region config: n_sink %d is not a non-negative multiple of page_size %d",
-                            n_sink, page_size);
+    return invalid_argument(
+        "region config: n_sink %d is not a non-negative multiple of page_size %d", n_sink,
+        page_size);
   }
   if (n_recent < 0 || n_recent % page_size != 0) {
     return invalid_argument(
@@ -47,9 +48,8 @@ PageNeed pages_for_length(const RegionConfig& cfg, int64_t n_tokens) {
 PageNeed peak_pages_for_length(const RegionConfig& cfg, int64_t n_tokens) {
   PageNeed need = pages_for_length(cfg, n_tokens);
   const int64_t after_sinks = std::max<int64_t>(0, n_tokens - cfg.n_sink);
-  need.recent_pages =
-      ceil_div(std::min<int64_t>(after_sinks, int64_t{cfg.n_recent} + cfg.page_size),
-               cfg.page_size);
+  need.recent_pages = ceil_div(
+      std::min<int64_t>(after_sinks, int64_t{cfg.n_recent} + cfg.page_size), cfg.page_size);
   return need;
 }
 
@@ -93,11 +93,11 @@ bool can_admit(const PagePool& bf16, const PagePool& int2, const PageNeed& need)
 
 Status check_fits_pools(const PagePool& bf16, const PagePool& int2, const PageNeed& need) {
   if (need.bf16_pages() > bf16.n_pages()) {
-    return resource_exhausted("request needs %lld BF16 pages (%lld sink + %lld recent), pool %s has %lld",
-                              static_cast<long long>(need.bf16_pages()),
-                              static_cast<long long>(need.sink_pages),
-                              static_cast<long long>(need.recent_pages), bf16.name().c_str(),
-                              static_cast<long long>(bf16.n_pages()));
+    return resource_exhausted(
+        "request needs %lld BF16 pages (%lld sink + %lld recent), pool %s has %lld",
+        static_cast<long long>(need.bf16_pages()), static_cast<long long>(need.sink_pages),
+        static_cast<long long>(need.recent_pages), bf16.name().c_str(),
+        static_cast<long long>(bf16.n_pages()));
   }
   if (need.int2_pages() > int2.n_pages()) {
     return resource_exhausted("request needs %lld INT2 history pages, pool %s has %lld",

@@ -61,9 +61,9 @@ PageNeed peak_pages_for_length(const RegionConfig& cfg, int64_t n_tokens);
 int64_t reusable_prefix_tokens(const RegionConfig& cfg, int64_t prompt_tokens);
 
 // Fresh pages a request must be able to hold at once over its lifetime: the peak pages of a
-// sequence growing to prompt_tokens + max_tokens tokens, minus the cached_tokens prefix already supplied by the radix
-// cache (sink pages for the part below n_sink, history pages above). Checks that cached_tokens is
-// a multiple of page_size and <= reusable_prefix_tokens(cfg, prompt_tokens).
+// sequence growing to prompt_tokens + max_tokens tokens, minus the cached_tokens prefix already
+// supplied by the radix cache (sink pages for the part below n_sink, history pages above). Checks
+// that cached_tokens is a multiple of page_size and <= reusable_prefix_tokens(cfg, prompt_tokens).
 PageNeed pages_needed(const RegionConfig& cfg, int64_t prompt_tokens, int64_t max_tokens,
                       int64_t cached_tokens = 0);
 

@@ -52,8 +52,8 @@ Result<std::vector<PageId>> PagePool::alloc_n(int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const PageId page = free_.back();
     free_.pop_back();
-    OSCAR_CHECK(refcount_[page] == 0, "pool %s: free-listed page %d has refcount %d",
-                name_.c_str(), page, refcount_[page]);
+    OSCAR_CHECK(refcount_[page] == 0, "pool %s: free-listed page %d has refcount %d", name_.c_str(),
+                page, refcount_[page]);
     refcount_[page] = 1;
     pages.push_back(page);
   }
@@ -93,8 +93,8 @@ const uint8_t* PagePool::data(PageId page) const {
 }
 
 int32_t PagePool::refcount(PageId page) const {
-  OSCAR_CHECK(valid_id(page), "pool %s: refcount() of bad page id %d (n_pages %lld)",
-              name_.c_str(), page, static_cast<long long>(n_pages_));
+  OSCAR_CHECK(valid_id(page), "pool %s: refcount() of bad page id %d (n_pages %lld)", name_.c_str(),
+              page, static_cast<long long>(n_pages_));
   return refcount_[page];
 }
 

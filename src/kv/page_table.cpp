@@ -10,7 +10,8 @@ Status validate_page_table(const PageTableView& view, int64_t n_pool_pages, int3
   if (page_size <= 0) return invalid_argument("page table: page_size %d must be > 0", page_size);
   if (view.n_seqs < 0) return invalid_argument("page table: n_seqs %d < 0", view.n_seqs);
   if (view.indptr == nullptr) return invalid_argument("page table: indptr is null");
-  if (view.indptr[0] != 0) return invalid_argument("page table: indptr[0] = %d, not 0", view.indptr[0]);
+  if (view.indptr[0] != 0)
+    return invalid_argument("page table: indptr[0] = %d, not 0", view.indptr[0]);
   if (view.n_seqs > 0 && view.last_page_len == nullptr) {
     return invalid_argument("page table: last_page_len is null for %d sequences", view.n_seqs);
   }
@@ -50,12 +51,11 @@ int32_t PageTableBuilder::add_sequence(std::span<const PageId> pages, int64_t n_
   OSCAR_CHECK(n_tokens >= 0, "page table: n_tokens %lld < 0", static_cast<long long>(n_tokens));
   const int64_t n_pages = (n_tokens + page_size_ - 1) / page_size_;
   OSCAR_CHECK(static_cast<int64_t>(pages.size()) == n_pages,
-              "page table: %zu pages given for %lld tokens (page_size %d needs %lld)",
-              pages.size(), static_cast<long long>(n_tokens), page_size_,
-              static_cast<long long>(n_pages));
-  OSCAR_CHECK(static_cast<int64_t>(page_ids_.size()) + n_pages <=
-                  std::numeric_limits<int32_t>::max(),
-              "page table: more than INT32_MAX pages in one batch");
+              "page table: %zu pages given for %lld tokens (page_size %d needs %lld)", pages.size(),
+              static_cast<long long>(n_tokens), page_size_, static_cast<long long>(n_pages));
+  OSCAR_CHECK(
+      static_cast<int64_t>(page_ids_.size()) + n_pages <= std::numeric_limits<int32_t>::max(),
+      "page table: more than INT32_MAX pages in one batch");
   page_ids_.insert(page_ids_.end(), pages.begin(), pages.end());
   indptr_.push_back(static_cast<int32_t>(page_ids_.size()));
   const int32_t last =

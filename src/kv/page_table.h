@@ -60,9 +60,9 @@ class PageTableBuilder {
 
  private:
   int32_t page_size_;
-  std::vector<int32_t> indptr_{0};    // [n_seqs + 1]
-  std::vector<int32_t> page_ids_;     // [indptr_.back()]
-  std::vector<int32_t> last_page_len_;// [n_seqs]
+  std::vector<int32_t> indptr_{0};      // [n_seqs + 1]
+  std::vector<int32_t> page_ids_;       // [indptr_.back()]
+  std::vector<int32_t> last_page_len_;  // [n_seqs]
 };
 
 }  // namespace oscar::kv

@@ -140,8 +140,8 @@ InsertResult RadixCache::insert(std::span<const int32_t> tokens,
     OSCAR_CHECK(page.pool < pools_.size(), "radix cache: pool index %d of %zu", page.pool,
                 pools_.size());
     OSCAR_CHECK(pools_[page.pool]->refcount(page.page) > 0,
-                "radix cache: insert of page %d that the caller does not hold (pool %s)",
-                page.page, pools_[page.pool]->name().c_str());
+                "radix cache: insert of page %d that the caller does not hold (pool %s)", page.page,
+                pools_[page.pool]->name().c_str());
   }
   InsertResult result;
   result.cached_pages.reserve(pages.size());
@@ -157,8 +157,7 @@ InsertResult RadixCache::insert(std::span<const int32_t> tokens,
       for (const CachedPage& page : leaf->pages) pools_[page.pool]->retain(page.page);
       add_gauges(leaf, +1, +1);
       result.n_pages_adopted = static_cast<int64_t>(leaf->pages.size());
-      result.cached_pages.insert(result.cached_pages.end(), leaf->pages.begin(),
-                                 leaf->pages.end());
+      result.cached_pages.insert(result.cached_pages.end(), leaf->pages.begin(), leaf->pages.end());
       node->children.emplace(std::vector<int32_t>(leaf->tokens.begin(), leaf->tokens.begin() + p),
                              leaf);
       node = leaf;
@@ -169,8 +168,7 @@ InsertResult RadixCache::insert(std::span<const int32_t> tokens,
     const size_t k = match_pages(child, tokens.subspan(pos));
     OSCAR_CHECK(k >= 1, "radix cache: child key matched but its first page did not");
     if (k < child->pages.size()) child = split(child, k);
-    result.cached_pages.insert(result.cached_pages.end(), child->pages.begin(),
-                               child->pages.end());
+    result.cached_pages.insert(result.cached_pages.end(), child->pages.begin(), child->pages.end());
     result.n_tokens_existing += static_cast<int64_t>(k * p);
     pos += k * p;
     node = child;
@@ -209,9 +207,9 @@ bool RadixCache::release_cached(CachedPage page) {
 }
 
 void RadixCache::remove_leaf(Node* node) {
-  OSCAR_CHECK(node != root_ && node->children.empty() && node->lock_count == 0 &&
-                  !node->pages.empty(),
-              "radix cache: remove_leaf on node %llu", static_cast<unsigned long long>(node->id));
+  OSCAR_CHECK(
+      node != root_ && node->children.empty() && node->lock_count == 0 && !node->pages.empty(),
+      "radix cache: remove_leaf on node %llu", static_cast<unsigned long long>(node->id));
   Node* parent = node->parent;
   auto it = parent->children.find(std::span<const int32_t>(node->tokens).first(page_size_));
   OSCAR_CHECK(it != parent->children.end() && it->second == node,
@@ -223,10 +221,10 @@ void RadixCache::remove_leaf(Node* node) {
   ++stats_.evicted_nodes;
 }
 
-bool RadixCache::worth_evicting(const Node* leaf, uint8_t pool) const {
-  // Evicting leaf can free pages of `pool` only if it or one of its unlocked ancestors (they can
-  // become leaves in turn; locked ones never can) holds such a page.
-  for (const Node* n = leaf; n != root_ && n->lock_count == 0; n = n->parent) {
+bool RadixCache::worth_evicting(const Node* node, uint8_t pool) const {
+  // Evicting below node can reach pages of `pool` only if node or one of its unlocked ancestors
+  // (they can become leaves in turn; locked ones never can) holds such a page.
+  for (const Node* n = node; n != root_ && n->lock_count == 0; n = n->parent) {
     for (const CachedPage& page : n->pages) {
       if (page.pool == pool) return true;
     }
@@ -261,22 +259,29 @@ int64_t RadixCache::evict_impl(int64_t n_pages_needed, uint8_t pool, bool any_le
   while (freed < n_pages_needed && !heap.empty()) {
     Node* leaf = nodes_.at(heap.top().second).get();
     heap.pop();
-    if (!any_leaf && !worth_evicting(leaf, pool)) continue;
-    // Trim from the tail (the deepest, least shareable tokens) while keeping the first page, which
-    // keys the edge in the parent.
-    while (leaf->pages.size() > 1 && freed < n_pages_needed) {
-      const CachedPage page = leaf->pages.back();
+    // Trim from the tail (the deepest, least shared tokens) while that can still free pages of
+    // `pool`: the leaf's remaining pages hold some, or an unlocked ancestor does.
+    const bool ancestors_have = any_leaf || worth_evicting(leaf->parent, pool);
+    int64_t leaf_has = std::count_if(leaf->pages.begin(), leaf->pages.end(),
+                                     [&](const CachedPage& page) { return page.pool == pool; });
+    while (freed < n_pages_needed && (ancestors_have || leaf_has > 0)) {
+      if (leaf->pages.size() > 1) {
+        const CachedPage page = leaf->pages.back();
+        if (page.pool == pool) --leaf_has;
+        if (release_cached(page) && page.pool == pool) ++freed;
+        leaf->pages.pop_back();
+        leaf->tokens.resize(leaf->pages.size() * p);
+        continue;
+      }
+      // The last page keys the edge in the parent: release it and drop the node.
+      const CachedPage page = leaf->pages.front();
       if (release_cached(page) && page.pool == pool) ++freed;
-      leaf->pages.pop_back();
-      leaf->tokens.resize(leaf->pages.size() * p);
-    }
-    if (freed >= n_pages_needed) break;
-    const CachedPage page = leaf->pages.front();
-    if (release_cached(page) && page.pool == pool) ++freed;
-    Node* parent = leaf->parent;
-    remove_leaf(leaf);
-    if (parent != root_ && parent->children.empty() && parent->lock_count == 0) {
-      heap.emplace(parent->last_access, parent->id);
+      Node* parent = leaf->parent;
+      remove_leaf(leaf);
+      if (parent != root_ && parent->children.empty() && parent->lock_count == 0) {
+        heap.emplace(parent->last_access, parent->id);
+      }
+      break;
     }
   }
   return freed;

@@ -48,15 +48,15 @@ struct NodeHandle {
 };
 
 struct PrefixMatch {
-  int64_t n_tokens_matched = 0;    // multiple of page_size
-  std::vector<CachedPage> pages;   // [n_tokens_matched / page_size], token order
-  NodeHandle last_node;            // the node whose path is exactly the matched prefix
+  int64_t n_tokens_matched = 0;   // multiple of page_size
+  std::vector<CachedPage> pages;  // [n_tokens_matched / page_size], token order
+  NodeHandle last_node;           // the node whose path is exactly the matched prefix
 };
 
 struct InsertResult {
-  NodeHandle last_node;            // the node whose path is exactly the inserted tokens
-  int64_t n_tokens_existing = 0;   // leading tokens that were already cached
-  int64_t n_pages_adopted = 0;     // pages the cache retained (the chunks that were new)
+  NodeHandle last_node;           // the node whose path is exactly the inserted tokens
+  int64_t n_tokens_existing = 0;  // leading tokens that were already cached
+  int64_t n_pages_adopted = 0;    // pages the cache retained (the chunks that were new)
   // [n_tokens / page_size]: the page the cache holds for each chunk after the insert. Equal to
   // the caller's page where adopted or where the caller already used the cached page; another
   // page where the prefix was cached before with a different page (the caller's page is a
@@ -73,8 +73,8 @@ struct RadixCacheStats {
   int64_t lookup_tokens = 0;   // tokens asked for
   int64_t matched_tokens = 0;  // tokens matched
   int64_t inserts = 0;
-  int64_t inserted_pages = 0;  // pages adopted by insert
-  int64_t evicted_nodes = 0;   // nodes removed by evict
+  int64_t inserted_pages = 0;            // pages adopted by insert
+  int64_t evicted_nodes = 0;             // nodes removed by evict
   std::vector<int64_t> evicted_pages;    // [n_pools] pages whose cache reference was dropped
   std::vector<int64_t> cached_pages;     // [n_pools] gauge: pages the cache references now
   std::vector<int64_t> evictable_pages;  // [n_pools] gauge: cached pages in unlocked nodes
@@ -147,12 +147,13 @@ class RadixCache {
     std::vector<CachedPage> pages;  // [k]
     ChildMap children;              // keyed by the child's first page of tokens
     int32_t lock_count = 0;
-    uint64_t last_access = 0;       // logical clock, larger = more recent
+    uint64_t last_access = 0;  // logical clock, larger = more recent
   };
 
   Node* find_node(NodeHandle handle) const;
   Node* new_node(Node* parent);
-  // Splits node after its first n_pages pages; returns the new upper node (the one with the prefix).
+  // Splits node after its first n_pages pages; returns the new upper node (the one with the
+  // prefix).
   Node* split(Node* node, size_t n_pages);
   // Number of whole pages at the start of node's edge that equal tokens[0 ..).
   size_t match_pages(const Node* node, std::span<const int32_t> tokens) const;
@@ -161,8 +162,9 @@ class RadixCache {
   // Releases the cache's reference to one page of an unlocked node (updating the gauges and the
   // eviction counters); true when the page became free.
   bool release_cached(CachedPage page);
-  // Whether evicting this leaf (and then maybe its unlocked ancestors) can free pages of pool.
-  bool worth_evicting(const Node* leaf, uint8_t pool) const;
+  // Whether node or one of its unlocked ancestors holds a page of pool (so evicting down to it
+  // can free such pages).
+  bool worth_evicting(const Node* node, uint8_t pool) const;
   int64_t evict_impl(int64_t n_pages_needed, uint8_t pool, bool any_leaf);
   void add_gauges(const Node* node, int64_t cached_delta, int64_t evictable_delta);
   void touch(Node* node);  // marks node and its ancestors as just used

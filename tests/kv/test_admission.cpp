@@ -21,9 +21,9 @@ void expect_need(const PageNeed& got, int64_t sink, int64_t recent, int64_t hist
 TEST(Admission, ValidateConfig) {
   EXPECT_TRUE(default_cfg().validate().ok());
   EXPECT_TRUE((RegionConfig{16, 0, 0}).validate().ok());
-  EXPECT_FALSE((RegionConfig{12, 0, 0}).validate().ok());   // not a power of two
+  EXPECT_FALSE((RegionConfig{12, 0, 0}).validate().ok());  // not a power of two
   EXPECT_FALSE((RegionConfig{0, 0, 0}).validate().ok());
-  EXPECT_FALSE((RegionConfig{16, 60, 256}).validate().ok()); // n_sink not page-aligned
+  EXPECT_FALSE((RegionConfig{16, 60, 256}).validate().ok());  // n_sink not page-aligned
   Status st = (RegionConfig{16, 64, 250}).validate();
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("n_recent 250"), std::string::npos) << st.message();
@@ -33,12 +33,12 @@ TEST(Admission, PagesForLengthByHand) {
   const RegionConfig cfg = default_cfg();
   expect_need(pages_for_length(cfg, 0), 0, 0, 0, 0);
   expect_need(pages_for_length(cfg, 1), 1, 0, 0, 1);
-  expect_need(pages_for_length(cfg, 40), 3, 0, 0, 40);      // shorter than n_sink
-  expect_need(pages_for_length(cfg, 64), 4, 0, 0, 64);      // exactly the sinks
-  expect_need(pages_for_length(cfg, 65), 4, 1, 0, 65);      // first recent token
-  expect_need(pages_for_length(cfg, 320), 4, 16, 0, 320);   // sinks + full window
-  expect_need(pages_for_length(cfg, 335), 4, 17, 0, 335);   // window at n_recent + P - 1
-  expect_need(pages_for_length(cfg, 336), 4, 16, 1, 336);   // first demotion
+  expect_need(pages_for_length(cfg, 40), 3, 0, 0, 40);     // shorter than n_sink
+  expect_need(pages_for_length(cfg, 64), 4, 0, 0, 64);     // exactly the sinks
+  expect_need(pages_for_length(cfg, 65), 4, 1, 0, 65);     // first recent token
+  expect_need(pages_for_length(cfg, 320), 4, 16, 0, 320);  // sinks + full window
+  expect_need(pages_for_length(cfg, 335), 4, 17, 0, 335);  // window at n_recent + P - 1
+  expect_need(pages_for_length(cfg, 336), 4, 16, 1, 336);  // first demotion
   expect_need(pages_for_length(cfg, 337), 4, 17, 1, 337);
   expect_need(pages_for_length(cfg, 10000), 4, 16, 605, 10000);
   // Plain INT2 everywhere: only the page being filled is BF16.
@@ -88,9 +88,9 @@ TEST(Admission, ReusablePrefix) {
   const RegionConfig cfg = default_cfg();
   EXPECT_EQ(reusable_prefix_tokens(cfg, 0), 0);
   EXPECT_EQ(reusable_prefix_tokens(cfg, 1), 0);
-  EXPECT_EQ(reusable_prefix_tokens(cfg, 16), 0);    // one token must stay to compute
+  EXPECT_EQ(reusable_prefix_tokens(cfg, 16), 0);  // one token must stay to compute
   EXPECT_EQ(reusable_prefix_tokens(cfg, 17), 16);
-  EXPECT_EQ(reusable_prefix_tokens(cfg, 40), 32);   // full sink pages only
+  EXPECT_EQ(reusable_prefix_tokens(cfg, 40), 32);  // full sink pages only
   EXPECT_EQ(reusable_prefix_tokens(cfg, 64), 48);
   EXPECT_EQ(reusable_prefix_tokens(cfg, 65), 64);
   EXPECT_EQ(reusable_prefix_tokens(cfg, 320), 64);  // the rest is the recent window
@@ -108,8 +108,8 @@ TEST(Admission, PagesNeededWithAndWithoutCache) {
   // Prompt of 300 plus 100 tokens: 400 tokens = 64 sink + 5 history pages + 256 recent at the
   // end, but the window peaked at 17 pages before a demotion.
   expect_need(pages_needed(cfg, 300, 100), 4, 17, 5, 400);
-  expect_need(pages_needed(cfg, 300, 100, 64), 0, 17, 5, 400);   // sinks cached
-  expect_need(pages_needed(cfg, 300, 100, 32), 2, 17, 5, 400);   // half the sinks cached
+  expect_need(pages_needed(cfg, 300, 100, 64), 0, 17, 5, 400);  // sinks cached
+  expect_need(pages_needed(cfg, 300, 100, 32), 2, 17, 5, 400);  // half the sinks cached
   // Exactly at the first demotion, and one token short of it.
   expect_need(pages_needed(cfg, 300, 36), 4, 17, 1, 336);
   expect_need(pages_needed(cfg, 300, 35), 4, 17, 0, 335);
