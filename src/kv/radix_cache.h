@@ -97,6 +97,9 @@ class RadixCache {
 
   // Caches tokens with their pages: tokens.size() == pages.size() * page_size. Chunks already
   // cached keep their existing page; new chunks adopt the caller's page (the cache retains it).
+  // Adopted pages must never be written again: pass only full sink and history pages (the
+  // tokens [0, n_sink + H * page_size) of a sequence), never recent-window pages, which are
+  // demoted and freed.
   // Splits an edge where the tokens diverge in the middle of it (always at a page boundary).
   InsertResult insert(std::span<const int32_t> tokens, std::span<const CachedPage> pages);
 
