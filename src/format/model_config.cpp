@@ -18,6 +18,11 @@ namespace {
 
 using nlohmann::json;
 
+constexpr int kMaxVocab = 1 << 24;
+constexpr int kMaxHidden = 1 << 17;
+constexpr int kMaxIntermediate = 1 << 20;
+constexpr int kMaxCount = 1 << 12;  // layers, heads, head_dim
+
 constexpr const char* kSupported = "Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM";
 
 // Reads an integer field that fits int. Absent (or null) -> `fallback` if given, else an error.
@@ -142,6 +147,8 @@ Result<ModelConfig> parse(const json& j) {
 
   double eps = c.rms_norm_eps;
   OSCAR_RETURN_IF_ERROR(get_number(j, "rms_norm_eps", &eps));
+  if (!(eps > 0.0 && eps < 1.0))
+    return invalid_argument("config.json: rms_norm_eps %g must be in (0, 1)", eps);
   c.rms_norm_eps = static_cast<float>(eps);
   OSCAR_RETURN_IF_ERROR(get_bool(j, "tie_word_embeddings", &c.tie_word_embeddings));
   if (c.arch == Architecture::kQwen3 || c.arch == Architecture::kLlama)
@@ -221,19 +228,25 @@ Result<ModelConfig> ModelConfig::load(const std::string& model_dir) {
 }
 
 Status ModelConfig::validate() {
-  struct Positive {
+  // Each size must be positive and below a limit far above any real dense model; the limits
+  // keep every derived size (q_dim, n_params, KV bytes) far from int64 overflow.
+  struct Bounded {
     const char* name;
     int value;
+    int max;
   };
-  for (const Positive& p : {Positive{"vocab_size", vocab_size}, Positive{"hidden_size", hidden_size},
-                            Positive{"intermediate_size", intermediate_size},
-                            Positive{"num_hidden_layers", n_layers},
-                            Positive{"num_attention_heads", n_heads_q},
-                            Positive{"num_key_value_heads", n_heads_kv},
-                            Positive{"head_dim", head_dim},
-                            Positive{"max_position_embeddings", max_position_embeddings}}) {
-    if (p.value <= 0)
-      return invalid_argument("config: %s = %d must be positive", p.name, p.value);
+  for (const Bounded& p : {Bounded{"vocab_size", vocab_size, kMaxVocab},
+                           Bounded{"hidden_size", hidden_size, kMaxHidden},
+                           Bounded{"intermediate_size", intermediate_size, kMaxIntermediate},
+                           Bounded{"num_hidden_layers", n_layers, kMaxCount},
+                           Bounded{"num_attention_heads", n_heads_q, kMaxCount},
+                           Bounded{"num_key_value_heads", n_heads_kv, kMaxCount},
+                           Bounded{"head_dim", head_dim, kMaxCount},
+                           Bounded{"max_position_embeddings", max_position_embeddings,
+                                   std::numeric_limits<int>::max()}}) {
+    if (p.value <= 0) return invalid_argument("config: %s = %d must be positive", p.name, p.value);
+    if (p.value > p.max)
+      return out_of_range("config: %s = %d exceeds the supported limit %d", p.name, p.value, p.max);
   }
   if (n_heads_q % n_heads_kv != 0)
     return invalid_argument("config: num_attention_heads %d is not a multiple of "
@@ -247,14 +260,9 @@ Status ModelConfig::validate() {
   if (bos_token_id >= vocab_size || eos_token_id >= vocab_size)
     return invalid_argument("config: bos_token_id %d / eos_token_id %d outside vocab_size %d",
                             bos_token_id, eos_token_id, vocab_size);
-  const int64_t q = int64_t{n_heads_q} * head_dim;
-  const int64_t kv = int64_t{n_heads_kv} * head_dim;
-  if (q > std::numeric_limits<int>::max())
-    return out_of_range("config: num_attention_heads %d x head_dim %d is too large", n_heads_q,
-                        head_dim);
   gqa_ratio = n_heads_q / n_heads_kv;
-  q_dim = static_cast<int>(q);
-  kv_dim = static_cast<int>(kv);
+  q_dim = n_heads_q * head_dim;  // <= 2^24 by the limits above
+  kv_dim = n_heads_kv * head_dim;
   return Status();
 }
 

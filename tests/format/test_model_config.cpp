@@ -271,6 +271,13 @@ TEST(ModelConfig, ValidateRanges) {
   nlohmann::json e = base_config();
   e["eos_token_id"] = 5000;  // beyond vocab_size 1000
   EXPECT_MSG_HAS(parse(e).status(), "eos_token_id");
+  nlohmann::json huge = base_config();
+  huge["hidden_size"] = 1 << 20;
+  EXPECT_EQ(parse(huge).status().code(), StatusCode::kOutOfRange);
+  EXPECT_MSG_HAS(parse(huge).status(), "hidden_size = 1048576 exceeds");
+  nlohmann::json eps = base_config();
+  eps["rms_norm_eps"] = 1e300;
+  EXPECT_MSG_HAS(parse(eps).status(), "rms_norm_eps");
   nlohmann::json n = base_config();
   n["num_attention_heads"] = 0;
   EXPECT_FALSE(parse(n).ok());  // no division by zero computing the default head_dim
