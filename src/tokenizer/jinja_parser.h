@@ -1,0 +1,22 @@
+// Parser of the Jinja2 subset: tokens (jinja_lexer.h) to a syntax tree (jinja_ast.h), with
+// Jinja's operator precedence. Errors name the line and what was expected. Tags that need files
+// or modules (include, import, extends, block) are refused: templates are sandboxed.
+#pragma once
+
+#include <string_view>
+
+#include "core/status.h"
+#include "tokenizer/jinja_ast.h"
+#include "tokenizer/jinja_lexer.h"
+
+namespace oscar::tok::jinja {
+
+struct ParseLimits {
+  int max_expr_depth = 200;  // height of one expression tree
+  int max_block_depth = 64;  // nesting of {% if %}, {% for %}, ...
+};
+
+Result<Body> parse_template(std::string_view source, const LexerOptions& lexer_options,
+                            const ParseLimits& limits);
+
+}  // namespace oscar::tok::jinja

@@ -1,0 +1,519 @@
+// Value model of the Jinja2 subset: constructors, Python semantics of ==, str(), repr(), and the
+// JSON conversions. See jinja_value.h.
+#include "tokenizer/jinja_value.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+namespace oscar::tok::jinja {
+
+Value Value::undefined(std::string hint) {
+  Value v;
+  v.kind = Kind::kUndefined;
+  if (!hint.empty()) v.str = std::make_shared<const std::string>(std::move(hint));
+  return v;
+}
+Value Value::none() {
+  Value v;
+  v.kind = Kind::kNone;
+  return v;
+}
+Value Value::boolean(bool x) {
+  Value v;
+  v.kind = Kind::kBool;
+  v.b = x;
+  return v;
+}
+Value Value::integer(int64_t x) {
+  Value v;
+  v.kind = Kind::kInt;
+  v.i = x;
+  return v;
+}
+Value Value::real(double x) {
+  Value v;
+  v.kind = Kind::kFloat;
+  v.f = x;
+  return v;
+}
+Value Value::string(std::string x) {
+  Value v;
+  v.kind = Kind::kString;
+  v.str = std::make_shared<const std::string>(std::move(x));
+  return v;
+}
+Value Value::from_list(List x) {
+  Value v;
+  v.kind = Kind::kList;
+  v.list = std::make_shared<const List>(std::move(x));
+  return v;
+}
+Value Value::from_dict(Dict x) {
+  Value v;
+  v.kind = Kind::kDict;
+  v.dict = std::make_shared<Dict>(std::move(x));
+  return v;
+}
+Value Value::make_namespace(Dict x) {
+  Value v;
+  v.kind = Kind::kNamespace;
+  v.dict = std::make_shared<Dict>(std::move(x));
+  return v;
+}
+Value Value::callable(std::shared_ptr<const Callable> fn) {
+  Value v;
+  v.kind = Kind::kCallable;
+  v.fn = std::move(fn);
+  return v;
+}
+
+std::string Value::undefined_hint() const {
+  if (str && !str->empty()) return *str;
+  return "value is undefined";
+}
+
+bool Value::truthy() const {
+  switch (kind) {
+    case Kind::kUndefined:
+    case Kind::kNone: return false;
+    case Kind::kBool: return b;
+    case Kind::kInt: return i != 0;
+    case Kind::kFloat: return f != 0.0;
+    case Kind::kString: return !str->empty();
+    case Kind::kList: return !list->empty();
+    case Kind::kDict: return !dict->items.empty();
+    case Kind::kNamespace:
+    case Kind::kCallable: return true;
+  }
+  return false;
+}
+
+const char* Value::type_name() const {
+  switch (kind) {
+    case Kind::kUndefined: return "Undefined";
+    case Kind::kNone: return "NoneType";
+    case Kind::kBool: return "bool";
+    case Kind::kInt: return "int";
+    case Kind::kFloat: return "float";
+    case Kind::kString: return "str";
+    case Kind::kList: return "list";
+    case Kind::kDict: return "dict";
+    case Kind::kNamespace: return "Namespace";
+    case Kind::kCallable: return "function";
+  }
+  return "?";
+}
+
+const Value* Dict::find(std::string_view key) const {
+  for (const auto& kv : items) {
+    if (kv.first == key) return &kv.second;
+  }
+  return nullptr;
+}
+
+void Dict::set(const std::string& key, Value v) {
+  for (auto& kv : items) {
+    if (kv.first == key) {
+      kv.second = std::move(v);
+      return;
+    }
+  }
+  items.emplace_back(key, std::move(v));
+}
+
+const Value* CallArgs::kwarg(std::string_view name) const {
+  for (const auto& kv : kw) {
+    if (kv.first == name) return &kv.second;
+  }
+  return nullptr;
+}
+
+namespace {
+
+double as_double(const Value& v) {
+  switch (v.kind) {
+    case Value::Kind::kBool: return v.b ? 1.0 : 0.0;
+    case Value::Kind::kInt: return static_cast<double>(v.i);
+    default: return v.f;
+  }
+}
+
+}  // namespace
+
+bool values_equal(const Value& a, const Value& b) {
+  using K = Value::Kind;
+  if (a.is_number() && b.is_number()) {
+    if (a.kind != K::kFloat && b.kind != K::kFloat) {
+      int64_t x = a.kind == K::kBool ? a.b : a.i;
+      int64_t y = b.kind == K::kBool ? b.b : b.i;
+      return x == y;
+    }
+    return as_double(a) == as_double(b);
+  }
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case K::kUndefined:
+    case K::kNone: return true;
+    case K::kString: return *a.str == *b.str;
+    case K::kList: {
+      if (a.list->size() != b.list->size()) return false;
+      for (size_t k = 0; k < a.list->size(); ++k) {
+        if (!values_equal((*a.list)[k], (*b.list)[k])) return false;
+      }
+      return true;
+    }
+    case K::kDict: {
+      if (a.dict->items.size() != b.dict->items.size()) return false;
+      for (const auto& kv : a.dict->items) {
+        const Value* other = b.dict->find(kv.first);
+        if (!other || !values_equal(kv.second, *other)) return false;
+      }
+      return true;
+    }
+    case K::kNamespace: return a.dict == b.dict;
+    case K::kCallable: return a.fn == b.fn;
+    default: return false;
+  }
+}
+
+std::string py_float_repr(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  if (v == 0.0) return std::signbit(v) ? "-0.0" : "0.0";
+  // Shortest %.Ne that round-trips, then Python's layout rules for repr().
+  char buf[64];
+  int prec = 1;
+  for (; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof(buf), "%.*e", prec - 1, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s(buf);
+  bool neg = s[0] == '-';
+  if (neg) s.erase(0, 1);
+  size_t epos = s.find('e');
+  int exp10 = std::atoi(s.c_str() + epos + 1);
+  std::string digits;
+  for (size_t k = 0; k < epos; ++k) {
+    if (s[k] != '.') digits += s[k];
+  }
+  while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
+  std::string out;
+  if (exp10 >= -4 && exp10 < 16) {  // positional notation, as Python's repr
+    if (exp10 < 0) {
+      out = "0.";
+      out.append(static_cast<size_t>(-exp10 - 1), '0');
+      out += digits;
+    } else {
+      size_t int_digits = static_cast<size_t>(exp10) + 1;
+      if (digits.size() <= int_digits) {
+        out = digits + std::string(int_digits - digits.size(), '0') + ".0";
+      } else {
+        out = digits.substr(0, int_digits) + "." + digits.substr(int_digits);
+      }
+    }
+  } else {
+    out = digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    char ebuf[16];
+    std::snprintf(ebuf, sizeof(ebuf), "e%c%02d", exp10 < 0 ? '-' : '+', std::abs(exp10));
+    out += ebuf;
+  }
+  return neg ? "-" + out : out;
+}
+
+namespace {
+
+void repr_string(const std::string& s, std::string& out) {
+  bool has_single = s.find('\'') != std::string::npos;
+  bool has_double = s.find('"') != std::string::npos;
+  char quote = (has_single && !has_double) ? '"' : '\'';
+  out += quote;
+  for (unsigned char c : s) {
+    switch (c) {
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c == static_cast<unsigned char>(quote)) {
+          out += '\\';
+          out += static_cast<char>(c);
+        } else if (c < 0x20 || c == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += quote;
+}
+
+void repr_into(const Value& v, std::string& out, int depth) {
+  using K = Value::Kind;
+  if (depth > 256) {
+    out += "...";
+    return;
+  }
+  switch (v.kind) {
+    case K::kString: repr_string(*v.str, out); return;
+    case K::kList: {
+      out += '[';
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k) out += ", ";
+        repr_into((*v.list)[k], out, depth + 1);
+      }
+      out += ']';
+      return;
+    }
+    case K::kDict:
+    case K::kNamespace: {
+      if (v.kind == K::kNamespace) out += "<Namespace ";
+      out += '{';
+      bool first = true;
+      for (const auto& kv : v.dict->items) {
+        if (!first) out += ", ";
+        first = false;
+        repr_string(kv.first, out);
+        out += ": ";
+        repr_into(kv.second, out, depth + 1);
+      }
+      out += '}';
+      if (v.kind == K::kNamespace) out += '>';
+      return;
+    }
+    default: out += to_str(v); return;
+  }
+}
+
+}  // namespace
+
+std::string to_str(const Value& v) {
+  using K = Value::Kind;
+  switch (v.kind) {
+    case K::kUndefined: return "";
+    case K::kNone: return "None";
+    case K::kBool: return v.b ? "True" : "False";
+    case K::kInt: return std::to_string(v.i);
+    case K::kFloat: return py_float_repr(v.f);
+    case K::kString: return *v.str;
+    case K::kCallable: return "<function " + v.fn->name + ">";
+    default: {
+      std::string out;
+      repr_into(v, out, 0);
+      return out;
+    }
+  }
+}
+
+std::string to_repr(const Value& v) {
+  std::string out;
+  repr_into(v, out, 0);
+  return out;
+}
+
+namespace {
+
+void json_string(const std::string& s, std::string& out) {
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+}
+
+Status json_into(const Value& v, const JsonDumpOptions& opt, int depth, int max_depth,
+                 std::string& out) {
+  using K = Value::Kind;
+  if (depth > max_depth) return out_of_range("tojson: nesting deeper than %d", max_depth);
+  auto newline = [&](int level) {
+    if (opt.indent < 0) return;
+    out += '\n';
+    out.append(static_cast<size_t>(opt.indent) * static_cast<size_t>(level), ' ');
+  };
+  const char* item_sep = opt.indent < 0 ? ", " : ",";
+  switch (v.kind) {
+    case K::kUndefined:
+    case K::kCallable:
+      return invalid_argument("tojson: object of type '%s' is not JSON serializable",
+                              v.type_name());
+    case K::kNone: out += "null"; return Status();
+    case K::kBool: out += v.b ? "true" : "false"; return Status();
+    case K::kInt: out += std::to_string(v.i); return Status();
+    case K::kFloat:
+      if (std::isnan(v.f)) out += "NaN";
+      else if (std::isinf(v.f)) out += v.f > 0 ? "Infinity" : "-Infinity";
+      else out += py_float_repr(v.f);
+      return Status();
+    case K::kString: json_string(*v.str, out); return Status();
+    case K::kList: {
+      if (v.list->empty()) {
+        out += "[]";
+        return Status();
+      }
+      out += '[';
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k) out += item_sep;
+        newline(depth + 1);
+        OSCAR_RETURN_IF_ERROR(json_into((*v.list)[k], opt, depth + 1, max_depth, out));
+      }
+      newline(depth);
+      out += ']';
+      return Status();
+    }
+    case K::kDict:
+    case K::kNamespace: {
+      if (v.kind == K::kNamespace) {
+        return invalid_argument("tojson: object of type 'Namespace' is not JSON serializable");
+      }
+      if (v.dict->items.empty()) {
+        out += "{}";
+        return Status();
+      }
+      std::vector<const std::pair<std::string, Value>*> items;
+      for (const auto& kv : v.dict->items) items.push_back(&kv);
+      if (opt.sort_keys) {
+        std::stable_sort(items.begin(), items.end(),
+                         [](auto* a, auto* b) { return a->first < b->first; });
+      }
+      out += '{';
+      for (size_t k = 0; k < items.size(); ++k) {
+        if (k) out += item_sep;
+        newline(depth + 1);
+        json_string(items[k]->first, out);
+        out += ": ";
+        OSCAR_RETURN_IF_ERROR(json_into(items[k]->second, opt, depth + 1, max_depth, out));
+      }
+      newline(depth);
+      out += '}';
+      return Status();
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<std::string> to_json(const Value& v, const JsonDumpOptions& options, int max_depth) {
+  std::string out;
+  OSCAR_RETURN_IF_ERROR(json_into(v, options, 0, max_depth, out));
+  return out;
+}
+
+Result<Value> from_json(const nlohmann::ordered_json& j, int max_depth) {
+  if (max_depth < 0) return out_of_range("context JSON nested too deeply");
+  using T = nlohmann::ordered_json::value_t;
+  switch (j.type()) {
+    case T::null:
+    case T::discarded: return Value::none();
+    case T::boolean: return Value::boolean(j.get<bool>());
+    case T::number_integer: return Value::integer(j.get<int64_t>());
+    case T::number_unsigned: {
+      uint64_t u = j.get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return Value::real(static_cast<double>(u));
+      }
+      return Value::integer(static_cast<int64_t>(u));
+    }
+    case T::number_float: return Value::real(j.get<double>());
+    case T::string: return Value::string(j.get<std::string>());
+    case T::binary: return invalid_argument("context JSON: binary values are not supported");
+    case T::array: {
+      List items;
+      items.reserve(j.size());
+      for (const auto& e : j) {
+        OSCAR_ASSIGN_OR_RETURN(Value item, from_json(e, max_depth - 1));
+        items.push_back(std::move(item));
+      }
+      return Value::from_list(std::move(items));
+    }
+    case T::object: {
+      Dict d;
+      d.items.reserve(j.size());
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        OSCAR_ASSIGN_OR_RETURN(Value item, from_json(it.value(), max_depth - 1));
+        d.items.emplace_back(it.key(), std::move(item));
+      }
+      return Value::from_dict(std::move(d));
+    }
+  }
+  return Value::none();
+}
+
+std::u32string utf8_decode(std::string_view s) {
+  std::u32string out;
+  out.reserve(s.size());
+  size_t k = 0;
+  while (k < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[k]);
+    int n = 0;
+    char32_t cp = 0;
+    if (c < 0x80) { cp = c; n = 1; }
+    else if ((c >> 5) == 0x6) { cp = c & 0x1f; n = 2; }
+    else if ((c >> 4) == 0xe) { cp = c & 0x0f; n = 3; }
+    else if ((c >> 3) == 0x1e) { cp = c & 0x07; n = 4; }
+    else { out += U'\uFFFD'; ++k; continue; }
+    if (k + static_cast<size_t>(n) > s.size()) { out += U'\uFFFD'; ++k; continue; }
+    bool ok = true;
+    for (int t = 1; t < n; ++t) {
+      unsigned char cc = static_cast<unsigned char>(s[k + static_cast<size_t>(t)]);
+      if ((cc >> 6) != 0x2) { ok = false; break; }
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    if (!ok) { out += U'\uFFFD'; ++k; continue; }
+    out += cp;
+    k += static_cast<size_t>(n);
+  }
+  return out;
+}
+
+std::string utf8_encode(std::u32string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char32_t cp : s) {
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xc0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3f));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xe0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+      out += static_cast<char>(0x80 | (cp & 0x3f));
+    } else {
+      out += static_cast<char>(0xf0 | (cp >> 18));
+      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+      out += static_cast<char>(0x80 | (cp & 0x3f));
+    }
+  }
+  return out;
+}
+
+size_t utf8_length(std::string_view s) {
+  bool ascii = true;
+  for (char c : s) ascii = ascii && static_cast<unsigned char>(c) < 0x80;
+  return ascii ? s.size() : utf8_decode(s).size();
+}
+
+}  // namespace oscar::tok::jinja
