@@ -429,6 +429,15 @@ TEST(TokenizerSynthetic, MalformedFilesGiveClearErrors) {
   expect_error(k.dump(), StatusCode::kInvalidArgument, "model.vocab");
   k = j;
   k["model"]["vocab"]["a"] = "x";
+  expect_error(k.dump(), StatusCode::kInvalidArgument, "vocab token 'a' has a string");
+  k = j;
+  k["model"].erase("merges");
+  expect_error(k.dump(), StatusCode::kInvalidArgument, "model.merges is missing");
+  k = j;
+  k["model"]["merges"].push_back(json::array({"a", "b", "c"}));
+  expect_error(k.dump(), StatusCode::kInvalidArgument, "merge 1 has more than two parts");
+  k = j;
+  k["model"]["type"] = 3;
   expect_error(k.dump(), StatusCode::kInvalidArgument, "unexpected structure");
   k = j;
   k["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
