@@ -526,7 +526,7 @@ Result<Value> dict_method(Evaluator& ev, const Value& d, const std::string& name
     List out;
     out.reserve(d.dict->items.size());
     for (const auto& kv : d.dict->items) {
-      if (name == "items") out.push_back(Value::from_list({Value::string(kv.first), kv.second}));
+      if (name == "items") out.push_back(Value::from_tuple({Value::string(kv.first), kv.second}));
       else if (name == "keys") out.push_back(Value::string(kv.first));
       else out.push_back(kv.second);
     }
@@ -805,6 +805,11 @@ Result<Value> f_wordcount(Evaluator&, const Value& v, const CallArgs&) {
 Result<Value> f_attr(Evaluator& ev, const Value& v, const CallArgs& a) {
   const Value* n = arg(a, 0, "name");
   if (!n || !n->is_string()) return ev.fail("attr needs an attribute name");
+  // getattr() only: dict items are not attributes.
+  if (v.is_dict() && n->s() != "items" && n->s() != "keys" && n->s() != "values" &&
+      n->s() != "get") {
+    return Value::undefined(str_format("'dict object' has no attribute '%s'", n->s().c_str()));
+  }
   return get_attr(ev, v, n->s());
 }
 
@@ -931,7 +936,7 @@ Result<Value> f_dictsort(Evaluator& ev, const Value& v, const CallArgs& a) {
   List items;
   std::vector<Value> keys;
   for (const auto& kv : v.dict->items) {
-    items.push_back(Value::from_list({Value::string(kv.first), kv.second}));
+    items.push_back(Value::from_tuple({Value::string(kv.first), kv.second}));
     OSCAR_ASSIGN_OR_RETURN(
         Value key, sort_key(ev, by_value ? kv.second : Value::string(kv.first), nullptr,
                             case_sensitive));

@@ -261,7 +261,7 @@ Result<Value> Evaluator::call_macro(const Node& macro, const std::shared_ptr<Sco
                                               macro.targets[k].c_str())));
     }
   }
-  inner->vars.set("varargs", Value::from_list(std::move(varargs)));
+  inner->vars.set("varargs", Value::from_tuple(std::move(varargs)));
   inner->vars.set("kwargs", Value::from_dict(std::move(kwargs)));
   std::string out;
   Flow saved_flow = flow_;
@@ -348,6 +348,7 @@ Result<Value> Evaluator::eval_inner(const Expr& e) {
         OSCAR_ASSIGN_OR_RETURN(Value v, eval(*a));
         items.push_back(std::move(v));
       }
+      if (e.kind == K::kTuple) return Value::from_tuple(std::move(items));
       return Value::from_list(std::move(items));
     }
     case K::kDict: {

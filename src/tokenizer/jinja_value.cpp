@@ -51,6 +51,11 @@ Value Value::from_list(List x) {
   v.list = std::make_shared<const List>(std::move(x));
   return v;
 }
+Value Value::from_tuple(List x) {
+  Value v = from_list(std::move(x));
+  v.tuple = true;
+  return v;
+}
 Value Value::from_dict(Dict x) {
   Value v;
   v.kind = Kind::kDict;
@@ -262,12 +267,13 @@ void repr_into(const Value& v, std::string& out, int depth) {
   switch (v.kind) {
     case K::kString: repr_string(*v.str, out); return;
     case K::kList: {
-      out += '[';
+      out += v.tuple ? '(' : '[';
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += ", ";
         repr_into((*v.list)[k], out, depth + 1);
       }
-      out += ']';
+      if (v.tuple && v.list->size() == 1) out += ',';
+      out += v.tuple ? ')' : ']';
       return;
     }
     case K::kDict:

@@ -35,7 +35,8 @@ struct Value {
   double f = 0.0;
   // kString: the UTF-8 text. kUndefined: the hint used in error messages ("'x' is undefined").
   std::shared_ptr<const std::string> str;
-  std::shared_ptr<const List> list;  // kList (tuples are lists too)
+  std::shared_ptr<const List> list;  // kList
+  bool tuple = false;                // kList that is a Python tuple: repr uses parentheses
   std::shared_ptr<Dict> dict;        // kDict (never mutated once built) and kNamespace (mutable)
   std::shared_ptr<const Callable> fn;  // kCallable
 
@@ -46,6 +47,7 @@ struct Value {
   static Value real(double v);
   static Value string(std::string v);
   static Value from_list(List v);
+  static Value from_tuple(List v);
   static Value from_dict(Dict v);
   static Value make_namespace(Dict v);
   static Value callable(std::shared_ptr<const Callable> fn);

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Regenerates jinja_cases.json: small templates rendered by Python's Jinja2 configured as
+transformers' apply_chat_template configures it (ImmutableSandboxedEnvironment, trim_blocks,
+lstrip_blocks, loopcontrols, json.dumps-style tojson, raise_exception). test_chat_template.cpp
+checks that oscar's interpreter renders each one to the same string, or fails where Jinja fails.
+
+Usage: python3 tests/chat_template/gen_jinja_cases.py  (needs jinja2; writes next to itself)
+"""
+import json
+import os
+
+import jinja2
+from jinja2.exceptions import TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+def make_env(**flags):
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    opts = dict(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    opts.update(flags)
+    env = ImmutableSandboxedEnvironment(**opts)
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env
+
+
+MSGS = [
+    {"role": "system", "content": "sys"},
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "hello", "tool_calls": [{"name": "f", "arguments": {"b": 1, "a": [1, 2.5, None, True]}}]},
+]
+
+# (template, context); contexts default to {}.
+CASES = [
+    # whitespace control and lstrip/trim
+    ("a  {{- 'b' -}}  c", {}),
+    ("a\n  {%- if true %}\nx\n  {%- endif %}\nb", {}),
+    ("  {% if true %}\n    x\n  {% endif %}\nend", {}),
+    ("{% if true %}  x  {% endif %}|", {}),
+    ("line1\n  {# comment #}\nline2", {}),
+    ("a {#- c -#} b", {}),
+    ("{{ 'x' }}  {% if true %}y{% endif %}", {}),
+    ("  {%+ if true %}x{% endif %}", {}),
+    ("{% if true +%}\nx{% endif %}", {}),
+    ("text\n", {}),
+    ("text\n\n", {}),
+    ("a\r\nb\rc", {}),
+    ("{% raw %}{{ not evaluated }}{% endraw %}", {}),
+    ("  {%- raw -%}  {{x}}  {%- endraw -%}  |", {}),
+    # output of values
+    ("{{ 1 }} {{ 1.0 }} {{ 2.5e-7 }} {{ 1e20 }} {{ 0.1 + 0.2 }} {{ -0.0 }}", {}),
+    ("{{ true }} {{ none }} {{ [1, 'a', none, true] }} {{ {'k': 'v', 'n': 1} }}", {}),
+    ("{{ \"it's\" }} {{ ['it\\'s', 'q\"'] }} {{ ['a\\nb'] }}", {}),
+    ("{{ x }}|{{ d.missing }}|{{ d.missing is defined }}|{{ x is defined }}", {"d": {}}),
+    ("{{ 'a' ~ 1 ~ none ~ undefined_var }}", {}),
+    ("{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 2 ** 10 }} {{ 2 ** -1 }}", {}),
+    ("{{ 1 + 2 * 3 - 4 }} {{ (1 + 2) * 3 }} {{ 'ab' * 3 }} {{ [1] * 2 }} {{ [1] + [2] }}", {}),
+    ("{{ 1 == 1.0 }} {{ true == 1 }} {{ 'a' < 'b' }} {{ [1, 2] < [1, 3] }} {{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }}", {}),
+    ("{{ 'a' in 'cat' }} {{ 2 in [1, 2] }} {{ 'k' in {'k': 1} }} {{ 'z' not in 'abc' }}", {}),
+    ("{{ 0 or 'x' }} {{ 1 and 'y' }} {{ '' and 'z' }} {{ not none }}", {}),
+    ("{{ 'yes' if x else 'no' }} {{ 'a' if true }}|{{ 'b' if false }}|", {"x": [0]}),
+    ("{{ -x }} {{ +x }} {{ - 2 ** 2 }}", {"x": 3}),
+    # literals and escapes
+    ("{{ 'tab\\there' }}|{{ \"nl\\nx\" }}|{{ 'u\\u00e9' }}|{{ 'back\\\\slash' }}|{{ 'keep\\d' }}", {}),
+    ("{{ 'a' 'b' }} {{ (1, 2) }} {{ () }} {{ [] }} {{ {} }} {{ 1_000 }}", {}),
+    # attribute / item access, slicing
+    ("{{ m[0].role }} {{ m[-1]['content'] }} {{ m.0.content }} {{ m[5] is defined }}", {"m": MSGS}),
+    ("{{ s[1:3] }}|{{ s[::-1] }}|{{ s[-2:] }}|{{ s[:-1] }}|{{ s[::2] }}|{{ s[10:] }}", {"s": "héllo"}),
+    ("{{ l[1:] }} {{ l[::-1] }} {{ l[-1] }} {{ l[1:-1] }} {{ l[::-2] }}", {"l": [1, 2, 3, 4]}),
+    ("{{ s[0] }}{{ s[-1] }}{{ s|length }}", {"s": "日本語"}),
+    ("{{ d['items'] }} {{ d.get('x', 'dflt') }} {{ d.get('a') }}", {"d": {"items": 5, "a": 1}}),
+    # loops
+    ("{% for x in l %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }},{% endfor %}", {"l": ["a", "b", "c"]}),
+    ("{% for x in l if x > 1 %}{{ x }}:{{ loop.index }}/{{ loop.length }} {% endfor %}", {"l": [1, 2, 3]}),
+    ("{% for x in [] %}x{% else %}empty{% endfor %}", {}),
+    ("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k in d %}{{ k }}{% endfor %}", {"d": {"z": 1, "a": 2}}),
+    ("{% for k, v in d|items %}{{ k }}={{ v }};{% endfor %}{% for k, v in d|dictsort %}{{ k }}{% endfor %}", {"d": {"z": 1, "a": 2}}),
+    ("{% for c in 'ab' %}[{{ c }}]{% endfor %}{% for x in undefined_thing %}x{% endfor %}", {}),
+    ("{% for x in range(5) %}{% if x == 1 %}{% continue %}{% endif %}{% if x == 3 %}{% break %}{% endif %}{{ x }}{% endfor %}", {}),
+    ("{% for x in l %}{{ loop.previtem }}-{{ loop.nextitem }} {{ loop.cycle('o', 'e') }};{% endfor %}", {"l": [1, 2, 3]}),
+    ("{% for a in [1,2] %}{% for b in [3,4] %}{{ a }}{{ b }}{{ loop.index }} {% endfor %}{% endfor %}", {}),
+    ("{% for x in l|reverse %}{{ x }}{% endfor %} {{ range(3)|list }} {{ range(1, 10, 3)|list }} {{ range(5, 0, -2)|list }}", {"l": [1, 2, 3]}),
+    # scoping and set
+    ("{% set x = 1 %}{% for i in [1,2] %}{% set x = i * 10 %}{{ x }}{% endfor %}{{ x }}", {}),
+    ("{% set x = 1 %}{% if true %}{% set x = 2 %}{% endif %}{{ x }}", {}),
+    ("{% set ns = namespace(total=0, items=[]) %}{% for i in [1,2,3] %}{% set ns.total = ns.total + i %}{% set ns.items = ns.items + [i] %}{% endfor %}{{ ns.total }} {{ ns.items }}", {}),
+    ("{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set t = 3, 4 %}{{ t }}", {}),
+    ("{% set block %}inner {{ 1 + 1 }}{% endset %}[{{ block }}]", {}),
+    ("{% with y = 5 %}{{ y }}{% endwith %}[{{ y }}]", {}),
+    # macros
+    ("{% macro greet(name, greeting='Hello') %}{{ greeting }}, {{ name }}!{% endmacro %}{{ greet('Ann') }} {{ greet('Bob', greeting='Hi') }} {{ greet('C', 'Yo') }}", {}),
+    ("{% macro rec(n) %}{% if n > 0 %}{{ n }}{{ rec(n - 1) }}{% endif %}{% endmacro %}{{ rec(4) }}", {}),
+    ("{% macro f() %}{{ varargs }}{{ kwargs }}{% endmacro %}{{ f(1, 2, k=3) }}", {}),
+    ("{% set g = 'outer' %}{% macro m() %}{{ g }}{% endmacro %}{{ m() }}", {}),
+    # filters
+    ("{{ '  pad  '|trim }}|{{ 'xxaxx'|trim('x') }}|{{ 'AbC'|lower }}{{ 'abc'|upper }}|{{ 'hello world'|title }}|{{ 'hELLO'|capitalize }}", {}),
+    ("{{ l|length }} {{ l|count }} {{ 'abc'|length }} {{ d|length }} {{ l|first }} {{ l|last }} {{ l|join(', ') }} {{ l|join }}", {"l": [3, 1, 2], "d": {"a": 1}}),
+    ("{{ l|sort }} {{ l|sort(reverse=true) }} {{ w|sort }} {{ w|sort(case_sensitive=true) }} {{ l|min }} {{ l|max }} {{ l|sum }}", {"l": [3, 1, 2], "w": ["b", "A", "c"]}),
+    ("{{ x|default('d') }} {{ ''|default('e') }} {{ ''|default('f', true) }} {{ none|default('g') }} {{ x|d('h') }}", {}),
+    ("{{ 'a-b-c'|replace('-', '+') }} {{ 'aaa'|replace('a', 'b', 2) }} {{ 1|string }}{{ [1]|string }}", {}),
+    ("{{ m|map(attribute='role')|list }} {{ m|selectattr('role', 'equalto', 'user')|map(attribute='content')|join }} {{ m|rejectattr('role', 'eq', 'user')|list|length }}", {"m": MSGS}),
+    ("{{ [1, 2, 3, 4]|select('even')|list }} {{ [1, 0, '', 'a']|select|list }} {{ [1, 2, 3]|reject('odd')|list }} {{ ['a', 'B']|map('upper')|list }}", {}),
+    ("{{ m|selectattr('tool_calls')|list|length }} {{ m|selectattr('tool_calls', 'defined')|list|length }}", {"m": MSGS}),
+    ("{{ [1, 2, 1, 3, 2]|unique|list }} {{ 'abc'|reverse }} {{ 'abc'|list }} {{ '42'|int + 1 }} {{ '3.5'|float }} {{ 'x'|int }} {{ 3.7|int }} {{ 2.5|round }} {{ 3.14159|round(2) }} {{ -5|abs }}", {}),
+    ("{{ '<a href=\"x\">&</a>'|e }} {{ 'x'|safe }} {{ 'one two  three'|wordcount }} {{ 'a\\nb\\n\\nc'|indent(2) }}|{{ 'a\\nb'|indent(2, true) }}", {}),
+    ("{{ m|tojson }}", {"m": MSGS}),
+    ("{{ m[2]|tojson(indent=2) }}", {"m": MSGS}),
+    ("{{ {'b': 1, 'a': 'é\\n\"'}|tojson }} {{ {'b': 1, 'a': 2}|tojson(sort_keys=true) }} {{ 'é'|tojson(ensure_ascii=true) }} {{ [1.0, 1e100, -0.5]|tojson }}", {}),
+    ("{{ d|dictsort }} {{ d|dictsort(by='value') }} {{ d|dictsort(reverse=true) }}", {"d": {"b": 2, "a": 3, "C": 1}}),
+    ("{% filter upper %}shout {{ 'it' }}{% endfilter %}", {}),
+    ("{{ l|first|upper }} {{ (l|last).content }}", {"l": ["x", {"content": "c"}]}),
+    ("{{ m|attr('role') }}|{{ [1, [2]]|pprint }}", {"m": {"role": "r"}}),
+    # tests
+    ("{{ x is defined }} {{ y is undefined }} {{ none is none }} {{ 1 is number }} {{ 1 is integer }} {{ 1.0 is float }} {{ true is boolean }} {{ 'a' is string }}", {"x": 1}),
+    ("{{ {} is mapping }} {{ [] is sequence }} {{ 'a' is sequence }} {{ {} is sequence }} {{ 1 is iterable }} {{ 'a' is iterable }} {{ x is iterable }}", {}),
+    ("{{ false is false }} {{ 0 is false }} {{ true is true }} {{ 1 is true }} {{ x is not none }} {{ 3 is odd }} {{ 4 is even }} {{ 9 is divisibleby 3 }} {{ 9 is divisibleby(2) }}", {"x": None}),
+    ("{{ 'a' is in 'cat' }} {{ 1 is eq 1 }} {{ 2 is gt 1 }} {{ 'ABC' is upper }} {{ 'abc' is lower }} {{ range is callable }}", {}),
+    ("{{ x is string and x.startswith('a') }}", {"x": "abc"}),
+    ("{{ (1,) }} {{ (1, 'a') == (1, 'a') }} {{ [(1, 2)]|first }} {{ ((1, 2), [3]) }}", {}),
+    # string methods
+    ("{{ s.startswith('he') }} {{ s.endswith(('x', 'lo')) }} {{ s.upper() }} {{ s.replace('l', 'L') }} {{ s.find('l') }} {{ s.rfind('l') }} {{ s.find('z') }} {{ s.count('l') }}", {"s": "hello"}),
+    ("{{ s.split() }} {{ s.split(',') }} {{ s.split(',', 1) }} {{ s.rsplit(',', 1) }} {{ ' a  b '.split() }} {{ 'a b c'.split(none, 1) }}", {"s": "a,b,c"}),
+    ("[{{ s.strip() }}][{{ s.lstrip() }}][{{ s.rstrip() }}][{{ 'xxhixx'.strip('x') }}][{{ '\\n\\nhi\\n'.lstrip('\\n') }}]", {"s": "  hi  "}),
+    ("{{ '-'.join(['a', 'b']) }} {{ 'Hello World'.lower() }} {{ 'ab'.title() }} {{ 'abc'.capitalize() }} {{ '123'.isdigit() }} {{ 'ab1'.isalpha() }} {{ ' '.isspace() }}", {}),
+    ("{{ 'a\\nb\\r\\nc'.splitlines() }} {{ 'prefix-x'.removeprefix('prefix-') }} {{ 'x.txt'.removesuffix('.txt') }}", {}),
+    ("{{ c.split('</think>')[-1].lstrip('\\n') }}|{{ c.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') }}", {"c": "<think>\nr\n</think>\n\nans"}),
+    # dict methods and globals
+    ("{{ d.keys()|list }} {{ d.values()|list }} {{ d.items()|list }} {{ dict(a=1, b=2) }} {{ namespace(a=1).a }}", {"d": {"x": 1, "y": [2]}}),
+    # misc
+    ("{% if not x %}none{% elif x|length > 2 %}long{% else %}short{% endif %}", {"x": [1, 2, 3]}),
+    ("{% if x %}a{% elif y %}b{% endif %}|", {"x": 0, "y": 0}),
+    ("{{ x.content if x.content is string else x.content|map(attribute='text')|join }}", {"x": {"content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]}}),
+    ("{{ messages[0]['content'] if messages[0]['role'] == 'system' else '' }}", {"messages": MSGS}),
+    # errors (Jinja raises; oscar must return an error too)
+    ("{{ raise_exception('bad role') }}", {}),
+    ("{{ x.y.z }}", {}),
+    ("{{ d.missing.deeper }}", {"d": {}}),
+    ("{{ 1 + 'a' }}", {}),
+    ("{{ x + 1 }}", {}),
+    ("{{ 'a' in none }}", {}),
+    ("{% for x in 5 %}{% endfor %}", {}),
+    ("{{ range(200000)|length }}", {}),
+    ("{% if true %}unclosed", {}),
+    ("{{ x|nosuchfilter }}", {}),
+    ("{{ x is nosuchtest }}", {}),
+    ("{% endif %}", {}),
+    ("{{ 1 / 0 }}", {}),
+    ("{{ 'abc'.nosuchmethod() }}", {}),
+    ("{{ (1 }}", {}),
+    ("{% include 'x.html' %}", {}),
+    ("{% set x = 1 %}{% set x.y = 2 %}", {}),
+    ("{{ undefined_var() }}", {}),
+    ("{{ undefined_var|tojson }}", {}),
+]
+
+
+def main():
+    env = make_env()
+    out = []
+    for template, context in CASES:
+        case = {"template": template, "context": context}
+        try:
+            case["expected"] = env.from_string(template).render(**context)
+        except (TemplateError, TypeError, ValueError, ZeroDivisionError, OverflowError,
+                AttributeError) as e:
+            case["error"] = type(e).__name__ + ": " + str(e)
+        out.append(case)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jinja_cases.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"generator": "gen_jinja_cases.py", "jinja2": jinja2.__version__, "cases": out},
+                  f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"wrote {len(out)} cases to {path}")
+
+
+if __name__ == "__main__":
+    main()
