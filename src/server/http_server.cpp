@@ -122,10 +122,8 @@ class Session : public std::enable_shared_from_this<Session> {
   ~Session() {
     std::lock_guard<std::mutex> lock(st_->sessions_mu);
     st_->sessions.erase(this);
-    if (busy_) {
-      --st_->busy_sessions;
-      st_->sessions_cv.notify_all();
-    }
+    if (busy_) --st_->busy_sessions;
+    st_->sessions_cv.notify_all();
   }
 
   void start() {

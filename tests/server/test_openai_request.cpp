@@ -1,0 +1,254 @@
+// Table tests for the OpenAI request parser: every rejection names its field and carries the
+// right HTTP status; accepted requests fill OpenAIRequest as documented in openai_request.h.
+#include "server/openai_request.h"
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "server/openai_response.h"
+
+namespace oscar::server {
+namespace {
+
+const ModelLimits kLimits{"m", /*max_context_tokens=*/100, /*vocab_size=*/50};
+
+ParseResult chat(const std::string& body) {
+  return parse_openai_request(Endpoint::kChatCompletions, body, kLimits);
+}
+ParseResult completion(const std::string& body) {
+  return parse_openai_request(Endpoint::kCompletions, body, kLimits);
+}
+
+struct BadCase {
+  const char* name;
+  Endpoint endpoint;
+  std::string body;
+  int status;
+  const char* param;         // expected ApiError::param
+  const char* message_part;  // a substring the message must contain
+};
+
+const std::string kMsgs = R"("messages":[{"role":"user","content":"hi"}])";
+
+std::vector<BadCase> bad_cases() {
+  const Endpoint C = Endpoint::kChatCompletions, P = Endpoint::kCompletions;
+  std::string deep = R"({"model":"m","x":)" + std::string(65, '[') + std::string(65, ']') + "}";
+  return {
+      {"malformed_json", C, R"({"model":"m",)", 400, "", "not valid JSON"},
+      {"not_an_object", C, R"([1,2])", 400, "", "JSON object"},
+      {"invalid_utf8", C, "{\"model\":\"m\xff\"," + kMsgs + "}", 400, "", "not valid JSON"},
+      {"deep_nesting", C, deep, 400, "", "deeper than 64"},
+      {"model_missing", C, "{" + kMsgs + "}", 400, "model", "required"},
+      {"model_wrong_type", C, R"({"model":3,)" + kMsgs + "}", 400, "model", "must be a string"},
+      {"model_unknown", C, R"({"model":"gpt-9",)" + kMsgs + "}", 404, "model", "gpt-9"},
+      {"messages_missing", C, R"({"model":"m"})", 400, "messages", "required"},
+      {"messages_empty", C, R"({"model":"m","messages":[]})", 400, "messages", "empty"},
+      {"messages_wrong_type", C, R"({"model":"m","messages":"hi"})", 400, "messages", "array"},
+      {"message_not_object", C, R"({"model":"m","messages":[1]})", 400, "messages[0]", "object"},
+      {"message_no_role", C, R"({"model":"m","messages":[{"content":"x"}]})", 400,
+       "messages[0].role", "required"},
+      {"message_role_type", C, R"({"model":"m","messages":[{"role":1}]})", 400,
+       "messages[0].role", "string"},
+      {"message_content_type", C, R"({"model":"m","messages":[{"role":"user","content":5}]})",
+       400, "messages[0].content", "string"},
+      {"tools_type", C, R"({"model":"m","tools":{},)" + kMsgs + "}", 400, "tools", "array"},
+      {"kwargs_type", C, R"({"model":"m","chat_template_kwargs":[],)" + kMsgs + "}", 400,
+       "chat_template_kwargs", "object"},
+      {"n_two", C, R"({"model":"m","n":2,)" + kMsgs + "}", 400, "n", "n = 1"},
+      {"n_zero", C, R"({"model":"m","n":0,)" + kMsgs + "}", 400, "n", "[1,"},
+      {"max_tokens_zero", C, R"({"model":"m","max_tokens":0,)" + kMsgs + "}", 400, "max_tokens",
+       "got 0"},
+      {"max_tokens_float", C, R"({"model":"m","max_tokens":1.5,)" + kMsgs + "}", 400,
+       "max_tokens", "integer"},
+      {"max_completion_tokens_string", C,
+       R"({"model":"m","max_completion_tokens":"9",)" + kMsgs + "}", 400,
+       "max_completion_tokens", "integer"},
+      {"temperature_negative", C, R"({"model":"m","temperature":-0.5,)" + kMsgs + "}", 400,
+       "temperature", "[0, 2]"},
+      {"number_overflow", C, R"({"model":"m","temperature":1e400,)" + kMsgs + "}", 400, "",
+       "number overflow"},
+      {"temperature_string", C, R"({"model":"m","temperature":"hot",)" + kMsgs + "}", 400,
+       "temperature", "number"},
+      {"top_p_zero", C, R"({"model":"m","top_p":0,)" + kMsgs + "}", 400, "top_p", "(0, 1]"},
+      {"top_p_above_one", C, R"({"model":"m","top_p":1.5,)" + kMsgs + "}", 400, "top_p",
+       "[0, 1]"},
+      {"top_k_negative", C, R"({"model":"m","top_k":-2,)" + kMsgs + "}", 400, "top_k", "-2"},
+      {"seed_float", C, R"({"model":"m","seed":0.5,)" + kMsgs + "}", 400, "seed", "integer"},
+      {"stop_too_many", C, R"({"model":"m","stop":["a","b","c","d","e"],)" + kMsgs + "}", 400,
+       "stop", "at most 4"},
+      {"stop_too_long", C, R"({"model":"m","stop":")" + std::string(257, 'x') + "\"," + kMsgs + "}",
+       400, "stop", "257 bytes"},
+      {"stop_empty", C, R"({"model":"m","stop":[""],)" + kMsgs + "}", 400, "stop", "empty"},
+      {"stop_wrong_type", C, R"({"model":"m","stop":7,)" + kMsgs + "}", 400, "stop", "string"},
+      {"stop_item_type", C, R"({"model":"m","stop":["a",1],)" + kMsgs + "}", 400, "stop[1]",
+       "string"},
+      {"stream_type", C, R"({"model":"m","stream":"yes",)" + kMsgs + "}", 400, "stream",
+       "boolean"},
+      {"stream_options_type", C, R"({"model":"m","stream":true,"stream_options":1,)" + kMsgs + "}",
+       400, "stream_options", "object"},
+      {"include_usage_type", C,
+       R"({"model":"m","stream":true,"stream_options":{"include_usage":1},)" + kMsgs + "}", 400,
+       "stream_options.include_usage", "boolean"},
+      {"prompt_missing", P, R"({"model":"m"})", 400, "prompt", "required"},
+      {"prompt_empty_string", P, R"({"model":"m","prompt":""})", 400, "prompt", "empty"},
+      {"prompt_empty_list", P, R"({"model":"m","prompt":[]})", 400, "prompt", "empty"},
+      {"prompt_wrong_type", P, R"({"model":"m","prompt":{}})", 400, "prompt", "string"},
+      {"prompt_batch", P, R"({"model":"m","prompt":["a","b"]})", 400, "prompt", "only one"},
+      {"prompt_id_too_big", P, R"({"model":"m","prompt":[1,2,50]})", 400, "prompt",
+       "token id 50 at prompt[2] is out of range [0, 50)"},
+      {"prompt_id_negative", P, R"({"model":"m","prompt":[-1]})", 400, "prompt", "-1"},
+      {"prompt_id_mixed", P, R"({"model":"m","prompt":[1,"a"]})", 400, "prompt[1]", "integer"},
+      {"prompt_nested_ids_bad", P, R"({"model":"m","prompt":[[3,99]]})", 400, "prompt[0]",
+       "99"},
+  };
+}
+
+TEST(OpenAIRequest, RejectsBadInputWithFieldAndStatus) {
+  for (const BadCase& c : bad_cases()) {
+    SCOPED_TRACE(c.name);
+    ParseResult r = parse_openai_request(c.endpoint, c.body, kLimits);
+    const ApiError* e = std::get_if<ApiError>(&r);
+    ASSERT_NE(e, nullptr) << "accepted: " << c.body.substr(0, 200);
+    EXPECT_EQ(e->http_status, c.status) << e->message;
+    EXPECT_EQ(e->param, c.param) << e->message;
+    EXPECT_NE(e->message.find(c.message_part), std::string::npos)
+        << "message: " << e->message << "\nwanted: " << c.message_part;
+    EXPECT_EQ(e->type, "invalid_request_error");
+  }
+}
+
+TEST(OpenAIRequest, UnknownModelIsModelNotFound) {
+  ParseResult r = chat(R"({"model":"other",)" + kMsgs + "}");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+  EXPECT_EQ(std::get<ApiError>(r).code, "model_not_found");
+}
+
+TEST(OpenAIRequest, OversizedBodyIs413) {
+  std::string body(kMaxBodyBytes + 1, ' ');
+  ParseResult r = chat(body);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+  EXPECT_EQ(std::get<ApiError>(r).http_status, 413);
+}
+
+TEST(OpenAIRequest, DepthLimitIsExactAndIgnoresStrings) {
+  // 64 levels in total (the outer object is one) pass, 65 fail.
+  auto nest = [](int n) {
+    return R"({"model":"m",)" + kMsgs + R"(,"x":)" + std::string(n - 1, '[') +
+           std::string(n - 1, ']') + "}";
+  };
+  EXPECT_TRUE(std::holds_alternative<OpenAIRequest>(chat(nest(64))));
+  EXPECT_TRUE(std::holds_alternative<ApiError>(chat(nest(65))));
+  EXPECT_FALSE(json_depth_exceeds(R"({"s":")" + std::string(1000, '[') + R"("})", 64));
+  EXPECT_FALSE(json_depth_exceeds(R"({"s":"\"[[[[\\"})", 2));
+  EXPECT_TRUE(json_depth_exceeds("[[[", 2));
+}
+
+TEST(OpenAIRequest, AcceptsFullChatRequest) {
+  ParseResult r = chat(R"({"model":"m","messages":[{"role":"system","content":"s"},
+      {"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":null}],
+      "max_tokens":5,"max_completion_tokens":7,"temperature":0,"top_p":0.9,"top_k":40,"seed":-3,
+      "stop":"END","stream":true,"stream_options":{"include_usage":true},"n":1,"ignore_eos":true,
+      "tools":[{"type":"function"}],"chat_template_kwargs":{"enable_thinking":false},
+      "frequency_penalty":0.5,"user":"ignored","logit_bias":null})");
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(r)) << std::get<ApiError>(r).message;
+  const OpenAIRequest& q = std::get<OpenAIRequest>(r);
+  EXPECT_EQ(q.messages.size(), 3u);
+  EXPECT_EQ(q.max_tokens, 7);  // max_completion_tokens wins
+  EXPECT_EQ(q.sampling.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(q.sampling.top_p, 0.9f);
+  EXPECT_EQ(q.sampling.top_k, 40);
+  EXPECT_TRUE(q.sampling.has_seed);
+  EXPECT_EQ(q.sampling.seed, static_cast<uint64_t>(-3));
+  EXPECT_EQ(q.stop, std::vector<std::string>{"END"});
+  EXPECT_TRUE(q.stream);
+  EXPECT_TRUE(q.include_usage);
+  EXPECT_TRUE(q.ignore_eos);
+  EXPECT_TRUE(q.tools.is_array());
+  EXPECT_FALSE(q.chat_template_kwargs.at("enable_thinking").get<bool>());
+}
+
+TEST(OpenAIRequest, DefaultsAndNulls) {
+  ParseResult r = chat(R"({"model":"m","temperature":null,"stop":null,"n":null,)" + kMsgs + "}");
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(r)) << std::get<ApiError>(r).message;
+  const OpenAIRequest& q = std::get<OpenAIRequest>(r);
+  EXPECT_FALSE(q.max_tokens.has_value());
+  EXPECT_EQ(q.sampling.temperature, 1.0f);
+  EXPECT_EQ(q.sampling.top_k, 0);
+  EXPECT_FALSE(q.sampling.has_seed);
+  EXPECT_FALSE(q.stream);
+  EXPECT_TRUE(q.stop.empty());
+  EXPECT_TRUE(q.tools.is_null());
+}
+
+TEST(OpenAIRequest, PromptForms) {
+  auto text = completion(R"({"model":"m","prompt":"abc"})");
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(text));
+  EXPECT_EQ(std::get<OpenAIRequest>(text).prompt_text, "abc");
+  EXPECT_FALSE(std::get<OpenAIRequest>(text).prompt_is_ids);
+
+  auto one = completion(R"({"model":"m","prompt":["xyz"]})");
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(one));
+  EXPECT_EQ(std::get<OpenAIRequest>(one).prompt_text, "xyz");
+
+  auto ids = completion(R"({"model":"m","prompt":[0,1,49]})");
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(ids));
+  EXPECT_EQ(std::get<OpenAIRequest>(ids).prompt_ids, (std::vector<int32_t>{0, 1, 49}));
+
+  auto nested = completion(R"({"model":"m","prompt":[[7,8]]})");
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(nested));
+  EXPECT_EQ(std::get<OpenAIRequest>(nested).prompt_ids, (std::vector<int32_t>{7, 8}));
+}
+
+TEST(OpenAIRequest, ContextFit) {
+  auto ok = check_context_fit(10, std::nullopt, 100);
+  ASSERT_TRUE(std::holds_alternative<int>(ok));
+  EXPECT_EQ(std::get<int>(ok), 90);
+  EXPECT_EQ(std::get<int>(check_context_fit(10, 90, 100)), 90);
+
+  auto over = check_context_fit(10, 91, 100);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(over));
+  const ApiError& e = std::get<ApiError>(over);
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.code, "context_length_exceeded");
+  EXPECT_NE(e.message.find("maximum context length is 100 tokens"), std::string::npos);
+  EXPECT_NE(e.message.find("101 tokens (10 in the prompt, 91 in the completion)"),
+            std::string::npos)
+      << e.message;
+
+  EXPECT_TRUE(std::holds_alternative<ApiError>(check_context_fit(100, std::nullopt, 100)));
+  EXPECT_TRUE(std::holds_alternative<ApiError>(check_context_fit(0, 5, 100)));
+}
+
+TEST(OpenAIRequest, ErrorJsonShape) {
+  ApiError e = invalid_request("bad \"x\"", "x");
+  auto j = nlohmann::json::parse(e.to_json());
+  EXPECT_EQ(j["error"]["message"], "bad \"x\"");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "x");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+}
+
+TEST(OpenAIResponse, ChatBodyAndChunks) {
+  ResponseMeta meta{Endpoint::kChatCompletions, "chatcmpl-1", 42, "m"};
+  auto body = completion_body(meta, "hi", "length", Usage{3, 2, 1});
+  EXPECT_EQ(dump_json(body),
+            R"({"id":"chatcmpl-1","object":"chat.completion","created":42,"model":"m",)"
+            R"("choices":[{"index":0,"message":{"role":"assistant","content":"hi"},)"
+            R"("logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":3,)"
+            R"("completion_tokens":2,"total_tokens":5,"prompt_tokens_details":{"cached_tokens":1}}})");
+  EXPECT_EQ(sse_event(stream_chunk(meta, "", true, "")),
+            R"(data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":42,)"
+            R"("model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},)"
+            R"("logprobs":null,"finish_reason":null}]})"
+            "\n\n");
+  auto u = usage_chunk(meta, Usage{3, 2, 0});
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["total_tokens"], 5);
+  EXPECT_EQ(make_response_id(Endpoint::kChatCompletions).rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(make_response_id(Endpoint::kCompletions).rfind("cmpl-", 0), 0u);
+  EXPECT_EQ(openai_finish_reason("cancelled"), "abort");
+}
+
+}  // namespace
+}  // namespace oscar::server
