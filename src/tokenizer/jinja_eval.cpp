@@ -12,6 +12,34 @@ struct DepthGuard {
   int& depth;
 };
 
+// The `loop` object of iteration k over `items`.
+Value make_loop_object(const List& items, int64_t k) {
+  const int64_t n = static_cast<int64_t>(items.size());
+  Dict loop;
+  loop.items.reserve(12);
+  loop.items.emplace_back("index", Value::integer(k + 1));
+  loop.items.emplace_back("index0", Value::integer(k));
+  loop.items.emplace_back("revindex", Value::integer(n - k));
+  loop.items.emplace_back("revindex0", Value::integer(n - k - 1));
+  loop.items.emplace_back("first", Value::boolean(k == 0));
+  loop.items.emplace_back("last", Value::boolean(k == n - 1));
+  loop.items.emplace_back("length", Value::integer(n));
+  loop.items.emplace_back("depth", Value::integer(1));
+  loop.items.emplace_back("depth0", Value::integer(0));
+  loop.items.emplace_back("previtem", k > 0 ? items[static_cast<size_t>(k - 1)]
+                                             : Value::undefined("there is no previous item"));
+  loop.items.emplace_back("nextitem", k + 1 < n ? items[static_cast<size_t>(k + 1)]
+                                                : Value::undefined("there is no next item"));
+  auto cycle = std::make_shared<Callable>();
+  cycle->name = "cycle";
+  cycle->fn = [k](Evaluator& ev, const CallArgs& args) -> Result<Value> {
+    if (args.pos.empty()) return ev.fail("loop.cycle() needs at least one argument");
+    return args.pos[static_cast<size_t>(k) % args.pos.size()];
+  };
+  loop.items.emplace_back("cycle", Value::callable(std::move(cycle)));
+  return Value::from_dict(std::move(loop));
+}
+
 }  // namespace
 
 Status Evaluator::fail(StatusCode code, const std::string& msg) const {
@@ -158,11 +186,18 @@ Status Evaluator::exec_set(const Node& node) {
 
 Status Evaluator::exec_for(const Node& node, std::string& out) {
   OSCAR_ASSIGN_OR_RETURN(Value seq, eval(*node.expr));
-  OSCAR_ASSIGN_OR_RETURN(List items, iterate(*this, seq));
+  std::shared_ptr<const List> items;
+  if (seq.is_list()) {
+    OSCAR_RETURN_IF_ERROR(charge(static_cast<int64_t>(seq.list->size() / 8)));
+    items = seq.list;  // shared, not copied
+  } else {
+    OSCAR_ASSIGN_OR_RETURN(List copy, iterate(*this, seq));
+    items = std::make_shared<const List>(std::move(copy));
+  }
   std::shared_ptr<Scope> outer = scope_;
   if (node.cond) {  // the loop filter sees the targets but not `loop`
     List kept;
-    for (const Value& item : items) {
+    for (const Value& item : *items) {
       scope_ = std::make_shared<Scope>();
       scope_->parent = outer;
       Status st = assign(node.targets, item);
@@ -171,9 +206,9 @@ Status Evaluator::exec_for(const Node& node, std::string& out) {
       if (!c.ok()) return c.status();
       if (c->truthy()) kept.push_back(item);
     }
-    items = std::move(kept);
+    items = std::make_shared<const List>(std::move(kept));
   }
-  const int64_t n = static_cast<int64_t>(items.size());
+  const int64_t n = static_cast<int64_t>(items->size());
   Status st;
   for (int64_t k = 0; k < n; ++k) {
     if (++iterations_ > limits_.max_loop_iterations) {
@@ -184,31 +219,10 @@ Status Evaluator::exec_for(const Node& node, std::string& out) {
     }
     scope_ = std::make_shared<Scope>();
     scope_->parent = outer;
-    st = assign(node.targets, items[static_cast<size_t>(k)]);
+    st = assign(node.targets, (*items)[static_cast<size_t>(k)]);
     if (!st.ok()) break;
-    Dict loop;
-    loop.items.reserve(12);
-    loop.items.emplace_back("index", Value::integer(k + 1));
-    loop.items.emplace_back("index0", Value::integer(k));
-    loop.items.emplace_back("revindex", Value::integer(n - k));
-    loop.items.emplace_back("revindex0", Value::integer(n - k - 1));
-    loop.items.emplace_back("first", Value::boolean(k == 0));
-    loop.items.emplace_back("last", Value::boolean(k == n - 1));
-    loop.items.emplace_back("length", Value::integer(n));
-    loop.items.emplace_back("depth", Value::integer(1));
-    loop.items.emplace_back("depth0", Value::integer(0));
-    loop.items.emplace_back("previtem", k > 0 ? items[static_cast<size_t>(k - 1)]
-                                               : Value::undefined("there is no previous item"));
-    loop.items.emplace_back("nextitem", k + 1 < n ? items[static_cast<size_t>(k + 1)]
-                                                  : Value::undefined("there is no next item"));
-    auto cycle = std::make_shared<Callable>();
-    cycle->name = "cycle";
-    cycle->fn = [k](Evaluator& ev, const CallArgs& args) -> Result<Value> {
-      if (args.pos.empty()) return ev.fail("loop.cycle() needs at least one argument");
-      return args.pos[static_cast<size_t>(k) % args.pos.size()];
-    };
-    loop.items.emplace_back("cycle", Value::callable(std::move(cycle)));
-    scope_->vars.set("loop", Value::from_dict(std::move(loop)));
+    scope_->loop_items = items;
+    scope_->loop_index = k;
     st = exec_body(node.bodies[0], out);
     if (!st.ok()) break;
     if (flow_ == Flow::kBreak) {
@@ -277,6 +291,12 @@ Result<Value> Evaluator::call_macro(const Node& macro, const std::shared_ptr<Sco
 Result<Value> Evaluator::lookup(const std::string& name) const {
   for (const Scope* s = scope_.get(); s; s = s->parent.get()) {
     if (const Value* v = s->vars.find(name)) return *v;
+    if (s->loop_items && name == "loop") {
+      if (s->loop_value.is_undefined()) {
+        s->loop_value = make_loop_object(*s->loop_items, s->loop_index);
+      }
+      return s->loop_value;
+    }
   }
   if (context_.is_dict()) {
     if (const Value* v = context_.dict->find(name)) return *v;

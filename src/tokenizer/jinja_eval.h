@@ -27,6 +27,11 @@ struct EvalLimits {
 struct Scope {
   Dict vars;
   std::shared_ptr<Scope> parent;
+  // A for-loop iteration's scope: `loop` is built from these on first use (most iterations of a
+  // long loop never read it). loop_items: [length] the items visited, shared with the loop.
+  std::shared_ptr<const List> loop_items;
+  int64_t loop_index = 0;
+  mutable Value loop_value;
 };
 
 class Evaluator {

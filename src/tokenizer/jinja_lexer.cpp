@@ -335,8 +335,13 @@ class Lexer {
       balance += c;
     } else if (c == ')' || c == ']' || c == '}') {
       char open = c == ')' ? '(' : (c == ']' ? '[' : '{');
-      if (balance.empty() || balance.back() != open) {
+      if (balance.empty()) {
         return invalid_argument("chat template: line %d: unexpected '%c'", line, c);
+      }
+      if (balance.back() != open) {
+        char want = balance.back() == '(' ? ')' : (balance.back() == '[' ? ']' : '}');
+        return invalid_argument("chat template: line %d: unexpected '%c', expected '%c'", line,
+                                c, want);
       }
       balance.pop_back();
     }

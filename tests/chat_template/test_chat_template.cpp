@@ -121,5 +121,153 @@ TEST(ChatTemplateJinja, MatchesPythonJinja2) {
   std::printf("jinja differential cases: %d/%d agree\n", passed, index);
 }
 
+TEST(ChatTemplate, RenderChatPassesTransformersVariables) {
+  auto t = ChatTemplate::parse(
+      "{{ bos_token }}{{ tools is none }}{{ documents is none }}{{ add_generation_prompt }}"
+      "{{ messages|length }}{{ enable_thinking }}{{ eos_token }}");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  auto r = render_chat(*t, json::array({{{"role", "user"}, {"content", "x"}}}), json(), true,
+                       json{{"enable_thinking", false}}, "<s>", "</s>");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r.value(), "<s>TrueTrueTrue1False</s>");
+  EXPECT_FALSE(render_chat(*t, json::array(), json(), false, json::array(), "", "").ok());
+}
+
+TEST(ChatTemplate, WhitespaceOptionsAreConfigurable) {
+  const std::string src = "  {% if true %}\n    x\n  {% endif %}\nend\n";
+  EXPECT_EQ(render(src), "    x\nend");
+  ChatTemplateOptions plain;
+  plain.trim_blocks = false;
+  plain.lstrip_blocks = false;
+  EXPECT_EQ(render(src, json::object(), plain), "  \n    x\n  \nend");
+  plain.keep_trailing_newline = true;
+  EXPECT_EQ(render(src, json::object(), plain), "  \n    x\n  \nend\n");
+}
+
+TEST(ChatTemplate, GenerationTagRendersItsBody) {
+  EXPECT_EQ(render("a{% generation %}b{{ 1 }}{% endgeneration %}c"), "ab1c");
+}
+
+TEST(ChatTemplate, UndefinedBehavesLikeJinjaDefaultUndefined) {
+  EXPECT_EQ(render("[{{ nope }}]{% if nope %}x{% endif %}{{ nope|length }}{{ nope is defined }}"),
+            "[]0False");
+  EXPECT_EQ(render("{% for x in nope %}x{% else %}empty{% endfor %}"), "empty");
+  EXPECT_EQ(render("{{ d.missing is defined }}{{ d.missing|default('dflt') }}", {{"d", json::object()}}),
+            "Falsedflt");
+  Status st = render_error("line one\n{{ d.missing.deeper }}", {{"d", json::object()}});
+  EXPECT_NE(st.message().find("line 2"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("'dict object' has no attribute 'missing'"), std::string::npos)
+      << st.message();
+  st = render_error("{{ nope + 1 }}");
+  EXPECT_NE(st.message().find("'nope' is undefined"), std::string::npos) << st.message();
+}
+
+TEST(ChatTemplate, RaiseExceptionReturnsItsMessage) {
+  Status st = render_error(
+      "{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}"
+      "{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}",
+      {{"messages", json::array({{{"role", "tool"}}})}});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("Only user and assistant roles are supported!"), std::string::npos)
+      << st.message();
+}
+
+TEST(ChatTemplate, KeyOrderAndUnicodeSurviveTojson) {
+  json ctx = json::parse(R"({"tool": {"z": 1, "a": {"y": "é👋", "b": [1, 2.5, null, true]}}})");
+  EXPECT_EQ(render("{{ tool|tojson }}", ctx),
+            R"({"z": 1, "a": {"y": "é👋", "b": [1, 2.5, null, true]}})");
+}
+
+TEST(ChatTemplateCaps, NestedLoopsHitTheIterationCap) {
+  Status st = render_error(
+      "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_NE(st.message().find("loop iteration limit"), std::string::npos) << st.message();
+}
+
+TEST(ChatTemplateCaps, WorkCapStopsQuadraticStringGrowth) {
+  ChatTemplateOptions opt;
+  opt.max_loop_iterations = 100'000'000;  // let the work cap decide
+  Status st = render_error(
+      "{% set ns = namespace(s='') %}{% for i in range(100000) %}{% for j in range(100000) %}"
+      "{% set ns.s = ns.s ~ 'x' %}{% endfor %}{% endfor %}",
+      json::object(), opt);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+}
+
+TEST(ChatTemplateCaps, OutputAndValueSizeAreCapped) {
+  ChatTemplateOptions opt;
+  opt.max_output_bytes = 1000;
+  EXPECT_EQ(render_error("{% for i in range(2000) %}x{% endfor %}", json::object(), opt).code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(render_error("{% set s = 'ab' * 100000000000 %}", json::object(), opt).code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(render_error("{{ range(100001)|length }}").code(), StatusCode::kResourceExhausted);
+}
+
+TEST(ChatTemplateCaps, DeepNestingIsRefused) {
+  std::string deep_parens = std::string(5000, '(') + "1" + std::string(5000, ')');
+  Status st = render_error("{{ " + deep_parens + " }}");
+  EXPECT_FALSE(st.ok());
+  std::string long_chain = "{{ x";
+  for (int k = 0; k < 5000; ++k) long_chain += ".a";
+  EXPECT_EQ(render_error(long_chain + " }}").code(), StatusCode::kOutOfRange);
+  std::string plus_chain = "{{ 1";
+  for (int k = 0; k < 5000; ++k) plus_chain += " + 1";
+  EXPECT_EQ(render_error(plus_chain + " }}").code(), StatusCode::kOutOfRange);
+  std::string nots = "{{ " + std::string(5000 * 4, ' ');
+  for (int k = 0; k < 5000; ++k) nots.replace(3 + 4 * static_cast<size_t>(k), 4, "not ");
+  EXPECT_EQ(render_error(nots + "1 }}").code(), StatusCode::kOutOfRange);
+  std::string ifs;
+  for (int k = 0; k < 1000; ++k) ifs += "{% if true %}";
+  for (int k = 0; k < 1000; ++k) ifs += "{% endif %}";
+  st = render_error(ifs);
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.to_string();
+  st = render_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.to_string();
+  ChatTemplateOptions small;
+  small.max_template_bytes = 10;
+  EXPECT_EQ(render_error("{{ 'more than ten bytes' }}", json::object(), small).code(),
+            StatusCode::kOutOfRange);
+}
+
+TEST(ChatTemplateErrors, MalformedTemplatesNameTheLine) {
+  struct Case {
+    const char* src;
+    const char* want;  // substring of the message
+  };
+  const Case cases[] = {
+      {"a\n{% if x %}\nno end", "line 2: unclosed '{% if %}'"},
+      {"a\n\n{% for x in y %}", "line 3: unclosed '{% for %}'"},
+      {"x\n{{ y ", "line 2: unclosed tag '{{'"},
+      {"{# never closed", "line 1: unclosed comment"},
+      {"\n{{ 'abc }}", "line 2: unterminated string"},
+      {"\n\n{{ x|nosuch }}", "line 3: no filter named 'nosuch'"},
+      {"{{ x is nosuch }}", "line 1: no test named 'nosuch'"},
+      {"{% endfor %}", "unexpected '{% endfor %}'"},
+      {"{% frobnicate %}", "unknown tag 'frobnicate'"},
+      {"{% include 'other.j2' %}", "not allowed"},
+      {"{% break %}", "'break' outside of a loop"},
+      {"{{ (1 }}", "expected ')'"},
+      {"{{ 1 + }}", "unexpected '}}'"},
+      {"{{ a ] }}", "unexpected ']'"},
+      {"{{ x @ y }}", "unexpected character '@'"},
+      {"{% set x %}", "unclosed '{% set %}'"},
+  };
+  for (const Case& c : cases) {
+    Status st = render_error(c.src);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.src << " -> " << st.to_string();
+    EXPECT_NE(st.message().find(c.want), std::string::npos)
+        << "template: " << c.src << "\n  message: " << st.message() << "\n  wanted: " << c.want;
+  }
+}
+
+TEST(ChatTemplate, ContextMustBeAnObject) {
+  auto t = ChatTemplate::parse("x");
+  ASSERT_TRUE(t.ok());
+  EXPECT_FALSE(t->render(json::array()).ok());
+  EXPECT_EQ(t->render(json()).value(), "x");
+}
+
 }  // namespace
 }  // namespace oscar::tok
