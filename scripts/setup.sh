@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config ninja-build
-  libeigen3-dev libopenblas-dev libpcre2-dev libutf8proc-dev nlohmann-json3-dev
+  libeigen3-dev libpcre2-dev libutf8proc-dev nlohmann-json3-dev
   libcli11-dev libfmt-dev libboost-dev libboost-system-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-dev

@@ -1,0 +1,31 @@
+// Command-line options shared by run, eval and serve: model, cache mode, windows, rotations.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "engine/runtime.h"
+
+namespace oscar::apps {
+
+inline void add_runtime_options(CLI::App& app, engine::RuntimeOptions& o) {
+  o.model_dir = "models/tiny-qwen3";
+  app.add_option("-m,--model", o.model_dir, "Model directory (config.json, safetensors, tokenizer.json)")
+      ->capture_default_str();
+  app.add_option("--kv-cache", o.cache_mode,
+                 "KV cache: auto (oscar when DIR/oscar_rotations.safetensors exists, else bf16), "
+                 "bf16, f32, int2-naive, int2-hadamard, oscar, oscar-lloyd")
+      ->capture_default_str();
+  app.add_option("--rotations", o.rotations,
+                 "Rotation file for oscar modes (default DIR/oscar_rotations.safetensors)");
+  app.add_option("--n-sink", o.n_sink, "BF16 attention-sink tokens")->capture_default_str();
+  app.add_option("--n-recent", o.n_recent, "BF16 recent-window tokens")->capture_default_str();
+  app.add_option("--page-size", o.page_size, "Tokens per KV page")->capture_default_str();
+  app.add_option("--group-size", o.group_size, "Values per INT2 scale/min group")
+      ->capture_default_str();
+  app.add_option("--k-clip", o.k_clip, "Override the key clip quantile (oscar modes)");
+  app.add_option("--v-clip", o.v_clip, "Override the value clip quantile (oscar modes)");
+  app.add_flag("--dummy-weights", o.dummy_weights,
+               "Random weights from DIR/config.json (speed tests at real sizes)");
+}
+
+}  // namespace oscar::apps

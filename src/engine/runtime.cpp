@@ -1,0 +1,127 @@
+#include "engine/runtime.h"
+
+#include <filesystem>
+
+#include "core/log.h"
+#include "quant/hadamard.h"
+#include "quant/rotation_file.h"
+
+namespace oscar::engine {
+
+namespace {
+
+// The release's fixed clip quantiles (OSCAR.md §1), used when a file carries none.
+constexpr float kReleaseClipK = 0.96f;
+constexpr float kReleaseClipV = 0.92f;
+
+std::string default_rotations(const RuntimeOptions& o) {
+  return o.rotations.empty() ? (std::filesystem::path(o.model_dir) / kDefaultRotationFile).string()
+                             : o.rotations;
+}
+
+}  // namespace
+
+Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
+                                        const RuntimeOptions& o, quant::CacheMode mode) {
+  kv::KvCacheSpec spec;
+  spec.n_layers = config.n_layers;
+  spec.n_heads_kv = config.n_heads_kv;
+  spec.head_dim = config.head_dim;
+  spec.group_size = o.group_size;
+  spec.regions.n_sink = o.n_sink;
+  spec.regions.n_recent = o.n_recent;
+  spec.regions.page_size = o.page_size;
+  spec.mode = mode;
+  const size_t heads = static_cast<size_t>(config.n_layers) * config.n_heads_kv;
+  const size_t dd = static_cast<size_t>(config.head_dim) * config.head_dim;
+
+  if (mode == quant::CacheMode::kInt2Hadamard) {
+    if (!quant::is_power_of_two(config.head_dim))
+      return invalid_argument("int2-hadamard needs a power-of-two head_dim, model has %d",
+                              config.head_dim);
+    std::vector<float> hb = quant::hadamard_bitrev_rotation(config.head_dim);
+    spec.k_rotation.resize(heads * dd);
+    for (size_t i = 0; i < heads; ++i) std::copy(hb.begin(), hb.end(), spec.k_rotation.begin() + i * dd);
+    spec.v_rotation = spec.k_rotation;
+  } else if (mode == quant::CacheMode::kOscar || mode == quant::CacheMode::kOscarLloyd) {
+    const std::string path = default_rotations(o);
+    OSCAR_ASSIGN_OR_RETURN(
+        quant::RotationSet rot,
+        quant::load_rotation_file(path, config.sha256, config.n_layers, config.n_heads_kv,
+                                  config.head_dim));
+    spec.k_rotation = std::move(rot.k_rot);
+    spec.v_rotation = std::move(rot.v_rot);
+    spec.k_clip = rot.k_clip;
+    spec.v_clip = rot.v_clip;
+    if (spec.k_clip.empty()) spec.k_clip.assign(heads, kReleaseClipK);
+    if (spec.v_clip.empty()) spec.v_clip.assign(heads, kReleaseClipV);
+  }
+  if (o.k_clip > 0) spec.k_clip.assign(heads, o.k_clip);
+  if (o.v_clip > 0) spec.v_clip.assign(heads, o.v_clip);
+  OSCAR_RETURN_IF_ERROR(spec.validate());
+  return spec;
+}
+
+Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) {
+  std::unique_ptr<Runtime> rt(new Runtime());
+  rt->options_ = options;
+  RuntimeOptions& o = rt->options_;
+
+  if (o.dummy_weights) {
+    OSCAR_ASSIGN_OR_RETURN(format::ModelConfig config, format::ModelConfig::load(o.model_dir));
+    OSCAR_ASSIGN_OR_RETURN(rt->model_, model::Qwen3Model::load_dummy(config, 1234));
+  } else {
+    OSCAR_ASSIGN_OR_RETURN(rt->model_, model::Qwen3Model::load(o.model_dir));
+  }
+  OSCAR_ASSIGN_OR_RETURN(tok::Tokenizer tokenizer, tok::Tokenizer::load(o.model_dir));
+  rt->tokenizer_ = std::make_unique<tok::Tokenizer>(std::move(tokenizer));
+  const format::ModelConfig& config = rt->model_->config();
+
+  if (o.cache_mode == "auto")
+    o.cache_mode = std::filesystem::exists(default_rotations(o)) ? "oscar" : "bf16";
+  OSCAR_ASSIGN_OR_RETURN(quant::CacheMode mode, quant::parse_cache_mode(o.cache_mode));
+  OSCAR_ASSIGN_OR_RETURN(rt->spec_, make_cache_spec(config, o, mode));
+  if (!rt->spec_.v_rotation.empty())
+    OSCAR_RETURN_IF_ERROR(rt->model_->fold_value_rotation(rt->spec_.v_rotation));
+
+  // Split the budget: INT2 pages get the share that holds the same number of tokens as the exact
+  // pool would at 16 bits beyond the windows; the exact pool always fits one full window set.
+  const kernels::KvPageLayout layout = rt->spec_.layout();
+  size_t exact_budget = o.kv_budget_bytes, int2_budget = 0;
+  if (rt->spec_.quantized()) {
+    const double ratio = static_cast<double>(layout.int2_page_bytes()) /
+                         static_cast<double>(layout.exact_page_bytes() + layout.int2_page_bytes());
+    int2_budget = static_cast<size_t>(static_cast<double>(o.kv_budget_bytes) * (1.0 - ratio) * 0.5);
+    exact_budget = o.kv_budget_bytes - int2_budget;
+  }
+  rt->exact_pool_ = std::make_unique<kv::PagePool>(
+      mode == quant::CacheMode::kF32 ? "f32" : "bf16",
+      kv::PagePool::pages_for_budget(exact_budget, layout.exact_page_bytes()),
+      layout.exact_page_bytes());
+  if (rt->spec_.quantized())
+    rt->int2_pool_ = std::make_unique<kv::PagePool>(
+        "int2", kv::PagePool::pages_for_budget(int2_budget, layout.int2_page_bytes()),
+        layout.int2_page_bytes());
+  OSCAR_LOG_INFO("runtime: %s", rt->describe().c_str());
+  return rt;
+}
+
+std::string Runtime::describe() const {
+  const format::ModelConfig& c = model_->config();
+  std::string s = str_format(
+      "model=%s layers=%d heads=%d/%d head_dim=%d vocab=%d weights_bytes=%zu %s "
+      "exact_pool_pages=%lld exact_page_bytes=%zu",
+      options_.model_dir.c_str(), c.n_layers, c.n_heads_q, c.n_heads_kv, c.head_dim,
+      c.vocab_size, model_->weight_bytes(), spec_.describe().c_str(),
+      static_cast<long long>(exact_pool_->n_pages()), exact_pool_->page_bytes());
+  if (int2_pool_)
+    s += str_format(" int2_pool_pages=%lld int2_page_bytes=%zu",
+                    static_cast<long long>(int2_pool_->n_pages()), int2_pool_->page_bytes());
+  return s;
+}
+
+std::unique_ptr<kv::SequenceCache> Runtime::new_cache() {
+  return std::make_unique<kv::SequenceCache>(&spec_, exact_pool_.get(), int2_pool_.get());
+}
+
+}  // namespace oscar::engine

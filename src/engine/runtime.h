@@ -1,0 +1,66 @@
+// Runtime: what `oscar run`, `oscar eval` and `oscar serve` share: the model, its tokenizer and
+// one KV-cache configuration (mode, windows, rotations), with the page pools it allocates from.
+//
+// Cache modes (OSCAR.md §8): bf16, f32 (exact reference), int2-naive, int2-hadamard, oscar,
+// oscar-lloyd. `auto` picks oscar when the model directory holds oscar_rotations.safetensors,
+// bf16 otherwise. oscar modes read the rotation file; its value rotation is folded into the
+// model's v_proj/o_proj here (OSCAR.md §3), so one Runtime serves exactly one mode.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "kv/page_pool.h"
+#include "kv/sequence_cache.h"
+#include "model/qwen3.h"
+#include "tokenizer/tokenizer.h"
+
+namespace oscar::engine {
+
+inline constexpr const char* kDefaultRotationFile = "oscar_rotations.safetensors";
+
+struct RuntimeOptions {
+  std::string model_dir;
+  std::string cache_mode = "auto";  // see above
+  std::string rotations;            // rotation file; default DIR/oscar_rotations.safetensors
+  int n_sink = 64;
+  int n_recent = 256;
+  int page_size = 16;
+  int group_size = 128;
+  // Clip quantiles for oscar modes: < 0 means "use the rotation file's searched values".
+  float k_clip = -1.f;
+  float v_clip = -1.f;
+  size_t kv_budget_bytes = size_t{1} << 30;  // split between the pools (see make_pools)
+  bool dummy_weights = false;  // random weights from config.json (speed at real sizes)
+};
+
+class Runtime {
+ public:
+  static Result<std::unique_ptr<Runtime>> create(const RuntimeOptions& options);
+
+  model::Qwen3Model& model() { return *model_; }
+  const tok::Tokenizer& tokenizer() const { return *tokenizer_; }
+  const kv::KvCacheSpec& spec() const { return spec_; }
+  kv::PagePool& exact_pool() { return *exact_pool_; }
+  kv::PagePool* int2_pool() { return int2_pool_.get(); }
+  const RuntimeOptions& options() const { return options_; }
+  std::string describe() const;
+
+  // A fresh, empty cache for one sequence (pages come from this runtime's pools).
+  std::unique_ptr<kv::SequenceCache> new_cache();
+
+ private:
+  RuntimeOptions options_;
+  std::unique_ptr<model::Qwen3Model> model_;
+  std::unique_ptr<tok::Tokenizer> tokenizer_;
+  kv::KvCacheSpec spec_;
+  std::unique_ptr<kv::PagePool> exact_pool_;
+  std::unique_ptr<kv::PagePool> int2_pool_;
+};
+
+// Builds the cache spec of a mode for a model (rotations loaded or constructed as the mode says).
+Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
+                                        const RuntimeOptions& options, quant::CacheMode mode);
+
+}  // namespace oscar::engine

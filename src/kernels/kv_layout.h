@@ -1,0 +1,46 @@
+// The layout of one KV page, shared by the CPU reference, the CPU fast path and CUDA kernels.
+//
+// A page holds `page_size` consecutive tokens of one sequence for ALL layers, K and V, all KV
+// heads (one page id per token range, as in vLLM's block tables). Two kinds of pages:
+//   exact page (BF16 pool; F32 for the bit-faithful reference mode):
+//     [n_layers][2 (K,V)][n_heads_kv][page_size][head_dim] elements of exact_elem_bytes
+//   INT2 page (history pool): [n_layers][2][n_heads_kv][page_size] rows of
+//     int2_row_bytes(head_dim, group_size) bytes (quant/int2_layout.h: codes, then fp16 metadata)
+// Plain data only: this header is included by CUDA code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace oscar::kernels {
+
+struct KvPageLayout {
+  int32_t n_layers = 0;
+  int32_t n_heads_kv = 0;
+  int32_t head_dim = 0;
+  int32_t page_size = 0;          // tokens per page
+  int32_t exact_elem_bytes = 2;   // 2 = bf16, 4 = f32
+  int32_t int2_row_bytes = 0;     // bytes per (token, head) INT2 row, metadata included
+
+  // Exact pages.
+  size_t exact_row_bytes() const { return static_cast<size_t>(head_dim) * exact_elem_bytes; }
+  size_t exact_page_bytes() const {
+    return static_cast<size_t>(n_layers) * 2 * n_heads_kv * page_size * exact_row_bytes();
+  }
+  // Byte offset of row (layer, kv 0=K 1=V, head, slot) inside an exact page.
+  size_t exact_row_offset(int layer, int kv, int head, int slot) const {
+    return ((((static_cast<size_t>(layer) * 2 + kv) * n_heads_kv + head) * page_size) + slot) *
+           exact_row_bytes();
+  }
+
+  // INT2 pages.
+  size_t int2_page_bytes() const {
+    return static_cast<size_t>(n_layers) * 2 * n_heads_kv * page_size * int2_row_bytes;
+  }
+  size_t int2_row_offset(int layer, int kv, int head, int slot) const {
+    return ((((static_cast<size_t>(layer) * 2 + kv) * n_heads_kv + head) * page_size) + slot) *
+           static_cast<size_t>(int2_row_bytes);
+  }
+};
+
+}  // namespace oscar::kernels

@@ -1,0 +1,132 @@
+// SequenceCache: the KV cache of one sequence in three regions (OSCAR.md §4):
+//   sinks   tokens [0, n_sink)              exact pages (BF16; F32 in the reference mode)
+//   history tokens [n_sink, hist_end)       INT2 pages (rotated, clipped, quantized, packed)
+//   recent  tokens [hist_end, n_tokens)     exact pages, the last n_recent .. n_recent+page-1
+// Pages come from two PagePools (kv/page_pool.h); their contents follow kernels/kv_layout.h.
+// Keys are rotated by R_K when written (all regions hold rotated K) and queries by the same R_K
+// before attention; the value rotation is folded into the model's weights (model/qwen3.h).
+//
+// One forward chunk is: reserve(n) -> for each layer: write() then attend() -> commit(n).
+// commit() demotes full recent pages to INT2 (one pass over all layers and heads).
+// Not thread-safe; owned by one request.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "kernels/kv_layout.h"
+#include "kv/page_pool.h"
+#include "quant/modes.h"
+
+namespace oscar::kv {
+
+struct RegionConfig {
+  int32_t n_sink = 64;     // BF16 attention-sink tokens; a multiple of page_size
+  int32_t n_recent = 256;  // BF16 recent window; a multiple of page_size
+  int32_t page_size = 16;  // tokens per page
+};
+
+// First token of the recent window once a sequence holds n_tokens tokens: full pages beyond the
+// sinks are demoted as soon as the recent window would hold n_recent + page_size tokens, so it
+// keeps between n_recent and n_recent + page_size - 1 tokens.
+int64_t history_end(const RegionConfig& regions, int64_t n_tokens);
+
+// What every sequence of one engine stores, and how. Immutable once caches exist.
+struct KvCacheSpec {
+  int32_t n_layers = 0;
+  int32_t n_heads_kv = 0;
+  int32_t head_dim = 0;
+  int32_t group_size = 128;  // values per INT2 scale/min
+  RegionConfig regions;
+  quant::CacheMode mode = quant::CacheMode::kBF16;
+  // [n_layers, n_heads_kv, head_dim, head_dim] key rotation (x' = x R); empty = none.
+  std::vector<float> k_rotation;
+  // [n_layers, n_heads_kv, head_dim, head_dim] value rotation, folded into v_proj/o_proj by the
+  // model at load time; empty = none. The cache itself never applies it.
+  std::vector<float> v_rotation;
+  // [n_layers * n_heads_kv] clip quantile per group (OSCAR.md §1 "Clipping"); empty = no clip.
+  std::vector<float> k_clip, v_clip;
+
+  bool quantized() const;  // does the history region exist (INT2 modes)
+  kernels::KvPageLayout layout() const;
+  Status validate() const;
+  std::string describe() const;  // one line for logs
+};
+
+enum class AttendMode {
+  kPrefill,           // the chunk reads its own exact K/V and the cache as it was
+  kDecodeEquivalent,  // every query reads exactly what decode would read at its position
+};
+
+// Bytes a sequence holds, per region.
+struct CacheBytes {
+  int64_t sink = 0, history = 0, recent = 0;
+  int64_t total() const { return sink + history + recent; }
+};
+
+// Scratch buffers for attend(), reused across layers and steps (one per thread of work).
+struct AttendScratch {
+  std::vector<float> q_rot, k_exact, v_exact, k_deq, v_deq;
+  std::vector<int32_t> deq_end;
+};
+
+class SequenceCache {
+ public:
+  SequenceCache(const KvCacheSpec* spec, PagePool* exact_pool, PagePool* int2_pool);
+  ~SequenceCache();
+  SequenceCache(const SequenceCache&) = delete;
+  SequenceCache& operator=(const SequenceCache&) = delete;
+
+  int64_t n_tokens() const { return n_tokens_; }
+  int64_t hist_end() const { return hist_end_; }
+  const KvCacheSpec& spec() const { return *spec_; }
+
+  // Allocates the exact pages for n staged tokens and the INT2 pages commit(n) will need.
+  // ResourceExhausted (nothing held) when a pool is short.
+  Status reserve(int64_t n);
+  // Gives back what reserve() took (the forward pass failed before write()).
+  void unreserve();
+  // Stores the staged tokens' K and V of one layer. k, v: [n, n_heads_kv, head_dim] float,
+  // K after k_norm and RoPE (rotated here by R_K when the mode has one).
+  void write(int layer, const float* k, const float* v, int64_t n);
+  // Attention of the staged tokens' queries. q: [n, n_heads_q, head_dim] (unrotated);
+  // out: [n, n_heads_q, head_dim] in the (rotated) value space.
+  Status attend(int layer, const float* q, int n_heads_q, int64_t n, float* out, AttendMode mode,
+                AttendScratch& scratch) const;
+  // Makes n staged tokens part of the sequence and demotes full recent pages to INT2.
+  void commit(int64_t n);
+  // Drops everything (pages back to the pools).
+  void clear();
+
+  CacheBytes bytes() const;
+
+  // Reads a token's K or V (kv 0 = K, 1 = V) of one head as attention sees it: exact rows as
+  // stored (rotated K), history rows dequantized. For tests and evaluation.
+  void read_row(int layer, int kv, int head, int64_t pos, float* out) const;
+
+ private:
+  const uint8_t* exact_row(int layer, int kv, int head, int64_t pos) const;
+  uint8_t* exact_row_mut(int layer, int kv, int head, int64_t pos);
+  void quantize_row(int layer, int kv, int head, const float* x, uint8_t* row) const;
+  void dequantize_row(const uint8_t* row, float* out) const;
+  void demote_front_page();
+
+  const KvCacheSpec* spec_;
+  kernels::KvPageLayout layout_;
+  PagePool* exact_pool_;
+  PagePool* int2_pool_;
+  int64_t n_tokens_ = 0;
+  int64_t hist_end_ = 0;
+  int64_t n_staged_ = 0;
+  std::vector<PageId> sink_pages_;    // exact pool, tokens [0, n_sink)
+  std::vector<PageId> hist_pages_;    // int2 pool, tokens [n_sink, hist_end)
+  std::vector<PageId> recent_pages_;  // exact pool, tokens [hist_end, ...)
+  std::vector<PageId> int2_reserved_; // int2 pages held for the next commit's demotions
+  int64_t staged_sink_pages_ = 0;     // pages reserve() appended, for unreserve()
+  int64_t staged_recent_pages_ = 0;
+};
+
+}  // namespace oscar::kv
