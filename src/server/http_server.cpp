@@ -387,10 +387,16 @@ class Session : public std::enable_shared_from_this<Session> {
           if (gen != self->watch_gen_ || ec == net::error::operation_aborted) return;
           if (!self->generating_ && !self->writing_) return;
           if (!ec) {
+            // Non-blocking peek: the reactor may report readiness spuriously, and a blocking
+            // receive would then stall this strand.
             char c;
             beast::error_code peek_ec;
+            self->stream_.socket().non_blocking(true, peek_ec);
             size_t n = self->stream_.socket().receive(net::buffer(&c, 1),
                                                       tcp::socket::message_peek, peek_ec);
+            if (peek_ec == net::error::would_block || peek_ec == net::error::try_again) {
+              return self->watch_for_disconnect();  // nothing there after all: keep watching
+            }
             if (n > 0 && !peek_ec) return;  // pipelined data: not a disconnect
           }
           self->on_client_gone();
