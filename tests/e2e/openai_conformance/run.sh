@@ -18,7 +18,7 @@ shift
 
 command -v node >/dev/null || { echo "run.sh: node is not installed" >&2; exit 1; }
 if [ ! -d "$here/node_modules/openai" ]; then
-  (cd "$here" && npm ci --no-audit --no-fund --silent)
+  (cd "$here" && npm install --no-audit --no-fund --silent)
 fi
 
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
