@@ -312,12 +312,15 @@ void TokenizerImpl::pretokenize(std::string_view s, std::vector<std::string_view
       size_t off = 0, gap_start = 0;
       const auto* subject = reinterpret_cast<PCRE2_SPTR>(piece.data());
       while (off <= piece.size()) {
-        const int rc = pcre2_match(step.regex->code, subject, piece.size(), off,
-                                   PCRE2_NO_UTF_CHECK, md.md, nullptr);
-        if (rc < 0) {
-          OSCAR_CHECK(rc == PCRE2_ERROR_NOMATCH, "pcre2_match failed with code %d", rc);
-          break;
+        int rc = pcre2_match(step.regex->code, subject, piece.size(), off, PCRE2_NO_UTF_CHECK,
+                             md.md, nullptr);
+        if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
+          // A JIT stack or match limit: retry with the interpreter. If that fails too, the rest
+          // of the piece stays one pre-token (a different split, never a crash or lost text).
+          rc = pcre2_match(step.regex->code, subject, piece.size(), off,
+                           PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md.md, nullptr);
         }
+        if (rc < 0) break;
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.md);
         const size_t ms = ov[0], me = ov[1];
         if (me == ms) {  // empty match: step one character forward
