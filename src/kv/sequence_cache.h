@@ -18,16 +18,11 @@
 
 #include "core/status.h"
 #include "kernels/kv_layout.h"
+#include "kv/admission.h"  // RegionConfig
 #include "kv/page_pool.h"
 #include "quant/modes.h"
 
 namespace oscar::kv {
-
-struct RegionConfig {
-  int32_t n_sink = 64;     // BF16 attention-sink tokens; a multiple of page_size
-  int32_t n_recent = 256;  // BF16 recent window; a multiple of page_size
-  int32_t page_size = 16;  // tokens per page
-};
 
 // First token of the recent window once a sequence holds n_tokens tokens: full pages beyond the
 // sinks are demoted as soon as the recent window would hold n_recent + page_size tokens, so it
