@@ -42,6 +42,10 @@ Value make_loop_object(const List& items, int64_t k) {
 
 }  // namespace
 
+Evaluator::~Evaluator() {
+  for (auto& closure : macro_closures_) closure->reset();
+}
+
 Status Evaluator::fail(StatusCode code, const std::string& msg) const {
   return Status(code, str_format("chat template: line %d: %s", line_, msg.c_str()));
 }
@@ -137,9 +141,10 @@ Status Evaluator::exec(const Node& node, std::string& out) {
       auto fn = std::make_shared<Callable>();
       fn->name = node.name;
       const Node* macro = &node;
-      std::shared_ptr<Scope> closure = scope_;
+      auto closure = std::make_shared<std::shared_ptr<Scope>>(scope_);
+      macro_closures_.push_back(closure);
       fn->fn = [macro, closure](Evaluator& ev, const CallArgs& args) {
-        return ev.call_macro(*macro, closure, args);
+        return ev.call_macro(*macro, *closure, args);
       };
       scope_->vars.set(node.name, Value::callable(std::move(fn)));
       return Status();

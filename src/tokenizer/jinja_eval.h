@@ -37,6 +37,9 @@ struct Scope {
 class Evaluator {
  public:
   explicit Evaluator(const EvalLimits& limits) : limits_(limits) {}
+  ~Evaluator();
+  Evaluator(const Evaluator&) = delete;
+  Evaluator& operator=(const Evaluator&) = delete;
 
   // Renders `body` with the variables of `context` (a dict value) visible at the top level.
   Result<std::string> render(const Body& body, const Value& context);
@@ -74,6 +77,9 @@ class Evaluator {
 
   EvalLimits limits_;
   std::shared_ptr<Scope> scope_;
+  // Scopes captured by macros defined during this render. A macro's scope holds the macro
+  // itself (a reference cycle), so the destructor drops these captures to free them.
+  std::vector<std::shared_ptr<std::shared_ptr<Scope>>> macro_closures_;
   Value context_;
   Flow flow_ = Flow::kNormal;
   int line_ = 0;
