@@ -376,6 +376,103 @@ Result<Value> make_callable(std::string name,
   return Value::callable(std::move(c));
 }
 
+// Python's printf-style `fmt % args`: conversions s r d i f F e E g G x X o c and %%, flags
+// "-+ 0#", width, precision, and %(name)s with a dict. A tuple supplies several arguments.
+Result<std::string> printf_format(Evaluator& ev, const std::string& fmt, const Value& args) {
+  List pos = args.is_list() && args.tuple ? *args.list : List{args};
+  size_t next = 0;
+  bool used_mapping = false;
+  std::string out;
+  for (size_t k = 0; k < fmt.size(); ++k) {
+    if (fmt[k] != '%') {
+      out += fmt[k];
+      continue;
+    }
+    if (++k >= fmt.size()) return ev.fail("incomplete format");
+    if (fmt[k] == '%') {
+      out += '%';
+      continue;
+    }
+    const Value* arg_value = nullptr;
+    if (fmt[k] == '(') {
+      size_t close = fmt.find(')', k);
+      if (close == std::string::npos) return ev.fail("incomplete format key");
+      std::string key = fmt.substr(k + 1, close - k - 1);
+      if (!args.is_dict()) return ev.fail("format requires a mapping");
+      arg_value = args.dict->find(key);
+      if (!arg_value) return ev.fail(str_format("format key '%s' not found", key.c_str()));
+      used_mapping = true;
+      k = close + 1;
+    }
+    std::string spec = "%";
+    while (k < fmt.size() && std::strchr("-+ 0#", fmt[k])) spec += fmt[k++];
+    std::string width, precision;
+    while (k < fmt.size() && fmt[k] >= '0' && fmt[k] <= '9' && width.size() < 3) width += fmt[k++];
+    if (k < fmt.size() && fmt[k] == '.') {
+      ++k;
+      while (k < fmt.size() && fmt[k] >= '0' && fmt[k] <= '9' && precision.size() < 3) {
+        precision += fmt[k++];
+      }
+      precision = "." + (precision.empty() ? std::string("0") : precision);
+    }
+    if (k >= fmt.size()) return ev.fail("incomplete format");
+    char conv = fmt[k];
+    if (!arg_value) {
+      if (next >= pos.size()) return ev.fail("not enough arguments for format string");
+      arg_value = &pos[next++];
+    }
+    const Value& v = *arg_value;
+    char buf[512];
+    if (conv == 's' || conv == 'r') {
+      std::string text = conv == 's' ? to_str(v) : to_repr(v);
+      if (!precision.empty()) {
+        std::u32string d = utf8_decode(text);
+        size_t p = static_cast<size_t>(std::atoi(precision.c_str() + 1));
+        if (d.size() > p) text = utf8_encode(d.substr(0, p));
+      }
+      size_t w = static_cast<size_t>(std::atoi(width.c_str()));
+      size_t len = utf8_length(text);
+      if (len < w) {
+        if (spec.find('-') != std::string::npos) text += std::string(w - len, ' ');
+        else text = std::string(w - len, ' ') + text;
+      }
+      out += text;
+    } else if (std::strchr("diouxXc", conv)) {
+      if (!v.is_number()) {
+        return ev.fail(str_format("%%%c format: a number is required, not %s", conv, v.type_name()));
+      }
+      int64_t x = 0;
+      if (!get_int(v, &x)) {
+        if (!std::isfinite(v.f) || std::fabs(v.f) > 9.2e18) return ev.fail("format: bad number");
+        x = static_cast<int64_t>(v.f);
+      }
+      if (conv == 'c') {
+        if (x < 0 || x > 0x10FFFF) return ev.fail("%c arg not in range(0x110000)");
+        out += utf8_encode(std::u32string(1, static_cast<char32_t>(x)));
+        continue;
+      }
+      char c = conv == 'i' || conv == 'u' ? 'd' : conv;
+      std::string f = spec + width + precision + "ll" + c;
+      std::snprintf(buf, sizeof(buf), f.c_str(), static_cast<long long>(x));
+      out += buf;
+    } else if (std::strchr("fFeEgG", conv)) {
+      if (!v.is_number()) {
+        return ev.fail(str_format("%%%c format: a number is required, not %s", conv, v.type_name()));
+      }
+      std::string f = spec + width + precision + conv;
+      std::snprintf(buf, sizeof(buf), f.c_str(), num(v));
+      out += buf;
+    } else {
+      return ev.fail(str_format("unsupported format character '%c'", conv));
+    }
+    OSCAR_RETURN_IF_ERROR(ev.check_size(static_cast<int64_t>(out.size())));
+  }
+  if (!used_mapping && next < pos.size() && !(pos.size() == 1 && args.is_dict())) {
+    return ev.fail("not all arguments converted during string formatting");
+  }
+  return out;
+}
+
 // ---- methods ----
 Result<Value> string_method(Evaluator& ev, const std::string& s, const std::string& name,
                             const CallArgs& a) {
@@ -713,8 +810,9 @@ Result<Value> f_int(Evaluator&, const Value& v, const CallArgs& a) {
     errno = 0;
     long long x = std::strtoll(s.c_str(), &end, 10);
     if (*end == '\0' && errno == 0) return Value::integer(x);
+    bool hex = s.find_first_of("xXpP") != std::string::npos;  // strtod reads C hex floats
     double d = std::strtod(s.c_str(), &end);
-    if (*end == '\0' && std::isfinite(d) && std::fabs(d) < 9.2e18) {
+    if (!hex && *end == '\0' && std::isfinite(d) && std::fabs(d) < 9.2e18) {
       return Value::integer(static_cast<int64_t>(d));
     }
   }
@@ -729,7 +827,8 @@ Result<Value> f_float(Evaluator&, const Value& v, const CallArgs& a) {
     std::string s = py_strip(v.s(), nullptr, true, true);
     char* end = nullptr;
     double d = std::strtod(s.c_str(), &end);
-    if (!s.empty() && *end == '\0') return Value::real(d);
+    bool hex = s.find_first_of("xXpP") != std::string::npos;  // Python's float() has no hex
+    if (!s.empty() && !hex && *end == '\0') return Value::real(d);
   }
   return fallback;
 }
@@ -1420,7 +1519,10 @@ Result<Value> binary_op(Evaluator& ev, const std::string& op, const Value& a, co
     for (int64_t k = 0; k < n; ++k) out.insert(out.end(), seq.list->begin(), seq.list->end());
     return Value::from_list(std::move(out));
   }
-  if (op == "%" && a.is_string()) return ev.fail("printf-style string formatting is not supported");
+  if (op == "%" && a.is_string()) {
+    OSCAR_ASSIGN_OR_RETURN(std::string r, printf_format(ev, a.s(), b));
+    return Value::string(std::move(r));
+  }
   return type_error();
 }
 

@@ -138,6 +138,39 @@ CASES = [
     ("{% if x %}a{% elif y %}b{% endif %}|", {"x": 0, "y": 0}),
     ("{{ x.content if x.content is string else x.content|map(attribute='text')|join }}", {"x": {"content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]}}),
     ("{{ messages[0]['content'] if messages[0]['role'] == 'system' else '' }}", {"messages": MSGS}),
+    # scoping details
+    ("{% for i in [1,2] %}{% if i == 2 %}[{{ x }}]{% endif %}{% set x = i %}{% endfor %}", {}),
+    ("{% set x = 'o' %}{% for i in [1,2] %}{{ x }}{% set x = i %}{{ x }}{% endfor %}", {}),
+    ("{% macro m() %}{{ y }}{% endmacro %}{% set y = 2 %}{{ m() }}", {}),
+    ("{% for i in [1,2] %}{% set x = i %}{% endfor %}[{{ x }}]{% if true %}{% set z = 3 %}{% endif %}{{ z }}", {}),
+    ("{% set ns = namespace(a=1) %}{{ ns is mapping }} {{ ns }} {{ ns.missing is defined }}", {}),
+    ("{{ x.y }}|{{ none.y is defined }}|{{ (1, 2)|tojson }}|{{ 5|string + 'a' }}", {"x": None}),
+    ("{% for m in msgs %}{{ loop.index }}{{ m }}{% endfor %}", {"msgs": {"a": 1, "b": 2}}),
+    ("{{ x|trim }}|{{ x|upper }}|{{ x|string }}|{{ x|join }}|{{ x|list }}", {}),
+    ("{{ 1.5|int }} {{ '0x1f'|int }} {{ '1e3'|int }} {{ true|int }} {{ ' 7 '|int }}", {}),
+    # printf-style formatting
+    ("{{ '%s-%d' % ('a', 3) }} {{ '%s' % 'x' }} {{ '%5.2f|%-4s|%04d|%x|%r' % (3.14159, 'ab', 7, 255, 'q') }} {{ '%(a)s!' % {'a': 1} }} {{ '100%%' % () }}", {}),
+    # precedence and operators
+    ("{{ l|length > 1 and l[0] == 1 }} {{ not l|length }} {{ -l|length }} {{ 'a' ~ l|length ~ 'b' }} {{ l|length * 2 + 1 }}", {"l": [1, 2]}),
+    ("{{ 1 if x is defined else 2 }} {{ x is not defined }} {{ not x is defined }} {{ (y or {}).get('k', 'dk') }}", {}),
+    ("{{ 'a' < 'B' }} {{ 'abc' >= 'abc' }} {{ [1] == [1] }} {{ {'a': 1} == {'a': 1} }} {{ none == none }} {{ 1 != '1' }}", {}),
+    ("{{ '\\n' if not loop_last }}x{{- '\\n' if not true }}", {"loop_last": False}),
+    # realistic template fragments
+    ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set system = messages[0]['content']|trim %}{% set rest = messages[1:] %}{% else %}{% set system = 'default system' %}{% set rest = messages %}{% endif %}"
+     "<|system|>{{ system }}\n{% for m in rest %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('alternate!') }}{% endif %}"
+     "<|{{ m['role'] }}|>{{ m['content']|trim }}{% if not loop.last %}\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}",
+     {"bos_token": "<s>", "add_generation_prompt": True, "messages": [{"role": "system", "content": "  S  "}, {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"}]}),
+    ("{% for message in messages %}\n    {%- if message.role == 'assistant' %}\n        {%- set role = 'model' %}\n    {%- else %}\n        {%- set role = message.role %}\n    {%- endif %}\n    {{- '<start_of_turn>' + role + '\\n' + message.content | trim + '<end_of_turn>\\n' }}\n{% endfor %}\n{% if add_generation_prompt %}\n    {{- '<start_of_turn>model\\n' }}\n{% endif %}\n",
+     {"add_generation_prompt": True, "messages": [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "yo"}]}),
+    ("{%- set ns = namespace(found=false) -%}\n{%- for message in messages -%}\n    {%- if message['role'] == 'system' -%}\n        {%- set ns.found = true -%}\n    {%- endif -%}\n{%- endfor -%}\n{%- if not ns.found -%}\n{{- '<|im_start|>system\\nDefault.<|im_end|>\\n' -}}\n{%- endif %}\n{%- for message in messages %}\n{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n{{- '<|im_start|>assistant\\n' -}}\n{%- endif -%}\n",
+     {"add_generation_prompt": True, "messages": [{"role": "user", "content": "q"}]}),
+    ("{%- if tools %}\n{%- for tool in tools %}\n{{- tool.function.name }}({% for name, p in tool.function.parameters.properties|items %}{{ name }}: {{ p.type }}{% if not loop.last %}, {% endif %}{% endfor %})\n{% endfor %}\n{%- endif %}\n{%- for m in messages %}\n  {%- if m.tool_calls is defined %}\n    {%- for tc in m.tool_calls %}\n[{{ tc.function.name }} {{ tc.function.arguments|tojson }}]\n    {%- endfor %}\n  {%- endif %}\n{%- endfor %}",
+     {"tools": [{"type": "function", "function": {"name": "get", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}],
+      "messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "get", "arguments": {"city": "Oslo", "days": 2}}}]}]}),
+    ("{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}{% for part in m.content %}{% if part.type == 'text' %}{{ part.text }}{% elif part.type == 'image' %}<img>{% endif %}{% endfor %}{% endif %}|{% endfor %}",
+     {"messages": [{"role": "user", "content": "plain"}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b"}]}]}),
+    ("{%- macro render_params(props, indent) -%}\n{%- for k, v in props.items() %}\n{{ indent }}{{ k }}: {{ v.type }}{% if v.properties is defined %}\n{{ render_params(v.properties, indent ~ '  ') }}{% endif %}\n{%- endfor %}\n{%- endmacro -%}\n{{ render_params(schema, '') }}",
+     {"schema": {"a": {"type": "object", "properties": {"b": {"type": "string"}, "c": {"type": "object", "properties": {"d": {"type": "number"}}}}}, "e": {"type": "boolean"}}}),
     # errors (Jinja raises; oscar must return an error too)
     ("{{ raise_exception('bad role') }}", {}),
     ("{{ x.y.z }}", {}),
@@ -158,6 +191,11 @@ CASES = [
     ("{% set x = 1 %}{% set x.y = 2 %}", {}),
     ("{{ undefined_var() }}", {}),
     ("{{ undefined_var|tojson }}", {}),
+    ("{{ 'a' + 5 }}", {}),
+    ("{{ 3 is divisibleby(0) }}", {}),
+    ("{{ '%d' % 'x' }}", {}),
+    ("{{ '%s %s' % ('a',) }}", {}),
+    ("{% macro m() %}{{ loop.index }}{% endmacro %}{% for i in [1,2] %}{{ m() }}{% endfor %}", {}),
 ]
 
 
