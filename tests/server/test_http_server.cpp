@@ -409,6 +409,23 @@ TEST_F(HttpServerTest, OversizedBodyIs413) {
   EXPECT_EQ(get("/health").status, 200);
 }
 
+TEST_F(HttpServerTest, ExpectContinueGetsTheGoAhead) {
+  start();
+  Client c(server_->port());
+  std::string body = R"({"model":"fake-model","prompt":"abc"})";
+  std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                     "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  net::write(c.socket(), net::buffer(head));
+  const std::string want = "HTTP/1.1 100 Continue\r\n\r\n";
+  std::string got(want.size(), '\0');
+  net::read(c.socket(), net::buffer(got));
+  EXPECT_EQ(got, want);
+  net::write(c.socket(), net::buffer(body));
+  Reply r = c.read_reply();
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], "abc");
+}
+
 TEST_F(HttpServerTest, OversizedHeaderIs431) {
   start();
   Reply r = get("/health", {{"X-Big", std::string(20 * 1024, 'a')}});
