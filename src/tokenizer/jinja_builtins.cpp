@@ -308,7 +308,7 @@ Result<bool> py_less(Evaluator& ev, const Value& a, const Value& b) {
     return num(a) < num(b);
   }
   if (a.is_string() && b.is_string()) return a.s() < b.s();
-  if (a.is_list() && b.is_list()) {
+  if (a.is_list() && b.is_list() && a.tuple == b.tuple) {
     const List& x = *a.list;
     const List& y = *b.list;
     for (size_t k = 0; k < x.size() && k < y.size(); ++k) {
@@ -336,6 +336,9 @@ Result<bool> contains(Evaluator& ev, const Value& needle, const Value& hay) {
       }
       return false;
     case K::kDict:
+      if (needle.is_list() || needle.is_dict() || needle.kind == K::kNamespace) {
+        return ev.fail(str_format("unhashable type: '%s'", needle.type_name()));
+      }
       return needle.is_string() && hay.dict->find(needle.s()) != nullptr;
     case K::kUndefined: return false;
     default:
@@ -467,7 +470,9 @@ Result<std::string> printf_format(Evaluator& ev, const std::string& fmt, const V
     }
     OSCAR_RETURN_IF_ERROR(ev.check_size(static_cast<int64_t>(out.size())));
   }
-  if (!used_mapping && next < pos.size() && !(pos.size() == 1 && args.is_dict())) {
+  // Python skips this check when the argument is a mapping or any non-tuple sequence.
+  bool mapping_like = args.is_dict() || (args.is_list() && !args.tuple);
+  if (!used_mapping && !mapping_like && next < pos.size()) {
     return ev.fail("not all arguments converted during string formatting");
   }
   return out;
@@ -1136,6 +1141,15 @@ Result<bool> run_test(Evaluator& ev, const std::string& n, const Value& v, const
     if (!other) return ev.fail(str_format("test '%s' needs an argument", n.c_str()));
     return Status();
   };
+  static const char* kUnary[] = {"defined", "undefined", "none", "true", "false", "boolean",
+                                 "integer", "float", "number", "string", "mapping", "sequence",
+                                 "iterable", "callable", "lower", "upper", "odd", "even"};
+  for (const char* u : kUnary) {
+    if (n == u && (!a.pos.empty() || !a.kw.empty())) {
+      return ev.fail(str_format("test_%s() takes 1 positional argument but %zu were given", u,
+                                a.pos.size() + a.kw.size() + 1));
+    }
+  }
   if (n == "defined") return !v.is_undefined();
   if (n == "undefined") return v.is_undefined();
   if (n == "none") return v.is_none();
@@ -1487,12 +1501,17 @@ Result<Value> binary_op(Evaluator& ev, const std::string& op, const Value& a, co
       return Value::string(a.s() + b.s());
     }
     if (a.is_list() && b.is_list()) {
+      if (a.tuple != b.tuple) {
+        return ev.fail(str_format("can only concatenate %s (not \"%s\") to %s",
+                                  a.tuple ? "tuple" : "list", b.tuple ? "tuple" : "list",
+                                  a.tuple ? "tuple" : "list"));
+      }
       OSCAR_RETURN_IF_ERROR(
           ev.check_size(static_cast<int64_t>(a.list->size() + b.list->size())));
       OSCAR_RETURN_IF_ERROR(ev.charge(static_cast<int64_t>(a.list->size() + b.list->size())));
       List out = *a.list;
       out.insert(out.end(), b.list->begin(), b.list->end());
-      return Value::from_list(std::move(out));
+      return a.tuple ? Value::from_tuple(std::move(out)) : Value::from_list(std::move(out));
     }
     return type_error();
   }
@@ -1517,7 +1536,7 @@ Result<Value> binary_op(Evaluator& ev, const std::string& op, const Value& a, co
     }
     List out;
     for (int64_t k = 0; k < n; ++k) out.insert(out.end(), seq.list->begin(), seq.list->end());
-    return Value::from_list(std::move(out));
+    return seq.tuple ? Value::from_tuple(std::move(out)) : Value::from_list(std::move(out));
   }
   if (op == "%" && a.is_string()) {
     OSCAR_ASSIGN_OR_RETURN(std::string r, printf_format(ev, a.s(), b));

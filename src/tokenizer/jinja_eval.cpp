@@ -448,7 +448,7 @@ Result<Value> Evaluator::eval_inner(const Expr& e) {
         else items.push_back((*obj.list)[static_cast<size_t>(k)]);
       }
       if (is_str) return Value::string(utf8_encode(sub));
-      return Value::from_list(std::move(items));
+      return obj.tuple ? Value::from_tuple(std::move(items)) : Value::from_list(std::move(items));
     }
     case K::kCall: {
       OSCAR_ASSIGN_OR_RETURN(Value callee, eval(*e.args[0]));

@@ -164,7 +164,7 @@ bool values_equal(const Value& a, const Value& b) {
     case K::kNone: return true;
     case K::kString: return *a.str == *b.str;
     case K::kList: {
-      if (a.list->size() != b.list->size()) return false;
+      if (a.tuple != b.tuple || a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k) {
         if (!values_equal((*a.list)[k], (*b.list)[k])) return false;
       }

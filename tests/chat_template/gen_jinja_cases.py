@@ -5,9 +5,14 @@ lstrip_blocks, loopcontrols, json.dumps-style tojson, raise_exception). test_cha
 checks that oscar's interpreter renders each one to the same string, or fails where Jinja fails.
 
 Usage: python3 tests/chat_template/gen_jinja_cases.py  (needs jinja2; writes next to itself)
+       python3 tests/chat_template/gen_jinja_cases.py --random N SEED OUT.json
+         writes N random templates (whitespace control, expressions) for a one-off differential
+         run: OSCAR_JINJA_CASES=OUT.json build/tests/chat_template/test_chat_template
 """
 import json
 import os
+import random
+import sys
 
 import jinja2
 from jinja2.exceptions import TemplateError
@@ -199,18 +204,84 @@ CASES = [
 ]
 
 
+def random_cases(n, seed):
+    rng = random.Random(seed)
+    texts = ["", " ", "  ", "\n", "\n  ", "  \n", "a", "b\n", " c ", "\t", "\n\n", "x\n  y"]
+    def tag():
+        kind = rng.choice(["var", "if", "for", "set", "comment", "raw"])
+        l = rng.choice(["", "", "-", "+"])
+        r = rng.choice(["", "", "-", "+"])
+        if kind == "var":
+            return "{{%s %s %s}}" % (l.replace("+", ""), rng.choice(["1", "'v'", "x", "none"]),
+                                     r.replace("+", ""))
+        if kind == "comment":
+            return "{#%s c %s#}" % (l.replace("+", ""), r.replace("+", ""))
+        if kind == "set":
+            return "{%%%s set y = 2 %s%%}" % (l, r)
+        if kind == "raw":
+            return "{%%%s raw %s%%}%s{{ r }}%s{%%%s endraw %s%%}" % (
+                l, r.replace("+", ""), rng.choice(texts), rng.choice(texts),
+                rng.choice(["", "-"]), rng.choice(["", "-"]))
+        inner = body(2)
+        if kind == "if":
+            return "{%%%s if x %s%%}%s{%%%s endif %s%%}" % (l, r, inner, rng.choice(["", "-", "+"]),
+                                                        rng.choice(["", "-", "+"]))
+        return "{%%%s for i in [1, 2] %s%%}%s{%%%s endfor %s%%}" % (
+            l, r, inner, rng.choice(["", "-", "+"]), rng.choice(["", "-", "+"]))
+    depth = [0]
+    def body(k):
+        depth[0] += 1
+        parts = []
+        for _ in range(rng.randint(0, k)):
+            parts.append(rng.choice(texts))
+            if depth[0] < 3:
+                parts.append(tag())
+        parts.append(rng.choice(texts))
+        depth[0] -= 1
+        return "".join(parts)
+    atoms = ["1", "2.5", "-3", "'ab'", "\"c\"", "none", "true", "false", "x", "l", "d", "s",
+             "[1, 'a']", "{'k': 1}", "(1, 2)", "undefined_name", "l[0]", "d.k", "s[1:]", "l|length",
+             "s|upper", "d|tojson", "l|join('-')", "s.split('b')", "range(3)|list", "l|reverse|list"]
+    ops = [" + ", " - ", " * ", " / ", " // ", " % ", " ~ ", " == ", " != ", " < ", " >= ",
+           " and ", " or ", " in ", " not in "]
+    def expr(k):
+        if k == 0 or rng.random() < 0.3:
+            a = rng.choice(atoms)
+            if rng.random() < 0.15:
+                a = "not " + a
+            if rng.random() < 0.15:
+                a = a + rng.choice([" is defined", " is string", " is none", " is not number"])
+            return a
+        if rng.random() < 0.15:
+            return "(%s if %s else %s)" % (expr(k - 1), expr(k - 1), expr(k - 1))
+        return "(" + expr(k - 1) + rng.choice(ops) + expr(k - 1) + ")"
+    ctx = {"x": 1, "l": [3, 1, 2], "d": {"k": "v", "n": None}, "s": "abc"}
+    out = []
+    for i in range(n):
+        if i % 2 == 0:
+            depth[0] = 0
+            out.append((body(4), ctx))
+        else:
+            out.append(("{{ %s }}" % expr(3), ctx))
+    return out
+
+
 def main():
     env = make_env()
     out = []
-    for template, context in CASES:
+    cases = CASES
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jinja_cases.json")
+    if len(sys.argv) == 5 and sys.argv[1] == "--random":
+        cases = random_cases(int(sys.argv[2]), int(sys.argv[3]))
+        path = sys.argv[4]
+    for template, context in cases:
         case = {"template": template, "context": context}
         try:
             case["expected"] = env.from_string(template).render(**context)
         except (TemplateError, TypeError, ValueError, ZeroDivisionError, OverflowError,
-                AttributeError) as e:
+                AttributeError, KeyError, IndexError) as e:
             case["error"] = type(e).__name__ + ": " + str(e)
         out.append(case)
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jinja_cases.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"generator": "gen_jinja_cases.py", "jinja2": jinja2.__version__, "cases": out},
                   f, ensure_ascii=False, indent=1)
