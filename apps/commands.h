@@ -12,5 +12,8 @@ using Command = std::function<int()>;
 Command add_run(CLI::App& app);
 Command add_tokenize(CLI::App& app);
 Command add_inspect(CLI::App& app);
+Command add_serve(CLI::App& app);
+Command add_calibrate(CLI::App& app);
+Command add_eval(CLI::App& app);
 
 }  // namespace oscar::apps

@@ -17,6 +17,11 @@ int main(int argc, char** argv) {
   add("tokenize", "Print the token ids of a text (or decode ids with --decode)",
       oscar::apps::add_tokenize);
   add("inspect", "Print a model's config, tensor table and memory needs", oscar::apps::add_inspect);
+  add("serve", "Serve the model over an OpenAI-compatible HTTP API", oscar::apps::add_serve);
+  add("calibrate", "Calibrate OSCAR rotations and clip ratios, write a rotation file",
+      oscar::apps::add_calibrate);
+  add("eval", "Perplexity, attention fidelity, NIAH and bits per element of KV-cache modes",
+      oscar::apps::add_eval);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

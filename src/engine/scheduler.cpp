@@ -1,0 +1,420 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "kv/admission.h"
+#include "model/sampler.h"
+
+namespace oscar::engine {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+Histogram make_histogram(std::vector<double> bounds) {
+  Histogram h;
+  h.counts.assign(bounds.size() + 1, 0);
+  h.upper_bounds = std::move(bounds);
+  return h;
+}
+
+void observe(Histogram& h, double seconds) {
+  size_t i = std::lower_bound(h.upper_bounds.begin(), h.upper_bounds.end(), seconds) -
+             h.upper_bounds.begin();
+  h.counts[i] += 1;
+  h.sum += seconds;
+}
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+struct Scheduler::Sequence {
+  GenerationRequest req;
+  std::function<void(const GenerationEvent&)> on_event;
+  std::unique_ptr<kv::SequenceCache> cache;
+  std::unique_ptr<model::Sampler> sampler;
+  std::unique_ptr<tok::StreamDecoder> decoder;
+  std::vector<float> logits;
+  int64_t prefilled = 0;
+  std::vector<int32_t> output;
+  std::string text;      // decoded output so far, whole UTF-8 characters
+  size_t emitted = 0;    // bytes of `text` already streamed
+  int32_t next_token = -1;
+  PagesNeeded reserved;
+  Clock::time_point t_submit, t_last;
+  bool done = false;
+
+  bool prefilling() const { return prefilled < static_cast<int64_t>(req.prompt_ids.size()); }
+  GenerationEvent event(GenerationEvent::Kind kind) const {
+    GenerationEvent e;
+    e.kind = kind;
+    e.prompt_tokens = static_cast<int>(req.prompt_ids.size());
+    e.completion_tokens = static_cast<int>(output.size());
+    return e;
+  }
+};
+
+Scheduler::Scheduler(std::unique_ptr<Runtime> runtime, const SchedulerOptions& options)
+    : runtime_(std::move(runtime)), options_(options) {
+  metrics_.time_to_first_token_seconds =
+      make_histogram({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
+  metrics_.time_per_output_token_seconds =
+      make_histogram({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5});
+}
+
+Result<std::unique_ptr<Scheduler>> Scheduler::create(std::unique_ptr<Runtime> runtime,
+                                                     const SchedulerOptions& options) {
+  if (options.max_running <= 0 || options.max_batch_tokens <= 0 || options.prefill_chunk <= 0)
+    return invalid_argument("scheduler: max_running, max_batch_tokens and prefill_chunk must be > 0");
+  std::unique_ptr<Scheduler> s(new Scheduler(std::move(runtime), options));
+  const std::string& source = s->runtime_->tokenizer().chat_template();
+  if (!source.empty()) {
+    auto tmpl = tok::ChatTemplate::parse(source);
+    if (!tmpl.ok()) return tmpl.status().with_context("chat template of the model");
+    s->chat_template_ = std::make_unique<tok::ChatTemplate>(std::move(tmpl).value());
+  }
+  s->thread_ = std::thread([p = s.get()] { p->loop(); });
+  s->ready_ = true;
+  return s;
+}
+
+Scheduler::~Scheduler() { shutdown(); }
+
+void Scheduler::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Scheduler::PagesNeeded Scheduler::pages_needed(int64_t n_tokens) const {
+  const kv::KvCacheSpec& spec = runtime_->spec();
+  PagesNeeded need;
+  if (spec.quantized()) {
+    kv::PageNeed p = kv::peak_pages_for_length(spec.regions, n_tokens);
+    need.exact = p.bf16_pages();
+    need.int2 = p.int2_pages();
+  } else {
+    need.exact = (n_tokens + spec.regions.page_size - 1) / spec.regions.page_size;
+  }
+  return need;
+}
+
+Status Scheduler::submit(GenerationRequest req,
+                         std::function<void(const GenerationEvent&)> on_event) {
+  const format::ModelConfig& config = runtime_->model().config();
+  if (req.prompt_ids.empty()) return invalid_argument("the prompt is empty");
+  for (int32_t id : req.prompt_ids)
+    if (id < 0 || id >= config.vocab_size)
+      return invalid_argument("prompt token id %d is out of range [0, %d)", id, config.vocab_size);
+  if (req.max_tokens <= 0) return invalid_argument("max_tokens must be > 0");
+  const int64_t total = static_cast<int64_t>(req.prompt_ids.size()) + req.max_tokens;
+  if (total > config.max_position_embeddings)
+    return invalid_argument(
+        "prompt (%zu tokens) + max_tokens (%d) = %lld exceeds the model's context of %d tokens",
+        req.prompt_ids.size(), req.max_tokens, static_cast<long long>(total),
+        config.max_position_embeddings);
+  model::SamplingConfig sc{req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, 0};
+  OSCAR_RETURN_IF_ERROR(model::validate_sampling(sc));
+  const PagesNeeded need = pages_needed(total);
+  const int64_t int2_total = runtime_->int2_pool() ? runtime_->int2_pool()->n_pages() : 0;
+  if (need.exact > runtime_->exact_pool().n_pages() || need.int2 > int2_total)
+    return resource_exhausted(
+        "request needs %lld %s and %lld int2 KV pages; the pools hold %lld and %lld "
+        "(raise --kv-budget)",
+        static_cast<long long>(need.exact), runtime_->exact_pool().name().c_str(),
+        static_cast<long long>(need.int2),
+        static_cast<long long>(runtime_->exact_pool().n_pages()),
+        static_cast<long long>(int2_total));
+
+  auto s = std::make_unique<Sequence>();
+  sc.seed = req.sampling.has_seed ? req.sampling.seed : std::random_device{}();
+  s->sampler = std::make_unique<model::Sampler>(sc);
+  s->decoder = std::make_unique<tok::StreamDecoder>(runtime_->tokenizer(), /*skip_special=*/true);
+  s->req = std::move(req);
+  s->on_event = std::move(on_event);
+  s->t_submit = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return Status(StatusCode::kCancelled, "the engine is shutting down");
+    if (live_ids_.count(s->req.request_id))
+      return invalid_argument("request id '%s' is already running", s->req.request_id.c_str());
+    live_ids_[s->req.request_id] = true;
+    incoming_.push_back(std::move(s));
+  }
+  cv_.notify_one();
+  return Status();
+}
+
+void Scheduler::cancel(const std::string& request_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!live_ids_.count(request_id)) return;
+    cancels_.push_back(request_id);
+  }
+  cv_.notify_one();
+}
+
+EngineInfo Scheduler::info() const {
+  EngineInfo i;
+  i.model_name = options_.model_name;
+  i.max_context_tokens = runtime_->model().config().max_position_embeddings;
+  i.vocab_size = runtime_->model().config().vocab_size;
+  i.ready = ready_;
+  return i;
+}
+
+EngineMetrics Scheduler::metrics() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return metrics_;
+}
+
+Result<std::vector<int32_t>> Scheduler::tokenize(std::string_view text) const {
+  return runtime_->tokenizer().encode(text);
+}
+
+Result<std::string> Scheduler::apply_chat_template(const nlohmann::ordered_json& messages,
+                                                   const nlohmann::ordered_json& tools,
+                                                   bool add_generation_prompt,
+                                                   const nlohmann::ordered_json& kwargs) const {
+  if (!chat_template_) return invalid_argument("the model has no chat template");
+  const tok::Tokenizer& t = runtime_->tokenizer();
+  return tok::render_chat(*chat_template_, messages, tools, add_generation_prompt,
+                          kwargs.is_null() ? nlohmann::ordered_json::object() : kwargs,
+                          t.bos_token(), t.eos_token());
+}
+
+void Scheduler::release(Sequence& s) {
+  if (s.cache) {
+    s.cache.reset();  // every page back to the pools
+    reserved_.exact -= s.reserved.exact;
+    reserved_.int2 -= s.reserved.int2;
+    s.reserved = {};
+  }
+}
+
+void Scheduler::finish(Sequence& s, const std::string& reason) {
+  if (s.done) return;
+  release(s);
+  s.done = true;
+  GenerationEvent e = s.event(GenerationEvent::kFinished);
+  e.finish_reason = reason;
+  s.on_event(e);
+  s.on_event = nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  live_ids_.erase(s.req.request_id);
+}
+
+void Scheduler::fail(Sequence& s, const Status& error) {
+  if (s.done) return;
+  release(s);
+  s.done = true;
+  GenerationEvent e = s.event(GenerationEvent::kError);
+  e.error = error;
+  s.on_event(e);
+  s.on_event = nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  live_ids_.erase(s.req.request_id);
+}
+
+void Scheduler::admit() {
+  const int64_t exact_total = runtime_->exact_pool().n_pages();
+  const int64_t int2_total = runtime_->int2_pool() ? runtime_->int2_pool()->n_pages() : 0;
+  while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
+    Sequence& s = *waiting_.front();
+    const PagesNeeded need =
+        pages_needed(static_cast<int64_t>(s.req.prompt_ids.size()) + s.req.max_tokens);
+    if (reserved_.exact + need.exact > exact_total || reserved_.int2 + need.int2 > int2_total)
+      break;  // FIFO: wait for running requests to free their reservations
+    reserved_.exact += need.exact;
+    reserved_.int2 += need.int2;
+    s.reserved = need;
+    s.cache = runtime_->new_cache();
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+}
+
+void Scheduler::handle_token(Sequence& s, int32_t token) {
+  const auto now = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    metrics_.generation_tokens_total += 1;
+    if (s.output.empty()) observe(metrics_.time_to_first_token_seconds, seconds_between(s.t_submit, now));
+    else observe(metrics_.time_per_output_token_seconds, seconds_between(s.t_last, now));
+  }
+  s.t_last = now;
+  s.output.push_back(token);
+  const auto eos = runtime_->tokenizer().eos_token_id();
+  const bool is_eos = !s.req.ignore_eos && eos && token == *eos;
+  const bool at_length = static_cast<int>(s.output.size()) >= s.req.max_tokens;
+  if (!is_eos) s.text += s.decoder->push(token);
+  if (is_eos || at_length) s.text += s.decoder->flush();
+
+  // Stop strings: find the earliest match in the text not yet streamed (plus the overlap a match
+  // may have with what was streamed), stream what precedes it, finish.
+  size_t max_stop = 0;
+  size_t stop_at = std::string::npos;
+  for (const std::string& stop : s.req.stop) {
+    if (stop.empty()) continue;
+    max_stop = std::max(max_stop, stop.size());
+    const size_t from = s.emitted >= stop.size() - 1 ? s.emitted - (stop.size() - 1) : 0;
+    const size_t p = s.text.find(stop, from);
+    if (p != std::string::npos) stop_at = std::min(stop_at, p);
+  }
+  size_t send_to = s.text.size();
+  if (stop_at != std::string::npos) {
+    send_to = std::max(stop_at, s.emitted);
+  } else if (!is_eos && !at_length) {
+    // Hold back a tail that could still grow into a stop string.
+    for (size_t hold = std::min(max_stop - (max_stop > 0), s.text.size() - s.emitted); hold > 0; --hold) {
+      bool prefix = false;
+      for (const std::string& stop : s.req.stop)
+        if (stop.size() > hold && s.text.compare(s.text.size() - hold, hold, stop, 0, hold) == 0)
+          prefix = true;
+      if (prefix) {
+        send_to = s.text.size() - hold;
+        break;
+      }
+    }
+  }
+  GenerationEvent e = s.event(GenerationEvent::kToken);
+  e.token_id = token;
+  e.text_delta = s.text.substr(s.emitted, send_to - s.emitted);
+  s.emitted = send_to;
+  s.on_event(e);
+
+  if (stop_at != std::string::npos || is_eos) finish(s, "stop");
+  else if (at_length) finish(s, "length");
+  else s.next_token = token;
+}
+
+void Scheduler::step() {
+  if (running_.empty()) return;
+  std::vector<model::SeqChunk> batch;
+  std::vector<Sequence*> owners;
+  std::vector<int64_t> chunk_len;
+  int budget = options_.max_batch_tokens;
+  for (auto& sp : running_) {  // decode tokens first: they keep latency low
+    Sequence& s = *sp;
+    if (s.prefilling() || budget <= 0) continue;
+    model::SeqChunk c;
+    c.tokens = std::span<const int32_t>(&s.next_token, 1);
+    c.cache = s.cache.get();
+    c.logits = &s.logits;
+    batch.push_back(c);
+    owners.push_back(&s);
+    chunk_len.push_back(1);
+    budget -= 1;
+  }
+  for (auto& sp : running_) {  // then prefill chunks
+    Sequence& s = *sp;
+    if (!s.prefilling() || budget <= 0) continue;
+    const int64_t left = static_cast<int64_t>(s.req.prompt_ids.size()) - s.prefilled;
+    const int64_t n = std::min<int64_t>({left, options_.prefill_chunk, budget});
+    model::SeqChunk c;
+    c.tokens = std::span<const int32_t>(s.req.prompt_ids.data() + s.prefilled, n);
+    c.cache = s.cache.get();
+    c.logits = &s.logits;
+    batch.push_back(c);
+    owners.push_back(&s);
+    chunk_len.push_back(n);
+    budget -= static_cast<int>(n);
+  }
+  if (batch.empty()) return;
+  Status st = runtime_->model().forward(batch);
+  if (!st.ok()) {
+    OSCAR_LOG_ERROR("scheduler: forward failed for %zu sequences: %s", owners.size(),
+                    st.to_string().c_str());
+    for (Sequence* s : owners) fail(*s, st);
+  } else {
+    for (size_t i = 0; i < owners.size(); ++i) {
+      Sequence& s = *owners[i];
+      if (s.prefilling()) {
+        s.prefilled += chunk_len[i];
+        std::lock_guard<std::mutex> lock(mu_);
+        metrics_.prompt_tokens_total += static_cast<uint64_t>(chunk_len[i]);
+        if (s.prefilling()) continue;
+      }
+      handle_token(s, s.sampler->sample(s.logits));
+    }
+  }
+  running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                [](const std::unique_ptr<Sequence>& s) { return s->done; }),
+                 running_.end());
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    std::vector<std::string> cancels;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] {
+        return stop_ || !incoming_.empty() || !cancels_.empty() || !running_.empty() ||
+               !waiting_.empty();
+      });
+      while (!incoming_.empty()) {
+        waiting_.push_back(std::move(incoming_.front()));
+        incoming_.pop_front();
+      }
+      cancels.swap(cancels_);
+      if (stop_) break;
+    }
+    for (const std::string& id : cancels) {
+      for (auto& s : running_)
+        if (s->req.request_id == id) finish(*s, "cancelled");
+      for (auto& s : waiting_)
+        if (s->req.request_id == id) finish(*s, "cancelled");
+    }
+    running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                  [](const std::unique_ptr<Sequence>& s) { return s->done; }),
+                   running_.end());
+    waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
+                                  [](const std::unique_ptr<Sequence>& s) { return s->done; }),
+                   waiting_.end());
+    admit();
+    step();
+
+    // Metrics snapshot.
+    int64_t bytes = 0, elements = 0;
+    const auto& c = runtime_->model().config();
+    for (auto& s : running_) {
+      if (!s->cache) continue;
+      bytes += s->cache->bytes().total();
+      elements += 2 * s->cache->n_tokens() * c.n_layers * c.n_heads_kv * c.head_dim;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    metrics_.requests_running = static_cast<int>(running_.size());
+    metrics_.requests_waiting = static_cast<int>(waiting_.size());
+    metrics_.kv_pools.clear();
+    metrics_.kv_pools.push_back({runtime_->exact_pool().name(), runtime_->exact_pool().n_used(),
+                                 runtime_->exact_pool().n_pages()});
+    if (runtime_->int2_pool())
+      metrics_.kv_pools.push_back({"int2", runtime_->int2_pool()->n_used(),
+                                   runtime_->int2_pool()->n_pages()});
+    if (elements > 0) metrics_.kv_effective_bits_per_element = 8.0 * bytes / elements;
+  }
+  // Shutdown: everything still queued or running ends as cancelled.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!incoming_.empty()) {
+      waiting_.push_back(std::move(incoming_.front()));
+      incoming_.pop_front();
+    }
+  }
+  for (auto& s : running_) finish(*s, "cancelled");
+  for (auto& s : waiting_) finish(*s, "cancelled");
+  running_.clear();
+  waiting_.clear();
+}
+
+}  // namespace oscar::engine

@@ -1,0 +1,91 @@
+// Scheduler: the continuous-batching Engine (engine/engine_api.h) over one Runtime.
+//
+// One thread runs the loop: take new requests and cancellations, admit waiting requests whose
+// peak KV pages fit the pools (reservations, so a running request never runs out mid-way; the
+// rest wait in FIFO order), build one batch of decode tokens plus chunked prefill (new requests
+// join between steps), run the model once for the whole batch, sample, stream text, finish.
+// Cancellation releases every page at once, also in the middle of a prefill.
+//
+// What it deliberately does not do yet: the radix prefix cache (kv/radix_cache.h) is not wired
+// in, and there is no preemption (admission reserves peak pages instead).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/engine_api.h"
+#include "engine/runtime.h"
+#include "tokenizer/chat_template.h"
+
+namespace oscar::engine {
+
+struct SchedulerOptions {
+  std::string model_name = "tiny-qwen3";
+  int max_running = 64;         // sequences decoded together
+  int max_batch_tokens = 1024;  // tokens per forward step (decode tokens + prefill chunks)
+  int prefill_chunk = 512;      // prefill tokens per request per step
+};
+
+class Scheduler : public Engine {
+ public:
+  static Result<std::unique_ptr<Scheduler>> create(std::unique_ptr<Runtime> runtime,
+                                                   const SchedulerOptions& options);
+  ~Scheduler() override;
+
+  Status submit(GenerationRequest req,
+                std::function<void(const GenerationEvent&)> on_event) override;
+  void cancel(const std::string& request_id) override;
+  EngineInfo info() const override;
+  EngineMetrics metrics() const override;
+  Result<std::vector<int32_t>> tokenize(std::string_view text) const override;
+  Result<std::string> apply_chat_template(
+      const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+      bool add_generation_prompt, const nlohmann::ordered_json& chat_template_kwargs) const override;
+
+  // Stops the loop; pending requests finish as "cancelled".
+  void shutdown();
+
+ private:
+  struct Sequence;
+  struct PagesNeeded {
+    int64_t exact = 0, int2 = 0;
+  };
+
+  Scheduler(std::unique_ptr<Runtime> runtime, const SchedulerOptions& options);
+  void loop();
+  PagesNeeded pages_needed(int64_t n_tokens) const;
+  void admit();
+  void step();
+  void handle_token(Sequence& s, int32_t token);
+  void finish(Sequence& s, const std::string& reason);
+  void fail(Sequence& s, const Status& error);
+  void release(Sequence& s);
+
+  std::unique_ptr<Runtime> runtime_;
+  SchedulerOptions options_;
+  std::unique_ptr<tok::ChatTemplate> chat_template_;
+
+  mutable std::mutex mu_;  // guards incoming_, cancels_, live_ids_, stop_, metrics_
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Sequence>> incoming_;
+  std::vector<std::string> cancels_;
+  std::unordered_map<std::string, bool> live_ids_;
+  bool stop_ = false;
+  EngineMetrics metrics_;
+  std::atomic<bool> ready_{false};
+
+  // Loop-thread state.
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  PagesNeeded reserved_;
+  std::thread thread_;
+};
+
+}  // namespace oscar::engine
