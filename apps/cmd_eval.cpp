@@ -1,0 +1,143 @@
+// `oscar eval`: perplexity, attention fidelity, NIAH accuracy and measured bits per element of
+// several KV-cache modes in one run (library: src/eval/). Prints the table, writes
+// <out>.json and <out>.svg.
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "apps/commands.h"
+#include "apps/runtime_options.h"
+#include "eval/evaluate.h"
+#include "eval/report.h"
+
+namespace oscar::apps {
+
+namespace {
+
+std::string command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (char& c : all)
+    if (c == '\0') c = ' ';
+  while (!all.empty() && all.back() == ' ') all.pop_back();
+  return all;
+}
+
+std::string shell_line(const char* cmd) {
+  std::string out;
+  if (FILE* p = popen(cmd, "r")) {
+    char buf[256];
+    while (std::fgets(buf, sizeof(buf), p)) out += buf;
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+std::string machine() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, cpu = "unknown CPU";
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  char host[256] = "";
+  gethostname(host, sizeof(host) - 1);
+  return str_format("%s, %s, %u hardware threads", host, cpu.c_str(),
+                    std::thread::hardware_concurrency());
+}
+
+std::string git_commit() {
+  std::string c = shell_line("git rev-parse HEAD 2>/dev/null");
+  if (c.empty()) return "unknown";
+  if (!shell_line("git status --porcelain --untracked-files=no 2>/dev/null").empty())
+    c += " (working tree has uncommitted changes)";
+  return c;
+}
+
+}  // namespace
+
+Command add_eval(CLI::App& app) {
+  auto cfg = std::make_shared<eval::EvalConfig>();
+  auto out = std::make_shared<std::string>("docs/results/eval");
+  auto no_progress = std::make_shared<bool>(false);
+  add_runtime_options(app, cfg->runtime);
+  app.remove_option(app.get_option("--kv-cache"));  // eval takes a list: --modes
+  app.add_option("--modes", cfg->modes,
+                 "Comma-separated cache modes, evaluated side by side (bf16, f32, int2-naive, "
+                 "int2-hadamard, kivi2, oscar, oscar-lloyd)")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--ppl-windows", cfg->ppl.n_windows, "Perplexity windows (0 = skip)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--window-tokens", cfg->ppl.window_tokens,
+                 "Predictions per perplexity window (a window holds this + 1 tokens)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 32767));
+  app.add_option("--ppl-tail-from", cfg->ppl.tail_from,
+                 "Also report perplexity over positions >= this")
+      ->capture_default_str();
+  app.add_option("--niah-lengths", cfg->niah_lengths, "NIAH target lengths")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--niah-per-length", cfg->niah_per_length, "NIAH prompts per length (0 = skip)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--fidelity-windows", cfg->fidelity.n_windows,
+                 "Windows for attention fidelity vs bf16 (0 = skip)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--fidelity-steps", cfg->fidelity.n_score_steps,
+                 "Single-token score steps per fidelity window")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--dev-text", cfg->dev_text, "Perplexity text (default DIR/data/dev_eval.txt)");
+  app.add_option("--niah-file", cfg->niah_file, "NIAH prompts (default DIR/data/niah_dev.jsonl)");
+  app.add_option("-o,--out", *out, "Output prefix: writes <out>.json and <out>.svg")
+      ->capture_default_str();
+  app.add_flag("--no-progress", *no_progress, "No progress bars");
+
+  return [=]() -> int {
+    cfg->progress = !*no_progress;
+    auto report = eval::run_evaluation(*cfg);
+    if (!report.ok()) {
+      std::fprintf(stderr, "error: %s\n", report.status().message().c_str());
+      return 1;
+    }
+    eval::EvalReport& r = report.value();
+    r.info.command_line = command_line();
+    r.info.date = utc_now();
+    r.info.machine = machine();
+    r.info.git_commit = git_commit();
+    std::fputs(eval::format_table(r).c_str(), stdout);
+    std::printf("wall %.1f s (tokenize %.1f s, bf16 fidelity reference %.1f s)\n", r.seconds,
+                r.tokenize_seconds, r.reference_seconds);
+    for (const eval::ModeReport& m : r.modes)
+      if (m.supported)
+        std::printf("  %-14s %.1f s (ppl %.1f s, fidelity %.1f s, niah %.1f s)\n", m.mode.c_str(),
+                    m.seconds, m.ppl ? m.ppl->seconds : 0.0,
+                    m.fidelity ? m.fidelity->seconds : 0.0, m.niah ? m.niah->seconds : 0.0);
+    const Status st = eval::write_report(r, *out);
+    if (!st.ok()) {
+      std::fprintf(stderr, "error: %s\n", st.message().c_str());
+      return 1;
+    }
+    std::printf("wrote %s.json and %s.svg\n", out->c_str(), out->c_str());
+    return 0;
+  };
+}
+
+}  // namespace oscar::apps

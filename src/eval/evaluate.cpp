@@ -1,0 +1,150 @@
+#include "eval/evaluate.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "core/log.h"
+#include "eval/eval_data.h"
+#include "eval/progress_bar.h"
+#include "tokenizer/tokenizer.h"
+
+namespace oscar::eval {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Prefills the first `n` dev tokens (when no NIAH prompt was run) to measure the cache's bytes.
+Result<PrefillSnapshot> prefill_snapshot(engine::Runtime& rt, std::span<const int32_t> tokens,
+                                         int64_t n) {
+  n = std::min<int64_t>(n, static_cast<int64_t>(tokens.size()));
+  auto cache = rt.new_cache();
+  std::vector<float> logits;
+  OSCAR_RETURN_IF_ERROR(rt.model().forward_one(tokens.first(static_cast<size_t>(n)), *cache,
+                                               &logits));
+  PrefillSnapshot s;
+  s.n_tokens = cache->n_tokens();
+  s.hist_tokens = rt.spec().quantized()
+                      ? std::max<int64_t>(0, cache->hist_end() - rt.spec().regions.n_sink)
+                      : 0;
+  s.bytes = cache->bytes();
+  return s;
+}
+
+Status run_mode(const EvalConfig& cfg, std::span<const int32_t> dev,
+                const std::vector<NiahCase>& niah, const FidelityCapture* reference,
+                ModeReport& out) {
+  const auto t0 = Clock::now();
+  engine::RuntimeOptions ro = cfg.runtime;
+  ro.cache_mode = out.mode;
+  auto created = engine::Runtime::create(ro);
+  if (!created.ok()) {
+    out.supported = false;
+    out.error = created.status().message();
+    OSCAR_LOG_WARN("eval: mode=%s unsupported: %s", out.mode.c_str(), out.error.c_str());
+    return Status();
+  }
+  engine::Runtime& rt = *created.value();
+  out.describe = rt.describe();
+
+  if (cfg.ppl.n_windows > 0) {
+    ProgressBar bar(out.mode + " ppl", cfg.ppl.n_windows, cfg.progress);
+    OSCAR_ASSIGN_OR_RETURN(
+        PplResult ppl, evaluate_perplexity(rt, dev, cfg.ppl, [&](int done, const PplResult& r) {
+          bar.update(done, str_format("ppl %.4f (%.1f s/window)", r.ppl(), r.seconds / done));
+        }));
+    bar.finish(str_format("ppl %.4f  ppl>=%d %.4f", ppl.ppl(), cfg.ppl.tail_from, ppl.ppl_tail()));
+    out.ppl = std::move(ppl);
+  }
+  if (reference != nullptr) {
+    const auto tf = Clock::now();
+    ProgressBar bar(out.mode + " fidelity", 1, cfg.progress);
+    OSCAR_ASSIGN_OR_RETURN(FidelityCapture cap, capture_fidelity(rt, dev, cfg.fidelity));
+    OSCAR_ASSIGN_OR_RETURN(FidelityResult fr, compare_fidelity(*reference, cap));
+    fr.seconds = since(tf);
+    bar.update(1);
+    bar.finish(str_format("logit KL %.5f out err %.4f", fr.logit_kl, fr.mean_out_err()));
+    out.fidelity = std::move(fr);
+  }
+  std::optional<PrefillSnapshot> snap;
+  if (!niah.empty()) {
+    ProgressBar bar(out.mode + " niah", static_cast<int64_t>(niah.size()), cfg.progress);
+    OSCAR_ASSIGN_OR_RETURN(NiahResult nr,
+                           evaluate_niah(rt, niah, [&](int done, const NiahResult& r) {
+                             int c = 0, n = 0;
+                             for (const auto& l : r.per_length) c += l.correct, n += l.n;
+                             bar.update(done, str_format("acc %.3f", n ? double(c) / n : 0.0));
+                           }));
+    bar.finish();
+    snap = nr.longest_prefill;
+    out.niah = std::move(nr);
+  } else {
+    const int64_t n = cfg.niah_lengths.empty() ? 8184 : cfg.niah_lengths.back() - 8;
+    OSCAR_ASSIGN_OR_RETURN(PrefillSnapshot s, prefill_snapshot(rt, dev, n));
+    snap = s;
+  }
+  out.bits = cache_bits(*snap, rt.spec());
+  out.seconds = since(t0);
+  return Status();
+}
+
+}  // namespace
+
+Result<EvalReport> run_evaluation(const EvalConfig& config_in) {
+  const auto t0 = Clock::now();
+  EvalReport report;
+  report.config = config_in;
+  EvalConfig& cfg = report.config;
+  const std::filesystem::path dir(cfg.runtime.model_dir);
+  if (cfg.dev_text.empty()) cfg.dev_text = (dir / "data" / "dev_eval.txt").string();
+  if (cfg.niah_file.empty()) cfg.niah_file = (dir / "data" / "niah_dev.jsonl").string();
+  cfg.fidelity.window_tokens = cfg.ppl.window_tokens;
+  if (cfg.modes.empty()) return invalid_argument("eval: no cache modes given");
+
+  // Data once for all modes (the tokenizer does not depend on the cache mode).
+  OSCAR_ASSIGN_OR_RETURN(tok::Tokenizer tok, tok::Tokenizer::load(cfg.runtime.model_dir));
+  std::vector<int32_t> dev;
+  if (cfg.ppl.n_windows > 0 || cfg.fidelity.n_windows > 0 || cfg.niah_per_length == 0) {
+    const auto tt = Clock::now();
+    OSCAR_ASSIGN_OR_RETURN(std::string text, read_text_file(cfg.dev_text));
+    dev = tok.encode(text);
+    report.tokenize_seconds = since(tt);
+    report.n_dev_tokens = static_cast<int64_t>(dev.size());
+    OSCAR_LOG_INFO("eval: dev_text=%s tokens=%zu tokenize_s=%.2f", cfg.dev_text.c_str(),
+                   dev.size(), report.tokenize_seconds);
+  }
+  std::vector<NiahCase> niah;
+  if (cfg.niah_per_length > 0) {
+    OSCAR_ASSIGN_OR_RETURN(std::vector<NiahCase> all, load_niah(cfg.niah_file));
+    OSCAR_ASSIGN_OR_RETURN(niah, select_niah(all, cfg.niah_lengths, cfg.niah_per_length));
+  }
+
+  std::optional<FidelityCapture> reference;
+  if (cfg.fidelity.n_windows > 0) {
+    const auto tr = Clock::now();
+    engine::RuntimeOptions ro = cfg.runtime;
+    ro.cache_mode = "bf16";
+    OSCAR_ASSIGN_OR_RETURN(std::unique_ptr<engine::Runtime> rt, engine::Runtime::create(ro));
+    ProgressBar bar("bf16 reference", 1, cfg.progress);
+    OSCAR_ASSIGN_OR_RETURN(reference, capture_fidelity(*rt, dev, cfg.fidelity));
+    bar.update(1);
+    bar.finish();
+    report.reference_seconds = since(tr);
+  }
+
+  for (const std::string& mode : cfg.modes) {
+    ModeReport& m = report.modes.emplace_back();
+    m.mode = mode;
+    OSCAR_RETURN_IF_ERROR(run_mode(cfg, dev, niah, reference ? &*reference : nullptr, m)
+                              .with_context("eval mode " + mode));
+  }
+  report.seconds = since(t0);
+  return report;
+}
+
+}  // namespace oscar::eval
