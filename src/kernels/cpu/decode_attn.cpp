@@ -1,0 +1,289 @@
+// Fast CPU decode attention (kernels/decode_attn.h). Every segment (sinks, history, recent) is cut
+// into chunks of `chunk_tokens`; one OpenMP task per (KV head, chunk) computes the split-KV
+// partials (o, m, ℓ) of all gqa_ratio query heads of that KV head, so each K/V row is read and
+// unpacked once per group. Rows are converted one at a time into a [head_dim] float buffer (BF16:
+// a shift; INT2: shifts, masks and a 4-entry level table per group), in blocks of kBlock tokens
+// with online-softmax rescaling between blocks. merge_attn_states combines the partials.
+//
+// AVX2+FMA intrinsics are used when the compiler targets them (-march=native); otherwise portable
+// loops that compute the same values.
+#include <omp.h>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define OSCAR_DECODE_AVX2 1
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/bf16.h"
+#include "core/check.h"
+#include "kernels/decode_attn.h"
+#include "quant/int2_layout.h"
+#include "quant/int2_quant.h"
+
+namespace oscar::kernels {
+
+namespace {
+
+constexpr int kBlock = 32;              // tokens scored before the values are accumulated
+constexpr int64_t kMinChunkTokens = 256;  // auto chunking never goes below this
+constexpr int kMaxGqa = 16;
+
+// --- Row conversion -----------------------------------------------------------------------------
+
+// src: [d] bf16 (possibly unaligned) -> dst: [d] float.
+inline void bf16_row_to_f32(const uint8_t* src, int d, float* dst) {
+  int c = 0;
+#ifdef OSCAR_DECODE_AVX2
+  for (; c + 8 <= d; c += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * c));
+    const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+    _mm256_storeu_ps(dst + c, _mm256_castsi256_ps(w));
+  }
+#endif
+  for (; c < d; ++c) {
+    bf16_t h;
+    std::memcpy(&h, src + 2 * c, 2);
+    dst[c] = bf16_to_f32(h);
+  }
+}
+
+// One INT2 row (quant/int2_layout.h) -> [d] float. Each group's four reconstruction values go in
+// a table; element i of the group takes level[(byte[i % q] >> 2(i / q)) & 3] with q = G/4.
+inline void int2_row_to_f32(const uint8_t* row, int d, int G, Int2Quantizer quantizer,
+                            float* dst) {
+  const int n_groups = d / G;
+  const int q = G / 4;
+  for (int g = 0; g < n_groups; ++g) {
+    const quant::Int2GroupMeta meta = quant::read_group_meta(row, d, g);
+    const float a = fp16_to_f32(meta.slot0);
+    const float b = fp16_to_f32(meta.slot1);
+    float level[4];
+    if (quantizer == Int2Quantizer::kLloyd) {
+      for (int k = 0; k < 4; ++k) level[k] = b + quant::kLloydLevels[k] * a;
+    } else {
+      for (int k = 0; k < 4; ++k) level[k] = b + static_cast<float>(k) * a;
+    }
+    const uint8_t* codes = row + quant::int2_group_codes_offset(g, G);
+    float* og = dst + g * G;
+#ifdef OSCAR_DECODE_AVX2
+    // q is 8, 16 or 32: whole vectors of 8 bytes. Each byte is loaded once and yields one element
+    // in each quarter.
+    const __m256 lv = _mm256_setr_ps(level[0], level[1], level[2], level[3], level[0], level[1],
+                                     level[2], level[3]);
+    const __m256i three = _mm256_set1_epi32(3);
+    for (int j = 0; j < q; j += 8) {
+      uint64_t bytes;
+      std::memcpy(&bytes, codes + j, 8);
+      const __m256i c = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(bytes)));
+      _mm256_storeu_ps(og + j, _mm256_permutevar8x32_ps(lv, _mm256_and_si256(c, three)));
+      _mm256_storeu_ps(og + q + j,
+                       _mm256_permutevar8x32_ps(lv, _mm256_and_si256(_mm256_srli_epi32(c, 2), three)));
+      _mm256_storeu_ps(og + 2 * q + j,
+                       _mm256_permutevar8x32_ps(lv, _mm256_and_si256(_mm256_srli_epi32(c, 4), three)));
+      _mm256_storeu_ps(og + 3 * q + j, _mm256_permutevar8x32_ps(lv, _mm256_srli_epi32(c, 6)));
+    }
+#else
+    for (int j = 0; j < q; ++j) {
+      const unsigned byte = codes[j];
+      og[j] = level[byte & 3u];
+      og[q + j] = level[(byte >> 2) & 3u];
+      og[2 * q + j] = level[(byte >> 4) & 3u];
+      og[3 * q + j] = level[byte >> 6];
+    }
+#endif
+  }
+}
+
+// --- Small vector kernels -----------------------------------------------------------------------
+
+inline float dot(const float* a, const float* b, int d) {
+  int c = 0;
+  float s = 0.f;
+#ifdef OSCAR_DECODE_AVX2
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; c + 16 <= d; c += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + c + 8), _mm256_loadu_ps(b + c + 8), acc1);
+  }
+  const __m256 acc = _mm256_add_ps(acc0, acc1);
+  const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  const __m128 h2 = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  s = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+#else
+  // Eight independent partial sums (vectorisable without reassociation flags).
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (; c + 8 <= d; c += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += a[c + k] * b[c + k];
+  for (int k = 0; k < 8; ++k) s += acc[k];
+#endif
+  for (; c < d; ++c) s += a[c] * b[c];
+  return s;
+}
+
+// y += w * x over [d].
+inline void axpy(float w, const float* x, int d, float* y) {
+  for (int c = 0; c < d; ++c) y[c] += w * x[c];
+}
+
+// --- Chunks -------------------------------------------------------------------------------------
+
+enum class SegKind { kExact, kInt2 };
+
+struct Chunk {
+  const KvSegment* seg;
+  SegKind kind;
+  int64_t begin, end;  // token range inside the segment
+};
+
+int64_t auto_chunk_tokens(const DecodeAttnParams& p, int64_t total_tokens) {
+  if (p.chunk_tokens > 0) return p.chunk_tokens;
+  // About four tasks per thread, never chunks so small that merging dominates.
+  const int64_t n_threads = std::max(1, omp_get_max_threads());
+  const int64_t chunks_per_head = std::max<int64_t>(1, (4 * n_threads + p.layout.n_heads_kv - 1) /
+                                                           p.layout.n_heads_kv);
+  int64_t c = std::max(kMinChunkTokens, (total_tokens + chunks_per_head - 1) / chunks_per_head);
+  const int64_t P = p.layout.page_size;
+  return (c + P - 1) / P * P;  // whole pages
+}
+
+// Per-thread scratch for one task.
+struct TaskScratch {
+  std::vector<float> row;     // [head_dim]
+  std::vector<float> scores;  // [gqa, kBlock]
+  std::vector<float> o;       // [gqa, head_dim]
+};
+
+// Partials of query heads [g*gqa, (g+1)*gqa) over one chunk. o_out: [gqa, d] rows with stride d,
+// m_out / l_out: [gqa].
+void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratch& s, float* o_out,
+                   float* m_out, float* l_out) {
+  const KvPageLayout& L = p.layout;
+  const int d = L.head_dim;
+  const int gqa = p.n_heads_q / L.n_heads_kv;
+  const float* q = p.q + static_cast<int64_t>(g) * gqa * d;
+  const bool int2 = ch.kind == SegKind::kInt2;
+  const uint8_t* pool = int2 ? p.int2_pool : p.exact_pool;
+  const size_t page_bytes = int2 ? L.int2_page_bytes() : L.exact_page_bytes();
+  const size_t off_k = int2 ? L.int2_row_offset(p.layer, 0, g, 0) : L.exact_row_offset(p.layer, 0, g, 0);
+  const size_t off_v = int2 ? L.int2_row_offset(p.layer, 1, g, 0) : L.exact_row_offset(p.layer, 1, g, 0);
+  const size_t row_bytes = int2 ? static_cast<size_t>(L.int2_row_bytes) : L.exact_row_bytes();
+
+  auto load = [&](int64_t t, size_t off, float* dst) {
+    const uint8_t* src = pool + static_cast<size_t>(ch.seg->pages[t / L.page_size]) * page_bytes +
+                         off + static_cast<size_t>(t % L.page_size) * row_bytes;
+    if (int2) {
+      int2_row_to_f32(src, d, p.group_size, p.quantizer, dst);
+    } else if (L.exact_elem_bytes == 2) {
+      bf16_row_to_f32(src, d, dst);
+    } else {
+      std::memcpy(dst, src, sizeof(float) * d);
+    }
+  };
+
+  float m[kMaxGqa], l[kMaxGqa];
+  for (int h = 0; h < gqa; ++h) {
+    m[h] = -std::numeric_limits<float>::infinity();
+    l[h] = 0.f;
+  }
+  std::fill(s.o.begin(), s.o.begin() + static_cast<size_t>(gqa) * d, 0.f);
+  float* row = s.row.data();
+  float* sc = s.scores.data();
+
+  for (int64_t t0 = ch.begin; t0 < ch.end; t0 += kBlock) {
+    const int nb = static_cast<int>(std::min<int64_t>(kBlock, ch.end - t0));
+    // Scores of the block, every head of the group from one unpacked K row.
+    for (int j = 0; j < nb; ++j) {
+      load(t0 + j, off_k, row);
+      for (int h = 0; h < gqa; ++h) sc[h * kBlock + j] = dot(q + h * d, row, d) * p.scale;
+    }
+    // Online softmax: new running max, rescale what was accumulated, block weights.
+    for (int h = 0; h < gqa; ++h) {
+      float mb = m[h];
+      for (int j = 0; j < nb; ++j) mb = std::max(mb, sc[h * kBlock + j]);
+      const float alpha = m[h] == -std::numeric_limits<float>::infinity() ? 0.f
+                                                                          : std::exp(m[h] - mb);
+      if (alpha != 1.f) {
+        float* oh = s.o.data() + static_cast<size_t>(h) * d;
+        for (int c = 0; c < d; ++c) oh[c] *= alpha;
+      }
+      float lb = 0.f;
+      for (int j = 0; j < nb; ++j) {
+        const float w = std::exp(sc[h * kBlock + j] - mb);
+        sc[h * kBlock + j] = w;
+        lb += w;
+      }
+      l[h] = l[h] * alpha + lb;
+      m[h] = mb;
+    }
+    // Values, each unpacked V row shared by the group.
+    for (int j = 0; j < nb; ++j) {
+      load(t0 + j, off_v, row);
+      for (int h = 0; h < gqa; ++h) axpy(sc[h * kBlock + j], row, d, s.o.data() + h * d);
+    }
+  }
+  for (int h = 0; h < gqa; ++h) {
+    m_out[h] = m[h];
+    l_out[h] = l[h];
+    std::memcpy(o_out + static_cast<size_t>(h) * d, s.o.data() + static_cast<size_t>(h) * d,
+                sizeof(float) * d);
+  }
+}
+
+}  // namespace
+
+Status decode_attn(const DecodeAttnParams& p) {
+  OSCAR_RETURN_IF_ERROR(validate_decode_attn(p));
+  const KvPageLayout& L = p.layout;
+  const int d = L.head_dim;
+  const int H = L.n_heads_kv;
+  const int gqa = p.n_heads_q / H;
+  if (gqa > kMaxGqa)
+    return invalid_argument("decode_attn: gqa_ratio %d > %d (fast path)", gqa, kMaxGqa);
+
+  const int64_t total = p.sinks.n_tokens + p.history.n_tokens + p.recent.n_tokens;
+  const int64_t chunk = auto_chunk_tokens(p, total);
+  std::vector<Chunk> chunks;
+  auto add = [&](const KvSegment& seg, SegKind kind) {
+    for (int64_t b = 0; b < seg.n_tokens; b += chunk)
+      chunks.push_back(Chunk{&seg, kind, b, std::min(seg.n_tokens, b + chunk)});
+  };
+  add(p.sinks, SegKind::kExact);
+  add(p.history, SegKind::kInt2);
+  add(p.recent, SegKind::kExact);
+  const int n_parts = static_cast<int>(chunks.size());
+
+  // Partials: [n_parts, n_heads_q, d] and [n_parts, n_heads_q].
+  std::vector<float> part_o(static_cast<size_t>(n_parts) * p.n_heads_q * d);
+  std::vector<float> part_m(static_cast<size_t>(n_parts) * p.n_heads_q);
+  std::vector<float> part_l(part_m.size());
+  const int n_tasks = n_parts * H;
+  // Small problems are not worth waking the thread team.
+  const bool parallel = total * H * d >= (int64_t{1} << 16) && n_tasks > 1;
+
+#pragma omp parallel if (parallel)
+  {
+    TaskScratch s;
+    s.row.resize(d);
+    s.scores.resize(static_cast<size_t>(gqa) * kBlock);
+    s.o.resize(static_cast<size_t>(gqa) * d);
+#pragma omp for schedule(dynamic, 1)
+    for (int task = 0; task < n_tasks; ++task) {
+      const int pi = task / H;
+      const int g = task % H;
+      const size_t r0 = static_cast<size_t>(pi) * p.n_heads_q + static_cast<size_t>(g) * gqa;
+      chunk_partial(p, chunks[pi], g, s, part_o.data() + r0 * d, part_m.data() + r0,
+                    part_l.data() + r0);
+    }
+  }
+  merge_attn_states(part_o.data(), part_m.data(), part_l.data(), n_parts, p.n_heads_q, d,
+                    p.n_heads_q, p.out);
+  return Status();
+}
+
+}  // namespace oscar::kernels

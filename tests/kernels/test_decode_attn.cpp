@@ -1,0 +1,557 @@
+// Tests of decode attention over paged three-region caches (kernels/decode_attn.h):
+// decode_attn_ref and decode_attn against exact float64 softmax attention over the dequantized
+// cache, computed here independently of both (no splits, no merges). Pools are built directly:
+// random K/V rows, exact rows stored as BF16 (or F32), history rows quantized by quant's fast
+// quantizers, page ids shuffled, every byte the kernel must not read (other layers, spare pages)
+// filled with 0xFF (NaN in both bf16 and fp16 metadata), so a wrong address shows up as NaN.
+//
+// Tolerances (u = 2^-24, float unit roundoff):
+//   reference (float64 inside, one float rounding at the end): |err| <= 4·u·Vmax.
+//   fast path (float everywhere): a score s_j = scale·Σ_c q_c k_jc carries an error up to
+//   ≈ d·u·S with S = scale·max_j Σ_c |q_c k_jc|; exp adds a few u; a relative weight error ε
+//   moves the normalised output by at most 2ε·Vmax; summing L weighted values (and ℓ) in float
+//   adds at most ≈ 2·L·u·Vmax. Dequantizing with a level table may differ from quant's
+//   reference by one rounding per element (u·Vmax, u·S). So
+//     tol_fast = Vmax·u·(2·(d + 2)·S + 2·L + 64)
+//   per query head, a first-order worst-case bound; the measured errors are far below it. Both
+//   paths must also have cosine similarity >= 1 − 1e-6 with the exact output, per head.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/bf16.h"
+#include "kernels/decode_attn.h"
+#include "quant/int2_layout.h"
+#include "quant/int2_quant.h"
+
+namespace oscar::kernels {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);
+
+struct Case {
+  int n_heads_q = 4;
+  int n_heads_kv = 2;
+  int head_dim = 128;
+  int page_size = 16;
+  int group_size = 128;
+  Int2Quantizer quantizer = Int2Quantizer::kUniform;
+  int exact_elem_bytes = 2;
+  int64_t n_sink = 16;
+  int64_t n_hist = 64;
+  int64_t n_recent = 20;
+  int n_layers = 2;
+  int layer = 1;
+  int chunk_tokens = 0;
+  float q_gain = 1.0f;  // larger = peakier softmax
+  uint32_t seed = 1;
+
+  std::string name() const {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "hq=%d hkv=%d d=%d P=%d G=%d %s exact=%dB sink=%lld hist=%lld recent=%lld "
+                  "chunk=%d gain=%g seed=%u",
+                  n_heads_q, n_heads_kv, head_dim, page_size, group_size,
+                  quantizer == Int2Quantizer::kLloyd ? "lloyd" : "uniform", exact_elem_bytes,
+                  static_cast<long long>(n_sink), static_cast<long long>(n_hist),
+                  static_cast<long long>(n_recent), chunk_tokens, q_gain, seed);
+    return buf;
+  }
+};
+
+// A built cache plus what attention must see: K/V per KV head as float, in token order.
+struct Built {
+  KvPageLayout layout;
+  std::vector<uint8_t> exact_pool, int2_pool;
+  std::vector<int32_t> sink_pages, hist_pages, recent_pages;
+  std::vector<float> q;           // [n_heads_q, d]
+  std::vector<float> k, v;        // [n_heads_kv, T, d] as attention sees them
+  int64_t T = 0;
+  DecodeAttnParams params;
+};
+
+int64_t pages_for(int64_t tokens, int P) { return (tokens + P - 1) / P; }
+
+Built build(const Case& c) {
+  Built b;
+  KvPageLayout& L = b.layout;
+  L.n_layers = c.n_layers;
+  L.n_heads_kv = c.n_heads_kv;
+  L.head_dim = c.head_dim;
+  L.page_size = c.page_size;
+  L.exact_elem_bytes = c.exact_elem_bytes;
+  L.int2_row_bytes = quant::int2_row_bytes(c.head_dim, c.group_size);
+  const int d = c.head_dim;
+  const int P = c.page_size;
+  b.T = c.n_sink + c.n_hist + c.n_recent;
+
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  // Pools with two spare pages each; page ids handed out in shuffled order.
+  const int64_t n_exact = pages_for(c.n_sink, P) + pages_for(c.n_recent, P) + 2;
+  const int64_t n_int2 = pages_for(c.n_hist, P) + 2;
+  b.exact_pool.assign(n_exact * L.exact_page_bytes(), 0xFF);
+  b.int2_pool.assign(n_int2 * L.int2_page_bytes(), 0xFF);
+  std::vector<int32_t> exact_ids(n_exact), int2_ids(n_int2);
+  std::iota(exact_ids.begin(), exact_ids.end(), 0);
+  std::iota(int2_ids.begin(), int2_ids.end(), 0);
+  std::shuffle(exact_ids.begin(), exact_ids.end(), rng);
+  std::shuffle(int2_ids.begin(), int2_ids.end(), rng);
+  size_t ei = 0;
+  for (int64_t i = 0; i < pages_for(c.n_sink, P); ++i) b.sink_pages.push_back(exact_ids[ei++]);
+  for (int64_t i = 0; i < pages_for(c.n_recent, P); ++i) b.recent_pages.push_back(exact_ids[ei++]);
+  for (int64_t i = 0; i < pages_for(c.n_hist, P); ++i) b.hist_pages.push_back(int2_ids[i]);
+
+  b.k.assign(static_cast<size_t>(c.n_heads_kv) * b.T * d, 0.f);
+  b.v.assign(b.k.size(), 0.f);
+  std::vector<float> x(d);
+  std::vector<uint8_t> row(L.int2_row_bytes);
+  for (int kv = 0; kv < 2; ++kv) {
+    for (int h = 0; h < c.n_heads_kv; ++h) {
+      for (int64_t t = 0; t < b.T; ++t) {
+        // K with outlier channels and a per-token offset; V plain Gaussian plus a bias.
+        for (int i = 0; i < d; ++i)
+          x[i] = kv == 0 ? ((i % 29 == 3) ? 6.f : 1.f) * normal(rng) + 0.2f
+                         : normal(rng) + 0.5f * std::sin(0.1f * static_cast<float>(i));
+        float* seen = (kv == 0 ? b.k : b.v).data() + (static_cast<size_t>(h) * b.T + t) * d;
+        const bool hist = t >= c.n_sink && t < c.n_sink + c.n_hist;
+        if (hist) {
+          const int64_t j = t - c.n_sink;
+          uint8_t* dst = b.int2_pool.data() + b.hist_pages[j / P] * L.int2_page_bytes() +
+                         L.int2_row_offset(c.layer, kv, h, static_cast<int>(j % P));
+          const Status st = c.quantizer == Int2Quantizer::kLloyd
+                                ? quant::quantize_rows_lloyd(x.data(), 1, d, c.group_size, 1.f, dst)
+                                : quant::quantize_rows_int2(x.data(), 1, d, c.group_size, 1.f, dst);
+          EXPECT_TRUE(st.ok()) << st.to_string();
+          if (c.quantizer == Int2Quantizer::kLloyd)
+            quant::dequantize_row_lloyd_ref(dst, d, c.group_size, seen);
+          else
+            quant::dequantize_row_int2_ref(dst, d, c.group_size, seen);
+        } else {
+          const bool sink = t < c.n_sink;
+          const int64_t j = sink ? t : t - c.n_sink - c.n_hist;
+          const int32_t page = (sink ? b.sink_pages : b.recent_pages)[j / P];
+          uint8_t* dst = b.exact_pool.data() + page * L.exact_page_bytes() +
+                         L.exact_row_offset(c.layer, kv, h, static_cast<int>(j % P));
+          for (int i = 0; i < d; ++i) {
+            if (c.exact_elem_bytes == 4) {
+              std::memcpy(dst + 4 * i, &x[i], 4);
+              seen[i] = x[i];
+            } else {
+              const bf16_t hb = f32_to_bf16(x[i]);
+              std::memcpy(dst + 2 * i, &hb, 2);
+              seen[i] = bf16_to_f32(hb);
+            }
+          }
+        }
+      }
+    }
+  }
+  b.q.resize(static_cast<size_t>(c.n_heads_q) * d);
+  for (float& e : b.q) e = c.q_gain * normal(rng);
+
+  DecodeAttnParams& p = b.params;
+  p.n_heads_q = c.n_heads_q;
+  p.group_size = c.group_size;
+  p.quantizer = c.quantizer;
+  p.layer = c.layer;
+  p.scale = 1.f / std::sqrt(static_cast<float>(d));
+  p.layout = L;
+  p.q = b.q.data();
+  p.exact_pool = b.exact_pool.data();
+  p.int2_pool = b.int2_pool.data();
+  p.sinks = KvSegment{b.sink_pages.data(), c.n_sink};
+  p.history = KvSegment{b.hist_pages.data(), c.n_hist};
+  p.recent = KvSegment{b.recent_pages.data(), c.n_recent};
+  p.chunk_tokens = c.chunk_tokens;
+  return b;
+}
+
+// Exact float64 softmax attention over b.k / b.v, one pass, no splits.
+std::vector<double> exact_attention(const Case& c, const Built& b) {
+  const int d = c.head_dim;
+  const int gqa = c.n_heads_q / c.n_heads_kv;
+  std::vector<double> out(static_cast<size_t>(c.n_heads_q) * d, 0.0);
+  const double scale = b.params.scale;
+  for (int h = 0; h < c.n_heads_q; ++h) {
+    const int g = h / gqa;
+    if (b.T == 0) continue;
+    std::vector<double> s(b.T);
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t t = 0; t < b.T; ++t) {
+      const float* k = b.k.data() + (static_cast<size_t>(g) * b.T + t) * d;
+      double acc = 0;
+      for (int i = 0; i < d; ++i) acc += static_cast<double>(b.q[h * d + i]) * k[i];
+      s[t] = acc * scale;
+      m = std::max(m, s[t]);
+    }
+    double l = 0;
+    for (int64_t t = 0; t < b.T; ++t) {
+      const double w = std::exp(s[t] - m);
+      l += w;
+      const float* v = b.v.data() + (static_cast<size_t>(g) * b.T + t) * d;
+      for (int i = 0; i < d; ++i) out[h * d + i] += w * v[i];
+    }
+    for (int i = 0; i < d; ++i) out[h * d + i] /= l;
+  }
+  return out;
+}
+
+// Per query head: Vmax and S (see the file comment).
+struct Bounds {
+  std::vector<double> tol_ref, tol_fast;
+};
+
+Bounds bounds(const Case& c, const Built& b) {
+  const int d = c.head_dim;
+  const int gqa = c.n_heads_q / c.n_heads_kv;
+  Bounds r;
+  for (int h = 0; h < c.n_heads_q; ++h) {
+    const int g = h / gqa;
+    double vmax = 0, S = 0;
+    for (int64_t t = 0; t < b.T; ++t) {
+      const float* k = b.k.data() + (static_cast<size_t>(g) * b.T + t) * d;
+      const float* v = b.v.data() + (static_cast<size_t>(g) * b.T + t) * d;
+      double a = 0;
+      for (int i = 0; i < d; ++i) {
+        a += std::fabs(static_cast<double>(b.q[h * d + i]) * k[i]);
+        vmax = std::max(vmax, std::fabs(static_cast<double>(v[i])));
+      }
+      S = std::max(S, a * b.params.scale);
+    }
+    r.tol_ref.push_back(4 * kU * vmax + 1e-30);
+    r.tol_fast.push_back(vmax * kU * (2.0 * (d + 2) * S + 2.0 * b.T + 64) + 1e-30);
+  }
+  return r;
+}
+
+struct Cmp {
+  double max_err = 0, max_ratio = 0, min_cos = 1;
+};
+
+// Compares got against want per head; reports max error, first mismatch and cosine.
+Cmp compare(const char* what, const Case& c, const std::vector<float>& got,
+            const std::vector<double>& want, const std::vector<double>& tol) {
+  const int d = c.head_dim;
+  Cmp r;
+  bool reported = false;
+  for (int h = 0; h < c.n_heads_q; ++h) {
+    double dotp = 0, ng = 0, nw = 0;
+    for (int i = 0; i < d; ++i) {
+      const double g = got[h * d + i], w = want[h * d + i];
+      const double err = std::fabs(g - w);
+      if (!std::isfinite(g)) {
+        ADD_FAILURE() << what << " " << c.name() << ": non-finite output at head " << h
+                      << " dim " << i;
+        return r;
+      }
+      r.max_err = std::max(r.max_err, err);
+      r.max_ratio = std::max(r.max_ratio, err / tol[h]);
+      if (err > tol[h] && !reported) {
+        ADD_FAILURE() << what << " " << c.name() << ": first mismatch at head " << h << " dim "
+                      << i << ": got " << g << " want " << w << " err " << err << " > tol "
+                      << tol[h];
+        reported = true;
+      }
+      dotp += g * w;
+      ng += g * g;
+      nw += w * w;
+    }
+    const double cosv = (ng == 0 && nw == 0) ? 1.0 : dotp / std::sqrt(ng * nw);
+    r.min_cos = std::min(r.min_cos, cosv);
+  }
+  if (reported) ADD_FAILURE() << what << " max error " << r.max_err;
+  EXPECT_GE(r.min_cos, 1.0 - 1e-6) << what << " " << c.name();
+  return r;
+}
+
+// Runs both entry points on one case; returns the fast path's comparison.
+Cmp run_case(const Case& c) {
+  Built b = build(c);
+  const std::vector<double> want = exact_attention(c, b);
+  const Bounds tol = bounds(c, b);
+  std::vector<float> out_ref(want.size(), -7.f), out_fast(want.size(), -7.f);
+  b.params.out = out_ref.data();
+  Status st = decode_attn_ref(b.params);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  compare("decode_attn_ref", c, out_ref, want, tol.tol_ref);
+  b.params.out = out_fast.data();
+  st = decode_attn(b.params);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return compare("decode_attn", c, out_fast, want, tol.tol_fast);
+}
+
+TEST(DecodeAttn, ShapeSweepGqaHeadDimGroupQuantizer) {
+  uint32_t seed = 100;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> tok(0, 90);
+  for (int gqa : {1, 2, 4, 8}) {
+    for (int d : {64, 128}) {
+      for (int G : {32, 64, 128}) {
+        if (G > d) continue;
+        for (auto quant : {Int2Quantizer::kUniform, Int2Quantizer::kLloyd}) {
+          Case c;
+          c.n_heads_kv = gqa == 8 ? 1 : 2;
+          c.n_heads_q = c.n_heads_kv * gqa;
+          c.head_dim = d;
+          c.group_size = G;
+          c.quantizer = quant;
+          c.page_size = 16;
+          c.n_sink = 16 * (tok(rng) % 3);
+          c.n_hist = 16 * (1 + tok(rng) % 6);
+          c.n_recent = 1 + tok(rng);
+          c.seed = seed++;
+          run_case(c);
+        }
+      }
+    }
+  }
+}
+
+TEST(DecodeAttn, PageBoundaries) {
+  for (int P : {8, 16, 32}) {
+    for (int k : {1, 2, 5}) {
+      for (int delta : {-1, 0, 1}) {
+        Case c;
+        c.page_size = P;
+        c.n_sink = P;
+        c.n_hist = static_cast<int64_t>(k) * P;
+        // n_tokens = (k + 3)·P + delta: the recent window ends on either side of a page edge.
+        c.n_recent = 2 * P + delta;
+        c.seed = 1000 + P * 10 + k * 3 + (delta + 1);
+        run_case(c);
+        // The same boundary inside the sinks (no history yet) and in the history alone.
+        Case s = c;
+        s.n_sink = static_cast<int64_t>(k) * P + delta;
+        s.n_hist = 0;
+        s.n_recent = 0;
+        run_case(s);
+      }
+    }
+  }
+}
+
+TEST(DecodeAttn, EdgeRegions) {
+  Case base;
+  struct R {
+    int64_t sink, hist, recent;
+  };
+  // One token; sinks only; empty recent; empty sinks; history only; recent only.
+  for (R r : {R{1, 0, 0}, R{0, 0, 1}, R{64, 0, 0}, R{64, 32, 0}, R{0, 48, 17}, R{0, 64, 0},
+              R{0, 0, 300}, R{16, 16, 1}}) {
+    for (int chunk : {0, 5}) {
+      Case c = base;
+      c.n_sink = r.sink;
+      c.n_hist = r.hist;
+      c.n_recent = r.recent;
+      c.chunk_tokens = chunk;
+      c.seed = static_cast<uint32_t>(r.sink * 7 + r.hist * 13 + r.recent * 17 + chunk);
+      run_case(c);
+    }
+  }
+}
+
+TEST(DecodeAttn, NoKeysGivesZeros) {
+  Case c;
+  c.n_sink = c.n_hist = c.n_recent = 0;
+  Built b = build(c);
+  std::vector<float> out(static_cast<size_t>(c.n_heads_q) * c.head_dim, 5.f);
+  b.params.out = out.data();
+  ASSERT_TRUE(decode_attn(b.params).ok());
+  for (float x : out) ASSERT_EQ(x, 0.f);
+  std::fill(out.begin(), out.end(), 5.f);
+  ASSERT_TRUE(decode_attn_ref(b.params).ok());
+  for (float x : out) ASSERT_EQ(x, 0.f);
+}
+
+TEST(DecodeAttn, ExactF32PagesAndLayerZero) {
+  Case c;
+  c.exact_elem_bytes = 4;
+  c.layer = 0;
+  c.n_layers = 3;
+  c.n_sink = 32;
+  c.n_hist = 96;
+  c.n_recent = 40;
+  run_case(c);
+}
+
+TEST(DecodeAttn, ManySmallChunksMergeCorrectly) {
+  for (int chunk : {1, 3, 16, 33}) {
+    for (auto quant : {Int2Quantizer::kUniform, Int2Quantizer::kLloyd}) {
+      Case c;
+      c.n_heads_q = 8;
+      c.n_heads_kv = 2;
+      c.n_sink = 32;
+      c.n_hist = 160;
+      c.n_recent = 45;
+      c.quantizer = quant;
+      c.chunk_tokens = chunk;
+      c.seed = 77 + chunk;
+      run_case(c);
+    }
+  }
+}
+
+TEST(DecodeAttn, PeakySoftmax) {
+  // Scores spread over tens of units: exp underflows for most keys, the max moves between chunks.
+  for (float gain : {8.f, 30.f}) {
+    Case c;
+    c.q_gain = gain;
+    c.n_sink = 16;
+    c.n_hist = 256;
+    c.n_recent = 37;
+    c.chunk_tokens = 32;
+    c.seed = 31;
+    run_case(c);
+  }
+}
+
+TEST(DecodeAttn, LongContext8K) {
+  for (auto quant : {Int2Quantizer::kUniform, Int2Quantizer::kLloyd}) {
+    for (int chunk : {0, 64}) {
+      Case c;
+      c.n_heads_q = 8;
+      c.n_heads_kv = 2;
+      c.page_size = 32;
+      c.n_sink = 64;
+      c.n_recent = 256 + 13;
+      c.n_hist = 8192 - 64 - 256 - 32;  // whole pages
+      c.quantizer = quant;
+      c.chunk_tokens = chunk;
+      c.seed = 8192 + chunk;
+      const Cmp r = run_case(c);
+      std::printf("8K %s chunk=%d: fast max|err| %.3g (%.3g of the bound), min cos %.9f\n",
+                  quant == Int2Quantizer::kLloyd ? "lloyd" : "uniform", chunk, r.max_err,
+                  r.max_ratio, r.min_cos);
+    }
+  }
+}
+
+TEST(DecodeAttn, ValidationErrors) {
+  Case c;
+  Built b = build(c);
+  std::vector<float> out(static_cast<size_t>(c.n_heads_q) * c.head_dim);
+  b.params.out = out.data();
+  {
+    DecodeAttnParams p = b.params;
+    p.n_heads_q = 3;
+    EXPECT_FALSE(decode_attn(p).ok());
+    EXPECT_FALSE(decode_attn_ref(p).ok());
+  }
+  {
+    DecodeAttnParams p = b.params;
+    p.group_size = 48;
+    const Status st = decode_attn(p);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.to_string().find("group_size 48"), std::string::npos) << st.to_string();
+  }
+  {
+    DecodeAttnParams p = b.params;
+    p.int2_pool = nullptr;
+    EXPECT_FALSE(decode_attn(p).ok());
+    p.history.n_tokens = 0;  // no history: the INT2 pool is not needed
+    EXPECT_TRUE(decode_attn(p).ok());
+  }
+  {
+    DecodeAttnParams p = b.params;
+    p.layer = 2;
+    EXPECT_FALSE(decode_attn(p).ok());
+  }
+  {
+    DecodeAttnParams p = b.params;
+    p.layout.exact_elem_bytes = 3;
+    EXPECT_FALSE(decode_attn(p).ok());
+  }
+}
+
+// --- merge_attn_states on its own -------------------------------------------------------------
+
+TEST(MergeAttnStates, MatchesOneSoftmaxIncludingEmptyParts) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  const int d = 24, n_rows = 3;
+  for (int trial = 0; trial < 20; ++trial) {
+    // Split 40 keys into parts at random cut points; some parts end up empty.
+    const int n_keys = 40;
+    std::vector<float> s(static_cast<size_t>(n_rows) * n_keys), v(static_cast<size_t>(n_keys) * d);
+    for (float& x : s) x = normal(rng);
+    for (float& x : v) x = normal(rng);
+    std::vector<int> cuts = {0, n_keys};
+    std::uniform_int_distribution<int> cut(0, n_keys);
+    for (int i = 0; i < 4; ++i) cuts.push_back(cut(rng));
+    cuts.push_back(cuts[2]);  // a guaranteed empty part
+    std::sort(cuts.begin(), cuts.end());
+    const int n_parts = static_cast<int>(cuts.size()) - 1;
+    const int stride = n_rows + 2;  // strided parts
+    std::vector<float> o(static_cast<size_t>(n_parts) * stride * d, 0.f);
+    std::vector<float> m(static_cast<size_t>(n_parts) * stride, 0.f), l(m.size(), 0.f);
+    for (int p = 0; p < n_parts; ++p) {
+      for (int r = 0; r < n_rows; ++r) {
+        const size_t pr = static_cast<size_t>(p) * stride + r;
+        double mm = -std::numeric_limits<double>::infinity();
+        for (int j = cuts[p]; j < cuts[p + 1]; ++j) mm = std::max<double>(mm, s[r * n_keys + j]);
+        double ll = 0;
+        std::vector<double> acc(d, 0.0);
+        for (int j = cuts[p]; j < cuts[p + 1]; ++j) {
+          const double w = std::exp(s[r * n_keys + j] - mm);
+          ll += w;
+          for (int i = 0; i < d; ++i) acc[i] += w * v[j * d + i];
+        }
+        m[pr] = static_cast<float>(mm);
+        l[pr] = static_cast<float>(ll);
+        for (int i = 0; i < d; ++i) o[pr * d + i] = static_cast<float>(acc[i]);
+      }
+    }
+    std::vector<float> out(static_cast<size_t>(n_rows) * d);
+    merge_attn_states(o.data(), m.data(), l.data(), n_parts, n_rows, d, stride, out.data());
+    for (int r = 0; r < n_rows; ++r) {
+      double mm = -std::numeric_limits<double>::infinity(), ll = 0;
+      for (int j = 0; j < n_keys; ++j) mm = std::max<double>(mm, s[r * n_keys + j]);
+      std::vector<double> want(d, 0.0);
+      double vmax = 0;
+      for (int j = 0; j < n_keys; ++j) {
+        const double w = std::exp(s[r * n_keys + j] - mm);
+        ll += w;
+        for (int i = 0; i < d; ++i) {
+          want[i] += w * v[j * d + i];
+          vmax = std::max(vmax, std::fabs(static_cast<double>(v[j * d + i])));
+        }
+      }
+      // Partials are rounded to float once (m, ℓ, o: relative u each), the merge adds a few
+      // roundings per part: 16·n_parts·u·Vmax bounds it.
+      const double tol = 16.0 * n_parts * kU * vmax;
+      for (int i = 0; i < d; ++i)
+        ASSERT_NEAR(out[r * d + i], want[i] / ll, tol)
+            << "trial " << trial << " row " << r << " dim " << i << " parts " << n_parts;
+    }
+  }
+}
+
+TEST(MergeAttnStates, AllEmptyGivesZerosAndNoParts) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::vector<float> o(2 * 4, 0.f), m = {ninf, ninf}, l = {0.f, 0.f}, out(4, 9.f);
+  merge_attn_states(o.data(), m.data(), l.data(), 2, 1, 4, 1, out.data());
+  for (float x : out) EXPECT_EQ(x, 0.f);
+  std::fill(out.begin(), out.end(), 9.f);
+  merge_attn_states(nullptr, nullptr, nullptr, 0, 1, 4, 1, out.data());
+  for (float x : out) EXPECT_EQ(x, 0.f);
+}
+
+TEST(MergeAttnStates, EmptyFirstPartThenOne) {
+  // An empty part before a real one must not produce NaN (exp(-inf - M) handled, not inf - inf).
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::vector<float> o = {0, 0, 2, 4}, m = {ninf, 1.5f}, l = {0.f, 2.f}, out(2);
+  merge_attn_states(o.data(), m.data(), l.data(), 2, 1, 2, 1, out.data());
+  EXPECT_FLOAT_EQ(out[0], 1.f);
+  EXPECT_FLOAT_EQ(out[1], 2.f);
+}
+
+}  // namespace
+}  // namespace oscar::kernels
