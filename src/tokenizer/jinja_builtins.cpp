@@ -471,7 +471,7 @@ Result<std::string> printf_format(Evaluator& ev, const std::string& fmt, const V
     OSCAR_RETURN_IF_ERROR(ev.check_size(static_cast<int64_t>(out.size())));
   }
   // Python skips this check when the argument is a mapping or any non-tuple sequence.
-  bool mapping_like = args.is_dict() || (args.is_list() && !args.tuple);
+  bool mapping_like = args.is_dict() || (args.is_list() && !args.tuple) || args.is_undefined();
   if (!used_mapping && !mapping_like && next < pos.size()) {
     return ev.fail("not all arguments converted during string formatting");
   }
@@ -556,6 +556,54 @@ Result<Value> string_method(Evaluator& ev, const std::string& s, const std::stri
     OSCAR_ASSIGN_OR_RETURN(std::string r, join_values(ev, items, s));
     return Value::string(std::move(r));
   }
+  if (name == "format") {
+    // "{}", "{0}", "{name}" and "{{"/"}}"; format specs and conversions are not supported.
+    std::string out;
+    size_t auto_index = 0;
+    int numbering = 0;  // 1: automatic "{}", 2: manual "{0}"
+    for (size_t k = 0; k < s.size(); ++k) {
+      char c = s[k];
+      if ((c == '{' || c == '}') && k + 1 < s.size() && s[k + 1] == c) {
+        out += c;
+        ++k;
+        continue;
+      }
+      if (c == '}') return ev.fail("str.format: single '}' encountered in format string");
+      if (c != '{') {
+        out += c;
+        continue;
+      }
+      size_t close = s.find('}', k);
+      if (close == std::string::npos) return ev.fail("str.format: single '{' encountered");
+      std::string field = s.substr(k + 1, close - k - 1);
+      if (field.find_first_of(":!.[") != std::string::npos) {
+        return ev.fail("str.format: format specs are not supported");
+      }
+      const Value* v = nullptr;
+      bool numeric = !field.empty() && std::all_of(field.begin(), field.end(),
+                                                   [](char d) { return d >= '0' && d <= '9'; });
+      if (field.empty() || numeric) {
+        int mode = field.empty() ? 1 : 2;
+        if (numbering != 0 && numbering != mode) {
+          return ev.fail("str.format: cannot switch between automatic and manual field numbering");
+        }
+        numbering = mode;
+      }
+      if (field.empty()) {
+        if (auto_index < a.pos.size()) v = &a.pos[auto_index++];
+      } else if (numeric) {
+        size_t idx = static_cast<size_t>(std::atoll(field.c_str()));
+        if (idx < a.pos.size()) v = &a.pos[idx];
+      } else {
+        v = a.kwarg(field);
+      }
+      if (!v) return ev.fail(str_format("str.format: no argument for '{%s}'", field.c_str()));
+      out += to_str(*v);
+      OSCAR_RETURN_IF_ERROR(ev.check_size(static_cast<int64_t>(out.size())));
+      k = close;
+    }
+    return Value::string(std::move(out));
+  }
   if (name == "removeprefix" || name == "removesuffix") {
     OSCAR_ASSIGN_OR_RETURN(std::string x, str_arg(0, "prefix"));
     if (name == "removeprefix" && s.compare(0, x.size(), x) == 0) {
@@ -615,7 +663,7 @@ bool is_string_method(const std::string& n) {
       "rsplit",     "lower",    "upper",      "title",   "capitalize",   "replace",
       "find",       "rfind",    "index",      "rindex",  "count",        "join",
       "removeprefix", "removesuffix", "splitlines", "isdigit", "isalpha", "isalnum",
-      "isspace",    "islower",  "isupper"};
+      "isspace",    "islower",  "isupper", "format"};
   for (const char* k : kNames) {
     if (n == k) return true;
   }
@@ -1093,6 +1141,23 @@ Result<Value> f_max(Evaluator& ev, const Value& v, const CallArgs& a) {
   return min_max(ev, v, a, true);
 }
 
+Result<Value> f_batch(Evaluator& ev, const Value& v, const CallArgs& a) {
+  int64_t size = 0;
+  const Value* n = arg(a, 0, "linecount");
+  if (!n || !get_int(*n, &size) || size <= 0) return ev.fail("batch needs a positive size");
+  const Value* fill = arg(a, 1, "fill_with");
+  OSCAR_ASSIGN_OR_RETURN(List items, iterate(ev, v));
+  List out;
+  for (size_t k = 0; k < items.size(); k += static_cast<size_t>(size)) {
+    List row(items.begin() + static_cast<std::ptrdiff_t>(k),
+             items.begin() + static_cast<std::ptrdiff_t>(
+                                 std::min(items.size(), k + static_cast<size_t>(size))));
+    while (fill && !fill->is_none() && row.size() < static_cast<size_t>(size)) row.push_back(*fill);
+    out.push_back(Value::from_list(std::move(row)));
+  }
+  return Value::from_list(std::move(out));
+}
+
 Result<Value> f_sum(Evaluator& ev, const Value& v, const CallArgs& a) {
   const Value* attribute = arg(a, 0, "attribute");
   const Value* start = arg(a, 1, "start");
@@ -1111,6 +1176,7 @@ Result<Value> f_sum(Evaluator& ev, const Value& v, const CallArgs& a) {
 const std::map<std::string, FilterFn>& filters() {
   static const std::map<std::string, FilterFn> kFilters = {
       {"abs", f_abs},           {"attr", f_attr},
+      {"batch", f_batch},
       {"capitalize", f_capitalize}, {"count", f_length},
       {"d", f_default},         {"default", f_default},
       {"dictsort", f_dictsort}, {"e", f_escape},
@@ -1436,6 +1502,10 @@ Result<Value> binary_op(Evaluator& ev, const std::string& op, const Value& a, co
     OSCAR_RETURN_IF_ERROR(ev.charge(static_cast<int64_t>((s.size() + t.size()) / 32)));
     return Value::string(s + t);
   }
+  if (op == "%" && a.is_string()) {  // printf-style; an Undefined argument formats as ""
+    OSCAR_ASSIGN_OR_RETURN(std::string r, printf_format(ev, a.s(), b));
+    return Value::string(std::move(r));
+  }
   if (a.is_undefined()) return ev.undefined_error(a);
   if (b.is_undefined()) return ev.undefined_error(b);
   auto type_error = [&]() {
@@ -1537,10 +1607,6 @@ Result<Value> binary_op(Evaluator& ev, const std::string& op, const Value& a, co
     List out;
     for (int64_t k = 0; k < n; ++k) out.insert(out.end(), seq.list->begin(), seq.list->end());
     return seq.tuple ? Value::from_tuple(std::move(out)) : Value::from_list(std::move(out));
-  }
-  if (op == "%" && a.is_string()) {
-    OSCAR_ASSIGN_OR_RETURN(std::string r, printf_format(ev, a.s(), b));
-    return Value::string(std::move(r));
   }
   return type_error();
 }

@@ -241,7 +241,21 @@ def random_cases(n, seed):
         return "".join(parts)
     atoms = ["1", "2.5", "-3", "'ab'", "\"c\"", "none", "true", "false", "x", "l", "d", "s",
              "[1, 'a']", "{'k': 1}", "(1, 2)", "undefined_name", "l[0]", "d.k", "s[1:]", "l|length",
-             "s|upper", "d|tojson", "l|join('-')", "s.split('b')", "range(3)|list", "l|reverse|list"]
+             "s|upper", "d|tojson", "l|join('-')", "s.split('b')", "range(3)|list", "l|reverse|list",
+             "u", "u[::-1]", "u[1:-1]", "u|length", "u.upper()", "u.split()", "u.strip(' h')",
+             "u.replace('é', 'e')", "u.find('l')", "u.startswith('hé')", "u.endswith(('x', 'o '))",
+             "u|title", "u|capitalize", "u|trim", "u|wordcount", "u|center(3)" if False else "u|first",
+             "u|last", "u|list|length", "u|tojson", "m|map(attribute='r')|list",
+             "m|selectattr('r', 'equalto', 'a')|list", "m|rejectattr('c')|map(attribute='r')|join(',')",
+             "m|tojson", "m[0]", "m[1].c", "m[-1]['r']", "m|length", "m|first", "m|last",
+             "m|sort(attribute='r')|map(attribute='r')|list", "m|unique(attribute='r')|list",
+             "f", "'{}-{}-{k}'.format(1, 2, k=3)", "'{1}{0}{1}'.format('a', 'b')", "'{}{1}'.format(1, 2)", "'{{x}}'.format()", "f|round(1)", "f|int", "f * 2", "-f", "f|string",
+             "l[::-2]", "l[5:]", "l|sort", "l|sum", "l|min", "l|max", "l|unique|list", "l|first",
+             "l|select('odd')|list", "l|map('string')|join", "l|batch(2)|list", "d|dictsort",
+             "d.items()|list", "d.keys()|list", "d|items|list", "d.get('k')", "d.get('z', 0)",
+             "d['n']", "d.n is none", "d|length", "namespace(a=1).a", "dict(a=1)",
+             "'%s|%5.1f' % (s, f)", "'a,b,,c'.split(',')", "'  x  y '.split()", "'x\\ny'",
+             "'A'|lower", "s * 2", "[1] * 2", "'b' in s", "2 in l", "'k' in d", "s ~ 1 ~ none"]
     ops = [" + ", " - ", " * ", " / ", " // ", " % ", " ~ ", " == ", " != ", " < ", " >= ",
            " and ", " or ", " in ", " not in "]
     def expr(k):
@@ -255,7 +269,8 @@ def random_cases(n, seed):
         if rng.random() < 0.15:
             return "(%s if %s else %s)" % (expr(k - 1), expr(k - 1), expr(k - 1))
         return "(" + expr(k - 1) + rng.choice(ops) + expr(k - 1) + ")"
-    ctx = {"x": 1, "l": [3, 1, 2], "d": {"k": "v", "n": None}, "s": "abc"}
+    ctx = {"x": 1, "l": [3, 1, 2], "d": {"k": "v", "n": None}, "s": "abc", "u": " héllo wörld ",
+           "f": 2.75, "m": [{"r": "u", "c": "hi"}, {"r": "a", "c": ""}, {"r": "u", "c": "x"}]}
     out = []
     for i in range(n):
         if i % 2 == 0:
