@@ -4,6 +4,8 @@
 // random K/V rows, exact rows stored as BF16 (or F32), history rows quantized by quant's fast
 // quantizers, page ids shuffled, every byte the kernel must not read (other layers, spare pages)
 // filled with 0xFF (NaN in both bf16 and fp16 metadata), so a wrong address shows up as NaN.
+// Last, kv::SequenceCache::attend() with one staged token (the decode path) against exact
+// attention over what the cache holds, token by token across sinks, demotions and page edges.
 //
 // Tolerances (u = 2^-24, float unit roundoff):
 //   reference (float64 inside, one float rounding at the end): |err| <= 4·u·Vmax.
@@ -28,6 +30,9 @@
 
 #include "core/bf16.h"
 #include "kernels/decode_attn.h"
+#include "kv/page_pool.h"
+#include "kv/sequence_cache.h"
+#include "quant/modes.h"
 #include "quant/int2_layout.h"
 #include "quant/int2_quant.h"
 
@@ -551,6 +556,105 @@ TEST(MergeAttnStates, EmptyFirstPartThenOne) {
   merge_attn_states(o.data(), m.data(), l.data(), 2, 1, 2, 1, out.data());
   EXPECT_FLOAT_EQ(out[0], 1.f);
   EXPECT_FLOAT_EQ(out[1], 2.f);
+}
+
+// --- Through kv::SequenceCache ------------------------------------------------------------------
+// attend() with one staged token takes the decode path (decode_attn over the cache's own page
+// lists). Grow a cache token by token across the sink, demotion and page edges and compare every
+// step, every layer, with exact float64 attention over what read_row() says the cache holds.
+// Same tolerance as above (L = tokens so far).
+namespace cache_test {
+
+void grow_and_compare(quant::CacheMode mode, int group_size, uint32_t seed) {
+  kv::KvCacheSpec spec;
+  spec.n_layers = 2;
+  spec.n_heads_kv = 2;
+  spec.head_dim = 64;
+  spec.group_size = group_size;
+  spec.regions.n_sink = 16;
+  spec.regions.n_recent = 32;
+  spec.regions.page_size = 8;
+  spec.mode = mode;
+  const Status valid = spec.validate();
+  ASSERT_TRUE(valid.ok()) << valid.to_string();
+  const KvPageLayout L = spec.layout();
+  kv::PagePool exact("exact", 64, L.exact_page_bytes());
+  kv::PagePool int2("int2", 64, spec.quantized() ? L.int2_page_bytes() : 1);
+  kv::SequenceCache cache(&spec, &exact, spec.quantized() ? &int2 : nullptr);
+  kv::AttendScratch scratch;
+
+  const int Hq = 4, Hkv = 2, d = 64;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  auto randv = [&](size_t n, float gain) {
+    std::vector<float> x(n);
+    for (float& e : x) e = gain * normal(rng);
+    return x;
+  };
+  // A 5-token prefill (chunk path), then single-token steps (decode path).
+  int64_t step_n = 5;
+  while (cache.n_tokens() < 130) {
+    ASSERT_TRUE(cache.reserve(step_n).ok());
+    for (int layer = 0; layer < spec.n_layers; ++layer) {
+      const auto k = randv(static_cast<size_t>(step_n) * Hkv * d, 1.f);
+      const auto v = randv(k.size(), 1.f);
+      const auto q = randv(static_cast<size_t>(step_n) * Hq * d, 1.5f);
+      cache.write(layer, k.data(), v.data(), step_n);
+      std::vector<float> out(q.size());
+      ASSERT_TRUE(cache.attend(layer, q.data(), Hq, step_n, out.data(), kv::AttendMode::kPrefill,
+                               scratch).ok());
+      if (step_n != 1) continue;
+      const int64_t T = cache.n_tokens() + 1;
+      std::vector<float> row(d);
+      for (int h = 0; h < Hq; ++h) {
+        const int g = h / (Hq / Hkv);
+        std::vector<double> s(T), acc(d, 0.0);
+        double m = -std::numeric_limits<double>::infinity(), l = 0, S = 0, vmax = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          cache.read_row(layer, 0, g, t, row.data());
+          double a = 0, aa = 0;
+          for (int i = 0; i < d; ++i) {
+            a += static_cast<double>(q[h * d + i]) * row[i];
+            aa += std::fabs(static_cast<double>(q[h * d + i]) * row[i]);
+          }
+          s[t] = a * scale;
+          S = std::max(S, aa * scale);
+          m = std::max(m, s[t]);
+        }
+        for (int64_t t = 0; t < T; ++t) {
+          cache.read_row(layer, 1, g, t, row.data());
+          const double w = std::exp(s[t] - m);
+          l += w;
+          for (int i = 0; i < d; ++i) {
+            acc[i] += w * row[i];
+            vmax = std::max(vmax, std::fabs(static_cast<double>(row[i])));
+          }
+        }
+        const double tol = vmax * kU * (2.0 * (d + 2) * S + 2.0 * T + 64);
+        for (int i = 0; i < d; ++i)
+          ASSERT_NEAR(out[h * d + i], acc[i] / l, tol)
+              << quant::cache_mode_name(mode) << " G " << group_size << " token " << T - 1
+              << " layer " << layer << " head " << h << " dim " << i << " (hist_end "
+              << cache.hist_end() << ")";
+      }
+    }
+    cache.commit(step_n);
+    step_n = 1;
+  }
+  if (spec.quantized()) {
+    EXPECT_GT(cache.bytes().history, 0);
+  }
+}
+
+}  // namespace cache_test
+
+TEST(DecodeAttnCache, SequenceCacheDecodeStepsMatchExactAttention) {
+  cache_test::grow_and_compare(quant::CacheMode::kOscar, 32, 1);
+  cache_test::grow_and_compare(quant::CacheMode::kOscarLloyd, 64, 2);
+  cache_test::grow_and_compare(quant::CacheMode::kInt2Naive, 64, 3);
+  cache_test::grow_and_compare(quant::CacheMode::kBF16, 64, 4);
+  cache_test::grow_and_compare(quant::CacheMode::kF32, 64, 5);
 }
 
 }  // namespace
