@@ -7,6 +7,7 @@
 #include "core/bf16.h"
 #include "core/check.h"
 #include "kernels/chunk_attn.h"
+#include "kernels/decode_attn.h"
 #include "quant/int2_layout.h"
 #include "quant/int2_quant.h"
 
@@ -286,6 +287,10 @@ Status SequenceCache::attend(int layer, const float* q, int n_heads_q, int64_t n
     q_used = s.q_rot.data();
   }
 
+  // A decode step reads the pages directly (OSCAR.md §5). With one query both attend modes read
+  // the same zones: history_end(n_tokens_) == hist_end_ after the last commit.
+  if (n == 1) return attend_decode(layer, q_used, n_heads_q, out);
+
   // Per-query boundary of the dequantized zone.
   s.deq_end.resize(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -348,6 +353,34 @@ Status SequenceCache::attend(int layer, const float* q, int n_heads_q, int64_t n
   p.deq_end = s.deq_end.data();
   p.out = out;
   return kernels::chunk_attn(p);
+}
+
+Status SequenceCache::attend_decode(int layer, const float* q, int n_heads_q, float* out) const {
+  const RegionConfig& r = spec_->regions;
+  const int64_t n_keys = n_tokens_ + n_staged_;
+  kernels::DecodeAttnParams p;
+  p.n_heads_q = n_heads_q;
+  p.group_size = spec_->group_size;
+  p.quantizer = spec_->mode == quant::CacheMode::kOscarLloyd ? kernels::Int2Quantizer::kLloyd
+                                                             : kernels::Int2Quantizer::kUniform;
+  p.layer = layer;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(spec_->head_dim));
+  p.layout = layout_;
+  p.q = q;
+  p.out = out;
+  p.sinks = {sink_pages_.data(), std::min<int64_t>(r.n_sink, n_keys)};
+  p.history = {hist_pages_.data(), hist_end_ - r.n_sink};
+  p.recent = {recent_pages_.data(), std::max<int64_t>(0, n_keys - hist_end_)};
+  // The kernels address pages as pool base + id * page_bytes. PagePool stores its pages in one
+  // array ([n_pages, page_bytes]) but exposes only data(id) of allocated pages, so the base is
+  // recovered from a page this sequence holds.
+  auto pool_base = [](const PagePool* pool, const std::vector<PageId>& pages) -> const uint8_t* {
+    if (pages.empty()) return nullptr;
+    return pool->data(pages.front()) - static_cast<size_t>(pages.front()) * pool->page_bytes();
+  };
+  p.exact_pool = pool_base(exact_pool_, sink_pages_.empty() ? recent_pages_ : sink_pages_);
+  if (p.history.n_tokens > 0) p.int2_pool = pool_base(int2_pool_, hist_pages_);
+  return kernels::decode_attn(p);
 }
 
 void SequenceCache::demote_front_page() {

@@ -108,6 +108,9 @@ class SequenceCache {
   void quantize_row(int layer, int kv, int head, const float* x, uint8_t* row) const;
   void dequantize_row(const uint8_t* row, float* out) const;
   void demote_front_page();
+  // attend() for one staged token (a decode step): kernels::decode_attn straight over the pages,
+  // nothing materialised. q: [n_heads_q, head_dim] already rotated by R_K.
+  Status attend_decode(int layer, const float* q, int n_heads_q, float* out) const;
 
   const KvCacheSpec* spec_;
   kernels::KvPageLayout layout_;
