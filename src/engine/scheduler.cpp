@@ -43,6 +43,8 @@ struct Scheduler::Sequence {
   std::unique_ptr<tok::StreamDecoder> decoder;
   std::vector<float> logits;
   int64_t prefilled = 0;
+  int64_t cached_tokens = 0;  // prompt tokens adopted from the prefix cache
+  kv::NodeHandle prefix_node; // locked radix node while running
   std::vector<int32_t> output;
   std::string text;      // decoded output so far, whole UTF-8 characters
   size_t emitted = 0;    // bytes of `text` already streamed
@@ -57,6 +59,7 @@ struct Scheduler::Sequence {
     e.kind = kind;
     e.prompt_tokens = static_cast<int>(req.prompt_ids.size());
     e.completion_tokens = static_cast<int>(output.size());
+    e.cached_tokens = static_cast<int>(cached_tokens);
     return e;
   }
 };
@@ -79,6 +82,11 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(std::unique_ptr<Runtime> ru
     auto tmpl = tok::ChatTemplate::parse(source);
     if (!tmpl.ok()) return tmpl.status().with_context("chat template of the model");
     s->chat_template_ = std::make_unique<tok::ChatTemplate>(std::move(tmpl).value());
+  }
+  if (options.prefix_cache) {
+    std::vector<kv::PagePool*> pools = {&s->runtime_->exact_pool()};
+    if (s->runtime_->int2_pool()) pools.push_back(s->runtime_->int2_pool());
+    s->radix_ = std::make_unique<kv::RadixCache>(s->runtime_->spec().regions.page_size, pools);
   }
   s->thread_ = std::thread([p = s.get()] { p->loop(); });
   s->ready_ = true;
@@ -195,7 +203,20 @@ Result<std::string> Scheduler::apply_chat_template(const nlohmann::ordered_json&
 
 void Scheduler::release(Sequence& s) {
   if (s.cache) {
-    s.cache.reset();  // every page back to the pools
+    if (radix_) {
+      // Cache what this sequence computed (prompt, then generated tokens) for later requests.
+      const int64_t n = s.cache->shareable_tokens();
+      if (n > 0) {
+        std::vector<int32_t> tokens(s.req.prompt_ids.begin(),
+                                    s.req.prompt_ids.begin() +
+                                        std::min<int64_t>(n, s.req.prompt_ids.size()));
+        for (size_t i = 0; static_cast<int64_t>(tokens.size()) < n; ++i) tokens.push_back(s.output[i]);
+        radix_->insert(tokens, s.cache->shareable_pages());
+      }
+      if (s.prefix_node.id != 0) radix_->unlock(s.prefix_node);
+      s.prefix_node = {};
+    }
+    s.cache.reset();  // the sequence's page references back to the pools
     reserved_.exact -= s.reserved.exact;
     reserved_.int2 -= s.reserved.int2;
     s.reserved = {};
@@ -226,19 +247,58 @@ void Scheduler::fail(Sequence& s, const Status& error) {
   live_ids_.erase(s.req.request_id);
 }
 
+// Pages held only by the prefix cache (unlocked nodes) are not free, but can be evicted: a
+// reservation fits when the reservations plus the cache's evictable pages fit the pool, evicting
+// LRU cache entries as needed. Pages shared by a running sequence and the cache are counted in
+// that sequence's reservation (conservative).
+bool Scheduler::reservation_fits(const PagesNeeded& need) {
+  const int64_t totals[2] = {runtime_->exact_pool().n_pages(),
+                             runtime_->int2_pool() ? runtime_->int2_pool()->n_pages() : 0};
+  const int64_t wanted[2] = {reserved_.exact + need.exact, reserved_.int2 + need.int2};
+  for (uint8_t pool = 0; pool < 2; ++pool) {
+    if (wanted[pool] > totals[pool]) return false;
+    if (!radix_ || pool >= radix_->stats().evictable_pages.size()) continue;
+    const int64_t cached = radix_->stats().evictable_pages[pool];
+    if (wanted[pool] + cached > totals[pool]) radix_->evict(wanted[pool] + cached - totals[pool], pool);
+    if (wanted[pool] + radix_->stats().evictable_pages[pool] > totals[pool]) return false;
+  }
+  return true;
+}
+
+void Scheduler::attach_prefix(Sequence& s) {
+  if (!radix_) return;
+  const kv::KvCacheSpec& spec = runtime_->spec();
+  const int64_t n_prompt = static_cast<int64_t>(s.req.prompt_ids.size());
+  // Reuse sinks and history only: the prompt's recent window is recomputed in BF16. At least
+  // one prompt token is always computed (its logits start the generation).
+  const int64_t reusable =
+      spec.quantized() ? kv::reusable_prefix_tokens(spec.regions, n_prompt)
+                       : ((n_prompt - 1) / spec.regions.page_size) * spec.regions.page_size;
+  if (reusable <= 0) return;
+  kv::PrefixMatch m =
+      radix_->match_prefix(std::span<const int32_t>(s.req.prompt_ids.data(), reusable));
+  if (m.n_tokens_matched == 0) return;
+  radix_->lock(m.last_node);
+  radix_->retain_pages(m.pages);
+  Status st = s.cache->adopt_prefix(m.pages);
+  OSCAR_CHECK(st.ok(), "prefix cache handed out a prefix of the wrong shape: %s",
+              st.to_string().c_str());
+  s.prefix_node = m.last_node;
+  s.prefilled = m.n_tokens_matched;
+  s.cached_tokens = m.n_tokens_matched;
+}
+
 void Scheduler::admit() {
-  const int64_t exact_total = runtime_->exact_pool().n_pages();
-  const int64_t int2_total = runtime_->int2_pool() ? runtime_->int2_pool()->n_pages() : 0;
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
     Sequence& s = *waiting_.front();
     const PagesNeeded need =
         pages_needed(static_cast<int64_t>(s.req.prompt_ids.size()) + s.req.max_tokens);
-    if (reserved_.exact + need.exact > exact_total || reserved_.int2 + need.int2 > int2_total)
-      break;  // FIFO: wait for running requests to free their reservations
+    if (!reservation_fits(need)) break;  // FIFO: wait for running requests to finish
     reserved_.exact += need.exact;
     reserved_.int2 += need.int2;
     s.reserved = need;
     s.cache = runtime_->new_cache();
+    attach_prefix(s);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
@@ -402,6 +462,9 @@ void Scheduler::loop() {
       metrics_.kv_pools.push_back({"int2", runtime_->int2_pool()->n_used(),
                                    runtime_->int2_pool()->n_pages()});
     if (elements > 0) metrics_.kv_effective_bits_per_element = 8.0 * bytes / elements;
+    if (radix_ && radix_->stats().lookup_tokens > 0)
+      metrics_.prefix_cache_hit_rate = static_cast<double>(radix_->stats().matched_tokens) /
+                                       static_cast<double>(radix_->stats().lookup_tokens);
   }
   // Shutdown: everything still queued or running ends as cancelled.
   {

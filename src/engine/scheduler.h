@@ -6,8 +6,14 @@
 // join between steps), run the model once for the whole batch, sample, stream text, finish.
 // Cancellation releases every page at once, also in the middle of a prefill.
 //
-// What it deliberately does not do yet: the radix prefix cache (kv/radix_cache.h) is not wired
-// in, and there is no preemption (admission reserves peak pages instead).
+// Prefix cache (kv/radix_cache.h): at admission the longest cached page-aligned prefix of the
+// prompt outside its recent window is adopted (sinks and INT2 history; the recent window is
+// recomputed in BF16), and when a request ends its prompt and generated tokens are inserted, so
+// multi-turn conversations and agent loops reuse their own history. Unlocked cached pages are
+// evicted (LRU) when an admission needs room.
+//
+// No preemption: admission reserves each request's peak pages, so a running request never runs
+// out mid-way; requests that do not fit wait in FIFO order.
 #pragma once
 
 #include <atomic>
@@ -22,6 +28,7 @@
 
 #include "engine/engine_api.h"
 #include "engine/runtime.h"
+#include "kv/radix_cache.h"
 #include "tokenizer/chat_template.h"
 
 namespace oscar::engine {
@@ -31,6 +38,7 @@ struct SchedulerOptions {
   int max_running = 64;         // sequences decoded together
   int max_batch_tokens = 1024;  // tokens per forward step (decode tokens + prefill chunks)
   int prefill_chunk = 512;      // prefill tokens per request per step
+  bool prefix_cache = true;     // share prompt prefixes between requests (radix cache)
 };
 
 class Scheduler : public Engine {
@@ -62,6 +70,8 @@ class Scheduler : public Engine {
   void loop();
   PagesNeeded pages_needed(int64_t n_tokens) const;
   void admit();
+  bool reservation_fits(const PagesNeeded& need);
+  void attach_prefix(Sequence& s);
   void step();
   void handle_token(Sequence& s, int32_t token);
   void finish(Sequence& s, const std::string& reason);
@@ -71,6 +81,7 @@ class Scheduler : public Engine {
   std::unique_ptr<Runtime> runtime_;
   SchedulerOptions options_;
   std::unique_ptr<tok::ChatTemplate> chat_template_;
+  std::unique_ptr<kv::RadixCache> radix_;  // null when prefix caching is off
 
   mutable std::mutex mu_;  // guards incoming_, cancels_, live_ids_, stop_, metrics_
   std::condition_variable cv_;

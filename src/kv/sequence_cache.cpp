@@ -115,7 +115,8 @@ Status SequenceCache::reserve(int64_t n) {
   if (end > hist_end_)
     recent_need = (end - hist_end_ + P - 1) / P - static_cast<int64_t>(recent_pages_.size());
   int64_t int2_need = 0;
-  if (spec_->quantized()) int2_need = (history_end(r, end) - hist_end_) / P;
+  // After adopt_prefix() the history may already reach past history_end(end): no demotion then.
+  if (spec_->quantized()) int2_need = std::max<int64_t>(0, (history_end(r, end) - hist_end_) / P);
   sink_need = std::max<int64_t>(0, sink_need);
   recent_need = std::max<int64_t>(0, recent_need);
 
@@ -143,6 +144,53 @@ Status SequenceCache::reserve(int64_t n) {
   staged_sink_pages_ = sink_need;
   staged_recent_pages_ = recent_need;
   n_staged_ = n;
+  return Status();
+}
+
+int64_t SequenceCache::shareable_tokens() const {
+  const RegionConfig& r = spec_->regions;
+  if (spec_->quantized() && n_tokens_ >= r.n_sink) return hist_end_;
+  return (n_tokens_ / r.page_size) * r.page_size;
+}
+
+std::vector<CachedPage> SequenceCache::shareable_pages() const {
+  const RegionConfig& r = spec_->regions;
+  const int64_t n_pages = shareable_tokens() / r.page_size;
+  std::vector<CachedPage> pages;
+  pages.reserve(n_pages);
+  for (PageId p : sink_pages_) {
+    if (static_cast<int64_t>(pages.size()) == n_pages) break;
+    pages.push_back({p, kPoolBf16});
+  }
+  const auto& rest = spec_->quantized() ? hist_pages_ : recent_pages_;
+  const uint8_t pool = spec_->quantized() ? kPoolInt2 : kPoolBf16;
+  for (PageId p : rest) {
+    if (static_cast<int64_t>(pages.size()) == n_pages) break;
+    pages.push_back({p, pool});
+  }
+  OSCAR_CHECK(static_cast<int64_t>(pages.size()) == n_pages);
+  return pages;
+}
+
+Status SequenceCache::adopt_prefix(std::span<const CachedPage> pages) {
+  OSCAR_CHECK(n_tokens_ == 0 && n_staged_ == 0 && sink_pages_.empty(),
+              "adopt_prefix() on a cache that holds tokens");
+  const RegionConfig& r = spec_->regions;
+  const int64_t n_sink_pages = r.n_sink / r.page_size;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const bool sink = static_cast<int64_t>(i) < n_sink_pages;
+    const uint8_t want = sink || !spec_->quantized() ? kPoolBf16 : kPoolInt2;
+    if (pages[i].pool != want)
+      return invalid_argument("adopt_prefix: page %zu is in pool %d, expected %d", i,
+                              pages[i].pool, want);
+  }
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (static_cast<int64_t>(i) < n_sink_pages) sink_pages_.push_back(pages[i].page);
+    else if (spec_->quantized()) hist_pages_.push_back(pages[i].page);
+    else recent_pages_.push_back(pages[i].page);
+  }
+  n_tokens_ = static_cast<int64_t>(pages.size()) * r.page_size;
+  hist_end_ = spec_->quantized() ? std::max<int64_t>(r.n_sink, n_tokens_) : r.n_sink;
   return Status();
 }
 

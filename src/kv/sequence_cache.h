@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "kernels/kv_layout.h"
 #include "kv/admission.h"  // RegionConfig
 #include "kv/page_pool.h"
+#include "kv/radix_cache.h"  // CachedPage
 #include "quant/modes.h"
 
 namespace oscar::kv {
@@ -97,6 +99,15 @@ class SequenceCache {
   void clear();
 
   CacheBytes bytes() const;
+
+  // Prefix sharing (kv/radix_cache.h). Only full pages that are never written again are shared:
+  // sink pages and INT2 history pages (quantized modes), or sink and full recent pages
+  // (unquantized modes, where nothing is demoted). Pool index 0 = exact pool, 1 = INT2 pool.
+  int64_t shareable_tokens() const;
+  std::vector<CachedPage> shareable_pages() const;  // [shareable_tokens() / page_size]
+  // On an empty cache: take over a shared prefix. The caller has retained one reference per page
+  // for this cache (released by clear() / the destructor like any other page).
+  Status adopt_prefix(std::span<const CachedPage> pages);
 
   // Reads a token's K or V (kv 0 = K, 1 = V) of one head as attention sees it: exact rows as
   // stored (rotated K), history rows dequantized. For tests and evaluation.

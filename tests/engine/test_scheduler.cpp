@@ -47,7 +47,7 @@ struct Collector {
 };
 
 std::unique_ptr<Scheduler> make_scheduler(const std::string& mode, size_t budget_mib = 64,
-                                          int prefill_chunk = 256) {
+                                          int prefill_chunk = 256, bool prefix_cache = false) {
   RuntimeOptions o;
   o.model_dir = kModel;
   o.cache_mode = mode;
@@ -56,6 +56,7 @@ std::unique_ptr<Scheduler> make_scheduler(const std::string& mode, size_t budget
   EXPECT_TRUE(rt.ok()) << rt.status().to_string();
   SchedulerOptions so;
   so.prefill_chunk = prefill_chunk;
+  so.prefix_cache = prefix_cache;
   auto s = Scheduler::create(std::move(rt).value(), so);
   EXPECT_TRUE(s.ok()) << s.status().to_string();
   return std::move(s).value();
@@ -165,6 +166,54 @@ TEST(Scheduler, CancellationFreesEveryPage) {
   ASSERT_TRUE(sched->submit(greedy("after", short_prompt, 4), after.callback()).ok());
   ASSERT_TRUE(after.wait());
   EXPECT_EQ(after.finish, "length");
+}
+
+std::vector<int32_t> code_prompt(const Scheduler& s, size_t n_tokens, const std::string& line) {
+  std::vector<int32_t> p;
+  while (p.size() < n_tokens) {
+    auto more = s.tokenize(line).value();
+    p.insert(p.end(), more.begin(), more.end());
+  }
+  p.resize(n_tokens);
+  return p;
+}
+
+// A second request with the same long prefix adopts the cached sinks and history; with a BF16
+// cache the result is the same as without the prefix cache. A finished request's generated tokens
+// are cached too (multi-turn).
+TEST(Scheduler, PrefixCacheReusesSharedPrefix) {
+  for (const char* mode : {"bf16", "int2-hadamard"}) {
+    auto cached = make_scheduler(mode, 64, 256, /*prefix_cache=*/true);
+    auto plain = make_scheduler(mode, 64, 256, /*prefix_cache=*/false);
+    const std::vector<int32_t> system = code_prompt(*cached, 900, "def add(a, b):\n    return a + b\n");
+    auto with_question = [&](const std::string& q) {
+      auto p = system;
+      auto more = cached->tokenize(q).value();
+      p.insert(p.end(), more.begin(), more.end());
+      return p;
+    };
+    Collector first;
+    ASSERT_TRUE(cached->submit(greedy("a", with_question("# one\n"), 8), first.callback()).ok());
+    ASSERT_TRUE(first.wait());
+    Collector second, reference;
+    const auto prompt = with_question("# two\n");
+    ASSERT_TRUE(cached->submit(greedy("b", prompt, 8), second.callback()).ok());
+    ASSERT_TRUE(plain->submit(greedy("b", prompt, 8), reference.callback()).ok());
+    ASSERT_TRUE(second.wait());
+    ASSERT_TRUE(reference.wait());
+    EXPECT_GT(cached->metrics().prefix_cache_hit_rate, 0.2) << mode;
+    if (std::string(mode) == "bf16") EXPECT_EQ(second.ids, reference.ids);
+
+    // Multi-turn: the next turn's prompt extends the previous prompt and its answer.
+    auto turn2 = prompt;
+    turn2.insert(turn2.end(), second.ids.begin(), second.ids.end());
+    auto more = cached->tokenize("\n# three\n").value();
+    turn2.insert(turn2.end(), more.begin(), more.end());
+    Collector third;
+    ASSERT_TRUE(cached->submit(greedy("c", turn2, 4), third.callback()).ok());
+    ASSERT_TRUE(third.wait());
+    EXPECT_EQ(third.finish, "length");
+  }
 }
 
 TEST(Scheduler, RefusesImpossibleRequests) {
