@@ -214,6 +214,9 @@ Status Evaluator::exec_for(const Node& node, std::string& out) {
     items = std::make_shared<const List>(std::move(kept));
   }
   const int64_t n = static_cast<int64_t>(items->size());
+  // Jinja runs the else block unless some iteration reached the end of the body (a break or
+  // continue before the end does not count).
+  bool completed_one = false;
   Status st;
   for (int64_t k = 0; k < n; ++k) {
     if (++iterations_ > limits_.max_loop_iterations) {
@@ -230,6 +233,7 @@ Status Evaluator::exec_for(const Node& node, std::string& out) {
     scope_->loop_index = k;
     st = exec_body(node.bodies[0], out);
     if (!st.ok()) break;
+    if (flow_ == Flow::kNormal) completed_one = true;
     if (flow_ == Flow::kBreak) {
       flow_ = Flow::kNormal;
       break;
@@ -238,8 +242,12 @@ Status Evaluator::exec_for(const Node& node, std::string& out) {
   }
   scope_ = outer;
   OSCAR_RETURN_IF_ERROR(st);
-  if (n == 0) return exec_body(node.else_body, out);
-  return Status();
+  if (completed_one || node.else_body.empty()) return Status();
+  scope_ = std::make_shared<Scope>();  // the else block's assignments stay inside it
+  scope_->parent = outer;
+  st = exec_body(node.else_body, out);
+  scope_ = outer;
+  return st;
 }
 
 Result<Value> Evaluator::call_macro(const Node& macro, const std::shared_ptr<Scope>& closure,

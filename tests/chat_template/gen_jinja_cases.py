@@ -5,6 +5,8 @@ lstrip_blocks, loopcontrols, json.dumps-style tojson, raise_exception). test_cha
 checks that oscar's interpreter renders each one to the same string, or fails where Jinja fails.
 
 Usage: python3 tests/chat_template/gen_jinja_cases.py  (needs jinja2; writes next to itself)
+       python3 tests/chat_template/gen_jinja_cases.py --random 300 2026 \
+           tests/chat_template/jinja_random_cases.json   (the committed random regression set)
        python3 tests/chat_template/gen_jinja_cases.py --random N SEED OUT.json
          writes N random templates (whitespace control, expressions) for a one-off differential
          run: OSCAR_JINJA_CASES=OUT.json build/tests/chat_template/test_chat_template
@@ -153,6 +155,8 @@ CASES = [
     ("{% for m in msgs %}{{ loop.index }}{{ m }}{% endfor %}", {"msgs": {"a": 1, "b": 2}}),
     ("{{ x|trim }}|{{ x|upper }}|{{ x|string }}|{{ x|join }}|{{ x|list }}", {}),
     ("{{ 1.5|int }} {{ '0x1f'|int }} {{ '1e3'|int }} {{ true|int }} {{ ' 7 '|int }}", {}),
+    ("{% for i in [1, 2] %}{% break %}{% else %}else-ran{% endfor %}|{% for i in [1] %}{% continue %}{% else %}else-ran{% endfor %}|{% for i in [1, 2] %}{% if i == 2 %}{% break %}{% endif %}{% else %}no{% endfor %}", {}),
+    ("{% set v = 0 %}{% for i in [] %}{% else %}{% set v = 1 %}{% endfor %}{{ v }}", {}),
     # printf-style formatting
     ("{{ '%s-%d' % ('a', 3) }} {{ '%s' % 'x' }} {{ '%5.2f|%-4s|%04d|%x|%r' % (3.14159, 'ab', 7, 255, 'q') }} {{ '%(a)s!' % {'a': 1} }} {{ '100%%' % () }}", {}),
     # precedence and operators
@@ -271,13 +275,55 @@ def random_cases(n, seed):
         return "(" + expr(k - 1) + rng.choice(ops) + expr(k - 1) + ")"
     ctx = {"x": 1, "l": [3, 1, 2], "d": {"k": "v", "n": None}, "s": "abc", "u": " héllo wörld ",
            "f": 2.75, "m": [{"r": "u", "c": "hi"}, {"r": "a", "c": ""}, {"r": "u", "c": "x"}]}
+    loop_atoms = ["loop.index", "loop.index0", "loop.first", "loop.last", "loop.length",
+                  "loop.revindex", "loop.previtem", "loop.nextitem", "loop.cycle('a', 'b')", "it",
+                  "ns.c", "v", "it|string|length", "loop.depth"]
+    def sexpr(in_loop):
+        pool = atoms + (loop_atoms if in_loop else ["ns.c", "v"])
+        a = rng.choice(pool)
+        if rng.random() < 0.4:
+            a = "(%s%s%s)" % (a, rng.choice(ops), rng.choice(pool))
+        return a
+    def stmts(k, in_loop):
+        parts = []
+        for _ in range(rng.randint(1, 3)):
+            r = rng.random()
+            ws = rng.choice(["", "-"])
+            if r < 0.25 and k > 0:
+                seq, tgt = rng.choice([("l", "it"), ("m", "it"), ("range(3)", "it"), ("d", "it"),
+                                       ("s", "it"), ("d.items()", "it, v"), ("l|sort", "it"),
+                                       ("[]", "it"), ("m|selectattr('c')", "it")])
+                cond = (" if " + sexpr(False).replace("v", "it")) if rng.random() < 0.2 else ""
+                els = ("{% else %}" + stmts(k - 1, in_loop)) if rng.random() < 0.2 else ""
+                parts.append("{%%%s for %s in %s%s %%}%s%s{%% endfor %%}" % (
+                    ws, tgt, seq, cond, stmts(k - 1, True), els))
+            elif r < 0.45 and k > 0:
+                parts.append("{%% if %s %%}%s{%% elif %s %%}%s{%% else %%}%s{%%%s endif %%}" % (
+                    sexpr(in_loop), stmts(k - 1, in_loop), sexpr(in_loop), stmts(k - 1, in_loop),
+                    stmts(k - 1, in_loop), ws))
+            elif r < 0.55:
+                parts.append("{%% set v = %s %%}" % sexpr(in_loop))
+            elif r < 0.65:
+                parts.append("{%% set ns.c = ns.c ~ %s %%}" % sexpr(in_loop))
+            elif r < 0.7 and in_loop:
+                parts.append(rng.choice(["{% break %}", "{% continue %}"]))
+            elif r < 0.75 and k > 0:
+                parts.append("{%% macro mm(a, b=2) %%}%s[{{ a }}{{ b }}]{%% endmacro %%}{{ mm(%s) }}" % (
+                    stmts(k - 1, False), sexpr(in_loop)))
+            else:
+                parts.append("{{%s %s }}" % (ws, sexpr(in_loop)))
+            parts.append(rng.choice(texts))
+        return "".join(parts)
     out = []
     for i in range(n):
-        if i % 2 == 0:
+        if i % 3 == 0:
             depth[0] = 0
             out.append((body(4), ctx))
-        else:
+        elif i % 3 == 1:
             out.append(("{{ %s }}" % expr(3), ctx))
+        else:
+            out.append(("{% set ns = namespace(c='') %}{% set v = 0 %}" + stmts(3, False) +
+                        "|{{ ns.c }}|{{ v }}", ctx))
     return out
 
 
@@ -299,7 +345,7 @@ def main():
         out.append(case)
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"generator": "gen_jinja_cases.py", "jinja2": jinja2.__version__, "cases": out},
-                  f, ensure_ascii=False, indent=1)
+                  f, ensure_ascii=False, indent=None if cases is not CASES else 1)
         f.write("\n")
     print(f"wrote {len(out)} cases to {path}")
 

@@ -92,13 +92,11 @@ TEST(ChatTemplateGolden, TokenizerConfigTemplateMatchesGoldenTemplate) {
   EXPECT_EQ(cfg["chat_template"], golden["template"]);
 }
 
-// Every case of jinja_cases.json (rendered by Python's Jinja2 as transformers configures it; see
-// gen_jinja_cases.py) renders to the same string, or fails where Jinja fails.
-TEST(ChatTemplateJinja, MatchesPythonJinja2) {
-  // OSCAR_JINJA_CASES points at another case file (e.g. gen_jinja_cases.py --random output).
-  const char* path = std::getenv("OSCAR_JINJA_CASES");
-  std::string text = read_file(path ? path : "tests/chat_template/jinja_cases.json");
-  ASSERT_FALSE(text.empty());
+// Every case of a case file written by gen_jinja_cases.py (rendered by Python's Jinja2 as
+// transformers configures it) renders to the same string, or fails where Jinja fails.
+void expect_cases_match_jinja(const std::string& path) {
+  std::string text = read_file(path);
+  ASSERT_FALSE(text.empty()) << "missing " << path;
   json doc = json::parse(text);
   int passed = 0, index = 0;
   for (const json& c : doc["cases"]) {
@@ -121,7 +119,19 @@ TEST(ChatTemplateJinja, MatchesPythonJinja2) {
     }
     ++index;
   }
-  std::printf("jinja differential cases: %d/%d agree\n", passed, index);
+  std::printf("jinja differential cases (%s): %d/%d agree\n", path.c_str(), passed, index);
+}
+
+// Hand-written cases: each construct, realistic template fragments, errors.
+TEST(ChatTemplateJinja, MatchesPythonJinja2) {
+  // OSCAR_JINJA_CASES points at another case file (e.g. gen_jinja_cases.py --random output).
+  const char* path = std::getenv("OSCAR_JINJA_CASES");
+  expect_cases_match_jinja(path ? path : "tests/chat_template/jinja_cases.json");
+}
+
+// 300 random templates (seed 2026): whitespace control, expressions, nested statements.
+TEST(ChatTemplateJinja, MatchesPythonJinja2OnRandomTemplates) {
+  expect_cases_match_jinja("tests/chat_template/jinja_random_cases.json");
 }
 
 TEST(ChatTemplate, RenderChatPassesTransformersVariables) {
