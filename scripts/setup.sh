@@ -11,6 +11,8 @@ packages=(
   clang libclang-rt-dev
 )
 
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -18,10 +20,16 @@ done
 
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "setup: all Debian packages present"
+fi
+
+# Node.js runs the OpenAI-client conformance test (tests/e2e); the npm package itself is installed
+# by that test's run.sh into its own folder.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "setup: installing nodejs npm"
+  ${SUDO:-} apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive ${SUDO:-} apt-get install -y -qq --no-install-recommends nodejs npm
 fi
