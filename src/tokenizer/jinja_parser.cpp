@@ -689,6 +689,15 @@ class Parser {
     ExprPtr first;
     if (!is_op(":")) {
       OSCAR_ASSIGN_OR_RETURN(first, parse_expression(true));
+      if (is_op(",")) {  // x[a, b]: a tuple key
+        std::vector<ExprPtr> items;
+        items.push_back(std::move(first));
+        while (skip_op(",") && !is_op("]")) {
+          OSCAR_ASSIGN_OR_RETURN(ExprPtr item, parse_expression(true));
+          items.push_back(std::move(item));
+        }
+        OSCAR_ASSIGN_OR_RETURN(first, make(Expr::Kind::kTuple, line, std::move(items)));
+      }
       if (skip_op("]")) {
         return make(Expr::Kind::kGetItem, line, list_of(std::move(obj), std::move(first)));
       }
