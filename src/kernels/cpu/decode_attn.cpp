@@ -9,8 +9,10 @@
 // loops that compute the same values.
 #include <omp.h>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
 #define OSCAR_DECODE_AVX2 1
 #endif
 
@@ -61,8 +63,13 @@ inline void int2_row_to_f32(const uint8_t* row, int d, int G, Int2Quantizer quan
   const int q = G / 4;
   for (int g = 0; g < n_groups; ++g) {
     const quant::Int2GroupMeta meta = quant::read_group_meta(row, d, g);
+#ifdef __F16C__
+    const float a = _cvtsh_ss(meta.slot0);
+    const float b = _cvtsh_ss(meta.slot1);
+#else
     const float a = fp16_to_f32(meta.slot0);
     const float b = fp16_to_f32(meta.slot1);
+#endif
     float level[4];
     if (quantizer == Int2Quantizer::kLloyd) {
       for (int k = 0; k < 4; ++k) level[k] = b + quant::kLloydLevels[k] * a;
@@ -131,6 +138,81 @@ inline void axpy(float w, const float* x, int d, float* y) {
   for (int c = 0; c < d; ++c) y[c] += w * x[c];
 }
 
+// sc[h * kBlock + j] = scale · q_h · rows[j] for h < gqa, j < nb. q: [gqa, d]; rows: [nb, d].
+// Up to four heads share each load of a row chunk (independent FMA chains).
+template <int kBlockT>
+void block_scores(const float* q, int gqa, const float* rows, int nb, int d, float scale,
+                  float* sc) {
+#ifdef OSCAR_DECODE_AVX2
+  if (d % 8 == 0) {
+    auto hsum = [](__m256 v) {
+      const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+      const __m128 h2 = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+      return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+    };
+    for (int j = 0; j < nb; ++j) {
+      const float* r = rows + static_cast<size_t>(j) * d;
+      int h = 0;
+      for (; h + 4 <= gqa; h += 4) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float* q0 = q + static_cast<size_t>(h) * d;
+        for (int c = 0; c < d; c += 8) {
+          const __m256 x = _mm256_loadu_ps(r + c);
+          a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + c), x, a0);
+          a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d + c), x, a1);
+          a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 2 * d + c), x, a2);
+          a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 3 * d + c), x, a3);
+        }
+        sc[h * kBlockT + j] = hsum(a0) * scale;
+        sc[(h + 1) * kBlockT + j] = hsum(a1) * scale;
+        sc[(h + 2) * kBlockT + j] = hsum(a2) * scale;
+        sc[(h + 3) * kBlockT + j] = hsum(a3) * scale;
+      }
+      for (; h < gqa; ++h) sc[h * kBlockT + j] = dot(q + static_cast<size_t>(h) * d, r, d) * scale;
+    }
+    return;
+  }
+#endif
+  for (int j = 0; j < nb; ++j)
+    for (int h = 0; h < gqa; ++h)
+      sc[h * kBlockT + j] =
+          dot(q + static_cast<size_t>(h) * d, rows + static_cast<size_t>(j) * d, d) * scale;
+}
+
+// o[h] += Σ_j w[h * kBlock + j] · rows[j] for h < gqa. o: [gqa, d]; rows: [nb, d].
+// Each 32-float slice of o_h stays in registers across the block.
+template <int kBlockT>
+void block_values(const float* w, int gqa, const float* rows, int nb, int d, float* o) {
+#ifdef OSCAR_DECODE_AVX2
+  if (d % 32 == 0) {
+    for (int h = 0; h < gqa; ++h) {
+      float* oh = o + static_cast<size_t>(h) * d;
+      const float* wh = w + h * kBlockT;
+      for (int c = 0; c < d; c += 32) {
+        __m256 a0 = _mm256_loadu_ps(oh + c), a1 = _mm256_loadu_ps(oh + c + 8);
+        __m256 a2 = _mm256_loadu_ps(oh + c + 16), a3 = _mm256_loadu_ps(oh + c + 24);
+        for (int j = 0; j < nb; ++j) {
+          const __m256 wj = _mm256_set1_ps(wh[j]);
+          const float* r = rows + static_cast<size_t>(j) * d + c;
+          a0 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r), a0);
+          a1 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 8), a1);
+          a2 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 16), a2);
+          a3 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 24), a3);
+        }
+        _mm256_storeu_ps(oh + c, a0);
+        _mm256_storeu_ps(oh + c + 8, a1);
+        _mm256_storeu_ps(oh + c + 16, a2);
+        _mm256_storeu_ps(oh + c + 24, a3);
+      }
+    }
+    return;
+  }
+#endif
+  for (int j = 0; j < nb; ++j)
+    for (int h = 0; h < gqa; ++h)
+      axpy(w[h * kBlockT + j], rows + static_cast<size_t>(j) * d, d, o + static_cast<size_t>(h) * d);
+}
+
 // --- Chunks -------------------------------------------------------------------------------------
 
 enum class SegKind { kExact, kInt2 };
@@ -154,7 +236,7 @@ int64_t auto_chunk_tokens(const DecodeAttnParams& p, int64_t total_tokens) {
 
 // Per-thread scratch for one task.
 struct TaskScratch {
-  std::vector<float> row;     // [head_dim]
+  std::vector<float> rows;    // [kBlock, head_dim] unpacked K, then V, rows of one block
   std::vector<float> scores;  // [gqa, kBlock]
   std::vector<float> o;       // [gqa, head_dim]
 };
@@ -174,6 +256,25 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
   const size_t off_v = int2 ? L.int2_row_offset(p.layer, 1, g, 0) : L.exact_row_offset(p.layer, 1, g, 0);
   const size_t row_bytes = int2 ? static_cast<size_t>(L.int2_row_bytes) : L.exact_row_bytes();
 
+  // Prefetches rows [t0, t1) of K and V: pages are scattered in the pool, so the hardware
+  // prefetcher loses the stream at every page edge (INT2 pages hold only page_size * 36 bytes of
+  // one head's rows).
+  auto prefetch = [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1;) {
+      const int64_t run_end = std::min(t1, (t / L.page_size + 1) * L.page_size);
+      const uint8_t* page = pool + static_cast<size_t>(ch.seg->pages[t / L.page_size]) * page_bytes;
+      const size_t a = static_cast<size_t>(t % L.page_size) * row_bytes;
+      const size_t b = a + static_cast<size_t>(run_end - t) * row_bytes;
+      for (size_t x = a; x < b; x += 64) {
+        __builtin_prefetch(page + off_k + x);
+        __builtin_prefetch(page + off_v + x);
+      }
+      __builtin_prefetch(page + off_k + b - 1);
+      __builtin_prefetch(page + off_v + b - 1);
+      t = run_end;
+    }
+  };
+
   auto load = [&](int64_t t, size_t off, float* dst) {
     const uint8_t* src = pool + static_cast<size_t>(ch.seg->pages[t / L.page_size]) * page_bytes +
                          off + static_cast<size_t>(t % L.page_size) * row_bytes;
@@ -192,16 +293,16 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
     l[h] = 0.f;
   }
   std::fill(s.o.begin(), s.o.begin() + static_cast<size_t>(gqa) * d, 0.f);
-  float* row = s.row.data();
+  float* rows = s.rows.data();
   float* sc = s.scores.data();
 
+  prefetch(ch.begin, std::min<int64_t>(ch.end, ch.begin + kBlock));
   for (int64_t t0 = ch.begin; t0 < ch.end; t0 += kBlock) {
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, ch.end - t0));
-    // Scores of the block, every head of the group from one unpacked K row.
-    for (int j = 0; j < nb; ++j) {
-      load(t0 + j, off_k, row);
-      for (int h = 0; h < gqa; ++h) sc[h * kBlock + j] = dot(q + h * d, row, d) * p.scale;
-    }
+    prefetch(t0 + nb, std::min<int64_t>(ch.end, t0 + nb + kBlock));
+    // Scores of the block: its K rows unpacked once, every head of the group reads them.
+    for (int j = 0; j < nb; ++j) load(t0 + j, off_k, rows + static_cast<size_t>(j) * d);
+    block_scores<kBlock>(q, gqa, rows, nb, d, p.scale, sc);
     // Online softmax: new running max, rescale what was accumulated, block weights.
     for (int h = 0; h < gqa; ++h) {
       float mb = m[h];
@@ -221,11 +322,9 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
       l[h] = l[h] * alpha + lb;
       m[h] = mb;
     }
-    // Values, each unpacked V row shared by the group.
-    for (int j = 0; j < nb; ++j) {
-      load(t0 + j, off_v, row);
-      for (int h = 0; h < gqa; ++h) axpy(sc[h * kBlock + j], row, d, s.o.data() + h * d);
-    }
+    // Values: the block's V rows unpacked once, shared by the group.
+    for (int j = 0; j < nb; ++j) load(t0 + j, off_v, rows + static_cast<size_t>(j) * d);
+    block_values<kBlock>(sc, gqa, rows, nb, d, s.o.data());
   }
   for (int h = 0; h < gqa; ++h) {
     m_out[h] = m[h];
@@ -269,7 +368,7 @@ Status decode_attn(const DecodeAttnParams& p) {
 #pragma omp parallel if (parallel)
   {
     TaskScratch s;
-    s.row.resize(d);
+    s.rows.resize(static_cast<size_t>(kBlock) * d);
     s.scores.resize(static_cast<size_t>(gqa) * kBlock);
     s.o.resize(static_cast<size_t>(gqa) * d);
 #pragma omp for schedule(dynamic, 1)
