@@ -1,6 +1,8 @@
 // Tests of ChatTemplate: the real Qwen3 template against transformers' renderings
 // (models/tiny-qwen3/golden/chat_template_cases.json, exact string match), then each Jinja
 // construct, the sandbox caps and the error messages of malformed templates.
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -242,6 +244,31 @@ TEST(ChatTemplateCaps, DeepNestingIsRefused) {
   small.max_template_bytes = 10;
   EXPECT_EQ(render_error("{{ 'more than ten bytes' }}", json::object(), small).code(),
             StatusCode::kOutOfRange);
+}
+
+// Default caps must not reject a long legitimate conversation: 2001 turns of 4 KiB (8 MiB of
+// content) through the real Qwen3 template, compared with a direct concatenation.
+TEST(ChatTemplateCaps, LongConversationFitsTheDefaultCaps) {
+  json golden = json::parse(read_file("models/tiny-qwen3/golden/chat_template_cases.json"));
+  auto tmpl = ChatTemplate::parse(golden["template"].get<std::string>());
+  ASSERT_TRUE(tmpl.ok());
+  json messages = json::array();
+  std::string want;
+  for (int k = 0; k < 2001; ++k) {  // ends with a user turn: no <think> block is added
+    std::string role = k % 2 == 0 ? "user" : "assistant";
+    std::string content(4096, static_cast<char>('a' + k % 26));
+    messages.push_back({{"role", role}, {"content", content}});
+    want += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+  }
+  want += "<|im_start|>assistant\n";
+  auto start = std::chrono::steady_clock::now();
+  auto r = render_chat(*tmpl, messages, json(), true, json::object(), "", "<|im_end|>");
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->size(), want.size());
+  EXPECT_TRUE(r.value() == want) << describe_diff(want, r.value());
+  std::printf("2001-turn, 8 MiB conversation rendered in %.1f ms\n", ms);
 }
 
 TEST(ChatTemplateErrors, MalformedTemplatesNameTheLine) {
