@@ -203,19 +203,7 @@ Result<std::string> Scheduler::apply_chat_template(const nlohmann::ordered_json&
 
 void Scheduler::release(Sequence& s) {
   if (s.cache) {
-    if (radix_) {
-      // Cache what this sequence computed (prompt, then generated tokens) for later requests.
-      const int64_t n = s.cache->shareable_tokens();
-      if (n > 0) {
-        std::vector<int32_t> tokens(s.req.prompt_ids.begin(),
-                                    s.req.prompt_ids.begin() +
-                                        std::min<int64_t>(n, s.req.prompt_ids.size()));
-        for (size_t i = 0; static_cast<int64_t>(tokens.size()) < n; ++i) tokens.push_back(s.output[i]);
-        radix_->insert(tokens, s.cache->shareable_pages());
-      }
-      if (s.prefix_node.id != 0) radix_->unlock(s.prefix_node);
-      s.prefix_node = {};
-    }
+    if (radix_) publish_prefix(s, /*keep_locked=*/false);
     s.cache.reset();  // the sequence's page references back to the pools
     reserved_.exact -= s.reserved.exact;
     reserved_.int2 -= s.reserved.int2;
@@ -263,6 +251,23 @@ bool Scheduler::reservation_fits(const PagesNeeded& need) {
     if (wanted[pool] + radix_->stats().evictable_pages[pool] > totals[pool]) return false;
   }
   return true;
+}
+
+// Inserts the sequence's shareable pages (prompt, then generated tokens) into the prefix cache.
+// keep_locked: the sequence goes on running and keeps the inserted path from eviction.
+void Scheduler::publish_prefix(Sequence& s, bool keep_locked) {
+  const int64_t n = s.cache->shareable_tokens();
+  kv::NodeHandle node;
+  if (n > 0) {
+    std::vector<int32_t> tokens(s.req.prompt_ids.begin(),
+                                s.req.prompt_ids.begin() +
+                                    std::min<int64_t>(n, s.req.prompt_ids.size()));
+    for (size_t i = 0; static_cast<int64_t>(tokens.size()) < n; ++i) tokens.push_back(s.output[i]);
+    node = radix_->insert(tokens, s.cache->shareable_pages()).last_node;
+    if (keep_locked) radix_->lock(node);
+  }
+  if (s.prefix_node.id != 0) radix_->unlock(s.prefix_node);
+  s.prefix_node = keep_locked ? node : kv::NodeHandle{};
 }
 
 void Scheduler::attach_prefix(Sequence& s) {
@@ -401,9 +406,12 @@ void Scheduler::step() {
       Sequence& s = *owners[i];
       if (s.prefilling()) {
         s.prefilled += chunk_len[i];
-        std::lock_guard<std::mutex> lock(mu_);
-        metrics_.prompt_tokens_total += static_cast<uint64_t>(chunk_len[i]);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          metrics_.prompt_tokens_total += static_cast<uint64_t>(chunk_len[i]);
+        }
         if (s.prefilling()) continue;
+        if (radix_) publish_prefix(s, /*keep_locked=*/true);
       }
       handle_token(s, s.sampler->sample(s.logits));
     }

@@ -8,8 +8,9 @@
 //
 // Prefix cache (kv/radix_cache.h): at admission the longest cached page-aligned prefix of the
 // prompt outside its recent window is adopted (sinks and INT2 history; the recent window is
-// recomputed in BF16), and when a request ends its prompt and generated tokens are inserted, so
-// multi-turn conversations and agent loops reuse their own history. Unlocked cached pages are
+// recomputed in BF16); a prompt is inserted as soon as its prefill ends (so requests sharing a
+// system prompt hit while the first one still decodes), and again with its generated tokens when
+// the request ends, so multi-turn conversations and agent loops reuse their own history. Unlocked cached pages are
 // evicted (LRU) when an admission needs room.
 //
 // No preemption: admission reserves each request's peak pages, so a running request never runs
@@ -72,6 +73,7 @@ class Scheduler : public Engine {
   void admit();
   bool reservation_fits(const PagesNeeded& need);
   void attach_prefix(Sequence& s);
+  void publish_prefix(Sequence& s, bool keep_locked);
   void step();
   void handle_token(Sequence& s, int32_t token);
   void finish(Sequence& s, const std::string& reason);
