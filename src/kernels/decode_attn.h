@@ -69,7 +69,8 @@ struct DecodeAttnParams {
 Status decode_attn_ref(const DecodeAttnParams& p);
 // Fast CPU path: OpenMP tasks over (KV head, segment chunk); each task serves all gqa_ratio
 // query heads of its KV head (each K/V row is read and unpacked once per group); rows are
-// unpacked with shifts and masks (AVX2 when compiled with it) into a [head_dim] float buffer;
+// unpacked with shifts and masks (AVX2 when compiled with it) into a small per-thread float
+// buffer ([32, head_dim], one block of tokens);
 // float accumulation; partials merged by merge_attn_states. Allocates its partial buffers per
 // call ([n_heads_q, n_parts, head_dim + 2] floats).
 Status decode_attn(const DecodeAttnParams& p);

@@ -1,12 +1,14 @@
 // Fast CPU decode attention (kernels/decode_attn.h). Every segment (sinks, history, recent) is cut
 // into chunks of `chunk_tokens`; one OpenMP task per (KV head, chunk) computes the split-KV
 // partials (o, m, ℓ) of all gqa_ratio query heads of that KV head, so each K/V row is read and
-// unpacked once per group. Rows are converted one at a time into a [head_dim] float buffer (BF16:
-// a shift; INT2: shifts, masks and a 4-entry level table per group), in blocks of kBlock tokens
-// with online-softmax rescaling between blocks. merge_attn_states combines the partials.
+// unpacked once per group. A chunk is processed in blocks of kBlock tokens: the block's K rows are
+// converted into a [kBlock, head_dim] float buffer (BF16: a shift; INT2: shifts, masks and a
+// 4-entry level table per group), scored against every head of the group, the online softmax
+// rescales what was accumulated, then the block's V rows go through the same buffer into the
+// accumulators. The next block's rows are prefetched. merge_attn_states combines the partials.
 //
-// AVX2+FMA intrinsics are used when the compiler targets them (-march=native); otherwise portable
-// loops that compute the same values.
+// AVX2+FMA (and F16C) intrinsics are used when the compiler targets them (-march=native);
+// otherwise portable loops that compute the same values.
 #include <omp.h>
 
 #if defined(__AVX2__) || defined(__F16C__)
