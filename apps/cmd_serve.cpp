@@ -23,6 +23,9 @@ Command add_serve(CLI::App& app) {
                  "Model name clients send (default: the model directory's name)");
   app.add_option("--kv-budget", *budget_mib, "KV-cache memory for all sequences, in MiB")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--kv-split-tokens", rt->split_tokens,
+                 "Split the budget between the BF16 and INT2 pools for sequences of this length")
+      ->capture_default_str();
   app.add_option("--max-running", sched->max_running, "Sequences decoded together")
       ->capture_default_str();
   app.add_option("--max-batch-tokens", sched->max_batch_tokens,

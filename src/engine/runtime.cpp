@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "core/log.h"
+#include "kv/admission.h"
 #include "quant/hadamard.h"
 #include "quant/rotation_file.h"
 
@@ -84,15 +85,16 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
   if (!rt->spec_.v_rotation.empty())
     OSCAR_RETURN_IF_ERROR(rt->model_->fold_value_rotation(rt->spec_.v_rotation));
 
-  // Split the budget: INT2 pages get the share that holds the same number of tokens as the exact
-  // pool would at 16 bits beyond the windows; the exact pool always fits one full window set.
+  // Split the budget so that both pools run out together for sequences of split_tokens tokens.
   const kernels::KvPageLayout layout = rt->spec_.layout();
   size_t exact_budget = o.kv_budget_bytes, int2_budget = 0;
   if (rt->spec_.quantized()) {
-    const double ratio = static_cast<double>(layout.int2_page_bytes()) /
-                         static_cast<double>(layout.exact_page_bytes() + layout.int2_page_bytes());
-    int2_budget = static_cast<size_t>(static_cast<double>(o.kv_budget_bytes) * (1.0 - ratio) * 0.5);
-    exact_budget = o.kv_budget_bytes - int2_budget;
+    const kv::PageNeed need = kv::peak_pages_for_length(rt->spec_.regions, std::max<int64_t>(1, o.split_tokens));
+    const double exact_bytes = static_cast<double>(need.bf16_pages() * layout.exact_page_bytes());
+    const double int2_bytes = static_cast<double>(need.int2_pages() * layout.int2_page_bytes());
+    const double exact_share = exact_bytes / (exact_bytes + int2_bytes);
+    exact_budget = static_cast<size_t>(static_cast<double>(o.kv_budget_bytes) * exact_share);
+    int2_budget = o.kv_budget_bytes - exact_budget;
   }
   rt->exact_pool_ = std::make_unique<kv::PagePool>(
       mode == quant::CacheMode::kF32 ? "f32" : "bf16",

@@ -31,7 +31,10 @@ struct RuntimeOptions {
   // Clip quantiles for oscar modes: < 0 means "use the rotation file's searched values".
   float k_clip = -1.f;
   float v_clip = -1.f;
-  size_t kv_budget_bytes = size_t{1} << 30;  // split between the pools (see make_pools)
+  size_t kv_budget_bytes = size_t{1} << 30;  // split between the two pools, see split_tokens
+  // The budget is split so that both pools run out together for sequences of this many tokens
+  // (sinks + recent window in BF16 pages, the rest in INT2 pages).
+  int64_t split_tokens = 4096;
   bool dummy_weights = false;  // random weights from config.json (speed at real sizes)
 };
 
