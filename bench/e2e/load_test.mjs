@@ -68,7 +68,7 @@ async function one(i) {
       if (data === '[DONE]') { done = true; continue; }
       const j = JSON.parse(data);
       if (j.usage) usage = j.usage;
-      if (j.choices?.length && j.choices[0].delta?.content !== undefined) {
+      if (j.choices?.length && j.choices[0].delta?.content) {  // first text, not the role chunk
         const now = performance.now();
         if (first === null) first = now; else gaps.push(now - last);
         last = now;

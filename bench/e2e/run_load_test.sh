@@ -32,7 +32,7 @@ const row = (m, r) => `| ${m} | ${r.ok}/${r.requests} | ${r.max_running} | ${r.r
 const md = [
   "# Load test: OSCAR vs BF16 KV cache at equal memory", "",
   `Command: \`${cmd}\``, `Date: ${new Date().toISOString()}; machine: 2-core Debian 12 VM, CPU only, tiny-qwen3.`, "",
-  `64 concurrent streaming chat requests sharing a ~1K-token system prompt, ${a.output_tokens / a.ok} output tokens each, --kv-budget ${budget} MiB.`, "",
+  `${a.requests} concurrent streaming chat requests sharing a ~1K-token system prompt (${(a.prompt_tokens / a.ok).toFixed(0)} prompt tokens each), up to ${(a.output_tokens / a.ok).toFixed(0)} output tokens each, --kv-budget ${budget} MiB.`, "",
   "| cache | ok | max running | req/s | out tok/s | TTFT p50/p99 s | TPOT p50/p99 ms | prefix hit | pools after |",
   "|---|---|---|---|---|---|---|---|---|", row(oscarMode, a), row("bf16", b), "",
   `Ratios ${oscarMode}/bf16: concurrent sequences ${(a.max_running / b.max_running).toFixed(2)}x, requests/s ${(a.requests_per_s / b.requests_per_s).toFixed(2)}x, output tokens/s ${(a.output_tokens_per_s / b.output_tokens_per_s).toFixed(2)}x.`, ""];
