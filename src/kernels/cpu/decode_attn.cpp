@@ -152,7 +152,40 @@ void block_scores(const float* q, int gqa, const float* rows, int nb, int d, flo
       const __m128 h2 = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
       return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
     };
-    for (int j = 0; j < nb; ++j) {
+    int j = 0;
+    // Two rows x four heads: eight independent FMA chains (one chain is latency-bound).
+    for (; j + 2 <= nb && gqa % 4 == 0; j += 2) {
+      const float* r0 = rows + static_cast<size_t>(j) * d;
+      const float* r1 = r0 + d;
+      for (int h = 0; h < gqa; h += 4) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        const float* q0 = q + static_cast<size_t>(h) * d;
+        for (int c = 0; c < d; c += 8) {
+          const __m256 x = _mm256_loadu_ps(r0 + c);
+          const __m256 y = _mm256_loadu_ps(r1 + c);
+          const __m256 k0 = _mm256_loadu_ps(q0 + c), k1 = _mm256_loadu_ps(q0 + d + c);
+          const __m256 k2 = _mm256_loadu_ps(q0 + 2 * d + c), k3 = _mm256_loadu_ps(q0 + 3 * d + c);
+          a0 = _mm256_fmadd_ps(k0, x, a0);
+          a1 = _mm256_fmadd_ps(k1, x, a1);
+          a2 = _mm256_fmadd_ps(k2, x, a2);
+          a3 = _mm256_fmadd_ps(k3, x, a3);
+          b0 = _mm256_fmadd_ps(k0, y, b0);
+          b1 = _mm256_fmadd_ps(k1, y, b1);
+          b2 = _mm256_fmadd_ps(k2, y, b2);
+          b3 = _mm256_fmadd_ps(k3, y, b3);
+        }
+        sc[h * kBlockT + j] = hsum(a0) * scale;
+        sc[(h + 1) * kBlockT + j] = hsum(a1) * scale;
+        sc[(h + 2) * kBlockT + j] = hsum(a2) * scale;
+        sc[(h + 3) * kBlockT + j] = hsum(a3) * scale;
+        sc[h * kBlockT + j + 1] = hsum(b0) * scale;
+        sc[(h + 1) * kBlockT + j + 1] = hsum(b1) * scale;
+        sc[(h + 2) * kBlockT + j + 1] = hsum(b2) * scale;
+        sc[(h + 3) * kBlockT + j + 1] = hsum(b3) * scale;
+      }
+    }
+    for (; j < nb; ++j) {
       const float* r = rows + static_cast<size_t>(j) * d;
       int h = 0;
       for (; h + 4 <= gqa; h += 4) {
@@ -186,6 +219,24 @@ void block_scores(const float* q, int gqa, const float* rows, int nb, int d, flo
 template <int kBlockT>
 void block_values(const float* w, int gqa, const float* rows, int nb, int d, float* o) {
 #ifdef OSCAR_DECODE_AVX2
+  if (d % 64 == 0) {
+    // 64 floats of o_h in eight registers: eight independent FMA chains over the block.
+    for (int h = 0; h < gqa; ++h) {
+      float* oh = o + static_cast<size_t>(h) * d;
+      const float* wh = w + h * kBlockT;
+      for (int c = 0; c < d; c += 64) {
+        __m256 a[8];
+        for (int k = 0; k < 8; ++k) a[k] = _mm256_loadu_ps(oh + c + 8 * k);
+        for (int j = 0; j < nb; ++j) {
+          const __m256 wj = _mm256_set1_ps(wh[j]);
+          const float* r = rows + static_cast<size_t>(j) * d + c;
+          for (int k = 0; k < 8; ++k) a[k] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 8 * k), a[k]);
+        }
+        for (int k = 0; k < 8; ++k) _mm256_storeu_ps(oh + c + 8 * k, a[k]);
+      }
+    }
+    return;
+  }
   if (d % 32 == 0) {
     for (int h = 0; h < gqa; ++h) {
       float* oh = o + static_cast<size_t>(h) * d;
