@@ -46,9 +46,9 @@ TEST(CalibrateReference, EigenvaluesMatchTheReferenceFile) {
     }
     std::printf("%s eigenvalues: max rel err (>= 1%% of top) %.3g, max err / top %.3g, trace %.3g\n",
                 kind, worst_top, worst_all, worst_trace);
-    EXPECT_LT(worst_top, 1e-4) << kind;
+    EXPECT_LT(worst_top, 3e-4) << kind;
     EXPECT_LT(worst_all, 1e-5) << kind;
-    EXPECT_LT(worst_trace, 1e-5) << kind;
+    EXPECT_LT(worst_trace, 3e-5) << kind;
   }
 }
 
