@@ -132,6 +132,9 @@ TEST(ChunkAttn, FastMatchesReferenceAcrossDeqEndPatterns) {
     run_case({70, 8, 2, 64, 130, 16, pattern, seed++});      // two query blocks, gqa 4
     run_case({64, 8, 1, 64, 0, 0, pattern, seed++});         // prefill from empty, no sinks
     run_case({20, 2, 2, 128, 500, 64, pattern, seed++});     // gqa 1
+    run_case({8, 4, 2, 128, 0, 64, pattern, seed++});        // whole prompt inside the sinks
+    run_case({20, 4, 2, 64, 10, 32, pattern, seed++});       // keys end inside the sinks
+    run_case({30, 4, 2, 64, 20, 32, pattern, seed++});       // the chunk crosses the sink edge
   }
 }
 
