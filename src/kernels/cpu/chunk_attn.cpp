@@ -68,41 +68,45 @@ Status chunk_attn(const ChunkAttnParams& p) {
       else s_deq.resize(nq, 0);
       s_ex.noalias() = q * keys(p.k_exact, ex).transpose();
 
-      // Masked softmax, row by row; entries a query does not read become 0.
+      // Masked softmax, row by row: each zone's readable keys form one contiguous segment, so the
+      // scaling and exp run vectorised (Eigen) over segments; everything else becomes 0.
       for (int r = 0; r < nq; ++r) {
         const int i = qa + r;
         const int64_t t = static_cast<int64_t>(p.pos0) + i;
         const int64_t b = p.deq_end[i];
+        struct Seg {
+          RowMat* s;
+          int64_t a, len;
+        } segs[3];
+        auto segment = [&](RowMat& s, Zone z, int64_t lo, int64_t hi) -> Seg {
+          const int64_t z_end = z.begin + z.size();  // an empty zone may have end < begin
+          const int64_t a = std::clamp(lo, z.begin, z_end) - z.begin;
+          const int64_t e = std::clamp(hi, z.begin, z_end) - z.begin;
+          const int64_t len = std::max<int64_t>(0, e - a);
+          s.row(r).head(a).setZero();
+          s.row(r).tail(s.cols() - a - len).setZero();
+          return {&s, a, len};
+        };
+        segs[0] = segment(s_sink, sink, 0, std::min<int64_t>(p.n_sink, t + 1));
+        segs[1] = segment(s_deq, deq, p.n_sink, std::min(b, t + 1));
+        segs[2] = segment(s_ex, ex, std::max<int64_t>(b, p.n_sink), t + 1);
         float m = neg_inf;
-        auto scan = [&](RowMat& s, Zone z, int64_t lo, int64_t hi) {
-          for (int64_t j = z.begin; j < z.end; ++j) {
-            float& v = s(r, j - z.begin);
-            if (j >= lo && j < hi) {
-              v *= p.scale;
-              m = std::max(m, v);
-            } else {
-              v = neg_inf;
-            }
+        for (Seg& g : segs)
+          if (g.len > 0) {
+            auto v = g.s->row(r).segment(g.a, g.len);
+            v *= p.scale;
+            m = std::max(m, v.maxCoeff());
           }
-        };
-        scan(s_sink, sink, 0, std::min<int64_t>(p.n_sink, t + 1));
-        scan(s_deq, deq, p.n_sink, std::min(b, t + 1));
-        scan(s_ex, ex, std::max<int64_t>(b, p.n_sink), t + 1);
         float l = 0;
-        auto expo = [&](RowMat& s) {
-          for (int64_t c = 0; c < s.cols(); ++c) {
-            float e = s(r, c) == neg_inf ? 0.f : std::exp(s(r, c) - m);
-            s(r, c) = e;
-            l += e;
+        for (Seg& g : segs)
+          if (g.len > 0) {
+            auto v = g.s->row(r).segment(g.a, g.len).array();
+            v = (v - m).exp();
+            l += v.sum();
           }
-        };
-        expo(s_sink);
-        expo(s_deq);
-        expo(s_ex);
         const float inv = 1.f / l;
-        s_sink.row(r) *= inv;
-        s_deq.row(r) *= inv;
-        s_ex.row(r) *= inv;
+        for (Seg& g : segs)
+          if (g.len > 0) g.s->row(r).segment(g.a, g.len) *= inv;
       }
 
       o.noalias() = s_sink * keys(p.v_exact, sink);
