@@ -336,7 +336,7 @@ Result<bool> contains(Evaluator& ev, const Value& needle, const Value& hay) {
       }
       return false;
     case K::kDict:
-      if (needle.is_list() || needle.is_dict() || needle.kind == K::kNamespace) {
+      if ((needle.is_list() && !needle.tuple) || needle.is_dict()) {
         return ev.fail(str_format("unhashable type: '%s'", needle.type_name()));
       }
       return needle.is_string() && hay.dict->find(needle.s()) != nullptr;

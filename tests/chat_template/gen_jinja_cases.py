@@ -210,7 +210,8 @@ CASES = [
 
 def random_cases(n, seed):
     rng = random.Random(seed)
-    texts = ["", " ", "  ", "\n", "\n  ", "  \n", "a", "b\n", " c ", "\t", "\n\n", "x\n  y"]
+    texts = ["", " ", "  ", "\n", "\n  ", "  \n", "a", "b\n", " c ", "\t", "\n\n", "x\n  y",
+             "{", "}", "}}", "%}", "#}", "{ {", "\r\n", " \t\n "]
     def tag():
         kind = rng.choice(["var", "if", "for", "set", "comment", "raw"])
         l = rng.choice(["", "", "-", "+"])
