@@ -1331,7 +1331,7 @@ Result<Value> dict_from_args(Evaluator& ev, const CallArgs& a) {
 
 Result<Value> g_namespace(Evaluator& ev, const CallArgs& a) {
   OSCAR_ASSIGN_OR_RETURN(Value d, dict_from_args(ev, a));
-  return Value::make_namespace(*d.dict);
+  return ev.make_namespace(std::move(*d.dict));
 }
 
 Result<Value> g_raise(Evaluator&, const CallArgs& a) {

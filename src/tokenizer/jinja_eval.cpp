@@ -44,6 +44,18 @@ Value make_loop_object(const List& items, int64_t k) {
 
 Evaluator::~Evaluator() {
   for (auto& closure : macro_closures_) closure->reset();
+  // Moving the items out first: their destruction may release other namespaces, which stay
+  // alive in namespaces_ until the end, so no destructor recurses through a chain of them.
+  std::vector<Dict> released;
+  released.reserve(namespaces_.size());
+  for (auto& ns : namespaces_) released.push_back(std::move(*ns));
+  released.clear();
+}
+
+Value Evaluator::make_namespace(Dict items) {
+  Value v = Value::make_namespace(std::move(items));
+  namespaces_.push_back(v.dict);
+  return v;
 }
 
 Status Evaluator::fail(StatusCode code, const std::string& msg) const {
@@ -365,7 +377,13 @@ Result<Value> Evaluator::eval(const Expr& e) {
   }
   OSCAR_RETURN_IF_ERROR(charge(1));
   line_ = e.line;
-  return eval_inner(e);
+  Result<Value> v = eval_inner(e);
+  if (v.ok() && v->nest > limits_.max_value_nesting) {
+    line_ = e.line;
+    return fail(StatusCode::kOutOfRange,
+                str_format("lists/dicts nested deeper than %d", limits_.max_value_nesting));
+  }
+  return v;
 }
 
 Result<Value> Evaluator::eval_inner(const Expr& e) {

@@ -22,6 +22,7 @@ struct EvalLimits {
   int64_t max_output_bytes = 16 << 20;      // also caps any single string or list built
   int max_depth = 400;                      // nested evaluation (expressions, blocks, macros)
   int max_macro_depth = 32;
+  int max_value_nesting = 256;              // lists/dicts inside lists/dicts
 };
 
 struct Scope {
@@ -56,6 +57,9 @@ class Evaluator {
   // Fails if a string or list of `n` bytes/items would exceed the size cap.
   Status check_size(int64_t n) const;
   Result<Value> call(const Value& callee, const CallArgs& args);
+  // A namespace owned by this render: emptied when the evaluator ends, which breaks reference
+  // cycles such as `{% set ns.self = ns %}`.
+  Value make_namespace(Dict items);
   Result<Value> call_macro(const Node& macro, const std::shared_ptr<Scope>& closure,
                            const CallArgs& args);
 
@@ -80,6 +84,7 @@ class Evaluator {
   // Scopes captured by macros defined during this render. A macro's scope holds the macro
   // itself (a reference cycle), so the destructor drops these captures to free them.
   std::vector<std::shared_ptr<std::shared_ptr<Scope>>> macro_closures_;
+  std::vector<std::shared_ptr<Dict>> namespaces_;
   Value context_;
   Flow flow_ = Flow::kNormal;
   int line_ = 0;

@@ -48,6 +48,8 @@ Value Value::string(std::string x) {
 Value Value::from_list(List x) {
   Value v;
   v.kind = Kind::kList;
+  for (const Value& item : x) v.nest = std::max(v.nest, item.nest);
+  v.nest += 1;
   v.list = std::make_shared<const List>(std::move(x));
   return v;
 }
@@ -59,6 +61,8 @@ Value Value::from_tuple(List x) {
 Value Value::from_dict(Dict x) {
   Value v;
   v.kind = Kind::kDict;
+  for (const auto& kv : x.items) v.nest = std::max(v.nest, kv.second.nest);
+  v.nest += 1;
   v.dict = std::make_shared<Dict>(std::move(x));
   return v;
 }

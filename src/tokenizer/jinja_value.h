@@ -37,6 +37,10 @@ struct Value {
   std::shared_ptr<const std::string> str;
   std::shared_ptr<const List> list;  // kList
   bool tuple = false;                // kList that is a Python tuple: repr uses parentheses
+  // kList/kDict: 1 + the deepest nesting of the items (namespaces count as 0: they are freed by
+  // the evaluator that made them). Bounded by the evaluator so that recursive walks and
+  // destruction stay shallow.
+  int nest = 0;
   std::shared_ptr<Dict> dict;        // kDict (never mutated once built) and kNamespace (mutable)
   std::shared_ptr<const Callable> fn;  // kCallable
 

@@ -246,6 +246,21 @@ TEST(ChatTemplateCaps, DeepNestingIsRefused) {
             StatusCode::kOutOfRange);
 }
 
+TEST(ChatTemplateCaps, DeepValuesAndCyclesAreSafe) {
+  // 100000 nested lists would overflow the stack when freed; nesting is capped instead.
+  Status st = render_error(
+      "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}"
+      "{% endfor %}");
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.to_string();
+  // A chain of namespaces and a namespace holding itself are freed after the render.
+  EXPECT_EQ(render("{% set h = namespace(n=none) %}{% for i in range(100000) %}"
+                   "{% set h.n = namespace(prev=h.n) %}{% endfor %}{{ h.n.prev.prev is defined }}"),
+            "True");
+  EXPECT_EQ(render("{% set ns = namespace() %}{% set ns.self = ns %}{% set ns.l = [ns] %}"
+                   "{{ ns.self.self.l|length }}"),
+            "1");
+}
+
 // Default caps must not reject a long legitimate conversation: 2001 turns of 4 KiB (8 MiB of
 // content) through the real Qwen3 template, compared with a direct concatenation.
 TEST(ChatTemplateCaps, LongConversationFitsTheDefaultCaps) {
