@@ -17,7 +17,7 @@ Command add_calibrate(CLI::App& app) {
     std::string data;
     std::string out;
     std::string value_objective = "full";
-    std::string clip = "search";
+    std::string clip = "fixed";
     std::string k_objective = "kl";
     std::string quantizer = "uniform";
     int threads = 0;

@@ -32,6 +32,7 @@ CalibrationOptions small_options(ValueObjective vo) {
   o.prefill_chunk = 256;  // exercise chunked prefill
   o.value_objective = vo;
   o.diag_query_stride = 8;
+  o.clip_mode = ClipMode::kSearch;
   o.clip_windows = 2;
   o.clip_queries = 16;
   return o;
