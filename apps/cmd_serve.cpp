@@ -32,6 +32,8 @@ Command add_serve(CLI::App& app) {
                  "Tokens per forward step (decode + prefill chunks)")->capture_default_str();
   app.add_option("--prefill-chunk", sched->prefill_chunk, "Prefill tokens per request per step")
       ->capture_default_str();
+  app.add_flag("!--no-prefix-cache", sched->prefix_cache,
+               "Do not share prompt prefixes between requests (radix prefix cache)");
   app.add_option("--http-threads", http->n_threads, "HTTP I/O threads")->capture_default_str();
   return [=]() -> int {
     engine::RuntimeOptions o = *rt;
