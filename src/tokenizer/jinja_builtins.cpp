@@ -309,6 +309,8 @@ Result<bool> py_less(Evaluator& ev, const Value& a, const Value& b) {
   }
   if (a.is_string() && b.is_string()) return a.s() < b.s();
   if (a.is_list() && b.is_list() && a.tuple == b.tuple) {
+    if (a.list == b.list) return false;
+    OSCAR_RETURN_IF_ERROR(ev.charge(1));
     const List& x = *a.list;
     const List& y = *b.list;
     for (size_t k = 0; k < x.size() && k < y.size(); ++k) {

@@ -152,8 +152,22 @@ double as_double(const Value& v) {
 
 }  // namespace
 
+namespace {
+// Containers share structure, so a naive walk of a small value can take exponential time; the
+// walk below stops after kMaxEqualSteps items (answering "not equal").
+constexpr int64_t kMaxEqualSteps = 10'000'000;
+bool equal_impl(const Value& a, const Value& b, int64_t& budget);
+}  // namespace
+
 bool values_equal(const Value& a, const Value& b) {
+  int64_t budget = kMaxEqualSteps;
+  return equal_impl(a, b, budget);
+}
+
+namespace {
+bool equal_impl(const Value& a, const Value& b, int64_t& budget) {
   using K = Value::Kind;
+  if (--budget < 0) return false;
   if (a.is_number() && b.is_number()) {
     if (a.kind != K::kFloat && b.kind != K::kFloat) {
       int64_t x = a.kind == K::kBool ? a.b : a.i;
@@ -169,16 +183,18 @@ bool values_equal(const Value& a, const Value& b) {
     case K::kString: return *a.str == *b.str;
     case K::kList: {
       if (a.tuple != b.tuple || a.list->size() != b.list->size()) return false;
+      if (a.list == b.list) return true;
       for (size_t k = 0; k < a.list->size(); ++k) {
-        if (!values_equal((*a.list)[k], (*b.list)[k])) return false;
+        if (!equal_impl((*a.list)[k], (*b.list)[k], budget)) return false;
       }
       return true;
     }
     case K::kDict: {
+      if (a.dict == b.dict) return true;
       if (a.dict->items.size() != b.dict->items.size()) return false;
       for (const auto& kv : a.dict->items) {
         const Value* other = b.dict->find(kv.first);
-        if (!other || !values_equal(kv.second, *other)) return false;
+        if (!other || !equal_impl(kv.second, *other, budget)) return false;
       }
       return true;
     }
@@ -187,6 +203,7 @@ bool values_equal(const Value& a, const Value& b) {
     default: return false;
   }
 }
+}  // namespace
 
 std::string py_float_repr(double v) {
   if (std::isnan(v)) return "nan";
@@ -262,10 +279,31 @@ void repr_string(const std::string& s, std::string& out) {
   out += quote;
 }
 
+// repr output stops growing past this size (the caller's output cap then rejects it): shared
+// sub-containers can make a small value's repr exponentially long.
+constexpr size_t kMaxReprBytes = 32 << 20;
+
 void repr_into(const Value& v, std::string& out, int depth) {
   using K = Value::Kind;
-  if (depth > 256) {
+  if (depth > 256 || out.size() > kMaxReprBytes) {
     out += "...";
+    return;
+  }
+  // A namespace can contain itself (Python prints such a cycle as {...}).
+  thread_local std::vector<const void*> open_namespaces;
+  if (v.kind == K::kNamespace) {
+    if (std::find(open_namespaces.begin(), open_namespaces.end(), v.dict.get()) !=
+        open_namespaces.end()) {
+      out += "<Namespace {...}>";
+      return;
+    }
+    open_namespaces.push_back(v.dict.get());
+    std::string inner;
+    Value as_dict = v;
+    as_dict.kind = K::kDict;
+    repr_into(as_dict, inner, depth + 1);
+    open_namespaces.pop_back();
+    out += "<Namespace " + inner + ">";
     return;
   }
   switch (v.kind) {
@@ -282,7 +320,6 @@ void repr_into(const Value& v, std::string& out, int depth) {
     }
     case K::kDict:
     case K::kNamespace: {
-      if (v.kind == K::kNamespace) out += "<Namespace ";
       out += '{';
       bool first = true;
       for (const auto& kv : v.dict->items) {
@@ -293,7 +330,6 @@ void repr_into(const Value& v, std::string& out, int depth) {
         repr_into(kv.second, out, depth + 1);
       }
       out += '}';
-      if (v.kind == K::kNamespace) out += '>';
       return;
     }
     default: out += to_str(v); return;
@@ -356,6 +392,9 @@ Status json_into(const Value& v, const JsonDumpOptions& opt, int depth, int max_
                  std::string& out) {
   using K = Value::Kind;
   if (depth > max_depth) return out_of_range("tojson: nesting deeper than %d", max_depth);
+  if (out.size() > kMaxReprBytes) {
+    return out_of_range("tojson: output larger than %zu bytes", kMaxReprBytes);
+  }
   auto newline = [&](int level) {
     if (opt.indent < 0) return;
     out += '\n';

@@ -157,6 +157,7 @@ CASES = [
     ("{{ 1.5|int }} {{ '0x1f'|int }} {{ '1e3'|int }} {{ true|int }} {{ ' 7 '|int }}", {}),
     ("{% for i in [1, 2] %}{% break %}{% else %}else-ran{% endfor %}|{% for i in [1] %}{% continue %}{% else %}else-ran{% endfor %}|{% for i in [1, 2] %}{% if i == 2 %}{% break %}{% endif %}{% else %}no{% endfor %}", {}),
     ("{% set v = 0 %}{% for i in [] %}{% else %}{% set v = 1 %}{% endfor %}{{ v }}", {}),
+    ("{% set ns = namespace() %}{% set ns.self = ns %}{% set ns.l = [ns] %}{{ ns }}|{{ ns.l == ns.l }}", {}),
     # printf-style formatting
     ("{{ '%s-%d' % ('a', 3) }} {{ '%s' % 'x' }} {{ '%5.2f|%-4s|%04d|%x|%r' % (3.14159, 'ab', 7, 255, 'q') }} {{ '%(a)s!' % {'a': 1} }} {{ '100%%' % () }}", {}),
     # precedence and operators
