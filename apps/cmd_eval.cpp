@@ -61,7 +61,7 @@ std::string machine() {
 
 std::string git_commit() {
   std::string c = shell_line("git rev-parse HEAD 2>/dev/null");
-  if (c.empty()) return "unknown";
+  if (c.size() != 40) return "unknown (not a git checkout)";  // `git rev-parse` echoes "HEAD"
   if (!shell_line("git status --porcelain --untracked-files=no 2>/dev/null").empty())
     c += " (working tree has uncommitted changes)";
   return c;

@@ -42,6 +42,8 @@ Status run_mode(const EvalConfig& cfg, std::span<const int32_t> dev,
   const auto t0 = Clock::now();
   engine::RuntimeOptions ro = cfg.runtime;
   ro.cache_mode = out.mode;
+  // Clip overrides are for oscar modes only (make_cache_spec would apply them to any mode).
+  if (out.mode != "oscar" && out.mode != "oscar-lloyd") ro.k_clip = ro.v_clip = -1.f;
   auto created = engine::Runtime::create(ro);
   if (!created.ok()) {
     out.supported = false;
