@@ -57,8 +57,10 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
     if (spec.k_clip.empty()) spec.k_clip.assign(heads, kReleaseClipK);
     if (spec.v_clip.empty()) spec.v_clip.assign(heads, kReleaseClipV);
   }
-  if (o.k_clip > 0) spec.k_clip.assign(heads, o.k_clip);
-  if (o.v_clip > 0) spec.v_clip.assign(heads, o.v_clip);
+  // Clip overrides belong to the oscar modes; the baselines stay as OSCAR.md §8 defines them.
+  const bool oscar_mode = mode == quant::CacheMode::kOscar || mode == quant::CacheMode::kOscarLloyd;
+  if (oscar_mode && o.k_clip > 0) spec.k_clip.assign(heads, o.k_clip);
+  if (oscar_mode && o.v_clip > 0) spec.v_clip.assign(heads, o.v_clip);
   OSCAR_RETURN_IF_ERROR(spec.validate());
   return spec;
 }

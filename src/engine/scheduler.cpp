@@ -196,7 +196,12 @@ Result<std::string> Scheduler::apply_chat_template(const nlohmann::ordered_json&
                                                    const nlohmann::ordered_json& kwargs) const {
   if (!chat_template_) return invalid_argument("the model has no chat template");
   const tok::Tokenizer& t = runtime_->tokenizer();
-  return tok::render_chat(*chat_template_, messages, tools, add_generation_prompt,
+  // OpenAI clients send "content": null on assistant turns that only carry tool calls; the
+  // templates (Qwen3's among them) expect a string.
+  nlohmann::ordered_json msgs = messages;
+  for (auto& m : msgs)
+    if (m.is_object() && m.contains("content") && m["content"].is_null()) m["content"] = "";
+  return tok::render_chat(*chat_template_, msgs, tools, add_generation_prompt,
                           kwargs.is_null() ? nlohmann::ordered_json::object() : kwargs,
                           t.bos_token(), t.eos_token());
 }
