@@ -4,8 +4,10 @@
 #include <map>
 
 #include "apps/commands.h"
+#include "core/omp_env.h"
 
 int main(int argc, char** argv) {
+  oscar::ensure_passive_omp_wait(argv);
   CLI::App app{"oscar: long-context LLM inference with an attention-aware 2-bit KV cache"};
   app.require_subcommand(1);
   std::map<CLI::App*, oscar::apps::Command> commands;

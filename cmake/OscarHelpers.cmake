@@ -21,5 +21,6 @@ function(oscar_add_test name)
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
-  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}")
+  # Idle OpenMP threads sleep instead of spinning (see core/omp_env.h).
+  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE")
 endfunction()

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/mmap_file.h"
+#include "core/omp_env.h"
 #include "engine/runtime.h"
 #include "tokenizer/tokenizer.h"
 
@@ -30,6 +31,7 @@ std::vector<std::string> split(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ensure_passive_omp_wait(argv);
   std::string model = "models/tiny-qwen3";
   std::string modes = "bf16,int2-hadamard";
   std::string contexts = "512,2048,4096";
