@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "apps/commands.h"
+#include "core/mmap_file.h"
 #include "format/model_config.h"
 #include "format/safetensors.h"
 #include "format/weight_table.h"
@@ -39,9 +40,15 @@ Command add_inspect(CLI::App& app) {
   app.add_flag("!--no-tensors", *tensors, "Skip the tensor table");
   return [=]() -> int {
     std::string model_dir = *dir;
-    if (std::filesystem::is_regular_file(model_dir))
+    Result<format::ModelConfig> config = invalid_argument("unread");
+    if (std::filesystem::is_regular_file(model_dir)) {  // a bare config.json (no weights)
       model_dir = std::filesystem::path(model_dir).parent_path().string();
-    auto config = format::ModelConfig::load(*dir);
+      auto text = read_text_file(*dir);
+      config = text.ok() ? format::ModelConfig::from_json_text(text.value())
+                         : Result<format::ModelConfig>(text.status());
+    } else {
+      config = format::ModelConfig::load(*dir);
+    }
     if (!config.ok()) {
       std::fprintf(stderr, "error: %s\n", config.status().message().c_str());
       return 1;
