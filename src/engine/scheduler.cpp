@@ -217,24 +217,23 @@ void Scheduler::release(Sequence& s) {
 }
 
 void Scheduler::finish(Sequence& s, const std::string& reason) {
-  if (s.done) return;
-  release(s);
-  s.done = true;
   GenerationEvent e = s.event(GenerationEvent::kFinished);
   e.finish_reason = reason;
-  s.on_event(e);
-  s.on_event = nullptr;
-  std::lock_guard<std::mutex> lock(mu_);
-  live_ids_.erase(s.req.request_id);
+  end(s, e);
 }
 
 void Scheduler::fail(Sequence& s, const Status& error) {
+  GenerationEvent e = s.event(GenerationEvent::kError);
+  e.error = error;
+  end(s, e);
+}
+
+// The terminal event: pages back first, then the callback's last call, then the id is free.
+void Scheduler::end(Sequence& s, const GenerationEvent& terminal) {
   if (s.done) return;
   release(s);
   s.done = true;
-  GenerationEvent e = s.event(GenerationEvent::kError);
-  e.error = error;
-  s.on_event(e);
+  s.on_event(terminal);
   s.on_event = nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   live_ids_.erase(s.req.request_id);

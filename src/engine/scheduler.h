@@ -78,6 +78,7 @@ class Scheduler : public Engine {
   void handle_token(Sequence& s, int32_t token);
   void finish(Sequence& s, const std::string& reason);
   void fail(Sequence& s, const Status& error);
+  void end(Sequence& s, const GenerationEvent& terminal);
   void release(Sequence& s);
 
   std::unique_ptr<Runtime> runtime_;
