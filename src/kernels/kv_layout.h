@@ -6,6 +6,13 @@
 //     [n_layers][2 (K,V)][n_heads_kv][page_size][head_dim] elements of exact_elem_bytes
 //   INT2 page (history pool): [n_layers][2][n_heads_kv][page_size] rows of
 //     int2_row_bytes(head_dim, group_size) bytes (quant/int2_layout.h: codes, then fp16 metadata)
+//   KIVI page (history pool of the `kivi2` baseline, OSCAR.md §8): the same size and planes as an
+//     INT2 page with int2_row_bytes = int2_row_bytes(head_dim, 32) = 3·head_dim/8. The V plane
+//     [layer][1][head] holds page_size value rows (per token, groups of 32 channels). The K plane
+//     [layer][0][head] (page_size x int2_row_bytes bytes) holds page_size/32 key blocks of
+//     quant::kivi_key_block_bytes(head_dim) = 12·head_dim = 32 x int2_row_bytes bytes each
+//     (quant/kivi.h: per channel over 32 tokens), block b covering slots [32b, 32b + 32).
+//     page_size is a multiple of 32, so a page never splits a block.
 // Plain data only: this header is included by CUDA code.
 #pragma once
 
@@ -40,6 +47,13 @@ struct KvPageLayout {
   size_t int2_row_offset(int layer, int kv, int head, int slot) const {
     return ((((static_cast<size_t>(layer) * 2 + kv) * n_heads_kv + head) * page_size) + slot) *
            static_cast<size_t>(int2_row_bytes);
+  }
+
+  // KIVI pages: tokens per key block, and the byte offset of key block `block` (slots
+  // [32·block, 32·block + 32)) of (layer, head) inside a page.
+  static constexpr int32_t kKiviKeyBlockTokens = 32;
+  size_t kivi_key_block_offset(int layer, int head, int block) const {
+    return int2_row_offset(layer, 0, head, block * kKiviKeyBlockTokens);
   }
 };
 

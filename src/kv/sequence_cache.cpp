@@ -10,6 +10,7 @@
 #include "kernels/decode_attn.h"
 #include "quant/int2_layout.h"
 #include "quant/int2_quant.h"
+#include "quant/kivi.h"
 
 namespace oscar::kv {
 
@@ -30,7 +31,11 @@ kernels::KvPageLayout KvCacheSpec::layout() const {
   l.head_dim = head_dim;
   l.page_size = regions.page_size;
   l.exact_elem_bytes = mode == quant::CacheMode::kF32 ? 4 : 2;
-  l.int2_row_bytes = static_cast<int32_t>(quant::int2_row_bytes(head_dim, group_size));
+  // kivi2: value rows with groups of 32; a key block of 32 tokens takes as many bytes as 32 of
+  // them (kernels/kv_layout.h "KIVI page"). group_size does not apply.
+  l.int2_row_bytes = static_cast<int32_t>(mode == quant::CacheMode::kKivi2
+                                              ? quant::kivi_value_row_bytes(head_dim)
+                                              : quant::int2_row_bytes(head_dim, group_size));
   return l;
 }
 
@@ -47,9 +52,20 @@ Status KvCacheSpec::validate() const {
   if (r.n_recent < 0 || r.n_recent % r.page_size != 0)
     return invalid_argument("kv cache: n_recent %d is not a multiple of page_size %d", r.n_recent,
                             r.page_size);
-  if (mode == quant::CacheMode::kKivi2)
-    return unimplemented("kv cache: mode kivi2 is not available in the paged cache yet");
-  if (quantized()) {
+  if (mode == quant::CacheMode::kKivi2) {
+    constexpr int kBlock = quant::kKiviKeyBlockTokens;
+    static_assert(kBlock == kernels::KvPageLayout::kKiviKeyBlockTokens);
+    if (head_dim % quant::kKiviValueGroup != 0)
+      return invalid_argument("kv cache: kivi2 needs head_dim a multiple of %d, got %d",
+                              quant::kKiviValueGroup, head_dim);
+    if (r.page_size % kBlock != 0)
+      return invalid_argument(
+          "kv cache: kivi2 quantizes keys in blocks of %d tokens and needs page_size a multiple "
+          "of %d, got %d (pass --page-size 32)",
+          kBlock, kBlock, r.page_size);
+    if (!k_rotation.empty() || !v_rotation.empty() || !k_clip.empty() || !v_clip.empty())
+      return invalid_argument("kv cache: kivi2 takes no rotation and no clipping");
+  } else if (quantized()) {
     if (group_size <= 0 || head_dim % group_size != 0 || group_size % 4 != 0)
       return invalid_argument("kv cache: group_size %d does not divide head_dim %d in quarters",
                               group_size, head_dim);
@@ -72,7 +88,8 @@ std::string KvCacheSpec::describe() const {
   return str_format("mode=%s n_sink=%d n_recent=%d page_size=%d group_size=%d k_rotation=%s "
                 "v_rotation=%s clip=%s",
                 quant::cache_mode_name(mode), regions.n_sink, regions.n_recent,
-                regions.page_size, group_size, k_rotation.empty() ? "no" : "yes",
+                regions.page_size,
+                mode == quant::CacheMode::kKivi2 ? quant::kKiviValueGroup : group_size, k_rotation.empty() ? "no" : "yes",
                 v_rotation.empty() ? "no" : "yes", k_clip.empty() ? "no" : "yes");
 }
 
@@ -282,6 +299,12 @@ void SequenceCache::write(int layer, const float* k, const float* v, int64_t n) 
 
 void SequenceCache::quantize_row(int layer, int kv, int head, const float* x,
                                  uint8_t* row) const {
+  if (kivi()) {
+    OSCAR_CHECK(kv == 1, "kivi2 keys are quantized in blocks (quantize_key_block)");
+    const Status st = quant::quantize_kivi_value_row_ref(x, spec_->head_dim, row);
+    OSCAR_CHECK(st.ok(), "layer %d V head %d: %s", layer, head, st.to_string().c_str());
+    return;
+  }
   const auto& clips = kv == 0 ? spec_->k_clip : spec_->v_clip;
   const float clip = clips.empty() ? 1.0f : clips[static_cast<size_t>(layer) * spec_->n_heads_kv + head];
   const Status st =
@@ -293,8 +316,25 @@ void SequenceCache::quantize_row(int layer, int kv, int head, const float* x,
               st.to_string().c_str());
 }
 
+void SequenceCache::quantize_key_block(int layer, int head, const float* k,
+                                       uint8_t* block) const {
+  const Status st = quant::quantize_kivi_key_block_ref(k, spec_->head_dim, block);
+  // Non-finite K means the forward pass itself broke; there is nothing sane to store.
+  OSCAR_CHECK(st.ok(), "layer %d K head %d: %s", layer, head, st.to_string().c_str());
+}
+
+const uint8_t* SequenceCache::hist_key_block(int layer, int head, int64_t pos) const {
+  const RegionConfig& r = spec_->regions;
+  OSCAR_DCHECK(pos >= r.n_sink && pos < hist_end_);
+  const PageId page = hist_pages_[(pos - r.n_sink) / r.page_size];
+  const int block = static_cast<int>(pos % r.page_size) / quant::kKiviKeyBlockTokens;
+  return int2_pool_->data(page) + layout_.kivi_key_block_offset(layer, head, block);
+}
+
 void SequenceCache::dequantize_row(const uint8_t* row, float* out) const {
-  if (spec_->mode == quant::CacheMode::kOscarLloyd) {
+  if (kivi()) {
+    quant::dequantize_kivi_value_row_ref(row, spec_->head_dim, out);
+  } else if (spec_->mode == quant::CacheMode::kOscarLloyd) {
     quant::dequantize_rows_lloyd(row, 1, spec_->head_dim, spec_->group_size, out);
   } else {
     quant::dequantize_rows_int2(row, 1, spec_->head_dim, spec_->group_size, out);
@@ -304,7 +344,14 @@ void SequenceCache::dequantize_row(const uint8_t* row, float* out) const {
 void SequenceCache::read_row(int layer, int kv, int head, int64_t pos, float* out) const {
   OSCAR_CHECK(pos >= 0 && pos < n_tokens_ + n_staged_);
   const RegionConfig& r = spec_->regions;
-  if (pos >= r.n_sink && pos < hist_end_) {
+  if (pos >= r.n_sink && pos < hist_end_ && kivi() && kv == 0) {
+    // The whole 32-token block is dequantized and the token's row picked (tests, evaluation).
+    const int d = spec_->head_dim;
+    std::vector<float> block(static_cast<size_t>(quant::kKiviKeyBlockTokens) * d);
+    quant::dequantize_kivi_key_block_ref(hist_key_block(layer, head, pos), d, block.data());
+    const int t = static_cast<int>((pos - r.n_sink) % quant::kKiviKeyBlockTokens);
+    std::memcpy(out, block.data() + static_cast<size_t>(t) * d, sizeof(float) * d);
+  } else if (pos >= r.n_sink && pos < hist_end_) {
     const PageId page = hist_pages_[(pos - r.n_sink) / r.page_size];
     const int slot = static_cast<int>(pos % r.page_size);
     dequantize_row(int2_pool_->data(page) + layout_.int2_row_offset(layer, kv, head, slot), out);
@@ -337,7 +384,9 @@ Status SequenceCache::attend(int layer, const float* q, int n_heads_q, int64_t n
 
   // A decode step reads the pages directly (OSCAR.md §5). With one query both attend modes read
   // the same zones: history_end(n_tokens_) == hist_end_ after the last commit.
-  if (n == 1) return attend_decode(layer, q_used, n_heads_q, out);
+  // kivi2 has no packed-page decode kernel: its single-token steps take the materialising path
+  // below (chunk_attn over the dequantized cache), which reads the same zones.
+  if (n == 1 && !kivi()) return attend_decode(layer, q_used, n_heads_q, out);
 
   // Per-query boundary of the dequantized zone.
   s.deq_end.resize(n);
@@ -368,6 +417,24 @@ Status SequenceCache::attend(int layer, const float* q, int n_heads_q, int64_t n
         load_exact(exact_row(layer, kv, h, j), layout_.exact_elem_bytes, d, ex + j * d);
       for (int64_t j = hist_end_; j < n_keys; ++j)
         load_exact(exact_row(layer, kv, h, j), layout_.exact_elem_bytes, d, ex + j * d);
+      constexpr int kBlock = quant::kKiviKeyBlockTokens;
+      if (kivi() && kv == 0) {
+        // History keys: whole 32-token blocks ([32, d] rows, contiguous in dq).
+        for (int64_t j = r.n_sink; j < hist_end_; j += kBlock)
+          quant::dequantize_kivi_key_block_ref(hist_key_block(layer, h, j), d, dq + j * d);
+        // Decode-equivalent: the blocks decode would already read quantized, quantized here
+        // exactly as demote_front_page() will (whole pages, hence whole blocks).
+        if (deq_hi > hist_end_) {
+          OSCAR_CHECK((deq_hi - hist_end_) % kBlock == 0, "kivi2 zone [%lld, %lld) not in blocks",
+                      static_cast<long long>(hist_end_), static_cast<long long>(deq_hi));
+          std::vector<uint8_t> block(quant::kivi_key_block_bytes(d));
+          for (int64_t j = hist_end_; j < deq_hi; j += kBlock) {
+            quantize_key_block(layer, h, ex + j * d, block.data());
+            quant::dequantize_kivi_key_block_ref(block.data(), d, dq + j * d);
+          }
+        }
+        continue;
+      }
       for (int64_t j = r.n_sink; j < hist_end_; ++j) {
         const PageId page = hist_pages_[(j - r.n_sink) / r.page_size];
         const int slot = static_cast<int>(j % r.page_size);
@@ -437,19 +504,34 @@ void SequenceCache::demote_front_page() {
   const PageId dst = int2_reserved_.back();
   int2_reserved_.pop_back();
   const int d = spec_->head_dim;
-  std::vector<float> x(d);
+  constexpr int kBlock = quant::kKiviKeyBlockTokens;
+  std::vector<float> x(kivi() ? static_cast<size_t>(kBlock) * d : d);
   const uint8_t* src_data = exact_pool_->data(src);
   uint8_t* dst_data = int2_pool_->data(dst);
   // One pass over all layers, K and V, heads and slots of the page (OSCAR.md §4 demotion).
-  for (int layer = 0; layer < spec_->n_layers; ++layer)
-    for (int kv = 0; kv < 2; ++kv)
-      for (int h = 0; h < spec_->n_heads_kv; ++h)
+  for (int layer = 0; layer < spec_->n_layers; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int h = 0; h < spec_->n_heads_kv; ++h) {
+        if (kivi() && kv == 0) {
+          // kivi2 keys: per channel over each 32-token block of the page (kernels/kv_layout.h).
+          for (int b = 0; b < spec_->regions.page_size / kBlock; ++b) {
+            for (int t = 0; t < kBlock; ++t)
+              load_exact(src_data + layout_.exact_row_offset(layer, 0, h, b * kBlock + t),
+                         layout_.exact_elem_bytes, d, x.data() + static_cast<size_t>(t) * d);
+            quantize_key_block(layer, h, x.data(),
+                               dst_data + layout_.kivi_key_block_offset(layer, h, b));
+          }
+          continue;
+        }
         for (int slot = 0; slot < spec_->regions.page_size; ++slot) {
           load_exact(src_data + layout_.exact_row_offset(layer, kv, h, slot),
                      layout_.exact_elem_bytes, d, x.data());
           quantize_row(layer, kv, h, x.data(),
                        dst_data + layout_.int2_row_offset(layer, kv, h, slot));
         }
+      }
+    }
+  }
   exact_pool_->release(src);
   recent_pages_.erase(recent_pages_.begin());
   hist_pages_.push_back(dst);

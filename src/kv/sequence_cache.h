@@ -9,6 +9,17 @@
 // One forward chunk is: reserve(n) -> for each layer: write() then attend() -> commit(n).
 // commit() demotes full recent pages to INT2 (one pass over all layers and heads).
 // Not thread-safe; owned by one request.
+//
+// kivi2 (the KIVI-style baseline, OSCAR.md §8; quant/kivi.h): same regions and windows, no
+// rotation, no clipping. History pages are KIVI pages (kernels/kv_layout.h): keys per channel
+// over 32-token blocks, values per token over groups of 32 channels, fp16 metadata, 3 bits per
+// element (bytes() counts the pages: exactly 3.0 bits/element of history). validate() requires
+// page_size to be a multiple of 32 (so pages hold whole key blocks; the engine default 16 must be
+// overridden, e.g. --page-size 32), and since the windows are multiples of page_size, every block
+// starts at n_sink + 32·b. Only complete blocks are ever quantized: a block leaves the exact
+// recent window whole, at demotion. The decode-equivalent mode quantizes on the fly the same
+// whole blocks demotion will. Single-token steps in kivi2 use the materialising chunk_attn path
+// (there is no packed-page KIVI decode kernel); the result is the same attention.
 #pragma once
 
 #include <cstdint>
@@ -118,6 +129,11 @@ class SequenceCache {
   uint8_t* exact_row_mut(int layer, int kv, int head, int64_t pos);
   void quantize_row(int layer, int kv, int head, const float* x, uint8_t* row) const;
   void dequantize_row(const uint8_t* row, float* out) const;
+  bool kivi() const { return spec_->mode == quant::CacheMode::kKivi2; }
+  // kivi2 keys: k [32, head_dim] float -> one key block (quant/kivi.h) at `block`.
+  void quantize_key_block(int layer, int head, const float* k, uint8_t* block) const;
+  // kivi2: the history key block holding token pos of (layer, head).
+  const uint8_t* hist_key_block(int layer, int head, int64_t pos) const;
   void demote_front_page();
   // attend() for one staged token (a decode step): kernels::decode_attn straight over the pages,
   // nothing materialised. q: [n_heads_q, head_dim] already rotated by R_K.
