@@ -345,12 +345,8 @@ void SequenceCache::read_row(int layer, int kv, int head, int64_t pos, float* ou
   OSCAR_CHECK(pos >= 0 && pos < n_tokens_ + n_staged_);
   const RegionConfig& r = spec_->regions;
   if (pos >= r.n_sink && pos < hist_end_ && kivi() && kv == 0) {
-    // The whole 32-token block is dequantized and the token's row picked (tests, evaluation).
-    const int d = spec_->head_dim;
-    std::vector<float> block(static_cast<size_t>(quant::kKiviKeyBlockTokens) * d);
-    quant::dequantize_kivi_key_block_ref(hist_key_block(layer, head, pos), d, block.data());
     const int t = static_cast<int>((pos - r.n_sink) % quant::kKiviKeyBlockTokens);
-    std::memcpy(out, block.data() + static_cast<size_t>(t) * d, sizeof(float) * d);
+    quant::dequantize_kivi_key_token(hist_key_block(layer, head, pos), spec_->head_dim, t, out);
   } else if (pos >= r.n_sink && pos < hist_end_) {
     const PageId page = hist_pages_[(pos - r.n_sink) / r.page_size];
     const int slot = static_cast<int>(pos % r.page_size);

@@ -47,6 +47,19 @@ void dequantize_kivi_key_block_ref(const uint8_t* block, int head_dim, float* k)
   }
 }
 
+void dequantize_kivi_key_token(const uint8_t* block, int head_dim, int t, float* k_t) {
+  OSCAR_CHECK(k_t != nullptr && block != nullptr && head_dim > 0 && t >= 0 && t < kT,
+              "head_dim %d, token %d", head_dim, t);
+  const uint8_t* meta = block + head_dim * kCodeBytes;
+  for (int c = 0; c < head_dim; ++c) {
+    Int2GroupMeta m;
+    std::memcpy(&m, meta + c * sizeof(Int2GroupMeta), sizeof(m));
+    const float scale = fp16_to_f32(m.slot0);
+    const float min = fp16_to_f32(m.slot1);
+    k_t[c] = min + static_cast<float>(int2_get_code(block + c * kCodeBytes, t, kT)) * scale;
+  }
+}
+
 Status quantize_kivi_value_row_ref(const float* v, int head_dim, uint8_t* row) {
   return quantize_row_int2_ref(v, head_dim, kKiviValueGroup, 1.0f, row);
 }

@@ -43,6 +43,10 @@ static_assert(kivi_value_row_bytes(128) == 48);    // 3 bits per element
 Status quantize_kivi_key_block_ref(const float* k, int head_dim, uint8_t* block);
 // block: [kivi_key_block_bytes]; k: [32, head_dim] float written.
 void dequantize_kivi_key_block_ref(const uint8_t* block, int head_dim, float* k);
+// One token t (0 <= t < 32) of a key block: k_t [head_dim] written, bit-identical to row t of
+// dequantize_kivi_key_block_ref (same fp16 decode, same min + code * scale). For reading single
+// rows (kv::SequenceCache::read_row) without dequantizing the other 31.
+void dequantize_kivi_key_token(const uint8_t* block, int head_dim, int t, float* k_t);
 
 // v: [head_dim] float; row: [kivi_value_row_bytes] written. Precondition: head_dim % 32 == 0.
 Status quantize_kivi_value_row_ref(const float* v, int head_dim, uint8_t* row);

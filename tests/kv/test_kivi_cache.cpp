@@ -227,6 +227,24 @@ void check_attend(KiviHarness& hz, const std::vector<std::vector<float>>& qs, in
   }
 }
 
+// quant::dequantize_kivi_key_token (what read_row uses) is row t of the block reference, bit for
+// bit, including constant channels (scale 0).
+TEST(KiviCache, KeyTokenDequantizationIsTheBlockReferenceRow) {
+  const int d = 128;
+  std::mt19937 rng(10);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> k(static_cast<size_t>(kBlock) * d), block_deq(k.size()), row(d);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = (i % d == 5) ? 0.75f : 3.f * normal(rng);
+  std::vector<uint8_t> block(quant::kivi_key_block_bytes(d));
+  ASSERT_TRUE(quant::quantize_kivi_key_block_ref(k.data(), d, block.data()).ok());
+  quant::dequantize_kivi_key_block_ref(block.data(), d, block_deq.data());
+  for (int t = 0; t < kBlock; ++t) {
+    quant::dequantize_kivi_key_token(block.data(), d, t, row.data());
+    for (int c = 0; c < d; ++c) ASSERT_EQ(row[c], block_deq[t * d + c]) << "token " << t << " ch " << c;
+  }
+  EXPECT_EQ(block_deq[5], 0.75f);  // constant channel reproduced exactly
+}
+
 TEST(KiviCache, ValidateNeedsWholeKeyBlocksAndNoRotation) {
   EXPECT_TRUE(kivi_spec(128, 32, 64, 256).validate().ok());
   EXPECT_TRUE(kivi_spec(64, 64, 64, 128).validate().ok());
