@@ -89,7 +89,8 @@ std::string KvCacheSpec::describe() const {
                 "v_rotation=%s clip=%s",
                 quant::cache_mode_name(mode), regions.n_sink, regions.n_recent,
                 regions.page_size,
-                mode == quant::CacheMode::kKivi2 ? quant::kKiviValueGroup : group_size, k_rotation.empty() ? "no" : "yes",
+                mode == quant::CacheMode::kKivi2 ? quant::kKiviValueGroup : group_size,
+                k_rotation.empty() ? "no" : "yes",
                 v_rotation.empty() ? "no" : "yes", k_clip.empty() ? "no" : "yes");
 }
 
