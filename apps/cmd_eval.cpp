@@ -12,6 +12,7 @@
 #include "apps/commands.h"
 #include "apps/runtime_options.h"
 #include "eval/evaluate.h"
+#include "eval/merge.h"
 #include "eval/report.h"
 
 namespace oscar::apps {
@@ -73,14 +74,21 @@ Command add_eval(CLI::App& app) {
   auto cfg = std::make_shared<eval::EvalConfig>();
   auto out = std::make_shared<std::string>("docs/results/eval");
   auto no_progress = std::make_shared<bool>(false);
+  auto merge = std::make_shared<std::vector<std::string>>();
   add_runtime_options(app, cfg->runtime);
   app.remove_option(app.get_option("--kv-cache"));  // eval takes a list: --modes
   app.add_option("--modes", cfg->modes,
                  "Comma-separated cache modes, evaluated side by side (bf16, f32, int2-naive, "
-                 "int2-hadamard, kivi2, oscar, oscar-lloyd)")
+                 "int2-hadamard, kivi2, oscar, oscar-lloyd); a mode may carry ':'-separated "
+                 "overrides, e.g. oscar-lloyd:k=1:v=1, oscar:rot=FILE:k=0.98 (k, v, rot, sink, "
+                 "recent)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--ppl-windows", cfg->ppl.n_windows, "Perplexity windows (0 = skip)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--ppl-first-window", cfg->ppl.first_window,
+                 "First perplexity window (windows of a shard: first .. first + n - 1)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--window-tokens", cfg->ppl.window_tokens,
@@ -96,6 +104,10 @@ Command add_eval(CLI::App& app) {
   app.add_option("--niah-per-length", cfg->niah_per_length, "NIAH prompts per length (0 = skip)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--niah-skip", cfg->niah_skip,
+                 "Skip this many NIAH prompts of each length first (shards)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--fidelity-windows", cfg->fidelity.n_windows,
                  "Windows for attention fidelity vs bf16 (0 = skip)")
       ->capture_default_str()
@@ -109,8 +121,55 @@ Command add_eval(CLI::App& app) {
   app.add_option("-o,--out", *out, "Output prefix: writes <out>.json and <out>.svg")
       ->capture_default_str();
   app.add_flag("--no-progress", *no_progress, "No progress bars");
+  app.add_option("--merge", *merge,
+                 "Run nothing: merge these eval JSON reports (shards by mode, ppl windows or NIAH "
+                 "prompts) into one table, <out>.json and <out>.svg; an argument PATH.json:OLD=NEW "
+                 "relabels mode OLD of that file")
+      ->expected(1, -1);
 
   return [=]() -> int {
+    if (!merge->empty()) {
+      std::vector<eval::EvalReport> parts;
+      for (const std::string& arg : *merge) {
+        // PATH or PATH.json:OLD=NEW: relabel mode OLD of that file before merging. OLD may hold
+        // ':' and '=' (mode overrides); NEW is what follows the last '='.
+        std::string path = arg, from, to;
+        const size_t cut = arg.find(".json:");
+        if (cut != std::string::npos) {
+          path = arg.substr(0, cut + 5);
+          const std::string rest = arg.substr(cut + 6);
+          const size_t eq = rest.rfind('=');
+          if (eq == std::string::npos || eq == 0 || eq + 1 == rest.size()) {
+            std::fprintf(stderr, "error: --merge %s: expected PATH.json:OLD=NEW\n", arg.c_str());
+            return 1;
+          }
+          from = rest.substr(0, eq);
+          to = rest.substr(eq + 1);
+        }
+        auto part = eval::read_report_json(path);
+        if (!part.ok()) {
+          std::fprintf(stderr, "error: %s\n", part.status().message().c_str());
+          return 1;
+        }
+        for (eval::ModeReport& m : part.value().modes)
+          if (!from.empty() && m.mode == from) m.mode = to;
+        parts.push_back(std::move(part.value()));
+      }
+      auto merged = eval::merge_reports(parts);
+      if (!merged.ok()) {
+        std::fprintf(stderr, "error: %s\n", merged.status().message().c_str());
+        return 1;
+      }
+      merged.value().info.command_line = command_line();
+      std::fputs(eval::format_table(merged.value()).c_str(), stdout);
+      const Status st = eval::write_report(merged.value(), *out);
+      if (!st.ok()) {
+        std::fprintf(stderr, "error: %s\n", st.message().c_str());
+        return 1;
+      }
+      std::printf("wrote %s.json and %s.svg\n", out->c_str(), out->c_str());
+      return 0;
+    }
     cfg->progress = !*no_progress;
     auto report = eval::run_evaluation(*cfg);
     if (!report.ok()) {

@@ -393,6 +393,9 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
                  result.n_windows, static_cast<long long>(W),
                  static_cast<long long>(result.n_tokens),
                  static_cast<long long>(result.n_data_tokens), clip_desc.c_str());
+  set.metadata[kRecommendedModeKey] =
+      options.clip.quantizer == Quantizer::kLloyd ? "oscar-lloyd" : "oscar";
+  set.metadata[kRecommendedRecentKey] = std::to_string(options.clip.n_recent);
   set.metadata["created_by"] = "oscar calibrate 0.1";
   return result;
 }

@@ -39,6 +39,17 @@ enum class ClipMode { kSearch, kFixed };
 Result<ValueObjective> parse_value_objective(const std::string& name);  // "full" | "diag"
 Result<ClipMode> parse_clip_mode(const std::string& name);              // "search" | "fixed"
 
+// Rotation-file metadata naming the cache the file was made for, read by `--kv-cache auto`
+// (engine/runtime.cpp spells the same keys; files without them mean "oscar" with the runtime's
+// windows):
+//   recommended_mode      "oscar" (uniform INT2) or "oscar-lloyd", from clip.quantizer
+//   recommended_n_recent  the BF16 recent window, from clip.n_recent (docs/results/ablation.md:
+//                         384 beat 256 end to end and keeps the 128K cache under 2.30 bits)
+inline constexpr const char* kRecommendedModeKey = "recommended_mode";
+inline constexpr const char* kRecommendedRecentKey = "recommended_n_recent";
+// Default recent window of calibration (clip objective and recommended_n_recent).
+inline constexpr int kDefaultRecent = 384;
+
 // The release's fixed clip quantiles (OSCAR.md §1).
 inline constexpr float kReleaseKeyClip = 0.96f;
 inline constexpr float kReleaseValueClip = 0.92f;
@@ -52,7 +63,13 @@ struct CalibrationOptions {
   ClipMode clip_mode = ClipMode::kFixed;  // fixed won end to end so far (docs/results/calibration.md)
   float fixed_k_clip = kReleaseKeyClip;   // clip_mode kFixed
   float fixed_v_clip = kReleaseValueClip;
-  ClipSearchConfig clip;         // group_size, quantizer, objective, grid, windows kept exact
+  // group_size, objective, grid, windows kept exact, and the quantizer: the one the clip search
+  // uses AND the cache quantizer the file recommends (recommended_mode), in both clip modes.
+  ClipSearchConfig clip = [] {
+    ClipSearchConfig c;
+    c.n_recent = kDefaultRecent;
+    return c;
+  }();
   int clip_windows = 4;          // windows kept for the clip search, spread over the data
   int clip_queries = 64;         // sampled query positions per clip window (all group heads)
   std::string data_label;        // names the data in the file's `calibration` metadata

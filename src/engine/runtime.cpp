@@ -1,5 +1,6 @@
 #include "engine/runtime.h"
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/log.h"
@@ -15,9 +16,49 @@ namespace {
 constexpr float kReleaseClipK = 0.96f;
 constexpr float kReleaseClipV = 0.92f;
 
+// Rotation-file metadata keys naming the cache `auto` uses (written by calib/calibrator.cpp, which
+// spells the same keys as calib::kRecommendedModeKey / kRecommendedRecentKey).
+constexpr const char* kRecommendedModeKey = "recommended_mode";
+constexpr const char* kRecommendedRecentKey = "recommended_n_recent";
+
 std::string default_rotations(const RuntimeOptions& o) {
   return o.rotations.empty() ? (std::filesystem::path(o.model_dir) / kDefaultRotationFile).string()
                              : o.rotations;
+}
+
+// `auto`: bf16 without a rotation file. With one: the mode its `recommended_mode` metadata names
+// (written by `oscar calibrate`: the quantizer its clips were chosen for), else "oscar" (files
+// written before that key existed); and, when the options still hold the default recent window,
+// the file's `recommended_n_recent` (an explicit --n-recent equal to the default cannot be told
+// apart and is replaced too). Sets o.cache_mode (and maybe o.n_recent). A file that fails to load
+// fails here, as it would for oscar.
+Status apply_auto_mode(const format::ModelConfig& config, RuntimeOptions& o) {
+  const std::string path = default_rotations(o);
+  if (!std::filesystem::exists(path)) {
+    o.cache_mode = "bf16";
+    return Status();
+  }
+  OSCAR_ASSIGN_OR_RETURN(quant::RotationSet rot,
+                         quant::load_rotation_file(path, config.sha256, config.n_layers,
+                                                   config.n_heads_kv, config.head_dim));
+  o.cache_mode = "oscar";
+  if (const auto it = rot.metadata.find(kRecommendedModeKey); it != rot.metadata.end()) {
+    OSCAR_ASSIGN_OR_RETURN(quant::CacheMode mode, quant::parse_cache_mode(it->second));
+    if (mode != quant::CacheMode::kOscar && mode != quant::CacheMode::kOscarLloyd)
+      return invalid_argument("rotation file %s: %s '%s' is not an oscar mode (oscar, oscar-lloyd)",
+                              path.c_str(), kRecommendedModeKey, it->second.c_str());
+    o.cache_mode = it->second;
+  }
+  if (const auto it = rot.metadata.find(kRecommendedRecentKey);
+      it != rot.metadata.end() && o.n_recent == RuntimeOptions().n_recent) {
+    char* end = nullptr;
+    const long n = std::strtol(it->second.c_str(), &end, 10);
+    if (it->second.empty() || *end != '\0' || n < 0 || n > (1 << 24))
+      return invalid_argument("rotation file %s: %s '%s' is not a token count", path.c_str(),
+                              kRecommendedRecentKey, it->second.c_str());
+    o.n_recent = static_cast<int>(n);
+  }
+  return Status();
 }
 
 }  // namespace
@@ -80,8 +121,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
   rt->tokenizer_ = std::make_unique<tok::Tokenizer>(std::move(tokenizer));
   const format::ModelConfig& config = rt->model_->config();
 
-  if (o.cache_mode == "auto")
-    o.cache_mode = std::filesystem::exists(default_rotations(o)) ? "oscar" : "bf16";
+  if (o.cache_mode == "auto") OSCAR_RETURN_IF_ERROR(apply_auto_mode(config, o));
   OSCAR_ASSIGN_OR_RETURN(quant::CacheMode mode, quant::parse_cache_mode(o.cache_mode));
   OSCAR_ASSIGN_OR_RETURN(rt->spec_, make_cache_spec(config, o, mode));
   if (!rt->spec_.v_rotation.empty())

@@ -47,20 +47,26 @@ Result<std::vector<NiahCase>> load_niah(const std::string& path) {
 }
 
 Result<std::vector<NiahCase>> select_niah(const std::vector<NiahCase>& cases,
-                                          std::span<const int> lengths, int per_length) {
+                                          std::span<const int> lengths, int per_length,
+                                          int skip) {
   if (per_length < 0) return invalid_argument("NIAH cases per length %d < 0", per_length);
+  if (skip < 0) return invalid_argument("NIAH cases to skip %d < 0", skip);
   std::vector<NiahCase> out;
   for (int len : lengths) {
-    int taken = 0;
+    int taken = 0, skipped = 0;
     for (const NiahCase& c : cases) {
       if (taken == per_length) break;
       if (c.target_len != len) continue;
+      if (skipped < skip) {
+        ++skipped;
+        continue;
+      }
       out.push_back(c);
       ++taken;
     }
     if (taken < per_length)
-      return invalid_argument("NIAH: %d cases of length %d asked for, the file has %d", per_length,
-                              len, taken);
+      return invalid_argument("NIAH: %d cases of length %d asked for after skipping %d, the file has %d",
+                              per_length, len, skip, skipped + taken);
   }
   return out;
 }

@@ -28,9 +28,11 @@ struct NiahCase {
 // Errors name the file and the 1-based line.
 Result<std::vector<NiahCase>> load_niah(const std::string& path);
 
-// The first `per_length` cases of each requested target length, in file order, grouped by length
-// in the order of `lengths`. InvalidArgument when a length has fewer cases than asked for.
+// `per_length` cases of each requested target length, in file order after skipping the first
+// `skip` of that length (for shards), grouped by length in the order of `lengths`.
+// InvalidArgument when a length has fewer cases than asked for.
 Result<std::vector<NiahCase>> select_niah(const std::vector<NiahCase>& cases,
-                                          std::span<const int> lengths, int per_length);
+                                          std::span<const int> lengths, int per_length,
+                                          int skip = 0);
 
 }  // namespace oscar::eval

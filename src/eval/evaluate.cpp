@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/log.h"
@@ -40,10 +41,11 @@ Status run_mode(const EvalConfig& cfg, std::span<const int32_t> dev,
                 const std::vector<NiahCase>& niah, const FidelityCapture* reference,
                 ModeReport& out) {
   const auto t0 = Clock::now();
-  engine::RuntimeOptions ro = cfg.runtime;
-  ro.cache_mode = out.mode;
+  auto parsed = apply_mode_variant(out.mode, cfg.runtime);
+  if (!parsed.ok()) return parsed.status();
+  engine::RuntimeOptions ro = std::move(parsed.value());
   // Clip overrides are for oscar modes only (make_cache_spec would apply them to any mode).
-  if (out.mode != "oscar" && out.mode != "oscar-lloyd") ro.k_clip = ro.v_clip = -1.f;
+  if (ro.cache_mode != "oscar" && ro.cache_mode != "oscar-lloyd") ro.k_clip = ro.v_clip = -1.f;
   auto created = engine::Runtime::create(ro);
   if (!created.ok()) {
     out.supported = false;
@@ -97,6 +99,41 @@ Status run_mode(const EvalConfig& cfg, std::span<const int32_t> dev,
 
 }  // namespace
 
+Result<engine::RuntimeOptions> apply_mode_variant(const std::string& label,
+                                                  const engine::RuntimeOptions& base) {
+  engine::RuntimeOptions ro = base;
+  size_t pos = label.find(':');
+  ro.cache_mode = label.substr(0, pos);
+  while (pos != std::string::npos) {
+    const size_t next = label.find(':', pos + 1);
+    const std::string item = label.substr(pos + 1, next == std::string::npos ? std::string::npos
+                                                                             : next - pos - 1);
+    pos = next;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
+      return invalid_argument("eval mode '%s': option '%s' is not key=value", label.c_str(),
+                              item.c_str());
+    const std::string key = item.substr(0, eq), val = item.substr(eq + 1);
+    char* end = nullptr;
+    const double num = std::strtod(val.c_str(), &end);
+    const bool is_num = end != nullptr && *end == '\0';
+    if (key == "rot") {
+      ro.rotations = val;
+    } else if ((key == "k" || key == "v") && is_num && num > 0.0 && num <= 1.5) {
+      (key == "k" ? ro.k_clip : ro.v_clip) = static_cast<float>(num);
+    } else if ((key == "sink" || key == "recent") && is_num && num >= 0.0 && num < 1e6 &&
+               num == std::floor(num)) {
+      (key == "sink" ? ro.n_sink : ro.n_recent) = static_cast<int>(num);
+    } else {
+      return invalid_argument(
+          "eval mode '%s': unknown option or bad value '%s' (use k=RHO, v=RHO with 0 < RHO <= "
+          "1.5, rot=FILE, sink=N, recent=N)",
+          label.c_str(), item.c_str());
+    }
+  }
+  return ro;
+}
+
 Result<EvalReport> run_evaluation(const EvalConfig& config_in) {
   const auto t0 = Clock::now();
   EvalReport report;
@@ -123,7 +160,7 @@ Result<EvalReport> run_evaluation(const EvalConfig& config_in) {
   std::vector<NiahCase> niah;
   if (cfg.niah_per_length > 0) {
     OSCAR_ASSIGN_OR_RETURN(std::vector<NiahCase> all, load_niah(cfg.niah_file));
-    OSCAR_ASSIGN_OR_RETURN(niah, select_niah(all, cfg.niah_lengths, cfg.niah_per_length));
+    OSCAR_ASSIGN_OR_RETURN(niah, select_niah(all, cfg.niah_lengths, cfg.niah_per_length, cfg.niah_skip));
   }
 
   std::optional<FidelityCapture> reference;

@@ -32,12 +32,14 @@ struct EvalConfig {
   FidelityOptions fidelity;  // n_windows 0 = skip; window_tokens follows ppl.window_tokens
   std::vector<int> niah_lengths = {1024, 2048, 4096, 8192};
   int niah_per_length = 100;  // 0 = skip NIAH (bits are then measured on a dev-text prefill)
+  int niah_skip = 0;          // skip this many cases of each length first (for shards)
   bool progress = true;       // progress bars on stderr
 };
 
 // Where and how the run happened (filled by the caller; written into the JSON and the report).
 struct RunInfo {
   std::string command_line, date, machine, git_commit;
+  std::vector<std::string> merged_from;  // merged reports (merge.h): each one's line and origin
 };
 
 struct ModeReport {
@@ -63,5 +65,13 @@ struct EvalReport {
 };
 
 Result<EvalReport> run_evaluation(const EvalConfig& config);
+
+// A mode label is a cache mode optionally followed by ':'-separated overrides, so variants of one
+// mode run side by side: "oscar-lloyd:k=1:v=1", "oscar:rot=/tmp/r.safetensors:k=0.98".
+//   k=RHO, v=RHO  key / value clip quantile (oscar modes; 0 < RHO <= 1.5, >= 1 = no clip)
+//   rot=FILE      rotation file;   sink=N, recent=N  BF16 windows (tokens)
+// Returns `base` with cache_mode and the overrides set; InvalidArgument names a bad item.
+Result<engine::RuntimeOptions> apply_mode_variant(const std::string& label,
+                                                  const engine::RuntimeOptions& base);
 
 }  // namespace oscar::eval

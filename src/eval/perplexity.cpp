@@ -37,9 +37,13 @@ Result<PplResult> evaluate_perplexity(engine::Runtime& runtime, std::span<const 
   if (W <= 0) return invalid_argument("perplexity: window of %d tokens", W);
   if (options.n_windows < 0) return invalid_argument("perplexity: %d windows", options.n_windows);
   const int64_t avail = available_windows(static_cast<int64_t>(tokens.size()), W);
-  if (options.n_windows > avail)
-    return invalid_argument("perplexity: %d windows of %d+1 tokens asked for, %zu tokens hold %lld",
-                            options.n_windows, W, tokens.size(), static_cast<long long>(avail));
+  if (options.first_window < 0)
+    return invalid_argument("perplexity: first window %d < 0", options.first_window);
+  if (int64_t{options.first_window} + options.n_windows > avail)
+    return invalid_argument(
+        "perplexity: windows %d..%d of %d+1 tokens asked for, %zu tokens hold %lld",
+        options.first_window, options.first_window + options.n_windows - 1, W, tokens.size(),
+        static_cast<long long>(avail));
   const int vocab = runtime.model().config().vocab_size;
   const auto t0 = std::chrono::steady_clock::now();
   PplResult r;
@@ -47,11 +51,12 @@ Result<PplResult> evaluate_perplexity(engine::Runtime& runtime, std::span<const 
   model::ForwardOptions fwd;
   fwd.attend_mode = options.attend_mode;
   for (int w = 0; w < options.n_windows; ++w) {
-    const std::span<const int32_t> win = tokens.subspan(static_cast<size_t>(w) * W, W + 1);
+    const std::span<const int32_t> win =
+        tokens.subspan(static_cast<size_t>(options.first_window + w) * W, W + 1);
     auto cache = runtime.new_cache();
     OSCAR_RETURN_IF_ERROR(
         runtime.model().forward_one(win.first(W), *cache, &logits, /*all_logits=*/true, fwd)
-            .with_context(str_format("perplexity window %d", w)));
+            .with_context(str_format("perplexity window %d", options.first_window + w)));
     OSCAR_CHECK(logits.size() == static_cast<size_t>(W) * vocab);
     double window_sum = 0.0;
     for (int i = 0; i < W; ++i) {

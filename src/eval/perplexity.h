@@ -22,6 +22,7 @@ namespace oscar::eval {
 
 struct PplOptions {
   int n_windows = 100;
+  int first_window = 0;  // windows first_window … first_window + n_windows − 1 (for shards)
   int window_tokens = 4096;
   // Predictions made at positions >= tail_from (the input token's position in its window) are
   // also reported separately ("ppl >= 1024").
@@ -45,7 +46,7 @@ int64_t available_windows(int64_t n_tokens, int window_tokens);
 // Negative log-likelihood of `target` under `logits` [vocab] (log-softmax in double).
 double token_nll(std::span<const float> logits, int32_t target);
 
-// Scores windows 0 .. n_windows-1 of `tokens`. InvalidArgument when the stream holds fewer.
+// Scores windows first_window .. first_window + n_windows - 1 of `tokens`. InvalidArgument when the stream holds fewer.
 // `on_window(done, result_so_far)` is called after each window (progress display); may be empty.
 Result<PplResult> evaluate_perplexity(
     engine::Runtime& runtime, std::span<const int32_t> tokens, const PplOptions& options,

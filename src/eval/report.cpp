@@ -59,7 +59,9 @@ std::string format_table(const EvalReport& r) {
     row.push_back(m.ppl ? str_format("%.4f", m.ppl->ppl_tail()) : "-");
     for (int len : c.niah_lengths) {
       const NiahLengthResult* l = niah_at(m, len);
-      row.push_back(l ? str_format("%.2f", l->accuracy()) : "-");
+      if (!l) row.push_back("-");
+      else if (l->n == c.niah_per_length) row.push_back(str_format("%.2f", l->accuracy()));
+      else row.push_back(str_format("%.2f (n=%d)", l->accuracy(), l->n));
     }
     row.push_back(m.fidelity ? str_format("%.5f", m.fidelity->logit_kl) : "-");
     row.push_back(m.fidelity ? str_format("%.4f", m.fidelity->mean_out_err()) : "-");
@@ -99,6 +101,7 @@ nlohmann::json report_json(const EvalReport& r) {
   j["date"] = r.info.date;
   j["machine"] = r.info.machine;
   j["git_commit"] = r.info.git_commit;
+  if (!r.info.merged_from.empty()) j["merged_from"] = r.info.merged_from;
   j["config"] = {
       {"model", c.runtime.model_dir},
       {"modes", c.modes},
@@ -112,6 +115,7 @@ nlohmann::json report_json(const EvalReport& r) {
       {"dev_text", c.dev_text},
       {"niah_file", c.niah_file},
       {"ppl_windows", c.ppl.n_windows},
+      {"ppl_first_window", c.ppl.first_window},
       {"window_tokens", c.ppl.window_tokens},
       {"ppl_tail_from", c.ppl.tail_from},
       {"ppl_attend_mode", "decode-equivalent"},
@@ -120,6 +124,7 @@ nlohmann::json report_json(const EvalReport& r) {
       {"fidelity_stride", c.fidelity.stride},
       {"niah_lengths", c.niah_lengths},
       {"niah_per_length", c.niah_per_length},
+      {"niah_skip", c.niah_skip},
   };
   j["n_dev_tokens"] = r.n_dev_tokens;
   j["tokenize_seconds"] = r.tokenize_seconds;

@@ -95,5 +95,53 @@ TEST(CalibrateModel, RefusesDataShorterThanAWindowAndNonExactCache) {
   EXPECT_EQ(r2.status().code(), StatusCode::kInvalidArgument);
 }
 
+// `--kv-cache auto` follows the file's recommended_mode / recommended_n_recent (written by
+// calibrate), keeps an explicit non-default --n-recent, and reads old files (no keys) as "oscar".
+TEST(CalibrateModel, AutoFollowsTheRecommendation) {
+  auto shipped = quant::load_rotation_file(kModel + "/oscar_rotations.safetensors", "", 8, 2, 128);
+  ASSERT_TRUE(shipped.ok()) << shipped.status().to_string();
+  EXPECT_EQ(shipped->metadata.at(kRecommendedModeKey), "oscar");
+  EXPECT_EQ(shipped->metadata.at(kRecommendedRecentKey), std::to_string(kDefaultRecent));
+  struct Case {
+    const char* mode;    // recommended_mode, nullptr = key absent (old file)
+    const char* recent;  // recommended_n_recent, nullptr = key absent
+    int user_recent;     // RuntimeOptions.n_recent
+    const char* want_mode;
+    int want_recent;
+  };
+  const int def = engine::RuntimeOptions().n_recent;
+  const Case cases[] = {{"oscar", "384", def, "oscar", 384},
+                        {"oscar-lloyd", "384", def, "oscar-lloyd", 384},
+                        {"oscar", "384", 512, "oscar", 512},
+                        {nullptr, nullptr, def, "oscar", def}};
+  const std::string path = ::testing::TempDir() + "auto_rot.safetensors";
+  for (const Case& c : cases) {
+    quant::RotationSet set = *shipped;
+    set.metadata.erase(kRecommendedModeKey);
+    set.metadata.erase(kRecommendedRecentKey);
+    if (c.mode) set.metadata[kRecommendedModeKey] = c.mode;
+    if (c.recent) set.metadata[kRecommendedRecentKey] = c.recent;
+    ASSERT_TRUE(quant::write_rotation_file(path, set).ok());
+    engine::RuntimeOptions ro;
+    ro.model_dir = kModel;
+    ro.rotations = path;
+    ro.n_recent = c.user_recent;
+    auto rt = engine::Runtime::create(ro);
+    ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+    EXPECT_EQ(rt.value()->options().cache_mode, c.want_mode);
+    EXPECT_EQ(rt.value()->spec().regions.n_recent, c.want_recent);
+  }
+  quant::RotationSet bad = *shipped;
+  bad.metadata[kRecommendedModeKey] = "int2-naive";
+  ASSERT_TRUE(quant::write_rotation_file(path, bad).ok());
+  engine::RuntimeOptions ro;
+  ro.model_dir = kModel;
+  ro.rotations = path;
+  auto rt = engine::Runtime::create(ro);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_NE(rt.status().message().find("not an oscar mode"), std::string::npos);
+  std::remove(path.c_str());
+}
+
 }  // namespace
 }  // namespace oscar::calib

@@ -7,7 +7,9 @@
 
 #include "eval/cache_bits.h"
 #include "eval/eval_data.h"
+#include "eval/evaluate.h"
 #include "eval/fidelity.h"
+#include "eval/merge.h"
 #include "eval/perplexity.h"
 #include "eval/report.h"
 
@@ -104,6 +106,98 @@ TEST(EvalData, SelectNiahTakesTheFirstCasesPerLength) {
   auto too_many = select_niah(all, lens, 4);
   EXPECT_FALSE(too_many.ok());
   EXPECT_NE(too_many.status().message().find("length 2048"), std::string::npos);
+  // Shards: skip the first case of each length.
+  auto shard = select_niah(all, lens, 2, /*skip=*/1);
+  ASSERT_TRUE(shard.ok()) << shard.status().message();
+  ASSERT_EQ(shard->size(), 4u);
+  EXPECT_EQ((*shard)[0].id, "3");
+  EXPECT_EQ((*shard)[1].id, "5");
+  EXPECT_EQ((*shard)[2].id, "2");
+  EXPECT_EQ((*shard)[3].id, "4");
+  EXPECT_FALSE(select_niah(all, lens, 1, /*skip=*/3).ok());
+}
+
+TEST(ModeVariant, OverridesParseAndBadItemsAreRefused) {
+  engine::RuntimeOptions base;
+  base.model_dir = "m";
+  auto plain = apply_mode_variant("oscar", base);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->cache_mode, "oscar");
+  EXPECT_EQ(plain->k_clip, -1.f);
+  auto v = apply_mode_variant("oscar-lloyd:k=1:v=0.96:rot=/tmp/r.safetensors:recent=384", base);
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  EXPECT_EQ(v->cache_mode, "oscar-lloyd");
+  EXPECT_FLOAT_EQ(v->k_clip, 1.0f);
+  EXPECT_FLOAT_EQ(v->v_clip, 0.96f);
+  EXPECT_EQ(v->rotations, "/tmp/r.safetensors");
+  EXPECT_EQ(v->n_recent, 384);
+  EXPECT_EQ(v->model_dir, "m");
+  for (const char* bad : {"oscar:k", "oscar:k=0", "oscar:k=abc", "oscar:x=1", "oscar:recent=1.5"}) {
+    auto r = apply_mode_variant(bad, base);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find(bad), std::string::npos) << r.status().message();
+    }
+  }
+}
+
+// A small report with one ppl window and NIAH at 1K, written and read back, then merged.
+EvalReport shard_report(const std::string& mode, double nll, int correct, int n) {
+  EvalReport r;
+  r.config.niah_lengths = {1024};
+  r.config.niah_per_length = n;
+  r.config.ppl.n_windows = 1;
+  r.info.command_line = "shard " + mode;
+  ModeReport m;
+  m.mode = mode;
+  PplResult p;
+  p.n_windows = 1;
+  p.n_predictions = 4096;
+  p.n_tail = 3072;
+  p.nll_sum = nll * 4096;
+  p.nll_tail_sum = (nll - 0.1) * 3072;
+  p.window_nll = {nll};
+  m.ppl = p;
+  NiahResult nr;
+  nr.per_length.push_back({1024, n, correct, 0});
+  m.niah = nr;
+  r.modes.push_back(m);
+  return r;
+}
+
+TEST(Merge, ShardsOfOneModeAddAndOtherModesStaySeparate) {
+  const std::string dir = testing::TempDir();
+  ASSERT_TRUE(write_report(shard_report("oscar", 1.5, 40, 50), dir + "/m_a").ok());
+  ASSERT_TRUE(write_report(shard_report("oscar", 1.6, 30, 50), dir + "/m_b").ok());
+  ASSERT_TRUE(write_report(shard_report("bf16", 1.4, 48, 50), dir + "/m_c").ok());
+  std::vector<EvalReport> parts;
+  for (const char* f : {"/m_a.json", "/m_b.json", "/m_c.json"}) {
+    auto r = read_report_json(dir + f);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    parts.push_back(std::move(r.value()));
+  }
+  // Round trip of one shard (tolerance: JSON doubles print to 17 digits, so 1e-12 relative).
+  EXPECT_NEAR(parts[0].modes[0].ppl->ppl(), std::exp(1.5), 1e-12 * std::exp(1.5));
+  auto merged = merge_reports(parts);
+  ASSERT_TRUE(merged.ok()) << merged.status().message();
+  ASSERT_EQ(merged->modes.size(), 2u);
+  const ModeReport& o = merged->modes[0];
+  EXPECT_EQ(o.mode, "oscar");
+  EXPECT_EQ(o.ppl->n_windows, 2);
+  EXPECT_NEAR(o.ppl->ppl(), std::exp(1.55), 1e-9);
+  EXPECT_NEAR(o.ppl->ppl_tail(), std::exp(1.45), 1e-9);
+  EXPECT_EQ(o.niah->per_length[0].n, 100);
+  EXPECT_EQ(o.niah->per_length[0].correct, 70);
+  EXPECT_EQ(merged->modes[1].niah->per_length[0].correct, 48);
+  EXPECT_EQ(merged->config.niah_per_length, 100);
+  EXPECT_EQ(merged->info.merged_from.size(), 3u);
+  // bf16 has 50 prompts at 1K while the header says 100: the table shows its n.
+  EXPECT_NE(format_table(*merged).find("0.96 (n=50)"), std::string::npos) << format_table(*merged);
+  // Different windows cannot be merged.
+  parts[2].config.ppl.window_tokens = 2048;
+  EXPECT_FALSE(merge_reports(parts).ok());
+  EXPECT_FALSE(merge_reports({}).ok());
+  EXPECT_FALSE(read_report_json(dir + "/missing.json").ok());
 }
 
 TEST(EvalData, LoadNiahReportsTheBadLine) {
