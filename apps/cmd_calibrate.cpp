@@ -72,11 +72,13 @@ Command add_calibrate(CLI::App& app) {
                  "Clip search: leading tokens the cache keeps exact (not quantized)")
       ->capture_default_str()->check(CLI::Range(0, 1 << 20));
   app.add_option("--n-recent", o.clip.n_recent,
-                 "Clip search: recent tokens before each query the cache keeps exact")
+                 "Recent tokens before each query the cache keeps exact: used by the clip search "
+                 "and written as recommended_n_recent, which --kv-cache auto applies")
       ->capture_default_str()->check(CLI::Range(0, 1 << 20));
   app.add_option("--group-size", o.clip.group_size, "Values per INT2 scale/min group (32, 64, 128)")
       ->capture_default_str();
-  app.add_option("--quantizer", a->quantizer, "Quantizer for the clip search: uniform or lloyd")
+  app.add_option("--quantizer", a->quantizer, "Quantizer: used by the clip search and written as recommended_mode (uniform: oscar, "
+                 "lloyd: oscar-lloyd), which --kv-cache auto applies")
       ->capture_default_str();
   app.add_option("--threads", a->threads, "Worker threads (0 = OpenMP default)")
       ->capture_default_str()->check(CLI::Range(0, 1024));
