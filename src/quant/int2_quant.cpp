@@ -251,7 +251,8 @@ void dequantize_row_lloyd_ref(const uint8_t* row, int head_dim, int group_size, 
     const float mu = fp16_to_f32(m.slot1);
     const uint8_t* codes = row + int2_group_codes_offset(g, group_size);
     for (int i = 0; i < group_size; ++i) {
-      out[g * group_size + i] = mu + kLloydLevels[int2_get_code(codes, i, group_size)] * sigma;
+      const int code = int2_get_code(codes, i, group_size);
+      out[g * group_size + i] = mu + kLloydDequantLevels[code] * sigma;
     }
   }
 }
@@ -378,7 +379,7 @@ void dequantize_rows_lloyd(const uint8_t* rows, int n_rows, int head_dim, int gr
       const float mu = fp16_to_f32(m.slot1);
       // The four reconstruction values of this group, then a table lookup per element.
       float level[4];
-      for (int k = 0; k < 4; ++k) level[k] = mu + kLloydLevels[k] * sigma;
+      for (int k = 0; k < 4; ++k) level[k] = mu + kLloydDequantLevels[k] * sigma;
       const uint8_t* codes = row + int2_group_codes_offset(g, group_size);
       float* og = outr + g * group_size;
       for (int k = 0; k < 4; ++k) {

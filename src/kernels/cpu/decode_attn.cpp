@@ -74,7 +74,7 @@ inline void int2_row_to_f32(const uint8_t* row, int d, int G, Int2Quantizer quan
 #endif
     float level[4];
     if (quantizer == Int2Quantizer::kLloyd) {
-      for (int k = 0; k < 4; ++k) level[k] = b + quant::kLloydLevels[k] * a;
+      for (int k = 0; k < 4; ++k) level[k] = b + quant::kLloydDequantLevels[k] * a;
     } else {
       for (int k = 0; k < 4; ++k) level[k] = b + static_cast<float>(k) * a;
     }
