@@ -2,12 +2,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <filesystem>
 
 #include "core/log.h"
 #include "eval/eval_data.h"
-#include "eval/progress_bar.h"
+#include "core/progress.h"
 #include "tokenizer/tokenizer.h"
 
 namespace oscar::eval {
@@ -15,6 +17,26 @@ namespace oscar::eval {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// One phase's progress: the shared bar (core/progress.h, stderr) when enabled, then a result line.
+class Phase {
+ public:
+  Phase(bool enabled, const std::string& label, int64_t total, const char* unit) : label_(label) {
+    if (enabled && total > 0) bar_.emplace(label, total, unit);
+  }
+  void update(int64_t done, int64_t units) {
+    if (bar_) bar_->update(done, units);
+  }
+  void finish(const std::string& result = "") {
+    if (!bar_) return;
+    bar_->finish();
+    if (!result.empty()) std::fprintf(stderr, "%s: %s\n", label_.c_str(), result.c_str());
+  }
+
+ private:
+  std::string label_;
+  std::optional<ProgressBar> bar_;
+};
 
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -57,34 +79,34 @@ Status run_mode(const EvalConfig& cfg, std::span<const int32_t> dev,
   out.describe = rt.describe();
 
   if (cfg.ppl.n_windows > 0) {
-    ProgressBar bar(out.mode + " ppl", cfg.ppl.n_windows, cfg.progress);
+    Phase bar(cfg.progress, out.mode + " ppl", cfg.ppl.n_windows, "tok");
     OSCAR_ASSIGN_OR_RETURN(
         PplResult ppl, evaluate_perplexity(rt, dev, cfg.ppl, [&](int done, const PplResult& r) {
-          bar.update(done, str_format("ppl %.4f (%.1f s/window)", r.ppl(), r.seconds / done));
+          bar.update(done, r.n_predictions);
         }));
     bar.finish(str_format("ppl %.4f  ppl>=%d %.4f", ppl.ppl(), cfg.ppl.tail_from, ppl.ppl_tail()));
     out.ppl = std::move(ppl);
   }
   if (reference != nullptr) {
     const auto tf = Clock::now();
-    ProgressBar bar(out.mode + " fidelity", 1, cfg.progress);
+    Phase bar(cfg.progress, out.mode + " fidelity", 1, "window");
     OSCAR_ASSIGN_OR_RETURN(FidelityCapture cap, capture_fidelity(rt, dev, cfg.fidelity));
     OSCAR_ASSIGN_OR_RETURN(FidelityResult fr, compare_fidelity(*reference, cap));
     fr.seconds = since(tf);
-    bar.update(1);
+    bar.update(1, cfg.fidelity.n_windows);
     bar.finish(str_format("logit KL %.5f out err %.4f", fr.logit_kl, fr.mean_out_err()));
     out.fidelity = std::move(fr);
   }
   std::optional<PrefillSnapshot> snap;
   if (!niah.empty()) {
-    ProgressBar bar(out.mode + " niah", static_cast<int64_t>(niah.size()), cfg.progress);
+    Phase bar(cfg.progress, out.mode + " niah", static_cast<int64_t>(niah.size()), "prompt");
     OSCAR_ASSIGN_OR_RETURN(NiahResult nr,
                            evaluate_niah(rt, niah, [&](int done, const NiahResult& r) {
-                             int c = 0, n = 0;
-                             for (const auto& l : r.per_length) c += l.correct, n += l.n;
-                             bar.update(done, str_format("acc %.3f", n ? double(c) / n : 0.0));
+                             bar.update(done, done);
                            }));
-    bar.finish();
+    int c = 0, n = 0;
+    for (const auto& l : nr.per_length) c += l.correct, n += l.n;
+    bar.finish(str_format("accuracy %d/%d", c, n));
     snap = nr.longest_prefill;
     out.niah = std::move(nr);
   } else {
@@ -169,9 +191,9 @@ Result<EvalReport> run_evaluation(const EvalConfig& config_in) {
     engine::RuntimeOptions ro = cfg.runtime;
     ro.cache_mode = "bf16";
     OSCAR_ASSIGN_OR_RETURN(std::unique_ptr<engine::Runtime> rt, engine::Runtime::create(ro));
-    ProgressBar bar("bf16 reference", 1, cfg.progress);
+    Phase bar(cfg.progress, "bf16 reference", 1, "window");
     OSCAR_ASSIGN_OR_RETURN(reference, capture_fidelity(*rt, dev, cfg.fidelity));
-    bar.update(1);
+    bar.update(1, cfg.fidelity.n_windows);
     bar.finish();
     report.reference_seconds = since(tr);
   }
