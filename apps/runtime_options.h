@@ -13,7 +13,7 @@ inline void add_runtime_options(CLI::App& app, engine::RuntimeOptions& o) {
       ->capture_default_str();
   app.add_option("--kv-cache", o.cache_mode,
                  "KV cache: auto (oscar when DIR/oscar_rotations.safetensors exists, else bf16), "
-                 "bf16, f32, int2-naive, int2-hadamard, oscar, oscar-lloyd")
+                 "bf16, f32, int2-naive, int2-hadamard, kivi2 (needs --page-size 32), oscar, oscar-lloyd")
       ->capture_default_str();
   app.add_option("--rotations", o.rotations,
                  "Rotation file for oscar modes (default DIR/oscar_rotations.safetensors)");
