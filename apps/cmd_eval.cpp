@@ -124,7 +124,7 @@ Command add_eval(CLI::App& app) {
   app.add_option("--merge", *merge,
                  "Run nothing: merge these eval JSON reports (shards by mode, ppl windows or NIAH "
                  "prompts) into one table, <out>.json and <out>.svg; an argument PATH.json:OLD=NEW "
-                 "relabels mode OLD of that file")
+                 "relabels mode OLD of that file (NEW without '=')")
       ->expected(1, -1);
 
   return [=]() -> int {
