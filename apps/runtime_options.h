@@ -12,7 +12,7 @@ inline void add_runtime_options(CLI::App& app, engine::RuntimeOptions& o) {
   app.add_option("-m,--model", o.model_dir, "Model directory (config.json, safetensors, tokenizer.json)")
       ->capture_default_str();
   app.add_option("--kv-cache", o.cache_mode,
-                 "KV cache: auto (oscar when DIR/oscar_rotations.safetensors exists, else bf16), "
+                 "KV cache: auto (what DIR/oscar_rotations.safetensors recommends, else bf16), "
                  "bf16, f32, int2-naive, int2-hadamard, kivi2 (needs --page-size 32), oscar, oscar-lloyd")
       ->capture_default_str();
   app.add_option("--rotations", o.rotations,

@@ -1,10 +1,12 @@
 // Runtime: what `oscar run`, `oscar eval` and `oscar serve` share: the model, its tokenizer and
 // one KV-cache configuration (mode, windows, rotations), with the page pools it allocates from.
 //
-// Cache modes (OSCAR.md §8): bf16, f32 (exact reference), int2-naive, int2-hadamard, oscar,
-// oscar-lloyd. `auto` picks oscar when the model directory holds oscar_rotations.safetensors,
-// bf16 otherwise. oscar modes read the rotation file; its value rotation is folded into the
-// model's v_proj/o_proj here (OSCAR.md §3), so one Runtime serves exactly one mode.
+// Cache modes (OSCAR.md §8): bf16, f32 (exact reference), int2-naive, int2-hadamard, kivi2,
+// oscar, oscar-lloyd. `auto` uses the rotation file's recommendation (`recommended_mode` and
+// `recommended_n_recent`, written by `oscar calibrate`; oscar with a 384-token window for the
+// shipped tiny-qwen3 file) when DIR/oscar_rotations.safetensors exists, bf16 otherwise. oscar
+// modes read the rotation file; its value rotation is folded into the model's v_proj/o_proj here
+// (OSCAR.md §3), so one Runtime serves exactly one mode.
 #pragma once
 
 #include <memory>
