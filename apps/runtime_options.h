@@ -13,13 +13,15 @@ inline void add_runtime_options(CLI::App& app, engine::RuntimeOptions& o) {
       ->capture_default_str();
   app.add_option("--kv-cache", o.cache_mode,
                  "KV cache: auto (what DIR/oscar_rotations.safetensors recommends, else bf16), "
-                 "bf16, f32, int2-naive, int2-hadamard, kivi2 (needs --page-size 32), oscar, oscar-lloyd")
+                 "bf16, f32, int2-naive, int2-hadamard, kivi2, oscar, oscar-lloyd")
       ->capture_default_str();
   app.add_option("--rotations", o.rotations,
                  "Rotation file for oscar modes (default DIR/oscar_rotations.safetensors)");
   app.add_option("--n-sink", o.n_sink, "BF16 attention-sink tokens")->capture_default_str();
-  app.add_option("--n-recent", o.n_recent, "BF16 recent-window tokens")->capture_default_str();
-  app.add_option("--page-size", o.page_size, "Tokens per KV page")->capture_default_str();
+  app.add_option("--n-recent", o.n_recent,
+                 "BF16 recent-window tokens (default: the rotation file's recommendation for oscar "
+                 "modes, else 256)");
+  app.add_option("--page-size", o.page_size, "Tokens per KV page (default 16; 32 for kivi2)");
   app.add_option("--group-size", o.group_size, "Values per INT2 scale/min group")
       ->capture_default_str();
   app.add_option("--k-clip", o.k_clip, "Override the key clip quantile (oscar modes)");

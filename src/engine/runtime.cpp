@@ -28,10 +28,8 @@ std::string default_rotations(const RuntimeOptions& o) {
 
 // `auto`: bf16 without a rotation file. With one: the mode its `recommended_mode` metadata names
 // (written by `oscar calibrate`: the quantizer its clips were chosen for), else "oscar" (files
-// written before that key existed); and, when the options still hold the default recent window,
-// the file's `recommended_n_recent` (an explicit --n-recent equal to the default cannot be told
-// apart and is replaced too). Sets o.cache_mode (and maybe o.n_recent). A file that fails to load
-// fails here, as it would for oscar.
+// written before that key existed). Sets o.cache_mode. A file that fails to load fails here, as
+// it would for oscar.
 Status apply_auto_mode(const format::ModelConfig& config, RuntimeOptions& o) {
   const std::string path = default_rotations(o);
   if (!std::filesystem::exists(path)) {
@@ -49,16 +47,19 @@ Status apply_auto_mode(const format::ModelConfig& config, RuntimeOptions& o) {
                               path.c_str(), kRecommendedModeKey, it->second.c_str());
     o.cache_mode = it->second;
   }
-  if (const auto it = rot.metadata.find(kRecommendedRecentKey);
-      it != rot.metadata.end() && o.n_recent == RuntimeOptions().n_recent) {
-    char* end = nullptr;
-    const long n = std::strtol(it->second.c_str(), &end, 10);
-    if (it->second.empty() || *end != '\0' || n < 0 || n > (1 << 24))
-      return invalid_argument("rotation file %s: %s '%s' is not a token count", path.c_str(),
-                              kRecommendedRecentKey, it->second.c_str());
-    o.n_recent = static_cast<int>(n);
-  }
   return Status();
+}
+
+// The recent window a rotation file recommends (`recommended_n_recent`), if it names one.
+Result<int> recommended_recent(const quant::RotationSet& rot, const std::string& path) {
+  const auto it = rot.metadata.find(kRecommendedRecentKey);
+  if (it == rot.metadata.end()) return kDefaultRecentTokens;
+  char* end = nullptr;
+  const long n = std::strtol(it->second.c_str(), &end, 10);
+  if (it->second.empty() || *end != '\0' || n < 0 || n > (1 << 24))
+    return invalid_argument("rotation file %s: %s '%s' is not a token count", path.c_str(),
+                            kRecommendedRecentKey, it->second.c_str());
+  return static_cast<int>(n);
 }
 
 }  // namespace
@@ -71,8 +72,10 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
   spec.head_dim = config.head_dim;
   spec.group_size = o.group_size;
   spec.regions.n_sink = o.n_sink;
-  spec.regions.n_recent = o.n_recent;
-  spec.regions.page_size = o.page_size;
+  spec.regions.n_recent = o.n_recent >= 0 ? o.n_recent : kDefaultRecentTokens;
+  spec.regions.page_size = o.page_size > 0 ? o.page_size
+                           : mode == quant::CacheMode::kKivi2 ? 32
+                                                              : kDefaultPageSize;
   spec.mode = mode;
   const size_t heads = static_cast<size_t>(config.n_layers) * config.n_heads_kv;
   const size_t dd = static_cast<size_t>(config.head_dim) * config.head_dim;
@@ -91,6 +94,9 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
         quant::RotationSet rot,
         quant::load_rotation_file(path, config.sha256, config.n_layers, config.n_heads_kv,
                                   config.head_dim));
+    if (o.n_recent < 0) {
+      OSCAR_ASSIGN_OR_RETURN(spec.regions.n_recent, recommended_recent(rot, path));
+    }
     spec.k_rotation = std::move(rot.k_rot);
     spec.v_rotation = std::move(rot.v_rot);
     spec.k_clip = rot.k_clip;

@@ -21,14 +21,18 @@
 namespace oscar::engine {
 
 inline constexpr const char* kDefaultRotationFile = "oscar_rotations.safetensors";
+inline constexpr int kDefaultRecentTokens = 256;  // OSCAR.md §4
+inline constexpr int kDefaultPageSize = 16;
 
 struct RuntimeOptions {
   std::string model_dir;
   std::string cache_mode = "auto";  // see above
   std::string rotations;            // rotation file; default DIR/oscar_rotations.safetensors
   int n_sink = 64;
-  int n_recent = 256;
-  int page_size = 16;
+  // < 0: the rotation file's recommended_n_recent for oscar modes, else kDefaultRecentTokens.
+  int n_recent = -1;
+  // <= 0: kDefaultPageSize (32 for kivi2, whose key blocks span 32 tokens).
+  int page_size = 0;
   int group_size = 128;
   // Clip quantiles for oscar modes: < 0 means "use the rotation file's searched values".
   float k_clip = -1.f;

@@ -113,7 +113,7 @@ TEST(CalibrateModel, AutoFollowsTheRecommendation) {
   const Case cases[] = {{"oscar", "384", def, "oscar", 384},
                         {"oscar-lloyd", "384", def, "oscar-lloyd", 384},
                         {"oscar", "384", 512, "oscar", 512},
-                        {nullptr, nullptr, def, "oscar", def}};
+                        {nullptr, nullptr, def, "oscar", engine::kDefaultRecentTokens}};
   const std::string path = ::testing::TempDir() + "auto_rot.safetensors";
   for (const Case& c : cases) {
     quant::RotationSet set = *shipped;

@@ -1,6 +1,6 @@
 // The evaluation harness end to end on the embedded tiny-qwen3: 2 short perplexity windows, one
-// fidelity window and 2 NIAH prompts per length, for bf16 and int2-naive (and kivi2, which the
-// cache does not support yet and must be reported as such without failing the run).
+// fidelity window and 2 NIAH prompts per length, for bf16 and int2-naive (and an oscar mode whose
+// rotation file does not exist, which must be reported as unsupported without failing the run).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +16,8 @@ namespace {
 constexpr double kF32Ppl2x1024 = 9.4157;
 // bf16 differs from f32 only by the rounding of cached K/V to bf16 (8 significant bits).
 constexpr double kBf16RelTol = 0.003;
+// A mode the harness cannot run: its rotation file is missing.
+const std::string kMissingRotations = "oscar:rot=/nonexistent/oscar_rotations.safetensors";
 
 class EvalModelTest : public testing::Test {
  protected:
@@ -23,7 +25,7 @@ class EvalModelTest : public testing::Test {
     EvalConfig cfg;
     cfg.runtime.model_dir = std::string(OSCAR_SOURCE_DIR) + "/models/tiny-qwen3";
     cfg.runtime.kv_budget_bytes = size_t{256} << 20;
-    cfg.modes = {"bf16", "int2-naive", "kivi2"};
+    cfg.modes = {"bf16", "int2-naive", kMissingRotations};
     cfg.ppl.n_windows = 2;
     cfg.ppl.window_tokens = 1024;
     cfg.ppl.tail_from = 512;
@@ -119,9 +121,9 @@ TEST_F(EvalModelTest, FidelityAgainstBf16) {
 
 TEST_F(EvalModelTest, UnsupportedModeIsReportedAndJsonIsValid) {
   ASSERT_NE(report_, nullptr);
-  const ModeReport& kivi = mode("kivi2");
-  EXPECT_FALSE(kivi.supported);
-  EXPECT_FALSE(kivi.error.empty());
+  const ModeReport& missing = mode(kMissingRotations);
+  EXPECT_FALSE(missing.supported);
+  EXPECT_NE(missing.error.find("nonexistent"), std::string::npos) << missing.error;
   const std::string text = report_json(*report_).dump(2);
   nlohmann::json j;
   ASSERT_NO_THROW(j = nlohmann::json::parse(text));
