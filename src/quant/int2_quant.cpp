@@ -154,7 +154,41 @@ void pack_group(const uint8_t* codes, int group_size, uint8_t* out) {
   }
 }
 
+// The fast row loop shared by both quantizers: finite check, clip threshold by selection, then
+// `encode(r, g, xg, thr, codes, &meta)` chooses one group's codes and metadata. A failing row is
+// zero-filled and ends the call (see the error policy in the header).
+template <typename EncodeGroup>
+Status quantize_rows(const char* fn, const float* x, int n_rows, int head_dim, int group_size,
+                     float clip_ratio, uint8_t* rows, EncodeGroup encode) {
+  check_preconditions(x, head_dim, group_size, clip_ratio, rows);
+  OSCAR_CHECK(n_rows >= 0, "n_rows %d", n_rows);
+  const int row_bytes = int2_row_bytes(head_dim, group_size);
+  const int n_groups = int2_groups_per_row(head_dim, group_size);
+  std::vector<float> scratch(static_cast<size_t>(group_size));
+  std::vector<uint8_t> codes(static_cast<size_t>(group_size));
+  for (int r = 0; r < n_rows; ++r) {
+    const float* xr = x + static_cast<size_t>(r) * head_dim;
+    uint8_t* row = rows + static_cast<size_t>(r) * row_bytes;
+    Status st = check_finite(fn, r, xr, head_dim, group_size);
+    for (int g = 0; g < n_groups && st.ok(); ++g) {
+      const float* xg = xr + g * group_size;
+      const float thr = clip_threshold_fast(xg, group_size, clip_ratio, scratch.data());
+      Int2GroupMeta meta;
+      st = encode(r, g, xg, thr, codes.data(), &meta);
+      if (!st.ok()) break;
+      pack_group(codes.data(), group_size, row + int2_group_codes_offset(g, group_size));
+      write_group_meta(row, head_dim, g, meta);
+    }
+    if (!st.ok()) {
+      std::fill(row, row + row_bytes, uint8_t{0});
+      return st;
+    }
+  }
+  return Status();
+}
+
 }  // namespace
+
 
 float clip_threshold_ref(const float* x, int n, float clip_ratio) {
   OSCAR_CHECK(n > 0 && clip_ratio > 0.0f, "n %d, clip_ratio %g", n, static_cast<double>(clip_ratio));
@@ -262,45 +296,25 @@ void dequantize_row_lloyd_ref(const uint8_t* row, int head_dim, int group_size, 
 
 Status quantize_rows_int2(const float* x, int n_rows, int head_dim, int group_size,
                           float clip_ratio, uint8_t* rows) {
-  check_preconditions(x, head_dim, group_size, clip_ratio, rows);
-  OSCAR_CHECK(n_rows >= 0, "n_rows %d", n_rows);
   static constexpr const char* kFn = "quantize_rows_int2";
-  const int row_bytes = int2_row_bytes(head_dim, group_size);
-  const int n_groups = int2_groups_per_row(head_dim, group_size);
-  std::vector<float> scratch(static_cast<size_t>(group_size));
-  std::vector<uint8_t> codes(static_cast<size_t>(group_size));
-  for (int r = 0; r < n_rows; ++r) {
-    const float* xr = x + static_cast<size_t>(r) * head_dim;
-    uint8_t* row = rows + static_cast<size_t>(r) * row_bytes;
-    Status st = check_finite(kFn, r, xr, head_dim, group_size);
-    for (int g = 0; g < n_groups && st.ok(); ++g) {
-      const float* xg = xr + g * group_size;
-      const float thr = clip_threshold_fast(xg, group_size, clip_ratio, scratch.data());
-      float lo = kInf, hi = -kInf;
-      for (int i = 0; i < group_size; ++i) {
-        const float xc = clamp_abs(xg[i], thr);
-        lo = std::min(lo, xc);
-        hi = std::max(hi, xc);
-      }
-      UniformParams p;
-      st = uniform_params(kFn, r, g, lo, hi, &p);
-      if (!st.ok()) break;
-      if (p.scale > 0.0f) {
-        for (int i = 0; i < group_size; ++i) {
-          codes[i] = uniform_code(clamp_abs(xg[i], thr), p.min, p.scale);
-        }
-      } else {
-        std::fill(codes.begin(), codes.end(), uint8_t{0});
-      }
-      pack_group(codes.data(), group_size, row + int2_group_codes_offset(g, group_size));
-      write_group_meta(row, head_dim, g, p.stored);
-    }
-    if (!st.ok()) {
-      std::fill(row, row + row_bytes, uint8_t{0});
-      return st;
-    }
-  }
-  return Status();
+  return quantize_rows(kFn, x, n_rows, head_dim, group_size, clip_ratio, rows,
+                       [&](int r, int g, const float* xg, float thr, uint8_t* codes,
+                           Int2GroupMeta* meta) -> Status {
+                         float lo = kInf, hi = -kInf;
+                         for (int i = 0; i < group_size; ++i) {
+                           const float xc = clamp_abs(xg[i], thr);
+                           lo = std::min(lo, xc);
+                           hi = std::max(hi, xc);
+                         }
+                         UniformParams p;
+                         OSCAR_RETURN_IF_ERROR(uniform_params(kFn, r, g, lo, hi, &p));
+                         for (int i = 0; i < group_size; ++i)
+                           codes[i] = p.scale > 0.0f
+                                          ? uniform_code(clamp_abs(xg[i], thr), p.min, p.scale)
+                                          : uint8_t{0};
+                         *meta = p.stored;
+                         return Status();
+                       });
 }
 
 void dequantize_rows_int2(const uint8_t* rows, int n_rows, int head_dim, int group_size,
@@ -329,39 +343,19 @@ void dequantize_rows_int2(const uint8_t* rows, int n_rows, int head_dim, int gro
 
 Status quantize_rows_lloyd(const float* x, int n_rows, int head_dim, int group_size,
                            float clip_ratio, uint8_t* rows) {
-  check_preconditions(x, head_dim, group_size, clip_ratio, rows);
-  OSCAR_CHECK(n_rows >= 0, "n_rows %d", n_rows);
   static constexpr const char* kFn = "quantize_rows_lloyd";
-  const int row_bytes = int2_row_bytes(head_dim, group_size);
-  const int n_groups = int2_groups_per_row(head_dim, group_size);
-  std::vector<float> scratch(static_cast<size_t>(group_size));
-  std::vector<uint8_t> codes(static_cast<size_t>(group_size));
-  for (int r = 0; r < n_rows; ++r) {
-    const float* xr = x + static_cast<size_t>(r) * head_dim;
-    uint8_t* row = rows + static_cast<size_t>(r) * row_bytes;
-    Status st = check_finite(kFn, r, xr, head_dim, group_size);
-    for (int g = 0; g < n_groups && st.ok(); ++g) {
-      const float* xg = xr + g * group_size;
-      const float thr = clip_threshold_fast(xg, group_size, clip_ratio, scratch.data());
-      LloydParams p;
-      st = lloyd_params(kFn, r, g, xg, group_size, thr, &p);
-      if (!st.ok()) break;
-      if (p.sigma > 0.0f) {
-        for (int i = 0; i < group_size; ++i) {
-          codes[i] = lloyd_code(clamp_abs(xg[i], thr), p.mu, p.sigma);
-        }
-      } else {
-        std::fill(codes.begin(), codes.end(), uint8_t{0});
-      }
-      pack_group(codes.data(), group_size, row + int2_group_codes_offset(g, group_size));
-      write_group_meta(row, head_dim, g, p.stored);
-    }
-    if (!st.ok()) {
-      std::fill(row, row + row_bytes, uint8_t{0});
-      return st;
-    }
-  }
-  return Status();
+  return quantize_rows(kFn, x, n_rows, head_dim, group_size, clip_ratio, rows,
+                       [&](int r, int g, const float* xg, float thr, uint8_t* codes,
+                           Int2GroupMeta* meta) -> Status {
+                         LloydParams p;
+                         OSCAR_RETURN_IF_ERROR(lloyd_params(kFn, r, g, xg, group_size, thr, &p));
+                         for (int i = 0; i < group_size; ++i)
+                           codes[i] = p.sigma > 0.0f
+                                          ? lloyd_code(clamp_abs(xg[i], thr), p.mu, p.sigma)
+                                          : uint8_t{0};
+                         *meta = p.stored;
+                         return Status();
+                       });
 }
 
 void dequantize_rows_lloyd(const uint8_t* rows, int n_rows, int head_dim, int group_size,
