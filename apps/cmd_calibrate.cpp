@@ -20,6 +20,7 @@ Command add_calibrate(CLI::App& app) {
     std::string clip = "fixed";
     std::string k_objective = "kl";
     std::string quantizer = "uniform";
+    std::string key_scaling = "full";
     int threads = 0;
     bool quiet = false;
     calib::CalibrationOptions o;
@@ -41,6 +42,14 @@ Command add_calibrate(CLI::App& app) {
   app.add_option("--value-objective", a->value_objective,
                  "Value covariance: full (C_S = OᵀO of the attention outputs) or diag "
                  "(Σ w_t v_tᵀv_t / Σ w_t, w_t = Σ_i s_it²)")
+      ->capture_default_str();
+  app.add_option("--key-scaling", a->key_scaling,
+                 "Key transform beyond R = U·H·P_br: none, centre (subtract the keys' mean) or "
+                 "full (centre, then scale each C_Q eigendirection by (λ_j/κ_j)^(1/4) and the "
+                 "queries by the inverse: same logits, less INT2 logit error)")
+      ->capture_default_str();
+  app.add_option("--key-scale-power", o.key_scale_power,
+                 "--key-scaling full: w_j = (λ_j/κ_j)^power (0.25 minimises the expected logit error)")
       ->capture_default_str();
   app.add_option("--diag-query-stride", o.diag_query_stride,
                  "diag objective: use the query rows at every stride-th position for w_t")
@@ -102,6 +111,9 @@ Command add_calibrate(CLI::App& app) {
     auto qz = calib::parse_quantizer(a->quantizer);
     if (!qz.ok()) return fail(qz.status());
     o.clip.quantizer = qz.value();
+    auto ks = calib::parse_key_scaling(a->key_scaling);
+    if (!ks.ok()) return fail(ks.status());
+    o.key_scaling = ks.value();
     if (a->threads > 0) omp_set_num_threads(a->threads);
 
     auto result = calib::calibrate_model_dir(a->model_dir, a->data, o, !a->quiet);
@@ -122,12 +134,13 @@ Command add_calibrate(CLI::App& app) {
                    "decompose %.2f s, clip search %.1f s\n",
                    r.n_windows, o.window_tokens, static_cast<long long>(r.n_tokens),
                    static_cast<long long>(r.n_data_tokens), r.forward_s, r.decompose_s, r.clip_s);
-      std::fprintf(stderr, "layer head  rho_K  rho_V  top eig C_Q  top eig C_S\n");
+      std::fprintf(stderr, "layer head  rho_K  rho_V  top eig C_Q  top eig C_S  key error ratio\n");
       for (int l = 0; l < s.n_layers; ++l)
         for (int h = 0; h < s.n_heads_kv; ++h) {
           const size_t i = static_cast<size_t>(l) * s.n_heads_kv + h;
-          std::fprintf(stderr, "%5d %4d  %.3f  %.3f  %11.5g  %11.5g\n", l, h, s.k_clip[i],
-                       s.v_clip[i], s.k_eig[i * s.head_dim], s.v_eig[i * s.head_dim]);
+          std::fprintf(stderr, "%5d %4d  %.3f  %.3f  %11.5g  %11.5g  %15.3f\n", l, h, s.k_clip[i],
+                       s.v_clip[i], s.k_eig[i * s.head_dim], s.v_eig[i * s.head_dim],
+                       r.key_error_ratio[i]);
         }
       std::fprintf(stderr, "wrote %s\n", a->out.c_str());
     }

@@ -14,6 +14,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "calib/key_scaling.h"
 #include "quant/int2_layout.h"
 
 namespace oscar::calib {
@@ -46,6 +47,22 @@ Result<ClipMode> parse_clip_mode(const std::string& name) {
   return invalid_argument("clip mode '%s': expected search or fixed", name.c_str());
 }
 
+Result<KeyScalingMode> parse_key_scaling(const std::string& name) {
+  if (name == "none") return KeyScalingMode::kNone;
+  if (name == "centre" || name == "center") return KeyScalingMode::kCentre;
+  if (name == "full") return KeyScalingMode::kFull;
+  return invalid_argument("key scaling '%s': expected none, centre or full", name.c_str());
+}
+
+const char* key_scaling_name(KeyScalingMode mode) {
+  switch (mode) {
+    case KeyScalingMode::kNone: return "none";
+    case KeyScalingMode::kCentre: return "centre";
+    case KeyScalingMode::kFull: return "full";
+  }
+  return "?";
+}
+
 Status CalibrationOptions::validate() const {
   if (n_windows < 1) return invalid_argument("calibrate: windows %d must be >= 1", n_windows);
   if (window_tokens < 2)
@@ -63,6 +80,8 @@ Status CalibrationOptions::validate() const {
       return invalid_argument("calibrate: clip windows %d and clip queries %d must be >= 1",
                               clip_windows, clip_queries);
   }
+  if (!(key_scale_power >= 0 && key_scale_power <= 1))
+    return invalid_argument("calibrate: key scale power %g must be in [0, 1]", key_scale_power);
   if (clip.n_sink < 0 || clip.n_recent < 0)
     return invalid_argument("calibrate: n_sink %d / n_recent %d must be >= 0", clip.n_sink,
                             clip.n_recent);
@@ -81,6 +100,7 @@ CalibrationObserver::CalibrationObserver(int n_layers, int n_heads_q, int n_head
               n_heads_kv, head_dim);
   const size_t n = static_cast<size_t>(n_layers) * n_heads_kv;
   q_acc_.assign(n, CovarianceAccumulator(head_dim));
+  k_acc_.assign(n, CovarianceAccumulator(head_dim));
   o_acc_.assign(n, CovarianceAccumulator(head_dim));
   if (diag_) d_acc_.assign(n, CovarianceAccumulator(head_dim));
   clip_.resize(n);
@@ -145,9 +165,13 @@ void CalibrationObserver::on_qkv(int seq, int layer, const float* q, const float
   const int64_t q_stride = static_cast<int64_t>(n_heads_q_) * d;
   // C_Q (OSCAR.md §1 "Keys"): pool the gqa query heads that read KV head h.
 #pragma omp parallel for schedule(static)
-  for (int h = 0; h < n_heads_kv_; ++h)
+  for (int h = 0; h < n_heads_kv_; ++h) {
     for (int g = 0; g < gqa_; ++g)
       q_acc_[idx(layer, h)].add_rows(q + static_cast<int64_t>(h * gqa_ + g) * d, n, q_stride);
+    // Key statistics for the query-aware key scaling (calib/key_scaling.h).
+    k_acc_[idx(layer, h)].add_rows(k + static_cast<int64_t>(h) * d, n,
+                                   static_cast<int64_t>(n_heads_kv_) * d);
+  }
   if (!win_k_[layer].empty()) {
     const size_t off = static_cast<size_t>(pos0) * n_heads_kv_ * d;
     const size_t count = static_cast<size_t>(n) * n_heads_kv_ * d;
@@ -239,6 +263,9 @@ void CalibrationObserver::end_window() {
 const CovarianceAccumulator& CalibrationObserver::query_acc(int layer, int head) const {
   return q_acc_.at(idx(layer, head));
 }
+const CovarianceAccumulator& CalibrationObserver::key_acc(int layer, int head) const {
+  return k_acc_.at(idx(layer, head));
+}
 const CovarianceAccumulator& CalibrationObserver::output_acc(int layer, int head) const {
   return o_acc_.at(idx(layer, head));
 }
@@ -322,6 +349,11 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
   set.k_eig.resize(static_cast<size_t>(L) * Hkv * d);
   set.v_eig.resize(static_cast<size_t>(L) * Hkv * d);
   set.k_clip.assign(static_cast<size_t>(L) * Hkv, options.fixed_k_clip);
+  result.key_error_ratio.assign(static_cast<size_t>(L) * Hkv, 1.0);
+  if (options.key_scaling != KeyScalingMode::kNone) {
+    set.k_scale.resize(static_cast<size_t>(L) * Hkv * d);
+    set.k_mean.resize(static_cast<size_t>(L) * Hkv * d);
+  }
   set.v_clip.assign(static_cast<size_t>(L) * Hkv, options.fixed_v_clip);
   const int n_tasks = L * Hkv;
 #pragma omp parallel for schedule(static)
@@ -333,6 +365,17 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
                                             : observer.diag_acc(l, h);
     const EigenBasis bv = eigen_decompose(vacc.covariance(), d);
     const std::vector<float> rk = rotation_from_basis(bk), rv = rotation_from_basis(bv);
+    if (options.key_scaling != KeyScalingMode::kNone) {
+      const CovarianceAccumulator& ka = observer.key_acc(l, h);
+      const KeyScaling ks = key_scaling(bk, ka.covariance(), ka.mean(),
+                                        /*centre=*/true, options.key_scaling == KeyScalingMode::kFull,
+                                        options.key_scale_power);
+      for (int j = 0; j < d; ++j) {
+        set.k_scale[static_cast<size_t>(task) * d + j] = static_cast<float>(ks.scale[j]);
+        set.k_mean[static_cast<size_t>(task) * d + j] = static_cast<float>(ks.mean[j]);
+      }
+      result.key_error_ratio[task] = ks.predicted_error_ratio;
+    }
     std::copy(rk.begin(), rk.end(), set.k_rot.begin() + task * dd);
     std::copy(rv.begin(), rv.end(), set.v_rot.begin() + task * dd);
     for (int j = 0; j < d; ++j) {
@@ -352,7 +395,9 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < n_tasks; ++task) {
       const int l = task / Hkv, h = task % Hkv;
-      auto r = search_clip(observer.clip_sample(l, h), set.k_rot.data() + task * dd,
+      const std::vector<float> mk = set.key_transform(l, h), mq = set.query_transform(l, h);
+      const float* mean = set.has_key_scaling() ? set.k_mean.data() + static_cast<size_t>(task) * d : nullptr;
+      auto r = search_clip(observer.clip_sample(l, h), KeyTransform{mk.data(), mq.data(), mean},
                            set.v_rot.data() + task * dd, cfg);
       if (!r.ok()) {
         status[task] = r.status().with_context(str_format("layer %d head %d", l, h));
@@ -373,6 +418,14 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
                                                      "w_t = sum_i s_it^2, query stride %d)",
                                                      options.diag_query_stride);
   set.metadata["model_config_sha256"] = c.sha256;
+  set.metadata["key_scaling"] =
+      options.key_scaling == KeyScalingMode::kNone
+          ? "none"
+          : options.key_scaling == KeyScalingMode::kCentre
+                ? "centre (keys minus their calibration mean)"
+                : str_format("full (keys minus their calibration mean, scaled by "
+                             "(lambda_j/kappa_j)^%g in the C_Q eigenbasis, queries by the inverse)",
+                             options.key_scale_power);
   std::string clip_desc;
   if (options.clip_mode == ClipMode::kFixed) {
     clip_desc = str_format("clip fixed rho_K %.2f rho_V %.2f", options.fixed_k_clip,

@@ -25,6 +25,7 @@
 
 #include "calib/clip_search.h"
 #include "calib/covariance.h"
+#include "calib/key_scaling.h"
 #include "core/progress.h"
 #include "core/status.h"
 #include "engine/runtime.h"
@@ -35,9 +36,14 @@ namespace oscar::calib {
 
 enum class ValueObjective { kFull, kDiag };
 enum class ClipMode { kSearch, kFixed };
+// Query-aware key scaling (calib/key_scaling.h): none (R = U·H·P_br as the release), centre
+// (subtract μ_K only), full (centre and scale by w_j = (λ_j/κ_j)^(1/4)).
+enum class KeyScalingMode { kNone, kCentre, kFull };
 
 Result<ValueObjective> parse_value_objective(const std::string& name);  // "full" | "diag"
 Result<ClipMode> parse_clip_mode(const std::string& name);              // "search" | "fixed"
+Result<KeyScalingMode> parse_key_scaling(const std::string& name);  // "none" | "centre" | "full"
+const char* key_scaling_name(KeyScalingMode mode);
 
 // Rotation-file metadata naming the cache the file was made for, read by `--kv-cache auto`
 // (engine/runtime.cpp spells the same keys; files without them mean "oscar" with the runtime's
@@ -59,6 +65,8 @@ struct CalibrationOptions {
   int window_tokens = 4096;      // tokens per window, fresh cache per window
   int prefill_chunk = 4096;      // tokens per forward call within a window
   ValueObjective value_objective = ValueObjective::kFull;
+  KeyScalingMode key_scaling = KeyScalingMode::kFull;  // won end to end (docs/results/ablation.md)
+  double key_scale_power = kKeyScalePower;  // kFull: w_j = (λ_j/κ_j)^power
   int diag_query_stride = 16;    // diag form: query rows at positions stride−1, 2·stride−1, …
   ClipMode clip_mode = ClipMode::kFixed;  // fixed won end to end so far (docs/results/calibration.md)
   float fixed_k_clip = kReleaseKeyClip;   // clip_mode kFixed
@@ -91,6 +99,7 @@ class CalibrationObserver : public model::LayerObserver {
   void end_window();
 
   const CovarianceAccumulator& query_acc(int layer, int head) const;
+  const CovarianceAccumulator& key_acc(int layer, int head) const;     // (1/N) Σ kᵀk and μ_K
   const CovarianceAccumulator& output_acc(int layer, int head) const;  // C_S full
   const CovarianceAccumulator& diag_acc(int layer, int head) const;    // C_S diag (if enabled)
   // The clip sample of (layer, head): one ClipWindow per kept window.
@@ -110,7 +119,7 @@ class CalibrationObserver : public model::LayerObserver {
   int n_layers_, n_heads_q_, n_heads_kv_, head_dim_, gqa_;
   CalibrationOptions options_;
   bool diag_;
-  std::vector<CovarianceAccumulator> q_acc_, o_acc_, d_acc_;  // [n_layers * n_heads_kv]
+  std::vector<CovarianceAccumulator> q_acc_, k_acc_, o_acc_, d_acc_;  // [n_layers * n_heads_kv]
   std::vector<std::vector<ClipWindow>> clip_;                 // [n_layers * n_heads_kv]
   // Current window.
   int64_t T_ = 0;
@@ -126,6 +135,8 @@ struct CalibrationResult {
   int64_t n_tokens = 0;              // tokens used (n_windows × window_tokens)
   int64_t n_data_tokens = 0;         // tokens in the data
   std::vector<ClipSearchResult> clip;  // [n_layers * n_heads_kv]; empty for ClipMode::kFixed
+  // [n_layers * n_heads_kv] expected key logit error relative to plain U·H·P_br (key_scaling.h).
+  std::vector<double> key_error_ratio;
   double forward_s = 0, decompose_s = 0, clip_s = 0;
 };
 

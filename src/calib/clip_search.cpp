@@ -53,15 +53,21 @@ Status fake_quantize(const MatF& x, int64_t begin, int64_t end, const ClipSearch
   return Status();
 }
 
-PreparedWindow prepare(const ClipWindow& w, const float* rk, const float* rv,
+PreparedWindow prepare(const ClipWindow& w, const KeyTransform& kt, const float* rv,
                        const ClipSearchConfig& c, float scale) {
   const int d = c.head_dim;
   PreparedWindow p;
   p.T = w.n_tokens;
   p.m = static_cast<int64_t>(w.q_pos.size());
-  p.k_rot = rotate(w.k, p.T, rk, d);
+  if (kt.mean != nullptr) {
+    std::vector<float> centred = w.k;
+    for (size_t i = 0; i < centred.size(); ++i) centred[i] -= kt.mean[i % d];
+    p.k_rot = rotate(centred, p.T, kt.key, d);
+  } else {
+    p.k_rot = rotate(w.k, p.T, kt.key, d);
+  }
   p.v_rot = rotate(w.v, p.T, rv, d);
-  p.q_rot = rotate(w.q, p.m, rk, d);
+  p.q_rot = rotate(w.q, p.m, kt.query, d);
   p.pos = w.q_pos;
   p.q_begin = std::min<int64_t>(c.n_sink, p.T);
   p.q_end = p.q_begin;
@@ -197,8 +203,9 @@ std::vector<float> ClipGrid::values() const {
 }
 
 Result<ClipSearchResult> search_clip(const std::vector<ClipWindow>& windows,
-                                     const float* k_rotation, const float* v_rotation,
+                                     const KeyTransform& key, const float* v_rotation,
                                      const ClipSearchConfig& c) {
+  OSCAR_CHECK(key.key != nullptr && key.query != nullptr && v_rotation != nullptr);
   OSCAR_RETURN_IF_ERROR(c.grid.validate());
   const int d = c.head_dim;
   if (!quant::int2_valid_group(d, c.group_size))
@@ -224,7 +231,7 @@ Result<ClipSearchResult> search_clip(const std::vector<ClipWindow>& windows,
   std::vector<uint8_t> scratch;
   MatF khat, vhat, zq, pm, err;
   for (const ClipWindow& cw : windows) {
-    const PreparedWindow w = prepare(cw, k_rotation, v_rotation, c, scale);
+    const PreparedWindow w = prepare(cw, key, v_rotation, c, scale);
     const int64_t nq = w.q_end - w.q_begin;
     // Probabilities restricted to each query's quantized keys (the value loss's weights).
     pm.setZero(w.m, nq);

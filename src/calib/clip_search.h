@@ -71,11 +71,25 @@ struct ClipSearchResult {
   std::vector<double> k_loss, v_loss;      // [n_grid] objective per candidate (lower is better)
 };
 
-// Searches ρ_K and ρ_V for one (layer, KV head). k_rotation, v_rotation: [head_dim, head_dim]
-// row-major (x' = x R). Fails (InvalidArgument) on a bad config, empty or mis-shaped windows, or a
+// Searches ρ_K and ρ_V for one (layer, KV head). Rotations: [head_dim, head_dim] row-major
+// (x' = x R). Fails (InvalidArgument) on a bad config, empty or mis-shaped windows, or a
 // quantizer error (non-finite activations).
+// What the cache does to keys and queries: k' = (k − mean)·key, q' = q·query. For a plain
+// rotation R: {R, R, nullptr}.
+struct KeyTransform {
+  const float* key = nullptr;    // [head_dim, head_dim]
+  const float* query = nullptr;  // [head_dim, head_dim]
+  const float* mean = nullptr;   // [head_dim] or nullptr
+};
+
 Result<ClipSearchResult> search_clip(const std::vector<ClipWindow>& windows,
-                                     const float* k_rotation, const float* v_rotation,
+                                     const KeyTransform& key, const float* v_rotation,
                                      const ClipSearchConfig& config);
+// The same with a plain key rotation.
+inline Result<ClipSearchResult> search_clip(const std::vector<ClipWindow>& windows,
+                                            const float* k_rotation, const float* v_rotation,
+                                            const ClipSearchConfig& config) {
+  return search_clip(windows, KeyTransform{k_rotation, k_rotation, nullptr}, v_rotation, config);
+}
 
 }  // namespace oscar::calib

@@ -15,7 +15,8 @@ constexpr int64_t kBlockRows = 256;
 }  // namespace
 
 CovarianceAccumulator::CovarianceAccumulator(int d)
-    : d_(d), sum_(static_cast<size_t>(d) * static_cast<size_t>(d), 0.0) {
+    : d_(d), sum_(static_cast<size_t>(d) * static_cast<size_t>(d), 0.0),
+      first_(static_cast<size_t>(d), 0.0) {
   OSCAR_CHECK(d >= 0, "CovarianceAccumulator: d %d", d);
 }
 
@@ -42,7 +43,10 @@ void CovarianceAccumulator::add_rows(const float* x, int64_t n, int64_t row_stri
       } else {
         weight_sum_ += 1.0;
       }
-      for (int j = 0; j < d_; ++j) block(r, j) = scale * static_cast<double>(src[j]);
+      for (int j = 0; j < d_; ++j) {
+        block(r, j) = scale * static_cast<double>(src[j]);
+        first_[j] += scale * block(r, j);
+      }
     }
     // Lower triangle of S += blockᵀ block (a symmetric rank-k update, half the work of a GEMM).
     S.selfadjointView<Eigen::Lower>().rankUpdate(block.transpose());
@@ -53,6 +57,7 @@ void CovarianceAccumulator::add_rows(const float* x, int64_t n, int64_t row_stri
 void CovarianceAccumulator::merge(const CovarianceAccumulator& other) {
   OSCAR_CHECK(other.d_ == d_, "merge: d %d != %d", other.d_, d_);
   for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += other.sum_[i];
+  for (size_t i = 0; i < first_.size(); ++i) first_[i] += other.first_[i];
   weight_sum_ += other.weight_sum_;
   n_rows_ += other.n_rows_;
 }
@@ -73,6 +78,13 @@ std::vector<double> CovarianceAccumulator::covariance() const {
   if (weight_sum_ > 0)
     for (double& v : c) v /= weight_sum_;
   return c;
+}
+
+std::vector<double> CovarianceAccumulator::mean() const {
+  std::vector<double> m = first_;
+  if (weight_sum_ > 0)
+    for (double& v : m) v /= weight_sum_;
+  return m;
 }
 
 EigenBasis eigen_decompose(const std::vector<double>& C, int d) {

@@ -33,10 +33,13 @@ class CovarianceAccumulator {
   std::vector<double> covariance() const;
   // [d, d] row-major raw sum Σ w x xᵀ.
   std::vector<double> sum() const;
+  // [d] Σ w x / Σ w (zeros when nothing was added).
+  std::vector<double> mean() const;
 
  private:
   int d_;
   std::vector<double> sum_;  // [d, d] row-major; only the lower triangle is maintained
+  std::vector<double> first_;  // [d] Σ w x
   double weight_sum_ = 0.0;
   int64_t n_rows_ = 0;
 };

@@ -97,7 +97,20 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
     if (o.n_recent < 0) {
       OSCAR_ASSIGN_OR_RETURN(spec.regions.n_recent, recommended_recent(rot, path));
     }
-    spec.k_rotation = std::move(rot.k_rot);
+    if (rot.has_key_scaling()) {  // OSCAR.md §1 "Key scaling"
+      spec.k_rotation.resize(heads * dd);
+      spec.q_rotation.resize(heads * dd);
+      for (int l = 0; l < config.n_layers; ++l)
+        for (int h = 0; h < config.n_heads_kv; ++h) {
+          const size_t at = (static_cast<size_t>(l) * config.n_heads_kv + h) * dd;
+          const std::vector<float> mk = rot.key_transform(l, h), mq = rot.query_transform(l, h);
+          std::copy(mk.begin(), mk.end(), spec.k_rotation.begin() + at);
+          std::copy(mq.begin(), mq.end(), spec.q_rotation.begin() + at);
+        }
+      spec.k_mean = std::move(rot.k_mean);
+    } else {
+      spec.k_rotation = std::move(rot.k_rot);
+    }
     spec.v_rotation = std::move(rot.v_rot);
     spec.k_clip = rot.k_clip;
     spec.v_clip = rot.v_clip;

@@ -107,8 +107,7 @@ class CaptureObserver : public model::LayerObserver {
         if (spec_.k_rotation.empty()) {
           std::copy(q, q + d, qr.begin());
         } else {  // q' = q R_K (OSCAR.md §3): the cache's keys are rotated the same way.
-          const float* R =
-              spec_.k_rotation.data() + (static_cast<size_t>(layer) * Hkv + g) * d * d;
+          const float* R = spec_.query_rotation(layer, g);
           for (int c = 0; c < d; ++c) {
             double acc = 0.0;
             for (int r = 0; r < d; ++r) acc += static_cast<double>(q[r]) * R[r * d + c];

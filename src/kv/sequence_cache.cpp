@@ -39,6 +39,12 @@ kernels::KvPageLayout KvCacheSpec::layout() const {
   return l;
 }
 
+const float* KvCacheSpec::query_rotation(int layer, int head) const {
+  const std::vector<float>& m = q_rotation.empty() ? k_rotation : q_rotation;
+  if (m.empty()) return nullptr;
+  return m.data() + (static_cast<size_t>(layer) * n_heads_kv + head) * head_dim * head_dim;
+}
+
 Status KvCacheSpec::validate() const {
   if (n_layers <= 0 || n_heads_kv <= 0 || head_dim <= 0)
     return invalid_argument("kv cache: bad model shape (%d layers, %d kv heads, head_dim %d)",
@@ -77,6 +83,12 @@ Status KvCacheSpec::validate() const {
   if (!v_rotation.empty() && v_rotation.size() != rot)
     return invalid_argument("kv cache: v_rotation has %zu values, expected %zu", v_rotation.size(),
                             rot);
+  if (!q_rotation.empty() && (q_rotation.size() != rot || k_rotation.empty()))
+    return invalid_argument("kv cache: q_rotation has %zu values, expected %zu with a k_rotation",
+                            q_rotation.size(), rot);
+  const size_t vec = static_cast<size_t>(n_layers) * n_heads_kv * head_dim;
+  if (!k_mean.empty() && k_mean.size() != vec)
+    return invalid_argument("kv cache: k_mean has %zu values, expected %zu", k_mean.size(), vec);
   const size_t heads = static_cast<size_t>(n_layers) * n_heads_kv;
   if ((!k_clip.empty() && k_clip.size() != heads) || (!v_clip.empty() && v_clip.size() != heads))
     return invalid_argument("kv cache: clip ratios must have n_layers * n_heads_kv = %zu values",
@@ -86,11 +98,11 @@ Status KvCacheSpec::validate() const {
 
 std::string KvCacheSpec::describe() const {
   return str_format("mode=%s n_sink=%d n_recent=%d page_size=%d group_size=%d k_rotation=%s "
-                "v_rotation=%s clip=%s",
+                "key_scaling=%s v_rotation=%s clip=%s",
                 quant::cache_mode_name(mode), regions.n_sink, regions.n_recent,
                 regions.page_size,
                 mode == quant::CacheMode::kKivi2 ? quant::kKiviValueGroup : group_size,
-                k_rotation.empty() ? "no" : "yes",
+                k_rotation.empty() ? "no" : "yes", q_rotation.empty() ? "no" : "yes",
                 v_rotation.empty() ? "no" : "yes", k_clip.empty() ? "no" : "yes");
 }
 
@@ -281,11 +293,16 @@ void SequenceCache::write(int layer, const float* k, const float* v, int64_t n) 
               static_cast<long long>(n_staged_));
   const int d = spec_->head_dim;
   const int H = spec_->n_heads_kv;
-  std::vector<float> rotated(d);
+  std::vector<float> rotated(d), centred(d);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t pos = n_tokens_ + i;
     for (int h = 0; h < H; ++h) {
       const float* krow = k + (i * H + h) * d;
+      if (!spec_->k_mean.empty()) {
+        const float* mu = spec_->k_mean.data() + (static_cast<size_t>(layer) * H + h) * d;
+        for (int c = 0; c < d; ++c) centred[c] = krow[c] - mu[c];
+        krow = centred.data();
+      }
       if (!spec_->k_rotation.empty()) {
         const float* R = spec_->k_rotation.data() + (static_cast<size_t>(layer) * H + h) * d * d;
         rotate_row(krow, R, d, rotated.data());
@@ -372,8 +389,7 @@ Status SequenceCache::attend(int layer, const float* q, int n_heads_q, int64_t n
     s.q_rot.resize(static_cast<size_t>(n) * n_heads_q * d);
     for (int64_t i = 0; i < n; ++i)
       for (int h = 0; h < n_heads_q; ++h) {
-        const float* R =
-            spec_->k_rotation.data() + (static_cast<size_t>(layer) * H + h / gqa) * d * d;
+        const float* R = spec_->query_rotation(layer, h / gqa);
         rotate_row(q + (i * n_heads_q + h) * d, R, d, s.q_rot.data() + (i * n_heads_q + h) * d);
       }
     q_used = s.q_rot.data();

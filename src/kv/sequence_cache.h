@@ -52,6 +52,12 @@ struct KvCacheSpec {
   quant::CacheMode mode = quant::CacheMode::kBF16;
   // [n_layers, n_heads_kv, head_dim, head_dim] key rotation (x' = x R); empty = none.
   std::vector<float> k_rotation;
+  // Query-aware key scaling (OSCAR.md §1 "Key scaling"): keys are stored as (k − k_mean)·k_rotation
+  // and queries read them as q·q_rotation, with q_rotation = k_rotation⁻ᵀ so that logits change
+  // only by a per-query constant. q_rotation [n_layers, n_heads_kv, head_dim, head_dim], empty =
+  // k_rotation (orthogonal rotations); k_mean [n_layers, n_heads_kv, head_dim], empty = none.
+  std::vector<float> q_rotation;
+  std::vector<float> k_mean;
   // [n_layers, n_heads_kv, head_dim, head_dim] value rotation, folded into v_proj/o_proj by the
   // model at load time; empty = none. The cache itself never applies it.
   std::vector<float> v_rotation;
@@ -59,6 +65,8 @@ struct KvCacheSpec {
   std::vector<float> k_clip, v_clip;
 
   bool quantized() const;  // does the history region exist (INT2 modes)
+  // [head_dim, head_dim] transform of the queries that read KV head `head`; nullptr = none.
+  const float* query_rotation(int layer, int head) const;
   kernels::KvPageLayout layout() const;
   Status validate() const;
   std::string describe() const;  // one line for logs

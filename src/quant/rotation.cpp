@@ -25,6 +25,35 @@ std::vector<float> compose_rotation(const double* U, int d) {
   return R;
 }
 
+std::vector<float> scaled_rotation(const float* R, const float* w, int d, bool inverse) {
+  OSCAR_CHECK(R != nullptr && w != nullptr && is_power_of_two(d), "scaled_rotation: d %d", d);
+  // B = H·P_br: column bitrev(j) of B is column j of H.
+  const std::vector<double> H = hadamard_matrix(d);
+  std::vector<double> B(static_cast<size_t>(d) * d);
+  for (int i = 0; i < d; ++i)
+    for (int j = 0; j < d; ++j) B[static_cast<size_t>(i) * d + bitrev(j, d)] = H[static_cast<size_t>(i) * d + j];
+  // U = R·Bᵀ (B orthogonal); then U·diag(s)·B.
+  std::vector<double> U(static_cast<size_t>(d) * d, 0.0);
+  for (int i = 0; i < d; ++i)
+    for (int k = 0; k < d; ++k) {
+      const double r = R[static_cast<size_t>(i) * d + k];
+      for (int j = 0; j < d; ++j) U[static_cast<size_t>(i) * d + j] += r * B[static_cast<size_t>(j) * d + k];
+    }
+  std::vector<float> out(static_cast<size_t>(d) * d);
+  std::vector<double> row(static_cast<size_t>(d));
+  for (int i = 0; i < d; ++i) {
+    std::fill(row.begin(), row.end(), 0.0);
+    for (int j = 0; j < d; ++j) {
+      OSCAR_CHECK(w[j] > 0 && std::isfinite(w[j]), "scaled_rotation: w[%d] = %g", j, static_cast<double>(w[j]));
+      const double s = inverse ? 1.0 / w[j] : static_cast<double>(w[j]);
+      const double u = U[static_cast<size_t>(i) * d + j] * s;
+      for (int c = 0; c < d; ++c) row[c] += u * B[static_cast<size_t>(j) * d + c];
+    }
+    for (int c = 0; c < d; ++c) out[static_cast<size_t>(i) * d + c] = static_cast<float>(row[c]);
+  }
+  return out;
+}
+
 void rotate_rows(const float* x, int n, const float* R, int d, float* out) {
   OSCAR_CHECK(x != nullptr && R != nullptr && out != nullptr && n >= 0 && d > 0, "n %d, d %d", n, d);
   OSCAR_CHECK(x != out, "rotate_rows: out must not alias x");

@@ -13,6 +13,14 @@ namespace oscar::quant {
 // most important direction). Column j of U·H ends up at column bitrev(j) of R (hadamard.h).
 std::vector<float> compose_rotation(const double* U, int d);
 
+// The key and query transforms of the query-aware key scaling (OSCAR.md §1 "Key scaling"):
+// R = U·H·P_br and a positive w [d] (one per column of U) give
+//   key_transform   = U · diag(w)   · H · P_br = R · (H·P_br)ᵀ · diag(w)   · (H·P_br)
+//   query_transform = U · diag(1/w) · H · P_br
+// so that (q·query_transform)·(k·key_transform)ᵀ = q·kᵀ. Computed in double, returned as float
+// [d, d]. inverse = false gives the key transform, true the query transform.
+std::vector<float> scaled_rotation(const float* R, const float* w, int d, bool inverse);
+
 // x' = x R for each of n rows. x: [n, d]; R: [d, d]; out: [n, d] (must not alias x).
 // Accumulates in double, so the result is the exact product rounded once to float.
 void rotate_rows(const float* x, int n, const float* R, int d, float* out);

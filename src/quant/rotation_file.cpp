@@ -122,6 +122,19 @@ float RotationSet::v_clip_ratio(int layer, int head) const {
   return v_clip[static_cast<size_t>(layer) * n_heads_kv + head];
 }
 
+std::vector<float> RotationSet::key_transform(int layer, int head) const {
+  const float* R = k_rotation(layer, head);
+  if (!has_key_scaling()) return std::vector<float>(R, R + static_cast<size_t>(head_dim) * head_dim);
+  return scaled_rotation(R, k_scale.data() + (static_cast<size_t>(layer) * n_heads_kv + head) * head_dim,
+                         head_dim, /*inverse=*/false);
+}
+std::vector<float> RotationSet::query_transform(int layer, int head) const {
+  const float* R = k_rotation(layer, head);
+  if (!has_key_scaling()) return std::vector<float>(R, R + static_cast<size_t>(head_dim) * head_dim);
+  return scaled_rotation(R, k_scale.data() + (static_cast<size_t>(layer) * n_heads_kv + head) * head_dim,
+                         head_dim, /*inverse=*/true);
+}
+
 Result<RotationSet> load_rotation_file(const std::string& path,
                                        const std::string& expected_config_sha256, int n_layers,
                                        int n_heads_kv, int head_dim) {
@@ -206,6 +219,28 @@ Result<RotationSet> load_rotation_file(const std::string& path,
       }
     }
   }
+  // Optional key scaling: both tensors in every layer, or none anywhere.
+  if (file.find("layers.0.k.scale") != nullptr) {
+    set.k_scale.resize(lh * d);
+    set.k_mean.resize(lh * d);
+    for (int l = 0; l < n_layers; ++l) {
+      const std::string prefix = "layers." + std::to_string(l) + ".k.";
+      const size_t base = static_cast<size_t>(l) * n_heads_kv * d;
+      OSCAR_RETURN_IF_ERROR(
+          read_per_head(file, prefix + "scale", n_heads_kv, {head_dim}, set.k_scale.data() + base));
+      OSCAR_RETURN_IF_ERROR(
+          read_per_head(file, prefix + "mean", n_heads_kv, {head_dim}, set.k_mean.data() + base));
+      expected_names.insert(prefix + "scale");
+      expected_names.insert(prefix + "mean");
+      for (size_t i = 0; i < static_cast<size_t>(n_heads_kv) * d; ++i) {
+        if (!(set.k_scale[base + i] > 0.0f)) {
+          return invalid_argument("rotation file %s: %sscale head %zu element %zu = %g must be > 0",
+                                  path.c_str(), prefix.c_str(), i / d, i % d,
+                                  static_cast<double>(set.k_scale[base + i]));
+        }
+      }
+    }
+  }
   for (const TensorView& t : file.tensors()) {
     if (expected_names.count(t.name) == 0) {
       return invalid_argument("rotation file %s: unexpected tensor '%s' (n_layers %d)",
@@ -230,6 +265,13 @@ Status write_rotation_file(const std::string& path, const RotationSet& set) {
   OSCAR_RETURN_IF_ERROR(check_size("v_eig", set.v_eig.size(), lh * d));
   OSCAR_RETURN_IF_ERROR(check_size("k_clip", set.k_clip.size(), lh));
   OSCAR_RETURN_IF_ERROR(check_size("v_clip", set.v_clip.size(), lh));
+  const bool scaled = set.has_key_scaling();
+  if (scaled) {
+    OSCAR_RETURN_IF_ERROR(check_size("k_scale", set.k_scale.size(), lh * d));
+    OSCAR_RETURN_IF_ERROR(check_size("k_mean", set.k_mean.size(), lh * d));
+  } else if (!set.k_mean.empty()) {
+    return invalid_argument("write_rotation_file %s: k_mean without k_scale", path.c_str());
+  }
   auto sha = set.metadata.find("model_config_sha256");
   if (sha == set.metadata.end() || sha->second.empty()) {
     return invalid_argument("write_rotation_file %s: metadata model_config_sha256 is required",
@@ -237,7 +279,7 @@ Status write_rotation_file(const std::string& path, const RotationSet& set) {
   }
   std::map<std::string, std::string> meta = set.metadata;
   meta["format"] = kRotationFileFormat;
-  meta["version"] = std::to_string(kRotationFileVersion);
+  meta["version"] = scaled ? std::to_string(kRotationFileVersion) : "1";
   meta["head_dim"] = std::to_string(set.head_dim);
   meta["n_layers"] = std::to_string(set.n_layers);
   meta["n_kv_heads"] = std::to_string(set.n_heads_kv);
@@ -261,6 +303,14 @@ Status write_rotation_file(const std::string& path, const RotationSet& set) {
           std::span<const float>(eig.data() + base * d, set.n_heads_kv * d)));
       tensors.push_back(format::f32_tensor(
           prefix + "clip", {h}, std::span<const float>(clip.data() + base, set.n_heads_kv)));
+      if (is_k && scaled) {
+        tensors.push_back(format::f32_tensor(
+            prefix + "scale", {h, dd},
+            std::span<const float>(set.k_scale.data() + base * d, set.n_heads_kv * d)));
+        tensors.push_back(format::f32_tensor(
+            prefix + "mean", {h, dd},
+            std::span<const float>(set.k_mean.data() + base * d, set.n_heads_kv * d)));
+      }
     }
   }
   return format::write_safetensors(path, tensors, meta).with_context("write_rotation_file");

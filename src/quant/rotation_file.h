@@ -11,10 +11,16 @@
 //   layers.{l}.{c}.rotation     F32 [n_kv_heads, d, d]  (or [d, d]: one per layer, broadcast)
 //   layers.{l}.{c}.eigenvalues  F32 [n_kv_heads, d]     (or [d], broadcast)
 //   layers.{l}.{c}.clip         F32 [n_kv_heads]        (or [1] / [], broadcast)
+// and, optionally (version 2, query-aware key scaling, OSCAR.md §1 "Key scaling"; all layers or
+// none):
+//   layers.{l}.k.scale          F32 [n_kv_heads, d]     w > 0 per column of U (calib/key_scaling.h)
+//   layers.{l}.k.mean           F32 [n_kv_heads, d]     μ_K, subtracted from keys before rotation
 // __metadata__ strings: format = "oscar-rotations", version, head_dim, n_layers, n_kv_heads,
 // group_size, value_objective, model_config_sha256, calibration, created_by.
-// Versioning: `version` "1" is the only version; a higher one is Unimplemented (refused), so a
-// reader never silently misreads a newer layout. Unknown tensors are refused as well.
+// Versioning: "1" (no key scaling) and "2" (with k.scale / k.mean) are read; a higher one is
+// Unimplemented (refused), so a reader never silently misreads a newer layout. Unknown tensors
+// are refused as well. The writer writes "2" only when the file has key scaling, so files without
+// it stay readable by version-1 readers.
 #pragma once
 
 #include <map>
@@ -26,7 +32,7 @@
 namespace oscar::quant {
 
 inline constexpr const char* kRotationFileFormat = "oscar-rotations";
-inline constexpr int kRotationFileVersion = 1;
+inline constexpr int kRotationFileVersion = 2;
 // Loading refuses a rotation whose max |RᵀR − I| reaches this.
 inline constexpr double kRotationOrthogonalityTol = 1e-3;
 
@@ -39,6 +45,9 @@ struct RotationSet {
   std::vector<float> k_rot, v_rot;    // [n_layers, n_heads_kv, head_dim, head_dim]
   std::vector<float> k_eig, v_eig;    // [n_layers, n_heads_kv, head_dim], descending
   std::vector<float> k_clip, v_clip;  // [n_layers, n_heads_kv], ρ (>= 1 means no clipping)
+  // Query-aware key scaling; both empty when the file has none.
+  std::vector<float> k_scale;  // [n_layers, n_heads_kv, head_dim] w per column of U, > 0
+  std::vector<float> k_mean;   // [n_layers, n_heads_kv, head_dim] μ_K (key basis, pre-rotation)
   std::map<std::string, std::string> metadata;  // every __metadata__ string, as read
 
   // Pointers into the arrays above. Preconditions (checked): layer, head in range.
@@ -46,6 +55,11 @@ struct RotationSet {
   const float* v_rotation(int layer, int head) const;  // [head_dim, head_dim]
   float k_clip_ratio(int layer, int head) const;
   float v_clip_ratio(int layer, int head) const;
+  bool has_key_scaling() const { return !k_scale.empty(); }
+  // What the cache applies to keys (k' = (k − μ_K)·key_transform) and to queries
+  // (q' = q·query_transform): R itself without key scaling, else quant::scaled_rotation.
+  std::vector<float> key_transform(int layer, int head) const;    // [head_dim, head_dim]
+  std::vector<float> query_transform(int layer, int head) const;  // [head_dim, head_dim]
 };
 
 // Reads and validates a rotation file against the model it will serve. `expected_config_sha256`

@@ -13,6 +13,7 @@
 #include "calib/calibrator.h"
 #include "calib/clip_search.h"
 #include "calib/covariance.h"
+#include "calib/key_scaling.h"
 #include "core/progress.h"
 #include "quant/hadamard.h"
 #include "quant/rotation.h"
@@ -62,6 +63,79 @@ TEST(Covariance, MatchesDirectSumStreamingAndMerged) {
     EXPECT_NEAR(c1[i], direct[i] / n, 1e-12) << i;  // float64 sums of float products: exact-ish
     EXPECT_NEAR(c2[i], c1[i], 1e-12) << i;
   }
+}
+
+TEST(Covariance, MeanIsTheWeightedAverageRow) {
+  constexpr int d = 8, n = 50;
+  const std::vector<float> x = gaussian(static_cast<size_t>(n) * d, 3);
+  std::vector<float> w(n);
+  for (int r = 0; r < n; ++r) w[r] = 0.5f + static_cast<float>(r % 5);
+  CovarianceAccumulator acc(d), empty(d);
+  acc.add_rows(x.data(), n, d, w.data());
+  const std::vector<double> m = acc.mean();
+  for (int j = 0; j < d; ++j) {
+    double num = 0, den = 0;
+    for (int r = 0; r < n; ++r) {
+      num += static_cast<double>(w[r]) * x[r * d + j];
+      den += w[r];
+    }
+    EXPECT_NEAR(m[j], num / den, 1e-12) << j;
+    EXPECT_EQ(empty.mean()[j], 0.0);
+  }
+}
+
+// Query-aware key scaling (key_scaling.h) on a basis where everything is known: queries with
+// eigenvalues λ_j along the columns of U, keys with variances κ_j along the same columns plus a
+// mean. w_j must be (λ_j/κ_j)^(1/4) up to a common factor (geometric mean 1), the predicted error
+// ratio (Σ sqrt(λ_j κ_j))² / (Σ κ⁰_j · Σ λ_j), and centring must remove exactly the mean's part.
+TEST(KeyScaling, MatchesTheClosedFormOnAKnownBasis) {
+  constexpr int d = 8;
+  const std::vector<double> U = random_orthogonal(d, 21);
+  const double lambda[d] = {9, 5, 3, 2, 1, 0.5, 0.2, 0.1};
+  const double kappa[d] = {0.5, 1, 4, 2, 3, 6, 1, 2};
+  const double mean_coef[d] = {1.0, 0, 0, 0.5, 0, 0, 0, 0};  // μ = Σ c_j u_j
+  EigenBasis qb;
+  qb.d = d;
+  qb.eigenvalues.assign(lambda, lambda + d);
+  qb.eigenvectors = U;
+  // C_K = U diag(κ) Uᵀ + μμᵀ (second moment), μ in the key basis.
+  std::vector<double> mu(d, 0.0), ck(d * d, 0.0);
+  for (int a = 0; a < d; ++a)
+    for (int j = 0; j < d; ++j) mu[a] += U[a * d + j] * mean_coef[j];
+  for (int a = 0; a < d; ++a)
+    for (int b = 0; b < d; ++b) {
+      for (int j = 0; j < d; ++j) ck[a * d + b] += U[a * d + j] * kappa[j] * U[b * d + j];
+      ck[a * d + b] += mu[a] * mu[b];
+    }
+  const KeyScaling full = key_scaling(qb, ck, mu, /*centre=*/true, /*scale=*/true);
+  double log_sum = 0, sqrt_sum = 0, k0 = 0, l0 = 0;
+  for (int j = 0; j < d; ++j) {
+    log_sum += std::log(full.scale[j]);
+    sqrt_sum += std::sqrt(lambda[j] * kappa[j]);
+    k0 += kappa[j] + mean_coef[j] * mean_coef[j];
+    l0 += lambda[j];
+  }
+  EXPECT_NEAR(log_sum, 0.0, 1e-9);  // geometric mean 1
+  for (int j = 1; j < d; ++j)
+    EXPECT_NEAR(full.scale[j] / full.scale[0],
+                std::pow((lambda[j] / kappa[j]) / (lambda[0] / kappa[0]), 0.25), 1e-9) << j;
+  EXPECT_NEAR(full.predicted_error_ratio, sqrt_sum * sqrt_sum / (k0 * l0), 1e-9);
+  for (int a = 0; a < d; ++a) EXPECT_NEAR(full.mean[a], mu[a], 1e-12);
+  // Centre only: W = I, ratio Σκ / Σκ⁰. Neither: ratio 1, zero mean.
+  const KeyScaling centre = key_scaling(qb, ck, mu, true, false);
+  double ksum = 0;
+  for (int j = 0; j < d; ++j) {
+    EXPECT_EQ(centre.scale[j], 1.0);
+    ksum += kappa[j];
+  }
+  EXPECT_NEAR(centre.predicted_error_ratio, ksum / k0, 1e-9);
+  const KeyScaling none = key_scaling(qb, ck, mu, false, false);
+  EXPECT_NEAR(none.predicted_error_ratio, 1.0, 1e-12);
+  for (int a = 0; a < d; ++a) EXPECT_EQ(none.mean[a], 0.0);
+  // The optimum beats any other power of the same family.
+  for (double p : {0.0, 0.125, 0.375, 0.5})
+    EXPECT_GE(key_scaling(qb, ck, mu, true, true, p).predicted_error_ratio,
+              full.predicted_error_ratio - 1e-12) << p;
 }
 
 TEST(Covariance, WeightsEqualRepeatedRowsAndStrideSkipsColumns) {
@@ -162,6 +236,13 @@ TEST(Observer, PoolsGqaHeadsAndKeepsBoundedClipSample) {
   const auto c1 = qa.covariance(), c2 = direct.covariance();
   for (int i = 0; i < d * d; ++i) EXPECT_NEAR(c1[i], c2[i], 1e-12);
   EXPECT_EQ(obs.output_acc(0, 0).weight_sum(), 2 * T);
+  // Keys of KV head 1: T rows (no pooling), the key scaling's C_K and μ_K.
+  CovarianceAccumulator kdirect(d);
+  kdirect.add_rows(k.data() + d, T, Hkv * d);
+  EXPECT_EQ(obs.key_acc(0, 1).weight_sum(), T);
+  const auto k1 = obs.key_acc(0, 1).covariance(), k2 = kdirect.covariance();
+  for (int i = 0; i < d * d; ++i) EXPECT_NEAR(k1[i], k2[i], 1e-12);
+  for (int i = 0; i < d; ++i) EXPECT_NEAR(obs.key_acc(0, 1).mean()[i], kdirect.mean()[i], 1e-12);
   // Diag weights: Σ_t w_t = Σ_i Σ_t s_it² over 2T query rows; each row's Σ s² is in (1/len, 1].
   const double wsum = obs.diag_acc(0, 1).weight_sum();
   double lo = 0;
@@ -286,8 +367,16 @@ TEST(Options, ParseAndValidate) {
   EXPECT_FALSE(parse_clip_mode("auto").ok());
   EXPECT_FALSE(parse_key_clip_objective("mse").ok());
   EXPECT_FALSE(parse_quantizer("int4").ok());
+  EXPECT_EQ(parse_key_scaling("full").value(), KeyScalingMode::kFull);
+  EXPECT_EQ(parse_key_scaling("centre").value(), KeyScalingMode::kCentre);
+  EXPECT_EQ(parse_key_scaling("none").value(), KeyScalingMode::kNone);
+  EXPECT_FALSE(parse_key_scaling("half").ok());
   CalibrationOptions o;
   EXPECT_TRUE(o.validate().ok());
+  EXPECT_EQ(o.key_scaling, KeyScalingMode::kFull);  // the shipped default (ablation.md)
+  o.key_scale_power = 1.5;
+  EXPECT_FALSE(o.validate().ok());
+  o.key_scale_power = kKeyScalePower;
   o.window_tokens = 1;
   EXPECT_FALSE(o.validate().ok());
 }

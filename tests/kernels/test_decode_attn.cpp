@@ -35,6 +35,8 @@
 #include "quant/modes.h"
 #include "quant/int2_layout.h"
 #include "quant/int2_quant.h"
+#include "quant/hadamard.h"
+#include "quant/rotation.h"
 
 namespace oscar::kernels {
 namespace {
@@ -565,7 +567,26 @@ TEST(MergeAttnStates, EmptyFirstPartThenOne) {
 // Same tolerance as above (L = tokens so far).
 namespace cache_test {
 
-void grow_and_compare(quant::CacheMode mode, int group_size, uint32_t seed) {
+// Query-aware key scaling (OSCAR.md §1): keys stored as (k − μ)·M_K, queries read as q·M_Q.
+void add_key_scaling(kv::KvCacheSpec& spec, uint32_t seed) {
+  const int d = spec.head_dim;
+  const size_t heads = static_cast<size_t>(spec.n_layers) * spec.n_heads_kv;
+  const std::vector<float> R = quant::hadamard_bitrev_rotation(d);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uni(0.5f, 2.0f);
+  for (size_t i = 0; i < heads; ++i) {
+    std::vector<float> w(d);
+    for (float& x : w) x = uni(rng);
+    const std::vector<float> mk = quant::scaled_rotation(R.data(), w.data(), d, false);
+    const std::vector<float> mq = quant::scaled_rotation(R.data(), w.data(), d, true);
+    spec.k_rotation.insert(spec.k_rotation.end(), mk.begin(), mk.end());
+    spec.q_rotation.insert(spec.q_rotation.end(), mq.begin(), mq.end());
+    for (int c = 0; c < d; ++c) spec.k_mean.push_back(uni(rng) - 1.25f);
+  }
+}
+
+void grow_and_compare(quant::CacheMode mode, int group_size, uint32_t seed,
+                      bool key_scaling = false) {
   kv::KvCacheSpec spec;
   spec.n_layers = 2;
   spec.n_heads_kv = 2;
@@ -575,6 +596,7 @@ void grow_and_compare(quant::CacheMode mode, int group_size, uint32_t seed) {
   spec.regions.n_recent = 32;
   spec.regions.page_size = 8;
   spec.mode = mode;
+  if (key_scaling) add_key_scaling(spec, seed + 100);
   const Status valid = spec.validate();
   ASSERT_TRUE(valid.ok()) << valid.to_string();
   const KvPageLayout L = spec.layout();
@@ -606,17 +628,24 @@ void grow_and_compare(quant::CacheMode mode, int group_size, uint32_t seed) {
                                scratch).ok());
       if (step_n != 1) continue;
       const int64_t T = cache.n_tokens() + 1;
-      std::vector<float> row(d);
+      std::vector<float> row(d), qh(d);
       for (int h = 0; h < Hq; ++h) {
         const int g = h / (Hq / Hkv);
+        // The query in the basis of the stored keys (what read_row returns).
+        const float* M = spec.query_rotation(layer, g);
+        for (int c = 0; c < d; ++c) {
+          double a = 0;
+          for (int r = 0; r < d; ++r) a += M ? static_cast<double>(q[h * d + r]) * M[r * d + c] : (r == c ? q[h * d + r] : 0.0);
+          qh[c] = static_cast<float>(a);
+        }
         std::vector<double> s(T), acc(d, 0.0);
         double m = -std::numeric_limits<double>::infinity(), l = 0, S = 0, vmax = 0;
         for (int64_t t = 0; t < T; ++t) {
           cache.read_row(layer, 0, g, t, row.data());
           double a = 0, aa = 0;
           for (int i = 0; i < d; ++i) {
-            a += static_cast<double>(q[h * d + i]) * row[i];
-            aa += std::fabs(static_cast<double>(q[h * d + i]) * row[i]);
+            a += static_cast<double>(qh[i]) * row[i];
+            aa += std::fabs(static_cast<double>(qh[i]) * row[i]);
           }
           s[t] = a * scale;
           S = std::max(S, aa * scale);
@@ -655,6 +684,55 @@ TEST(DecodeAttnCache, SequenceCacheDecodeStepsMatchExactAttention) {
   cache_test::grow_and_compare(quant::CacheMode::kInt2Naive, 64, 3);
   cache_test::grow_and_compare(quant::CacheMode::kBF16, 64, 4);
   cache_test::grow_and_compare(quant::CacheMode::kF32, 64, 5);
+  cache_test::grow_and_compare(quant::CacheMode::kOscar, 64, 6, /*key_scaling=*/true);
+  cache_test::grow_and_compare(quant::CacheMode::kOscarLloyd, 32, 7, /*key_scaling=*/true);
+}
+
+// Key scaling changes what is stored, never what exact attention computes: an f32 cache with
+// keys stored as (k − μ)·M_K and queries read as q·M_Q gives the plain f32 cache's outputs (the
+// logits move by the per-query constant q·μ, which softmax removes), on the prefill and decode
+// paths. Tolerance: outputs are O(1) averages of unit Gaussians; the transforms (w in [0.5, 2])
+// add a few float roundings per logit, 1e-4 absolute is far above them.
+TEST(DecodeAttnCache, KeyScalingKeepsExactAttention) {
+  kv::KvCacheSpec plain;
+  plain.n_layers = 2;
+  plain.n_heads_kv = 2;
+  plain.head_dim = 64;
+  plain.regions.n_sink = 16;
+  plain.regions.n_recent = 32;
+  plain.regions.page_size = 8;
+  plain.mode = quant::CacheMode::kF32;
+  kv::KvCacheSpec scaled = plain;
+  cache_test::add_key_scaling(scaled, 9);
+  ASSERT_TRUE(scaled.validate().ok());
+  const KvPageLayout L = plain.layout();
+  kv::PagePool pool_a("a", 64, L.exact_page_bytes()), pool_b("b", 64, L.exact_page_bytes());
+  kv::SequenceCache a(&plain, &pool_a, nullptr), b(&scaled, &pool_b, nullptr);
+  kv::AttendScratch sa, sb;
+  std::mt19937 rng(10);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const int Hq = 4, Hkv = 2, d = 64;
+  int64_t n = 7;
+  while (a.n_tokens() < 60) {
+    ASSERT_TRUE(a.reserve(n).ok());
+    ASSERT_TRUE(b.reserve(n).ok());
+    for (int layer = 0; layer < 2; ++layer) {
+      std::vector<float> k(static_cast<size_t>(n) * Hkv * d), v(k.size()), q(static_cast<size_t>(n) * Hq * d);
+      for (float& x : k) x = 1.0f + normal(rng);  // a real mean, so centring matters
+      for (float& x : v) x = normal(rng);
+      for (float& x : q) x = 1.5f * normal(rng);
+      a.write(layer, k.data(), v.data(), n);
+      b.write(layer, k.data(), v.data(), n);
+      std::vector<float> oa(q.size()), ob(q.size());
+      ASSERT_TRUE(a.attend(layer, q.data(), Hq, n, oa.data(), kv::AttendMode::kPrefill, sa).ok());
+      ASSERT_TRUE(b.attend(layer, q.data(), Hq, n, ob.data(), kv::AttendMode::kPrefill, sb).ok());
+      for (size_t i = 0; i < oa.size(); ++i)
+        ASSERT_NEAR(ob[i], oa[i], 1e-4) << "tokens " << a.n_tokens() << " layer " << layer << " i " << i;
+    }
+    a.commit(n);
+    b.commit(n);
+    n = 1;
+  }
 }
 
 }  // namespace

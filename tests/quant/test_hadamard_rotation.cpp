@@ -184,5 +184,46 @@ TEST(Rotation, RotateUnrotateRoundTripAndDotProducts) {
   EXPECT_NEAR(nn, nn_rot, 1e-5 * nn);
 }
 
+// Key scaling (OSCAR.md §1 "Key scaling"): the key transform U·W·H·P_br and the query transform
+// U·W⁻¹·H·P_br keep every dot product; w = 1 gives R itself; and each transform is U·diag(w)·H·P_br
+// as composed directly.
+TEST(Rotation, ScaledRotationKeepsDotProductsAndComposesUWHP) {
+  constexpr int d = 64, n = 9;
+  const Mat u = random_orthogonal(d, 11);
+  const std::vector<float> r = compose_rotation(u.data(), d);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(0.3f, 3.0f);
+  std::normal_distribution<float> normal;
+  std::vector<float> w(d), ones(d, 1.0f);
+  for (float& v : w) v = uni(rng);
+  const std::vector<float> mk = scaled_rotation(r.data(), w.data(), d, false);
+  const std::vector<float> mq = scaled_rotation(r.data(), w.data(), d, true);
+  // w = 1: R to float rounding (R is recovered as (R·Bᵀ)·B in double).
+  const std::vector<float> same = scaled_rotation(r.data(), ones.data(), d, false);
+  for (int i = 0; i < d * d; ++i) EXPECT_NEAR(same[i], r[i], 1e-6) << i;
+  // Direct composition: U·diag(w), then ·H·P_br.
+  Mat uw = u;
+  for (int i = 0; i < d; ++i)
+    for (int j = 0; j < d; ++j) uw[i * d + j] *= w[j];
+  const std::vector<float> direct = compose_rotation(uw.data(), d);
+  for (int i = 0; i < d * d; ++i) EXPECT_NEAR(mk[i], direct[i], 1e-5) << i;
+  // (q·M_Q)·(k·M_K)ᵀ = q·kᵀ for random rows; the key transform is not orthogonal.
+  std::vector<float> x(n * d), xk(n * d), xq(n * d);
+  for (auto& v : x) v = normal(rng);
+  rotate_rows(x.data(), n, mk.data(), d, xk.data());
+  rotate_rows(x.data(), n, mq.data(), d, xq.data());
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b) {
+      double exact = 0, got = 0, norm = 0;
+      for (int c = 0; c < d; ++c) {
+        exact += static_cast<double>(x[a * d + c]) * x[b * d + c];
+        got += static_cast<double>(xq[a * d + c]) * xk[b * d + c];
+        norm += static_cast<double>(x[a * d + c]) * x[a * d + c];
+      }
+      EXPECT_NEAR(got, exact, 1e-5 * norm) << a << " " << b;  // float transforms, |w| <= 3
+    }
+  EXPECT_GT(orthogonality_error(mk.data(), d), 0.1);
+}
+
 }  // namespace
 }  // namespace oscar::quant

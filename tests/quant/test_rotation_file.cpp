@@ -185,6 +185,53 @@ TEST(RotationFile, PerLayerRotationsBroadcastToHeads) {
   std::remove(path.c_str());
 }
 
+// Version 2: key scale and mean round trip, the key/query transforms keep dot products, and a
+// non-positive scale is refused by name.
+TEST(RotationFile, KeyScalingRoundTripsAsVersion2) {
+  RotationSet set = make_set(2, 2, 32, 91);
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> uni(0.5f, 2.0f);
+  set.k_scale.resize(2 * 2 * 32);
+  set.k_mean.resize(2 * 2 * 32);
+  for (float& v : set.k_scale) v = uni(rng);
+  for (float& v : set.k_mean) v = uni(rng) - 1.25f;
+  const std::string path = temp_path("scaled.safetensors");
+  ASSERT_TRUE(write_rotation_file(path, set).ok());
+  Result<RotationSet> r = load_rotation_file(path, "abc123", 2, 2, 32);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->metadata.at("version"), "2");
+  EXPECT_EQ(r->k_scale, set.k_scale);
+  EXPECT_EQ(r->k_mean, set.k_mean);
+  ASSERT_TRUE(r->has_key_scaling());
+  const std::vector<float> mk = r->key_transform(1, 1), mq = r->query_transform(1, 1);
+  // M_K·M_Qᵀ = I (to float rounding of transforms with w in [0.5, 2]).
+  for (int i = 0; i < 32; ++i)
+    for (int j = 0; j < 32; ++j) {
+      double dot = 0;
+      for (int c = 0; c < 32; ++c) dot += static_cast<double>(mk[i * 32 + c]) * mq[j * 32 + c];
+      EXPECT_NEAR(dot, i == j ? 1.0 : 0.0, 1e-5) << i << " " << j;
+    }
+  // Without scaling the transforms are R itself.
+  const RotationSet plain = make_set(2, 2, 32, 91);
+  EXPECT_EQ(plain.key_transform(1, 0), std::vector<float>(plain.k_rotation(1, 0), plain.k_rotation(1, 0) + 32 * 32));
+  EXPECT_EQ(plain.query_transform(1, 0), plain.key_transform(1, 0));
+
+  RotationSet bad = set;
+  bad.k_scale[40] = 0.0f;
+  ASSERT_TRUE(write_rotation_file(path, bad).ok());
+  r = load_rotation_file(path, "abc123", 2, 2, 32);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("layers.0.k.scale head 1 element 8"), std::string::npos)
+      << r.status().message();
+  bad = set;
+  bad.k_mean.pop_back();
+  EXPECT_FALSE(write_rotation_file(path, bad).ok());
+  bad = make_set(2, 2, 32, 91);
+  bad.k_mean = set.k_mean;  // a mean without a scale
+  EXPECT_FALSE(write_rotation_file(path, bad).ok());
+  std::remove(path.c_str());
+}
+
 TEST(RotationFile, RefusesBadFiles) {
   constexpr int d = 32;
   const std::vector<float> hp = hadamard_bitrev_rotation(d);
@@ -206,7 +253,7 @@ TEST(RotationFile, RefusesBadFiles) {
   EXPECT_NE(r.status().message().find("something-else"), std::string::npos);
 
   meta = good_meta(d);
-  meta["version"] = "2";
+  meta["version"] = "3";
   ASSERT_TRUE(write_custom(path, d, hp, {d, d}, meta).ok());
   r = load();
   ASSERT_FALSE(r.ok());
