@@ -3,6 +3,7 @@
 // <out>.json and <out>.svg.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -124,23 +125,25 @@ Command add_eval(CLI::App& app) {
   app.add_option("--merge", *merge,
                  "Run nothing: merge these eval JSON reports (shards by mode, ppl windows or NIAH "
                  "prompts) into one table, <out>.json and <out>.svg; an argument PATH.json:OLD=NEW "
-                 "relabels mode OLD of that file (NEW without '=')")
+                 "relabels mode OLD of that file (NEW without '='), PATH.json:OLD= leaves it out")
       ->expected(1, -1);
 
   return [=]() -> int {
     if (!merge->empty()) {
       std::vector<eval::EvalReport> parts;
       for (const std::string& arg : *merge) {
-        // PATH or PATH.json:OLD=NEW: relabel mode OLD of that file before merging. OLD may hold
-        // ':' and '=' (mode overrides); NEW is what follows the last '='.
+        // PATH or PATH.json:OLD=NEW: relabel mode OLD of that file before merging (an empty NEW
+        // leaves the mode out). OLD may hold ':' and '=' (mode overrides); NEW is what follows
+        // the last '='.
         std::string path = arg, from, to;
         const size_t cut = arg.find(".json:");
         if (cut != std::string::npos) {
           path = arg.substr(0, cut + 5);
           const std::string rest = arg.substr(cut + 6);
           const size_t eq = rest.rfind('=');
-          if (eq == std::string::npos || eq == 0 || eq + 1 == rest.size()) {
-            std::fprintf(stderr, "error: --merge %s: expected PATH.json:OLD=NEW\n", arg.c_str());
+          if (eq == std::string::npos || eq == 0) {
+            std::fprintf(stderr, "error: --merge %s: expected PATH.json:OLD=NEW or PATH.json:OLD=\n",
+                         arg.c_str());
             return 1;
           }
           from = rest.substr(0, eq);
@@ -151,8 +154,19 @@ Command add_eval(CLI::App& app) {
           std::fprintf(stderr, "error: %s\n", part.status().message().c_str());
           return 1;
         }
-        for (eval::ModeReport& m : part.value().modes)
-          if (!from.empty() && m.mode == from) m.mode = to;
+        std::vector<eval::ModeReport>& modes = part.value().modes;
+        if (!from.empty()) {
+          const bool found = std::any_of(modes.begin(), modes.end(),
+                                         [&](const eval::ModeReport& m) { return m.mode == from; });
+          if (!found) {
+            std::fprintf(stderr, "error: --merge %s: %s has no mode '%s'\n", arg.c_str(),
+                         path.c_str(), from.c_str());
+            return 1;
+          }
+          for (eval::ModeReport& m : modes)
+            if (m.mode == from) m.mode = to;
+          std::erase_if(modes, [](const eval::ModeReport& m) { return m.mode.empty(); });
+        }
         parts.push_back(std::move(part.value()));
       }
       auto merged = eval::merge_reports(parts);
