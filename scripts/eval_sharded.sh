@@ -60,4 +60,6 @@ OMP_NUM_THREADS=1 xargs -P "$jobs" -I{} -d '\n' bash -c '{}' <"$cmds" || {
   exit 1
 }
 echo "eval_sharded: shards done in $(($(date +%s) - start)) s" >&2
-"$oscar" eval --merge "$dir"/*.json --out "$out"
+# Numeric order (ppl_5 before ppl_10), so per-window losses are listed in window order.
+mapfile -t parts < <(ls "$dir"/*.json | sort -V)
+"$oscar" eval --merge "${parts[@]}" --out "$out"
