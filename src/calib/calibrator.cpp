@@ -54,15 +54,6 @@ Result<KeyScalingMode> parse_key_scaling(const std::string& name) {
   return invalid_argument("key scaling '%s': expected none, centre or full", name.c_str());
 }
 
-const char* key_scaling_name(KeyScalingMode mode) {
-  switch (mode) {
-    case KeyScalingMode::kNone: return "none";
-    case KeyScalingMode::kCentre: return "centre";
-    case KeyScalingMode::kFull: return "full";
-  }
-  return "?";
-}
-
 Status CalibrationOptions::validate() const {
   if (n_windows < 1) return invalid_argument("calibrate: windows %d must be >= 1", n_windows);
   if (window_tokens < 2)
@@ -349,12 +340,12 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
   set.k_eig.resize(static_cast<size_t>(L) * Hkv * d);
   set.v_eig.resize(static_cast<size_t>(L) * Hkv * d);
   set.k_clip.assign(static_cast<size_t>(L) * Hkv, options.fixed_k_clip);
+  set.v_clip.assign(static_cast<size_t>(L) * Hkv, options.fixed_v_clip);
   result.key_error_ratio.assign(static_cast<size_t>(L) * Hkv, 1.0);
   if (options.key_scaling != KeyScalingMode::kNone) {
     set.k_scale.resize(static_cast<size_t>(L) * Hkv * d);
     set.k_mean.resize(static_cast<size_t>(L) * Hkv * d);
   }
-  set.v_clip.assign(static_cast<size_t>(L) * Hkv, options.fixed_v_clip);
   const int n_tasks = L * Hkv;
 #pragma omp parallel for schedule(static)
   for (int task = 0; task < n_tasks; ++task) {

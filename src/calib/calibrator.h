@@ -43,7 +43,6 @@ enum class KeyScalingMode { kNone, kCentre, kFull };
 Result<ValueObjective> parse_value_objective(const std::string& name);  // "full" | "diag"
 Result<ClipMode> parse_clip_mode(const std::string& name);              // "search" | "fixed"
 Result<KeyScalingMode> parse_key_scaling(const std::string& name);  // "none" | "centre" | "full"
-const char* key_scaling_name(KeyScalingMode mode);
 
 // Rotation-file metadata naming the cache the file was made for, read by `--kv-cache auto`
 // (engine/runtime.cpp spells the same keys; files without them mean "oscar" with the runtime's
