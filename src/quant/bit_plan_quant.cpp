@@ -1,0 +1,168 @@
+// 3-bit and 1-bit reference row quantizers (see bit_plan_quant.h).
+#include "quant/bit_plan_quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+#include "quant/int2_quant.h"
+
+namespace oscar::quant {
+namespace {
+
+void check_preconditions(const void* in, int head_dim, int group_size, float clip_ratio,
+                         const void* out) {
+  OSCAR_CHECK(in != nullptr && out != nullptr, "null input or output pointer");
+  OSCAR_CHECK(int2_valid_group(head_dim, group_size), "head_dim %d, group_size %d", head_dim,
+              group_size);
+  OSCAR_CHECK(clip_ratio > 0.0f, "clip_ratio %g must be > 0", static_cast<double>(clip_ratio));
+}
+
+Status check_finite(const char* fn, const float* x, int head_dim, int group_size) {
+  for (int i = 0; i < head_dim; ++i)
+    if (!std::isfinite(x[i]))
+      return invalid_argument("%s: element %d (group %d) is %s; quantization needs finite inputs",
+                              fn, i, i / group_size,
+                              std::isnan(x[i]) ? "NaN" : (x[i] > 0 ? "+Inf" : "-Inf"));
+  return Status();
+}
+
+// fp16 bits of v, or OutOfRange naming what did not fit.
+Status to_fp16(const char* fn, const char* what, int g, float v, fp16_t* out) {
+  *out = f32_to_fp16(v);
+  if (!std::isfinite(fp16_to_f32(*out)))
+    return out_of_range("%s: group %d %s %g does not fit fp16", fn, g, what, static_cast<double>(v));
+  return Status();
+}
+
+Int2GroupMeta read_meta(const uint8_t* row, int offset) {
+  Int2GroupMeta m;
+  std::memcpy(&m, row + offset, sizeof m);
+  return m;
+}
+
+}  // namespace
+
+Status quantize_row_int3_ref(const float* x, int head_dim, int group_size, float clip_ratio,
+                             uint8_t* row) {
+  check_preconditions(x, head_dim, group_size, clip_ratio, row);
+  static constexpr const char* kFn = "quantize_row_int3_ref";
+  const int row_bytes = int3_row_bytes(head_dim, group_size);
+  std::fill(row, row + row_bytes, uint8_t{0});
+  OSCAR_RETURN_IF_ERROR(check_finite(kFn, x, head_dim, group_size));
+  for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
+    const float* xg = x + g * group_size;
+    const float thr = clip_threshold_ref(xg, group_size, clip_ratio);
+    float lo = std::clamp(xg[0], -thr, thr), hi = lo;
+    for (int i = 1; i < group_size; ++i) {
+      const float xc = std::clamp(xg[i], -thr, thr);
+      lo = std::min(lo, xc);
+      hi = std::max(hi, xc);
+    }
+    Int2GroupMeta meta{0, 0};
+    Status st = to_fp16(kFn, "min", g, lo, &meta.slot1);
+    const float min = fp16_to_f32(meta.slot1);
+    float scale = 0.0f;
+    if (st.ok() && hi > lo) {
+      st = to_fp16(kFn, "scale", g, (hi - min) / 7.0f, &meta.slot0);
+      scale = fp16_to_f32(meta.slot0);
+    }
+    if (!st.ok()) {
+      std::fill(row, row + row_bytes, uint8_t{0});
+      return st;
+    }
+    uint8_t* low = row + int2_group_codes_offset(g, group_size);
+    uint8_t* high = row + int3_group_high_offset(head_dim, g, group_size);
+    for (int i = 0; i < group_size; ++i) {
+      int q = 0;
+      if (scale > 0.0f) {
+        const float t = (std::clamp(xg[i], -thr, thr) - min) / scale;
+        q = std::clamp(static_cast<int>(std::floor(t + 0.5f)), 0, kInt3Levels - 1);
+      }
+      int2_set_code(low, i, group_size, static_cast<uint8_t>(q & 3));
+      plane_set_bit(high, i, group_size, static_cast<uint8_t>(q >> 2));
+    }
+    std::memcpy(row + int3_group_meta_offset(head_dim, g), &meta, sizeof meta);
+  }
+  return Status();
+}
+
+void dequantize_row_int3_ref(const uint8_t* row, int head_dim, int group_size, float* out) {
+  check_preconditions(row, head_dim, group_size, 1.0f, out);
+  for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
+    const Int2GroupMeta m = read_meta(row, int3_group_meta_offset(head_dim, g));
+    const float scale = fp16_to_f32(m.slot0), min = fp16_to_f32(m.slot1);
+    const uint8_t* low = row + int2_group_codes_offset(g, group_size);
+    const uint8_t* high = row + int3_group_high_offset(head_dim, g, group_size);
+    for (int i = 0; i < group_size; ++i) {
+      const int q = int2_get_code(low, i, group_size) | (plane_get_bit(high, i, group_size) << 2);
+      out[g * group_size + i] = min + static_cast<float>(q) * scale;
+    }
+  }
+}
+
+Status quantize_row_int1_ref(const float* x, int head_dim, int group_size, uint8_t* row) {
+  check_preconditions(x, head_dim, group_size, 1.0f, row);
+  static constexpr const char* kFn = "quantize_row_int1_ref";
+  const int row_bytes = int1_row_bytes(head_dim, group_size);
+  std::fill(row, row + row_bytes, uint8_t{0});
+  OSCAR_RETURN_IF_ERROR(check_finite(kFn, x, head_dim, group_size));
+  for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
+    const float* xg = x + g * group_size;
+    double mean = 0;
+    for (int i = 0; i < group_size; ++i) mean += xg[i];
+    mean /= group_size;
+    double t = mean, lo = mean, hi = mean;
+    for (int round = 0; round < kInt1LloydRounds; ++round) {
+      double sl = 0, sh = 0;
+      int nl = 0, nh = 0;
+      for (int i = 0; i < group_size; ++i) {
+        if (xg[i] < t) {
+          sl += xg[i];
+          ++nl;
+        } else {
+          sh += xg[i];
+          ++nh;
+        }
+      }
+      if (nl == 0 || nh == 0) {
+        lo = hi = mean;
+        break;
+      }
+      const double new_lo = sl / nl, new_hi = sh / nh;
+      const bool converged = round > 0 && new_lo == lo && new_hi == hi;  // same partition again
+      lo = new_lo;
+      hi = new_hi;
+      t = 0.5 * (lo + hi);
+      if (converged) break;
+    }
+    Int2GroupMeta meta{0, 0};
+    Status st = to_fp16(kFn, "low level", g, static_cast<float>(lo), &meta.slot0);
+    if (st.ok()) st = to_fp16(kFn, "high level", g, static_cast<float>(hi), &meta.slot1);
+    if (!st.ok()) {
+      std::fill(row, row + row_bytes, uint8_t{0});
+      return st;
+    }
+    const float lo_s = fp16_to_f32(meta.slot0), hi_s = fp16_to_f32(meta.slot1);
+    const float mid = 0.5f * (lo_s + hi_s);
+    uint8_t* plane = row + int1_group_plane_offset(g, group_size);
+    for (int i = 0; i < group_size; ++i)
+      plane_set_bit(plane, i, group_size, static_cast<uint8_t>(hi_s > lo_s && xg[i] >= mid));
+    std::memcpy(row + int1_group_meta_offset(head_dim, g), &meta, sizeof meta);
+  }
+  return Status();
+}
+
+void dequantize_row_int1_ref(const uint8_t* row, int head_dim, int group_size, float* out) {
+  check_preconditions(row, head_dim, group_size, 1.0f, out);
+  for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
+    const Int2GroupMeta m = read_meta(row, int1_group_meta_offset(head_dim, g));
+    const float lo = fp16_to_f32(m.slot0), hi = fp16_to_f32(m.slot1);
+    const uint8_t* plane = row + int1_group_plane_offset(g, group_size);
+    for (int i = 0; i < group_size; ++i)
+      out[g * group_size + i] = plane_get_bit(plane, i, group_size) ? hi : lo;
+  }
+}
+
+}  // namespace oscar::quant

@@ -1,0 +1,37 @@
+// Reference quantizers for the 3-bit and 1-bit rows of quant/bit_plan_layout.h (mixed-precision
+// bit plans; docs/results/ablation.md). They follow the INT2 quantizers' conventions
+// (quant/int2_quant.h): one row at a time, fp16 metadata rounded before the codes are chosen,
+// InvalidArgument naming the element for a non-finite input and OutOfRange for metadata beyond
+// fp16, the row zero-filled on error; dequantizers trust their input.
+//
+// INT3, per group: clip to the ρ-quantile of |x| (clip_threshold_ref), lo/hi of the clipped
+//   values, min = fp16(lo), s = fp16((hi − min)/7), q = round-half-up((x_c − min)/s) clamped to
+//   0..7; constant group (s rounds to 0): codes 0, x̂ = min.
+// INT1, per group: the two-level Lloyd-Max quantizer of the group itself (no clip): starting from
+//   t = mean, rounds of lo = mean{x < t}, hi = mean{x >= t}, t = (lo + hi)/2 until the partition
+//   repeats (at most kInt1LloydRounds; one side empty: lo = hi = mean); lo and hi stored as fp16,
+//   and each code picks the nearer stored level (bit = x >= (lo' + hi')/2).
+// Preconditions (checked): int2_valid_group(head_dim, G), clip_ratio > 0, non-null pointers.
+// The fast versions, and the cache and kernels that use these rows, are not written yet.
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+#include "quant/bit_plan_layout.h"
+
+namespace oscar::quant {
+
+// Upper bound on the INT1 Lloyd rounds; 1-D two-level Lloyd reaches its fixed point in a few.
+inline constexpr int kInt1LloydRounds = 32;
+
+// x: [head_dim]; row: [int3_row_bytes(head_dim, G)].
+Status quantize_row_int3_ref(const float* x, int head_dim, int group_size, float clip_ratio,
+                             uint8_t* row);
+void dequantize_row_int3_ref(const uint8_t* row, int head_dim, int group_size, float* out);
+
+// x: [head_dim]; row: [int1_row_bytes(head_dim, G)].
+Status quantize_row_int1_ref(const float* x, int head_dim, int group_size, uint8_t* row);
+void dequantize_row_int1_ref(const uint8_t* row, int head_dim, int group_size, float* out);
+
+}  // namespace oscar::quant
