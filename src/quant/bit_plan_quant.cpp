@@ -7,26 +7,10 @@
 
 #include "core/check.h"
 #include "quant/int2_quant.h"
+#include "quant/row_checks.h"
 
 namespace oscar::quant {
 namespace {
-
-void check_preconditions(const void* in, int head_dim, int group_size, float clip_ratio,
-                         const void* out) {
-  OSCAR_CHECK(in != nullptr && out != nullptr, "null input or output pointer");
-  OSCAR_CHECK(int2_valid_group(head_dim, group_size), "head_dim %d, group_size %d", head_dim,
-              group_size);
-  OSCAR_CHECK(clip_ratio > 0.0f, "clip_ratio %g must be > 0", static_cast<double>(clip_ratio));
-}
-
-Status check_finite(const char* fn, const float* x, int head_dim, int group_size) {
-  for (int i = 0; i < head_dim; ++i)
-    if (!std::isfinite(x[i]))
-      return invalid_argument("%s: element %d (group %d) is %s; quantization needs finite inputs",
-                              fn, i, i / group_size,
-                              std::isnan(x[i]) ? "NaN" : (x[i] > 0 ? "+Inf" : "-Inf"));
-  return Status();
-}
 
 // fp16 bits of v, or OutOfRange naming what did not fit.
 Status to_fp16(const char* fn, const char* what, int g, float v, fp16_t* out) {
@@ -46,11 +30,11 @@ Int2GroupMeta read_meta(const uint8_t* row, int offset) {
 
 Status quantize_row_int3_ref(const float* x, int head_dim, int group_size, float clip_ratio,
                              uint8_t* row) {
-  check_preconditions(x, head_dim, group_size, clip_ratio, row);
+  check_row_preconditions(x, head_dim, group_size, clip_ratio, row);
   static constexpr const char* kFn = "quantize_row_int3_ref";
   const int row_bytes = int3_row_bytes(head_dim, group_size);
   std::fill(row, row + row_bytes, uint8_t{0});
-  OSCAR_RETURN_IF_ERROR(check_finite(kFn, x, head_dim, group_size));
+  OSCAR_RETURN_IF_ERROR(check_row_finite(kFn, 0, x, head_dim, group_size));
   for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
     const float* xg = x + g * group_size;
     const float thr = clip_threshold_ref(xg, group_size, clip_ratio);
@@ -89,7 +73,7 @@ Status quantize_row_int3_ref(const float* x, int head_dim, int group_size, float
 }
 
 void dequantize_row_int3_ref(const uint8_t* row, int head_dim, int group_size, float* out) {
-  check_preconditions(row, head_dim, group_size, 1.0f, out);
+  check_row_preconditions(row, head_dim, group_size, 1.0f, out);
   for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
     const Int2GroupMeta m = read_meta(row, int3_group_meta_offset(head_dim, g));
     const float scale = fp16_to_f32(m.slot0), min = fp16_to_f32(m.slot1);
@@ -103,11 +87,11 @@ void dequantize_row_int3_ref(const uint8_t* row, int head_dim, int group_size, f
 }
 
 Status quantize_row_int1_ref(const float* x, int head_dim, int group_size, uint8_t* row) {
-  check_preconditions(x, head_dim, group_size, 1.0f, row);
+  check_row_preconditions(x, head_dim, group_size, 1.0f, row);
   static constexpr const char* kFn = "quantize_row_int1_ref";
   const int row_bytes = int1_row_bytes(head_dim, group_size);
   std::fill(row, row + row_bytes, uint8_t{0});
-  OSCAR_RETURN_IF_ERROR(check_finite(kFn, x, head_dim, group_size));
+  OSCAR_RETURN_IF_ERROR(check_row_finite(kFn, 0, x, head_dim, group_size));
   for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
     const float* xg = x + g * group_size;
     double mean = 0;
@@ -155,7 +139,7 @@ Status quantize_row_int1_ref(const float* x, int head_dim, int group_size, uint8
 }
 
 void dequantize_row_int1_ref(const uint8_t* row, int head_dim, int group_size, float* out) {
-  check_preconditions(row, head_dim, group_size, 1.0f, out);
+  check_row_preconditions(row, head_dim, group_size, 1.0f, out);
   for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
     const Int2GroupMeta m = read_meta(row, int1_group_meta_offset(head_dim, g));
     const float lo = fp16_to_f32(m.slot0), hi = fp16_to_f32(m.slot1);

@@ -9,33 +9,12 @@
 #include <vector>
 
 #include "core/check.h"
+#include "quant/row_checks.h"
 
 namespace oscar::quant {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-void check_preconditions(const void* in, int head_dim, int group_size, float clip_ratio,
-                         const void* out) {
-  OSCAR_CHECK(in != nullptr && out != nullptr, "null input or output pointer");
-  OSCAR_CHECK(int2_valid_group(head_dim, group_size), "head_dim %d, group_size %d", head_dim,
-              group_size);
-  OSCAR_CHECK(clip_ratio > 0.0f, "clip_ratio %g must be > 0", static_cast<double>(clip_ratio));
-}
-
-const char* nonfinite_name(float v) { return std::isnan(v) ? "NaN" : (v > 0 ? "+Inf" : "-Inf"); }
-
-// InvalidArgument naming the first non-finite element of x[0..head_dim), OK if none.
-Status check_finite(const char* fn, int row, const float* x, int head_dim, int group_size) {
-  for (int i = 0; i < head_dim; ++i) {
-    if (!std::isfinite(x[i])) {
-      return invalid_argument("%s: row %d element %d (group %d) is %s; INT2 quantization needs "
-                              "finite inputs",
-                              fn, row, i, i / group_size, nonfinite_name(x[i]));
-    }
-  }
-  return Status();
-}
 
 // Linear interpolation between the order statistics a_lo <= a_hi at fraction frac.
 float interpolate(float a_lo, float a_hi, double frac) {
@@ -160,7 +139,7 @@ void pack_group(const uint8_t* codes, int group_size, uint8_t* out) {
 template <typename EncodeGroup>
 Status quantize_rows(const char* fn, const float* x, int n_rows, int head_dim, int group_size,
                      float clip_ratio, uint8_t* rows, EncodeGroup encode) {
-  check_preconditions(x, head_dim, group_size, clip_ratio, rows);
+  check_row_preconditions(x, head_dim, group_size, clip_ratio, rows);
   OSCAR_CHECK(n_rows >= 0, "n_rows %d", n_rows);
   const int row_bytes = int2_row_bytes(head_dim, group_size);
   const int n_groups = int2_groups_per_row(head_dim, group_size);
@@ -169,11 +148,11 @@ Status quantize_rows(const char* fn, const float* x, int n_rows, int head_dim, i
   for (int r = 0; r < n_rows; ++r) {
     const float* xr = x + static_cast<size_t>(r) * head_dim;
     uint8_t* row = rows + static_cast<size_t>(r) * row_bytes;
-    Status st = check_finite(fn, r, xr, head_dim, group_size);
+    Status st = check_row_finite(fn, r, xr, head_dim, group_size);
     for (int g = 0; g < n_groups && st.ok(); ++g) {
       const float* xg = xr + g * group_size;
       const float thr = clip_threshold_fast(xg, group_size, clip_ratio, scratch.data());
-      Int2GroupMeta meta;
+      Int2GroupMeta meta{0, 0};
       st = encode(r, g, xg, thr, codes.data(), &meta);
       if (!st.ok()) break;
       pack_group(codes.data(), group_size, row + int2_group_codes_offset(g, group_size));
@@ -208,11 +187,11 @@ float clip_threshold_ref(const float* x, int n, float clip_ratio) {
 
 Status quantize_row_int2_ref(const float* x, int head_dim, int group_size, float clip_ratio,
                              uint8_t* row) {
-  check_preconditions(x, head_dim, group_size, clip_ratio, row);
+  check_row_preconditions(x, head_dim, group_size, clip_ratio, row);
   static constexpr const char* kFn = "quantize_row_int2_ref";
   const int row_bytes = int2_row_bytes(head_dim, group_size);
   std::fill(row, row + row_bytes, uint8_t{0});
-  OSCAR_RETURN_IF_ERROR(check_finite(kFn, 0, x, head_dim, group_size));
+  OSCAR_RETURN_IF_ERROR(check_row_finite(kFn, 0, x, head_dim, group_size));
   for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
     const float* xg = x + g * group_size;
     const float thr = clip_threshold_ref(xg, group_size, clip_ratio);
@@ -239,7 +218,7 @@ Status quantize_row_int2_ref(const float* x, int head_dim, int group_size, float
 }
 
 void dequantize_row_int2_ref(const uint8_t* row, int head_dim, int group_size, float* out) {
-  check_preconditions(row, head_dim, group_size, 1.0f, out);
+  check_row_preconditions(row, head_dim, group_size, 1.0f, out);
   for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
     const Int2GroupMeta m = read_group_meta(row, head_dim, g);
     const float scale = fp16_to_f32(m.slot0);
@@ -253,11 +232,11 @@ void dequantize_row_int2_ref(const uint8_t* row, int head_dim, int group_size, f
 
 Status quantize_row_lloyd_ref(const float* x, int head_dim, int group_size, float clip_ratio,
                               uint8_t* row) {
-  check_preconditions(x, head_dim, group_size, clip_ratio, row);
+  check_row_preconditions(x, head_dim, group_size, clip_ratio, row);
   static constexpr const char* kFn = "quantize_row_lloyd_ref";
   const int row_bytes = int2_row_bytes(head_dim, group_size);
   std::fill(row, row + row_bytes, uint8_t{0});
-  OSCAR_RETURN_IF_ERROR(check_finite(kFn, 0, x, head_dim, group_size));
+  OSCAR_RETURN_IF_ERROR(check_row_finite(kFn, 0, x, head_dim, group_size));
   for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
     const float* xg = x + g * group_size;
     const float thr = clip_threshold_ref(xg, group_size, clip_ratio);
@@ -278,7 +257,7 @@ Status quantize_row_lloyd_ref(const float* x, int head_dim, int group_size, floa
 }
 
 void dequantize_row_lloyd_ref(const uint8_t* row, int head_dim, int group_size, float* out) {
-  check_preconditions(row, head_dim, group_size, 1.0f, out);
+  check_row_preconditions(row, head_dim, group_size, 1.0f, out);
   for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
     const Int2GroupMeta m = read_group_meta(row, head_dim, g);
     const float sigma = fp16_to_f32(m.slot0);
@@ -319,7 +298,7 @@ Status quantize_rows_int2(const float* x, int n_rows, int head_dim, int group_si
 
 void dequantize_rows_int2(const uint8_t* rows, int n_rows, int head_dim, int group_size,
                           float* out) {
-  check_preconditions(rows, head_dim, group_size, 1.0f, out);
+  check_row_preconditions(rows, head_dim, group_size, 1.0f, out);
   const int row_bytes = int2_row_bytes(head_dim, group_size);
   const int n_groups = int2_groups_per_row(head_dim, group_size);
   const int q = group_size / 4;
@@ -360,7 +339,7 @@ Status quantize_rows_lloyd(const float* x, int n_rows, int head_dim, int group_s
 
 void dequantize_rows_lloyd(const uint8_t* rows, int n_rows, int head_dim, int group_size,
                            float* out) {
-  check_preconditions(rows, head_dim, group_size, 1.0f, out);
+  check_row_preconditions(rows, head_dim, group_size, 1.0f, out);
   const int row_bytes = int2_row_bytes(head_dim, group_size);
   const int n_groups = int2_groups_per_row(head_dim, group_size);
   const int q = group_size / 4;
