@@ -44,14 +44,13 @@ Result<ValueObjective> parse_value_objective(const std::string& name);  // "full
 Result<ClipMode> parse_clip_mode(const std::string& name);              // "search" | "fixed"
 Result<KeyScalingMode> parse_key_scaling(const std::string& name);  // "none" | "centre" | "full"
 
-// Rotation-file metadata naming the cache the file was made for, read by `--kv-cache auto`
-// (engine/runtime.cpp spells the same keys; files without them mean "oscar" with the runtime's
-// windows):
+// Rotation-file metadata naming the cache the file was made for (quant/rotation_file.h), read by
+// `--kv-cache auto`. Calibration writes:
 //   recommended_mode      "oscar" (uniform INT2) or "oscar-lloyd", from clip.quantizer
 //   recommended_n_recent  the BF16 recent window, from clip.n_recent (docs/results/ablation.md:
 //                         384 beat 256 end to end and keeps the 128K cache under 2.30 bits)
-inline constexpr const char* kRecommendedModeKey = "recommended_mode";
-inline constexpr const char* kRecommendedRecentKey = "recommended_n_recent";
+using quant::kRecommendedModeKey;
+using quant::kRecommendedRecentKey;
 // Default recent window of calibration (clip objective and recommended_n_recent).
 inline constexpr int kDefaultRecent = 384;
 

@@ -16,10 +16,8 @@ namespace {
 constexpr float kReleaseClipK = 0.96f;
 constexpr float kReleaseClipV = 0.92f;
 
-// Rotation-file metadata keys naming the cache `auto` uses (written by calib/calibrator.cpp, which
-// spells the same keys as calib::kRecommendedModeKey / kRecommendedRecentKey).
-constexpr const char* kRecommendedModeKey = "recommended_mode";
-constexpr const char* kRecommendedRecentKey = "recommended_n_recent";
+using quant::kRecommendedModeKey;
+using quant::kRecommendedRecentKey;
 
 std::string default_rotations(const RuntimeOptions& o) {
   return o.rotations.empty() ? (std::filesystem::path(o.model_dir) / kDefaultRotationFile).string()

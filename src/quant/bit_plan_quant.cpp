@@ -7,7 +7,7 @@
 
 #include "core/check.h"
 #include "quant/int2_quant.h"
-#include "quant/row_checks.h"
+#include "quant/row_common.h"
 
 namespace oscar::quant {
 namespace {
@@ -38,20 +38,10 @@ Status quantize_row_int3_ref(const float* x, int head_dim, int group_size, float
   for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
     const float* xg = x + g * group_size;
     const float thr = clip_threshold_ref(xg, group_size, clip_ratio);
-    float lo = std::clamp(xg[0], -thr, thr), hi = lo;
-    for (int i = 1; i < group_size; ++i) {
-      const float xc = std::clamp(xg[i], -thr, thr);
-      lo = std::min(lo, xc);
-      hi = std::max(hi, xc);
-    }
-    Int2GroupMeta meta{0, 0};
-    Status st = to_fp16(kFn, "min", g, lo, &meta.slot1);
-    const float min = fp16_to_f32(meta.slot1);
-    float scale = 0.0f;
-    if (st.ok() && hi > lo) {
-      st = to_fp16(kFn, "scale", g, (hi - min) / 7.0f, &meta.slot0);
-      scale = fp16_to_f32(meta.slot0);
-    }
+    float lo, hi;
+    clipped_range(xg, group_size, thr, &lo, &hi);
+    UniformParams p;
+    const Status st = uniform_params(kFn, 0, g, lo, hi, kInt3Levels - 1, &p);
     if (!st.ok()) {
       std::fill(row, row + row_bytes, uint8_t{0});
       return st;
@@ -60,14 +50,14 @@ Status quantize_row_int3_ref(const float* x, int head_dim, int group_size, float
     uint8_t* high = row + int3_group_high_offset(head_dim, g, group_size);
     for (int i = 0; i < group_size; ++i) {
       int q = 0;
-      if (scale > 0.0f) {
-        const float t = (std::clamp(xg[i], -thr, thr) - min) / scale;
+      if (p.scale > 0.0f) {
+        const float t = (clamp_abs(xg[i], thr) - p.min) / p.scale;
         q = std::clamp(static_cast<int>(std::floor(t + 0.5f)), 0, kInt3Levels - 1);
       }
       int2_set_code(low, i, group_size, static_cast<uint8_t>(q & 3));
       plane_set_bit(high, i, group_size, static_cast<uint8_t>(q >> 2));
     }
-    std::memcpy(row + int3_group_meta_offset(head_dim, g), &meta, sizeof meta);
+    std::memcpy(row + int3_group_meta_offset(head_dim, g), &p.stored, sizeof p.stored);
   }
   return Status();
 }

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "quant/row_checks.h"
+#include "quant/row_common.h"
 
 namespace oscar::quant {
 namespace {
@@ -43,42 +43,7 @@ float clip_threshold_fast(const float* x, int n, float clip_ratio, float* scratc
   return interpolate(a_lo, a_hi, frac);
 }
 
-inline float clamp_abs(float v, float thr) { return std::min(std::max(v, -thr), thr); }
-
 // --- uniform ---
-
-struct UniformParams {
-  float scale = 0.0f;  // fp16-rounded s, 0 for a constant group
-  float min = 0.0f;    // fp16-rounded min
-  Int2GroupMeta stored{0, 0};
-};
-
-// lo/hi: min and max of the clipped group.
-Status uniform_params(const char* fn, int row, int g, float lo, float hi, UniformParams* p) {
-  p->stored.slot1 = f32_to_fp16(lo);
-  p->min = fp16_to_f32(p->stored.slot1);
-  if (!std::isfinite(p->min)) {
-    return out_of_range("%s: row %d group %d min %g does not fit fp16", fn, row, g,
-                        static_cast<double>(lo));
-  }
-  p->stored.slot0 = 0;
-  p->scale = 0.0f;
-  if (hi > lo) {
-    const float s = (hi - p->min) / 3.0f;
-    const fp16_t s_h = f32_to_fp16(s);
-    const float sf = fp16_to_f32(s_h);
-    if (!std::isfinite(sf)) {
-      return out_of_range("%s: row %d group %d scale %g (range [%g, %g]) does not fit fp16", fn,
-                          row, g, static_cast<double>(s), static_cast<double>(lo),
-                          static_cast<double>(hi));
-    }
-    if (sf > 0.0f) {  // else: range below fp16 resolution, treat as constant
-      p->stored.slot0 = s_h;
-      p->scale = sf;
-    }
-  }
-  return Status();
-}
 
 // Code of one clipped value for the stored (min, scale); scale > 0.
 inline uint8_t uniform_code(float xc, float min, float scale) {
@@ -195,14 +160,10 @@ Status quantize_row_int2_ref(const float* x, int head_dim, int group_size, float
   for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
     const float* xg = x + g * group_size;
     const float thr = clip_threshold_ref(xg, group_size, clip_ratio);
-    float lo = kInf, hi = -kInf;
-    for (int i = 0; i < group_size; ++i) {
-      const float xc = clamp_abs(xg[i], thr);
-      lo = std::min(lo, xc);
-      hi = std::max(hi, xc);
-    }
+    float lo, hi;
+    clipped_range(xg, group_size, thr, &lo, &hi);
     UniformParams p;
-    Status st = uniform_params(kFn, 0, g, lo, hi, &p);
+    Status st = uniform_params(kFn, 0, g, lo, hi, kInt2Levels - 1, &p);
     if (!st.ok()) {
       std::fill(row, row + row_bytes, uint8_t{0});
       return st;
@@ -279,14 +240,11 @@ Status quantize_rows_int2(const float* x, int n_rows, int head_dim, int group_si
   return quantize_rows(kFn, x, n_rows, head_dim, group_size, clip_ratio, rows,
                        [&](int r, int g, const float* xg, float thr, uint8_t* codes,
                            Int2GroupMeta* meta) -> Status {
-                         float lo = kInf, hi = -kInf;
-                         for (int i = 0; i < group_size; ++i) {
-                           const float xc = clamp_abs(xg[i], thr);
-                           lo = std::min(lo, xc);
-                           hi = std::max(hi, xc);
-                         }
+                         float lo, hi;
+                         clipped_range(xg, group_size, thr, &lo, &hi);
                          UniformParams p;
-                         OSCAR_RETURN_IF_ERROR(uniform_params(kFn, r, g, lo, hi, &p));
+                         OSCAR_RETURN_IF_ERROR(
+                             uniform_params(kFn, r, g, lo, hi, kInt2Levels - 1, &p));
                          for (int i = 0; i < group_size; ++i)
                            codes[i] = p.scale > 0.0f
                                           ? uniform_code(clamp_abs(xg[i], thr), p.min, p.scale)

@@ -27,6 +27,9 @@ std::vector<float> compose_rotation(const double* U, int d) {
 
 std::vector<float> scaled_rotation(const float* R, const float* w, int d, bool inverse) {
   OSCAR_CHECK(R != nullptr && w != nullptr && is_power_of_two(d), "scaled_rotation: d %d", d);
+  for (int j = 0; j < d; ++j)
+    OSCAR_CHECK(w[j] > 0 && std::isfinite(w[j]), "scaled_rotation: w[%d] = %g", j,
+                static_cast<double>(w[j]));
   // B = H·P_br: column bitrev(j) of B is column j of H.
   const std::vector<double> H = hadamard_matrix(d);
   std::vector<double> B(static_cast<size_t>(d) * d);
@@ -44,7 +47,6 @@ std::vector<float> scaled_rotation(const float* R, const float* w, int d, bool i
   for (int i = 0; i < d; ++i) {
     std::fill(row.begin(), row.end(), 0.0);
     for (int j = 0; j < d; ++j) {
-      OSCAR_CHECK(w[j] > 0 && std::isfinite(w[j]), "scaled_rotation: w[%d] = %g", j, static_cast<double>(w[j]));
       const double s = inverse ? 1.0 / w[j] : static_cast<double>(w[j]);
       const double u = U[static_cast<size_t>(i) * d + j] * s;
       for (int c = 0; c < d; ++c) row[c] += u * B[static_cast<size_t>(j) * d + c];

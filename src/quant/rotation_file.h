@@ -36,6 +36,12 @@ inline constexpr int kRotationFileVersion = 2;
 // Loading refuses a rotation whose max |RᵀR − I| reaches this.
 inline constexpr double kRotationOrthogonalityTol = 1e-3;
 
+// Metadata naming the cache the file was made for, written by `oscar calibrate` and read by
+// `--kv-cache auto` (engine/runtime.cpp); files without them mean "oscar" with the runtime's
+// windows.
+inline constexpr const char* kRecommendedModeKey = "recommended_mode";        // oscar | oscar-lloyd
+inline constexpr const char* kRecommendedRecentKey = "recommended_n_recent";  // BF16 recent window
+
 // Owned, host-side copy of a rotation file. Row-major float everywhere; x' = x R.
 struct RotationSet {
   int n_layers = 0;
