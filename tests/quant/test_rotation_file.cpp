@@ -223,6 +223,26 @@ TEST(RotationFile, KeyScalingRoundTripsAsVersion2) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("layers.0.k.scale head 1 element 8"), std::string::npos)
       << r.status().message();
+  // Key scaling in some layers only: the first missing tensor is named.
+  ASSERT_TRUE(write_rotation_file(path, set).ok());
+  {
+    Result<format::SafetensorsFile> f = format::SafetensorsFile::open(path);
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    std::vector<std::vector<float>> data;
+    std::vector<format::TensorToWrite> kept;
+    for (const format::TensorView& t : f->tensors()) data.push_back(t.to_f32());
+    for (size_t i = 0; i < f->tensors().size(); ++i) {
+      const format::TensorView& t = f->tensors()[i];
+      if (t.name != "layers.1.k.scale") kept.push_back(format::f32_tensor(t.name, t.shape, data[i]));
+    }
+    const std::string partial = temp_path("partial.safetensors");
+    ASSERT_TRUE(format::write_safetensors(partial, kept, f->metadata()).ok());
+    r = load_rotation_file(partial, "abc123", 2, 2, 32);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("'layers.1.k.scale' is missing"), std::string::npos)
+        << r.status().message();
+    std::remove(partial.c_str());
+  }
   bad = set;
   bad.k_mean.pop_back();
   EXPECT_FALSE(write_rotation_file(path, bad).ok());
