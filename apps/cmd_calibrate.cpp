@@ -134,13 +134,14 @@ Command add_calibrate(CLI::App& app) {
                    "decompose %.2f s, clip search %.1f s\n",
                    r.n_windows, o.window_tokens, static_cast<long long>(r.n_tokens),
                    static_cast<long long>(r.n_data_tokens), r.forward_s, r.decompose_s, r.clip_s);
-      std::fprintf(stderr, "layer head  rho_K  rho_V  top eig C_Q  top eig C_S  key error ratio\n");
+      std::fprintf(stderr, "layer head  rho_K  rho_V  top eig C_Q  top eig C_S  key error ratio  key logit err  tr C_S\n");
       for (int l = 0; l < s.n_layers; ++l)
         for (int h = 0; h < s.n_heads_kv; ++h) {
           const size_t i = static_cast<size_t>(l) * s.n_heads_kv + h;
-          std::fprintf(stderr, "%5d %4d  %.3f  %.3f  %11.5g  %11.5g  %15.3f\n", l, h, s.k_clip[i],
-                       s.v_clip[i], s.k_eig[i * s.head_dim], s.v_eig[i * s.head_dim],
-                       r.key_error_ratio[i]);
+          std::fprintf(stderr, "%5d %4d  %.3f  %.3f  %11.5g  %11.5g  %15.3f  %13.4g  %6.3g\n", l, h,
+                       s.k_clip[i], s.v_clip[i], s.k_eig[i * s.head_dim],
+                       s.v_eig[i * s.head_dim], r.key_error_ratio[i], r.key_logit_error[i],
+                       r.value_energy[i]);
         }
       std::fprintf(stderr, "wrote %s\n", a->out.c_str());
     }

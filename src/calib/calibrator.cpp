@@ -342,6 +342,8 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
   set.k_clip.assign(static_cast<size_t>(L) * Hkv, options.fixed_k_clip);
   set.v_clip.assign(static_cast<size_t>(L) * Hkv, options.fixed_v_clip);
   result.key_error_ratio.assign(static_cast<size_t>(L) * Hkv, 1.0);
+  result.key_logit_error.assign(static_cast<size_t>(L) * Hkv, 0.0);
+  result.value_energy.assign(static_cast<size_t>(L) * Hkv, 0.0);
   if (options.key_scaling != KeyScalingMode::kNone) {
     set.k_scale.resize(static_cast<size_t>(L) * Hkv * d);
     set.k_mean.resize(static_cast<size_t>(L) * Hkv * d);
@@ -356,11 +358,14 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
                                             : observer.diag_acc(l, h);
     const EigenBasis bv = eigen_decompose(vacc.covariance(), d);
     const std::vector<float> rk = rotation_from_basis(bk), rv = rotation_from_basis(bv);
+    const CovarianceAccumulator& ka = observer.key_acc(l, h);
+    const KeyScaling ks = key_scaling(bk, ka.covariance(), ka.mean(),
+                                      options.key_scaling != KeyScalingMode::kNone,
+                                      options.key_scaling == KeyScalingMode::kFull,
+                                      options.key_scale_power);
+    result.key_logit_error[task] = ks.logit_error;
+    for (int j = 0; j < d; ++j) result.value_energy[task] += std::max(bv.eigenvalues[j], 0.0);
     if (options.key_scaling != KeyScalingMode::kNone) {
-      const CovarianceAccumulator& ka = observer.key_acc(l, h);
-      const KeyScaling ks = key_scaling(bk, ka.covariance(), ka.mean(),
-                                        /*centre=*/true, options.key_scaling == KeyScalingMode::kFull,
-                                        options.key_scale_power);
       for (int j = 0; j < d; ++j) {
         set.k_scale[static_cast<size_t>(task) * d + j] = static_cast<float>(ks.scale[j]);
         set.k_mean[static_cast<size_t>(task) * d + j] = static_cast<float>(ks.mean[j]);

@@ -135,6 +135,9 @@ struct CalibrationResult {
   std::vector<ClipSearchResult> clip;  // [n_layers * n_heads_kv]; empty for ClipMode::kFixed
   // [n_layers * n_heads_kv] expected key logit error relative to plain U·H·P_br (key_scaling.h).
   std::vector<double> key_error_ratio;
+  // [n_layers * n_heads_kv] KeyScaling::logit_error of each head (as stored: with the scaling
+  // the options chose) and tr C_S; the bit plan (calib/bit_plan.h) ranks heads by them.
+  std::vector<double> key_logit_error, value_energy;
   double forward_s = 0, decompose_s = 0, clip_s = 0;
 };
 

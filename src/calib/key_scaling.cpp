@@ -59,6 +59,7 @@ KeyScaling key_scaling(const EigenBasis& q_basis, const std::vector<double>& key
     den_k += kappa0[j];
     den_q += lambda[j];
   }
+  out.logit_error = num_k * num_q / (static_cast<double>(d) * d);
   if (den_k > 0 && den_q > 0) out.predicted_error_ratio = (num_k * num_q) / (den_k * den_q);
   return out;
 }

@@ -25,6 +25,11 @@ struct KeyScaling {
   // Expected logit error (model above) with this scaling and centring, relative to plain
   // R = U·H·P_br on uncentred keys (1 = no gain).
   double predicted_error_ratio = 1.0;
+  // The same model's absolute expected squared logit error per unit of quantization noise:
+  // (1/d²)·(Σ_j w_j² κ_j)·(Σ_j λ_j / w_j²). Comparable across heads of one model (the noise per
+  // unit energy is the quantizer's, the same everywhere), so it ranks which heads' keys gain most
+  // from finer steps (calib/bit_plan.h).
+  double logit_error = 0.0;
 };
 
 // q_basis: eigenbasis of C_Q. key_second_moment: [d, d] (1/N) Σ kᵀk; key_mean: [d] (1/N) Σ k.

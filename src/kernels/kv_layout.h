@@ -13,6 +13,11 @@
 //     quant::kivi_key_block_bytes(head_dim) = 12·head_dim = 32 x int2_row_bytes bytes each
 //     (quant/kivi.h: per channel over 32 tokens), block b covering slots [32b, 32b + 32).
 //     page_size is a multiple of 32, so a page never splits a block.
+//   bit-plan page (history pool of `oscar` with a mixed-precision bit plan, kv/bit_plan.h): the
+//     same planes [n_layers][2][n_heads_kv], but plane p = (layer, kv, head) holds rows of
+//     hist_bits[p] bits per element (3, 2 or 1: quant/bit_plan_layout.h, quant/int2_layout.h),
+//     each of hist_row_prefix[p + 1] − hist_row_prefix[p] bytes, and starts at byte
+//     page_size · hist_row_prefix[p]. A page is page_size · hist_row_prefix[n_planes] bytes.
 // Plain data only: this header is included by CUDA code.
 #pragma once
 
@@ -28,6 +33,12 @@ struct KvPageLayout {
   int32_t page_size = 0;          // tokens per page
   int32_t exact_elem_bytes = 2;   // 2 = bf16, 4 = f32
   int32_t int2_row_bytes = 0;     // bytes per (token, head) INT2 row, metadata included
+  // Bit plan (null = every history row is INT2 of int2_row_bytes): bits per element of each plane
+  // and the prefix sums of one token's row bytes over the planes, [n_planes] and [n_planes + 1]
+  // with n_planes = n_layers · 2 · n_heads_kv, plane index (layer · 2 + kv) · n_heads_kv + head.
+  // Owned by kv::BitPlan; the host pointers here, device copies in CUDA code.
+  const int8_t* hist_bits = nullptr;
+  const uint32_t* hist_row_prefix = nullptr;
 
   // Exact pages.
   size_t exact_row_bytes() const { return static_cast<size_t>(head_dim) * exact_elem_bytes; }
@@ -40,13 +51,29 @@ struct KvPageLayout {
            exact_row_bytes();
   }
 
-  // INT2 pages.
+  // History (INT2, KIVI or bit-plan) pages.
+  int n_planes() const { return n_layers * 2 * n_heads_kv; }
+  int plane(int layer, int kv, int head) const { return (layer * 2 + kv) * n_heads_kv + head; }
+  // Bits per element of the history rows of (layer, kv, head): 2 without a bit plan.
+  int hist_row_bits(int layer, int kv, int head) const {
+    return hist_bits != nullptr ? hist_bits[plane(layer, kv, head)] : 2;
+  }
+  size_t hist_row_bytes(int layer, int kv, int head) const {
+    if (hist_row_prefix == nullptr) return static_cast<size_t>(int2_row_bytes);
+    const int p = plane(layer, kv, head);
+    return hist_row_prefix[p + 1] - hist_row_prefix[p];
+  }
   size_t int2_page_bytes() const {
-    return static_cast<size_t>(n_layers) * 2 * n_heads_kv * page_size * int2_row_bytes;
+    if (hist_row_prefix != nullptr)
+      return static_cast<size_t>(page_size) * hist_row_prefix[n_planes()];
+    return static_cast<size_t>(n_planes()) * page_size * int2_row_bytes;
   }
   size_t int2_row_offset(int layer, int kv, int head, int slot) const {
-    return ((((static_cast<size_t>(layer) * 2 + kv) * n_heads_kv + head) * page_size) + slot) *
-           static_cast<size_t>(int2_row_bytes);
+    const int p = plane(layer, kv, head);
+    if (hist_row_prefix != nullptr)
+      return static_cast<size_t>(page_size) * hist_row_prefix[p] +
+             static_cast<size_t>(slot) * (hist_row_prefix[p + 1] - hist_row_prefix[p]);
+    return (static_cast<size_t>(p) * page_size + slot) * static_cast<size_t>(int2_row_bytes);
   }
 
   // KIVI pages: tokens per key block, and the byte offset of key block `block` (slots

@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "kernels/chunk_attn.h"
 #include "kernels/decode_attn.h"
+#include "quant/bit_plan_quant.h"
 #include "quant/int2_layout.h"
 #include "quant/int2_quant.h"
 #include "quant/kivi.h"
@@ -36,6 +37,10 @@ kernels::KvPageLayout KvCacheSpec::layout() const {
   l.int2_row_bytes = static_cast<int32_t>(mode == quant::CacheMode::kKivi2
                                               ? quant::kivi_value_row_bytes(head_dim)
                                               : quant::int2_row_bytes(head_dim, group_size));
+  if (bit_plan) {
+    l.hist_bits = bit_plan->plane_bits();
+    l.hist_row_prefix = bit_plan->row_prefix();
+  }
   return l;
 }
 
@@ -76,6 +81,18 @@ Status KvCacheSpec::validate() const {
       return invalid_argument("kv cache: group_size %d does not divide head_dim %d in quarters",
                               group_size, head_dim);
   }
+  if (bit_plan) {
+    if (mode != quant::CacheMode::kOscar && mode != quant::CacheMode::kInt2Naive &&
+        mode != quant::CacheMode::kInt2Hadamard)
+      return invalid_argument("kv cache: a bit plan needs a uniform INT2 mode (oscar, int2-naive, "
+                              "int2-hadamard), not %s", quant::cache_mode_name(mode));
+    if (bit_plan->n_layers() != n_layers || bit_plan->n_heads_kv() != n_heads_kv ||
+        bit_plan->head_dim() != head_dim || bit_plan->group_size() != group_size)
+      return invalid_argument("kv cache: bit plan for %d layers x %d kv heads, head_dim %d, "
+                              "group %d; the cache has %d x %d, %d, %d", bit_plan->n_layers(),
+                              bit_plan->n_heads_kv(), bit_plan->head_dim(),
+                              bit_plan->group_size(), n_layers, n_heads_kv, head_dim, group_size);
+  }
   const size_t rot = static_cast<size_t>(n_layers) * n_heads_kv * head_dim * head_dim;
   if (!k_rotation.empty() && k_rotation.size() != rot)
     return invalid_argument("kv cache: k_rotation has %zu values, expected %zu", k_rotation.size(),
@@ -98,12 +115,13 @@ Status KvCacheSpec::validate() const {
 
 std::string KvCacheSpec::describe() const {
   return str_format("mode=%s n_sink=%d n_recent=%d page_size=%d group_size=%d k_rotation=%s "
-                "key_scaling=%s v_rotation=%s clip=%s",
+                "key_scaling=%s v_rotation=%s clip=%s bit_plan=%s",
                 quant::cache_mode_name(mode), regions.n_sink, regions.n_recent,
                 regions.page_size,
                 mode == quant::CacheMode::kKivi2 ? quant::kKiviValueGroup : group_size,
                 k_rotation.empty() ? "no" : "yes", q_rotation.empty() ? "no" : "yes",
-                v_rotation.empty() ? "no" : "yes", k_clip.empty() ? "no" : "yes");
+                v_rotation.empty() ? "no" : "yes", k_clip.empty() ? "no" : "yes",
+                bit_plan ? bit_plan->describe().c_str() : "uniform");
 }
 
 SequenceCache::SequenceCache(const KvCacheSpec* spec, PagePool* exact_pool, PagePool* int2_pool)
@@ -325,10 +343,17 @@ void SequenceCache::quantize_row(int layer, int kv, int head, const float* x,
   }
   const auto& clips = kv == 0 ? spec_->k_clip : spec_->v_clip;
   const float clip = clips.empty() ? 1.0f : clips[static_cast<size_t>(layer) * spec_->n_heads_kv + head];
-  const Status st =
-      spec_->mode == quant::CacheMode::kOscarLloyd
-          ? quant::quantize_rows_lloyd(x, 1, spec_->head_dim, spec_->group_size, clip, row)
-          : quant::quantize_rows_int2(x, 1, spec_->head_dim, spec_->group_size, clip, row);
+  const int d = spec_->head_dim, G = spec_->group_size;
+  Status st;
+  switch (layout_.hist_row_bits(layer, kv, head)) {
+    case 3: st = quant::quantize_row_int3_ref(x, d, G, clip, row); break;
+    // The 1-bit row takes no clip: its two levels are the group's own Lloyd-Max levels.
+    case 1: st = quant::quantize_row_int1_ref(x, d, G, row); break;
+    default:
+      st = spec_->mode == quant::CacheMode::kOscarLloyd
+               ? quant::quantize_rows_lloyd(x, 1, d, G, clip, row)
+               : quant::quantize_rows_int2(x, 1, d, G, clip, row);
+  }
   // Non-finite K/V means the forward pass itself broke; there is nothing sane to store.
   OSCAR_CHECK(st.ok(), "layer %d %s head %d: %s", layer, kv == 0 ? "K" : "V", head,
               st.to_string().c_str());
@@ -349,9 +374,15 @@ const uint8_t* SequenceCache::hist_key_block(int layer, int head, int64_t pos) c
   return int2_pool_->data(page) + layout_.kivi_key_block_offset(layer, head, block);
 }
 
-void SequenceCache::dequantize_row(const uint8_t* row, float* out) const {
+void SequenceCache::dequantize_row(int layer, int kv, int head, const uint8_t* row,
+                                   float* out) const {
+  const int bits = layout_.hist_row_bits(layer, kv, head);
   if (kivi()) {
     quant::dequantize_kivi_value_row_ref(row, spec_->head_dim, out);
+  } else if (bits == 3) {
+    quant::dequantize_row_int3_ref(row, spec_->head_dim, spec_->group_size, out);
+  } else if (bits == 1) {
+    quant::dequantize_row_int1_ref(row, spec_->head_dim, spec_->group_size, out);
   } else if (spec_->mode == quant::CacheMode::kOscarLloyd) {
     quant::dequantize_rows_lloyd(row, 1, spec_->head_dim, spec_->group_size, out);
   } else {
@@ -368,7 +399,8 @@ void SequenceCache::read_row(int layer, int kv, int head, int64_t pos, float* ou
   } else if (pos >= r.n_sink && pos < hist_end_) {
     const PageId page = hist_pages_[(pos - r.n_sink) / r.page_size];
     const int slot = static_cast<int>(pos % r.page_size);
-    dequantize_row(int2_pool_->data(page) + layout_.int2_row_offset(layer, kv, head, slot), out);
+    dequantize_row(layer, kv, head,
+                   int2_pool_->data(page) + layout_.int2_row_offset(layer, kv, head, slot), out);
   } else {
     load_exact(exact_row(layer, kv, head, pos), layout_.exact_elem_bytes, spec_->head_dim, out);
   }
@@ -451,15 +483,16 @@ Status SequenceCache::attend(int layer, const float* q, int n_heads_q, int64_t n
       for (int64_t j = r.n_sink; j < hist_end_; ++j) {
         const PageId page = hist_pages_[(j - r.n_sink) / r.page_size];
         const int slot = static_cast<int>(j % r.page_size);
-        dequantize_row(int2_pool_->data(page) + layout_.int2_row_offset(layer, kv, h, slot),
+        dequantize_row(layer, kv, h,
+                       int2_pool_->data(page) + layout_.int2_row_offset(layer, kv, h, slot),
                        dq + j * d);
       }
       // Decode-equivalent: rows still in the recent pages that decode would already read as
       // INT2 go through the same quantizer the demotion uses.
-      std::vector<uint8_t> row(layout_.int2_row_bytes);
+      std::vector<uint8_t> row(layout_.hist_row_bytes(layer, kv, h));
       for (int64_t j = hist_end_; j < deq_hi; ++j) {
         quantize_row(layer, kv, h, ex + j * d, row.data());
-        dequantize_row(row.data(), dq + j * d);
+        dequantize_row(layer, kv, h, row.data(), dq + j * d);
       }
     }
   }

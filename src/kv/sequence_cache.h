@@ -5,6 +5,9 @@
 // Pages come from two PagePools (kv/page_pool.h); their contents follow kernels/kv_layout.h.
 // Keys are rotated by R_K when written (all regions hold rotated K) and queries by the same R_K
 // before attention; the value rotation is folded into the model's weights (model/qwen3.h).
+// With a bit plan (kv/bit_plan.h) each (layer, K/V, head) of the history has its own row width
+// (3, 2 or 1 bits per element); demotion, the decode kernel and the materialising path all follow
+// it, and bytes() counts the pages as they are.
 //
 // One forward chunk is: reserve(n) -> for each layer: write() then attend() -> commit(n).
 // commit() demotes full recent pages to INT2 (one pass over all layers and heads).
@@ -31,6 +34,7 @@
 #include "core/status.h"
 #include "kernels/kv_layout.h"
 #include "kv/admission.h"  // RegionConfig
+#include "kv/bit_plan.h"
 #include "kv/page_pool.h"
 #include "kv/radix_cache.h"  // CachedPage
 #include "quant/modes.h"
@@ -63,6 +67,9 @@ struct KvCacheSpec {
   std::vector<float> v_rotation;
   // [n_layers * n_heads_kv] clip quantile per group (OSCAR.md §1 "Clipping"); empty = no clip.
   std::vector<float> k_clip, v_clip;
+  // Mixed-precision bit plan of the history rows (kv/bit_plan.h); null = every row INT2. Only for
+  // the uniform INT2 modes (oscar, int2-naive, int2-hadamard); its shape must match the spec's.
+  std::shared_ptr<const BitPlan> bit_plan;
 
   bool quantized() const;  // does the history region exist (INT2 modes)
   // [head_dim, head_dim] transform of the queries that read KV head `head`; nullptr = none.
@@ -136,7 +143,7 @@ class SequenceCache {
   const uint8_t* exact_row(int layer, int kv, int head, int64_t pos) const;
   uint8_t* exact_row_mut(int layer, int kv, int head, int64_t pos);
   void quantize_row(int layer, int kv, int head, const float* x, uint8_t* row) const;
-  void dequantize_row(const uint8_t* row, float* out) const;
+  void dequantize_row(int layer, int kv, int head, const uint8_t* row, float* out) const;
   bool kivi() const { return spec_->mode == quant::CacheMode::kKivi2; }
   // kivi2 keys: k [32, head_dim] float -> one key block (quant/kivi.h) at `block`.
   void quantize_key_block(int layer, int head, const float* k, uint8_t* block) const;

@@ -45,6 +45,14 @@ OSCAR_QUANT_HD constexpr int int1_group_meta_offset(int head_dim, int g) {
   return bit_plane_bytes(head_dim) + g * static_cast<int>(sizeof(Int2GroupMeta));
 }
 
+// Bytes of one row of `bits` bits per element (3, 2 or 1); 0 for any other width.
+OSCAR_QUANT_HD constexpr int bit_plan_row_bytes(int bits, int head_dim, int group_size) {
+  return bits == 3   ? int3_row_bytes(head_dim, group_size)
+         : bits == 2 ? int2_row_bytes(head_dim, group_size)
+         : bits == 1 ? int1_row_bytes(head_dim, group_size)
+                     : 0;
+}
+
 // Bit of element i (0 <= i < G) in a group's plane "by eighths". `plane`: [G/8] bytes.
 OSCAR_QUANT_HD constexpr uint8_t plane_get_bit(const uint8_t* plane, int i, int group_size) {
   return static_cast<uint8_t>((plane[i % (group_size / 8)] >> (i / (group_size / 8))) & 1u);

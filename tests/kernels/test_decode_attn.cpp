@@ -30,8 +30,10 @@
 
 #include "core/bf16.h"
 #include "kernels/decode_attn.h"
+#include "kv/bit_plan.h"
 #include "kv/page_pool.h"
 #include "kv/sequence_cache.h"
+#include "quant/bit_plan_quant.h"
 #include "quant/modes.h"
 #include "quant/int2_layout.h"
 #include "quant/int2_quant.h"
@@ -58,23 +60,26 @@ struct Case {
   int layer = 1;
   int chunk_tokens = 0;
   float q_gain = 1.0f;  // larger = peakier softmax
+  bool bit_plan = false;  // history rows of random widths (1, 2, 3 bits) per (layer, K/V, head)
   uint32_t seed = 1;
 
   std::string name() const {
     char buf[256];
     std::snprintf(buf, sizeof buf,
                   "hq=%d hkv=%d d=%d P=%d G=%d %s exact=%dB sink=%lld hist=%lld recent=%lld "
-                  "chunk=%d gain=%g seed=%u",
+                  "chunk=%d gain=%g plan=%d seed=%u",
                   n_heads_q, n_heads_kv, head_dim, page_size, group_size,
                   quantizer == Int2Quantizer::kLloyd ? "lloyd" : "uniform", exact_elem_bytes,
                   static_cast<long long>(n_sink), static_cast<long long>(n_hist),
-                  static_cast<long long>(n_recent), chunk_tokens, q_gain, seed);
+                  static_cast<long long>(n_recent), chunk_tokens, q_gain, bit_plan ? 1 : 0,
+                  seed);
     return buf;
   }
 };
 
 // A built cache plus what attention must see: K/V per KV head as float, in token order.
 struct Built {
+  std::shared_ptr<const kv::BitPlan> plan;
   KvPageLayout layout;
   std::vector<uint8_t> exact_pool, int2_pool;
   std::vector<int32_t> sink_pages, hist_pages, recent_pages;
@@ -101,6 +106,23 @@ Built build(const Case& c) {
 
   std::mt19937 rng(c.seed);
   std::normal_distribution<float> normal(0.f, 1.f);
+  if (c.bit_plan) {
+    // Every width in every layer: the layer read gets at least one 3- and one 1-bit plane.
+    const size_t heads = static_cast<size_t>(c.n_layers) * c.n_heads_kv;
+    std::vector<int8_t> kb(heads), vb(heads);
+    std::uniform_int_distribution<int> width(1, 3);
+    for (size_t i = 0; i < heads; ++i) {
+      kb[i] = static_cast<int8_t>(width(rng));
+      vb[i] = static_cast<int8_t>(width(rng));
+    }
+    kb[static_cast<size_t>(c.layer) * c.n_heads_kv] = 3;
+    vb[static_cast<size_t>(c.layer) * c.n_heads_kv + c.n_heads_kv - 1] = 1;
+    auto plan = kv::BitPlan::create(c.n_layers, c.n_heads_kv, c.head_dim, c.group_size, kb, vb);
+    EXPECT_TRUE(plan.ok()) << plan.status().to_string();
+    b.plan = plan.value();
+    L.hist_bits = b.plan->plane_bits();
+    L.hist_row_prefix = b.plan->row_prefix();
+  }
   // Pools with two spare pages each; page ids handed out in shuffled order.
   const int64_t n_exact = pages_for(c.n_sink, P) + pages_for(c.n_recent, P) + 2;
   const int64_t n_int2 = pages_for(c.n_hist, P) + 2;
@@ -119,7 +141,6 @@ Built build(const Case& c) {
   b.k.assign(static_cast<size_t>(c.n_heads_kv) * b.T * d, 0.f);
   b.v.assign(b.k.size(), 0.f);
   std::vector<float> x(d);
-  std::vector<uint8_t> row(L.int2_row_bytes);
   for (int kv = 0; kv < 2; ++kv) {
     for (int h = 0; h < c.n_heads_kv; ++h) {
       for (int64_t t = 0; t < b.T; ++t) {
@@ -133,11 +154,19 @@ Built build(const Case& c) {
           const int64_t j = t - c.n_sink;
           uint8_t* dst = b.int2_pool.data() + b.hist_pages[j / P] * L.int2_page_bytes() +
                          L.int2_row_offset(c.layer, kv, h, static_cast<int>(j % P));
-          const Status st = c.quantizer == Int2Quantizer::kLloyd
-                                ? quant::quantize_rows_lloyd(x.data(), 1, d, c.group_size, 1.f, dst)
-                                : quant::quantize_rows_int2(x.data(), 1, d, c.group_size, 1.f, dst);
+          const int bits = L.hist_row_bits(c.layer, kv, h);
+          const Status st =
+              bits == 3   ? quant::quantize_row_int3_ref(x.data(), d, c.group_size, 0.95f, dst)
+              : bits == 1 ? quant::quantize_row_int1_ref(x.data(), d, c.group_size, dst)
+              : c.quantizer == Int2Quantizer::kLloyd
+                  ? quant::quantize_rows_lloyd(x.data(), 1, d, c.group_size, 1.f, dst)
+                  : quant::quantize_rows_int2(x.data(), 1, d, c.group_size, 1.f, dst);
           EXPECT_TRUE(st.ok()) << st.to_string();
-          if (c.quantizer == Int2Quantizer::kLloyd)
+          if (bits == 3)
+            quant::dequantize_row_int3_ref(dst, d, c.group_size, seen);
+          else if (bits == 1)
+            quant::dequantize_row_int1_ref(dst, d, c.group_size, seen);
+          else if (c.quantizer == Int2Quantizer::kLloyd)
             quant::dequantize_row_lloyd_ref(dst, d, c.group_size, seen);
           else
             quant::dequantize_row_int2_ref(dst, d, c.group_size, seen);
@@ -441,6 +470,49 @@ TEST(DecodeAttn, LongContext8K) {
   }
 }
 
+// Bit plans: every (layer, K/V, head) plane of the history holds rows of its own width, so the
+// kernels must find each plane at its prefix-sum offset and unpack 3-, 2- and 1-bit rows. Every
+// byte outside the planes read is 0xFF (NaN), as above.
+TEST(DecodeAttn, BitPlanRowsOfEveryWidth) {
+  uint32_t seed = 500;
+  for (int gqa : {1, 2, 4}) {
+    for (int d : {64, 128}) {
+      for (int G : {32, 64, 128}) {
+        if (G > d) continue;
+        for (int chunk : {0, 24}) {
+          Case c;
+          c.bit_plan = true;
+          c.n_heads_kv = 2;
+          c.n_heads_q = 2 * gqa;
+          c.n_layers = 3;
+          c.layer = 1;
+          c.head_dim = d;
+          c.group_size = G;
+          c.n_sink = 16;
+          c.n_hist = 16 * (1 + seed % 5);
+          c.n_recent = 1 + static_cast<int64_t>(seed % 37);
+          c.chunk_tokens = chunk;
+          c.seed = seed++;
+          run_case(c);
+        }
+      }
+    }
+  }
+  // A long history and a peaky softmax.
+  Case c;
+  c.bit_plan = true;
+  c.n_heads_q = 8;
+  c.page_size = 32;
+  c.n_sink = 64;
+  c.n_hist = 4096;
+  c.n_recent = 300;
+  c.q_gain = 8.f;
+  c.seed = 4096;
+  const Cmp r = run_case(c);
+  std::printf("bit plan 4K: fast max|err| %.3g (%.3g of the bound), min cos %.9f\n", r.max_err,
+              r.max_ratio, r.min_cos);
+}
+
 TEST(DecodeAttn, ValidationErrors) {
   Case c;
   Built b = build(c);
@@ -475,6 +547,20 @@ TEST(DecodeAttn, ValidationErrors) {
     DecodeAttnParams p = b.params;
     p.layout.exact_elem_bytes = 3;
     EXPECT_FALSE(decode_attn(p).ok());
+  }
+  {
+    // A bit plan with the Lloyd quantizer, or with half of its tables, is refused.
+    Case pc = c;
+    pc.bit_plan = true;
+    Built pb = build(pc);
+    pb.params.out = out.data();
+    ASSERT_TRUE(decode_attn(pb.params).ok());
+    DecodeAttnParams p = pb.params;
+    p.quantizer = Int2Quantizer::kLloyd;
+    EXPECT_NE(decode_attn(p).to_string().find("uniform quantizer"), std::string::npos);
+    p = pb.params;
+    p.layout.hist_row_prefix = nullptr;
+    EXPECT_FALSE(decode_attn_ref(p).ok());
   }
 }
 
@@ -586,7 +672,7 @@ void add_key_scaling(kv::KvCacheSpec& spec, uint32_t seed) {
 }
 
 void grow_and_compare(quant::CacheMode mode, int group_size, uint32_t seed,
-                      bool key_scaling = false) {
+                      bool key_scaling = false, bool bit_plan = false) {
   kv::KvCacheSpec spec;
   spec.n_layers = 2;
   spec.n_heads_kv = 2;
@@ -597,6 +683,12 @@ void grow_and_compare(quant::CacheMode mode, int group_size, uint32_t seed,
   spec.regions.page_size = 8;
   spec.mode = mode;
   if (key_scaling) add_key_scaling(spec, seed + 100);
+  if (bit_plan) {
+    // Layer 1: head 0's keys at 3 bits, head 1's values at 1 bit; layer 0 the other way round.
+    auto plan = kv::BitPlan::create(2, 2, 64, group_size, {2, 3, 3, 2}, {2, 1, 1, 2});
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    spec.bit_plan = plan.value();
+  }
   const Status valid = spec.validate();
   ASSERT_TRUE(valid.ok()) << valid.to_string();
   const KvPageLayout L = spec.layout();
@@ -686,6 +778,9 @@ TEST(DecodeAttnCache, SequenceCacheDecodeStepsMatchExactAttention) {
   cache_test::grow_and_compare(quant::CacheMode::kF32, 64, 5);
   cache_test::grow_and_compare(quant::CacheMode::kOscar, 64, 6, /*key_scaling=*/true);
   cache_test::grow_and_compare(quant::CacheMode::kOscarLloyd, 32, 7, /*key_scaling=*/true);
+  cache_test::grow_and_compare(quant::CacheMode::kOscar, 64, 8, /*key_scaling=*/true,
+                               /*bit_plan=*/true);
+  cache_test::grow_and_compare(quant::CacheMode::kInt2Naive, 32, 9, false, /*bit_plan=*/true);
 }
 
 // Key scaling changes what is stored, never what exact attention computes: an f32 cache with

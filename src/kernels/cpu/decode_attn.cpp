@@ -3,7 +3,7 @@
 // partials (o, m, ℓ) of all gqa_ratio query heads of that KV head, so each K/V row is read and
 // unpacked once per group. A chunk is processed in blocks of kBlock tokens: the block's K rows are
 // converted into a [kBlock, head_dim] float buffer (BF16: a shift; INT2: shifts, masks and a
-// 4-entry level table per group), scored against every head of the group, the online softmax
+// 4-entry level table per group; the 3- and 1-bit rows of a bit plan likewise, 8 and 2 levels), scored against every head of the group, the online softmax
 // rescales what was accumulated, then the block's V rows go through the same buffer into the
 // accumulators. The next block's rows are prefetched. merge_attn_states combines the partials.
 //
@@ -22,11 +22,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/bf16.h"
 #include "core/check.h"
 #include "kernels/decode_attn.h"
+#include "quant/bit_plan_layout.h"
 #include "quant/int2_layout.h"
 #include "quant/int2_quant.h"
 
@@ -106,6 +108,81 @@ inline void int2_row_to_f32(const uint8_t* row, int d, int G, Int2Quantizer quan
       og[3 * q + j] = level[byte >> 6];
     }
 #endif
+  }
+}
+
+inline float meta_f32(fp16_t h) {
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#else
+  return fp16_to_f32(h);
+#endif
+}
+
+// One INT3 row of a bit plan (quant/bit_plan_layout.h) -> [d] float: an 8-entry level table
+// min + q·s per group. With q4 = G/4 and q8 = G/8, element k·q4 + j (quarter k) takes its low
+// bits from code byte j at shift 2k and its high bit from plane byte j mod q8 at bit 2k + j/q8.
+inline void int3_row_to_f32(const uint8_t* row, int d, int G, float* dst) {
+  const int q4 = G / 4, q8 = G / 8;
+  for (int g = 0; g < d / G; ++g) {
+    quant::Int2GroupMeta meta;
+    std::memcpy(&meta, row + quant::int3_group_meta_offset(d, g), sizeof meta);
+    const float s = meta_f32(meta.slot0), mn = meta_f32(meta.slot1);
+    float level[8];
+    for (int k = 0; k < 8; ++k) level[k] = mn + static_cast<float>(k) * s;
+    const uint8_t* codes = row + quant::int2_group_codes_offset(g, G);
+    const uint8_t* high = row + quant::int3_group_high_offset(d, g, G);
+    float* og = dst + g * G;
+    int j0 = 0;
+#ifdef OSCAR_DECODE_AVX2
+    if (q8 % 8 == 0) {
+      const __m256 lv = _mm256_loadu_ps(level);
+      const __m256i three = _mm256_set1_epi32(3), one = _mm256_set1_epi32(1);
+      for (int j = 0; j < q8; j += 8) {
+        uint64_t c0, c1, hb;
+        std::memcpy(&c0, codes + j, 8);
+        std::memcpy(&c1, codes + q8 + j, 8);
+        std::memcpy(&hb, high + j, 8);
+        const __m256i lo0 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(c0)));
+        const __m256i lo1 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(c1)));
+        const __m256i h = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(hb)));
+        for (int k = 0; k < 4; ++k) {
+          const __m128i sh_lo = _mm_cvtsi32_si128(2 * k), sh_h0 = _mm_cvtsi32_si128(2 * k),
+                        sh_h1 = _mm_cvtsi32_si128(2 * k + 1);
+          const __m256i a = _mm256_or_si256(
+              _mm256_and_si256(_mm256_srl_epi32(lo0, sh_lo), three),
+              _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h, sh_h0), one), 2));
+          const __m256i b = _mm256_or_si256(
+              _mm256_and_si256(_mm256_srl_epi32(lo1, sh_lo), three),
+              _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h, sh_h1), one), 2));
+          _mm256_storeu_ps(og + k * q4 + j, _mm256_permutevar8x32_ps(lv, a));
+          _mm256_storeu_ps(og + k * q4 + q8 + j, _mm256_permutevar8x32_ps(lv, b));
+        }
+      }
+      j0 = q8;
+    }
+#endif
+    for (int j = j0; j < q8; ++j) {
+      const unsigned c0 = codes[j], c1 = codes[q8 + j], hb = high[j];
+      for (int k = 0; k < 4; ++k) {
+        og[k * q4 + j] = level[((c0 >> (2 * k)) & 3u) | (((hb >> (2 * k)) & 1u) << 2)];
+        og[k * q4 + q8 + j] = level[((c1 >> (2 * k)) & 3u) | (((hb >> (2 * k + 1)) & 1u) << 2)];
+      }
+    }
+  }
+}
+
+// One INT1 row -> [d] float: element k·q8 + j is level[(plane byte j >> k) & 1], levels lo, hi.
+inline void int1_row_to_f32(const uint8_t* row, int d, int G, float* dst) {
+  const int q8 = G / 8;
+  for (int g = 0; g < d / G; ++g) {
+    quant::Int2GroupMeta meta;
+    std::memcpy(&meta, row + quant::int1_group_meta_offset(d, g), sizeof meta);
+    const float lo = meta_f32(meta.slot0), hi = meta_f32(meta.slot1);
+    const uint8_t* plane = row + quant::int1_group_plane_offset(g, G);
+    float* og = dst + g * G;
+    for (int k = 0; k < 8; ++k)
+      for (int j = 0; j < q8; ++j) og[k * q8 + j] = ((plane[j] >> k) & 1u) ? hi : lo;
   }
 }
 
@@ -307,7 +384,11 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
   const size_t page_bytes = int2 ? L.int2_page_bytes() : L.exact_page_bytes();
   const size_t off_k = int2 ? L.int2_row_offset(p.layer, 0, g, 0) : L.exact_row_offset(p.layer, 0, g, 0);
   const size_t off_v = int2 ? L.int2_row_offset(p.layer, 1, g, 0) : L.exact_row_offset(p.layer, 1, g, 0);
-  const size_t row_bytes = int2 ? static_cast<size_t>(L.int2_row_bytes) : L.exact_row_bytes();
+  // K and V rows differ in width under a bit plan (3, 2 or 1 bits per element).
+  const size_t rb_k = int2 ? L.hist_row_bytes(p.layer, 0, g) : L.exact_row_bytes();
+  const size_t rb_v = int2 ? L.hist_row_bytes(p.layer, 1, g) : L.exact_row_bytes();
+  const int bits_k = int2 ? L.hist_row_bits(p.layer, 0, g) : 16;
+  const int bits_v = int2 ? L.hist_row_bits(p.layer, 1, g) : 16;
 
   // Prefetches rows [t0, t1) of K and V: pages are scattered in the pool, so the hardware
   // prefetcher loses the stream at every page edge (INT2 pages hold only page_size * 36 bytes of
@@ -316,22 +397,24 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
     for (int64_t t = t0; t < t1;) {
       const int64_t run_end = std::min(t1, (t / L.page_size + 1) * L.page_size);
       const uint8_t* page = pool + static_cast<size_t>(ch.seg->pages[t / L.page_size]) * page_bytes;
-      const size_t a = static_cast<size_t>(t % L.page_size) * row_bytes;
-      const size_t b = a + static_cast<size_t>(run_end - t) * row_bytes;
-      for (size_t x = a; x < b; x += 64) {
-        __builtin_prefetch(page + off_k + x);
-        __builtin_prefetch(page + off_v + x);
+      for (const auto& [off, rb] : {std::pair{off_k, rb_k}, std::pair{off_v, rb_v}}) {
+        const size_t a = static_cast<size_t>(t % L.page_size) * rb;
+        const size_t b = a + static_cast<size_t>(run_end - t) * rb;
+        for (size_t x = a; x < b; x += 64) __builtin_prefetch(page + off + x);
+        __builtin_prefetch(page + off + b - 1);
       }
-      __builtin_prefetch(page + off_k + b - 1);
-      __builtin_prefetch(page + off_v + b - 1);
       t = run_end;
     }
   };
 
-  auto load = [&](int64_t t, size_t off, float* dst) {
+  auto load = [&](int64_t t, size_t off, size_t row_bytes, int bits, float* dst) {
     const uint8_t* src = pool + static_cast<size_t>(ch.seg->pages[t / L.page_size]) * page_bytes +
                          off + static_cast<size_t>(t % L.page_size) * row_bytes;
-    if (int2) {
+    if (bits == 3) {
+      int3_row_to_f32(src, d, p.group_size, dst);
+    } else if (bits == 1) {
+      int1_row_to_f32(src, d, p.group_size, dst);
+    } else if (int2) {
       int2_row_to_f32(src, d, p.group_size, p.quantizer, dst);
     } else if (L.exact_elem_bytes == 2) {
       bf16_row_to_f32(src, d, dst);
@@ -354,7 +437,7 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, ch.end - t0));
     prefetch(t0 + nb, std::min<int64_t>(ch.end, t0 + nb + kBlock));
     // Scores of the block: its K rows unpacked once, every head of the group reads them.
-    for (int j = 0; j < nb; ++j) load(t0 + j, off_k, rows + static_cast<size_t>(j) * d);
+    for (int j = 0; j < nb; ++j) load(t0 + j, off_k, rb_k, bits_k, rows + static_cast<size_t>(j) * d);
     block_scores<kBlock>(q, gqa, rows, nb, d, p.scale, sc);
     // Online softmax: new running max, rescale what was accumulated, block weights.
     for (int h = 0; h < gqa; ++h) {
@@ -376,7 +459,7 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
       m[h] = mb;
     }
     // Values: the block's V rows unpacked once, shared by the group.
-    for (int j = 0; j < nb; ++j) load(t0 + j, off_v, rows + static_cast<size_t>(j) * d);
+    for (int j = 0; j < nb; ++j) load(t0 + j, off_v, rb_v, bits_v, rows + static_cast<size_t>(j) * d);
     block_values<kBlock>(sc, gqa, rows, nb, d, s.o.data());
   }
   for (int h = 0; h < gqa; ++h) {

@@ -10,6 +10,7 @@
 #include "core/bf16.h"
 #include "core/check.h"
 #include "kernels/decode_attn.h"
+#include "quant/bit_plan_quant.h"
 #include "quant/int2_layout.h"
 #include "quant/int2_quant.h"
 
@@ -53,7 +54,21 @@ Status validate_decode_attn(const DecodeAttnParams& p) {
     if (!quant::int2_valid_group(L.head_dim, p.group_size))
       return invalid_argument("decode_attn: group_size %d invalid for head_dim %d", p.group_size,
                               L.head_dim);
-    if (L.int2_row_bytes != quant::int2_row_bytes(L.head_dim, p.group_size))
+    if ((L.hist_bits == nullptr) != (L.hist_row_prefix == nullptr))
+      return invalid_argument("decode_attn: a bit plan needs both hist_bits and hist_row_prefix");
+    if (L.hist_bits != nullptr) {
+      if (p.quantizer != Int2Quantizer::kUniform)
+        return invalid_argument("decode_attn: a bit plan needs the uniform quantizer");
+      for (int kv = 0; kv < 2; ++kv)
+        for (int h = 0; h < L.n_heads_kv; ++h) {
+          const int bits = L.hist_row_bits(p.layer, kv, h);
+          const int want = quant::bit_plan_row_bytes(bits, L.head_dim, p.group_size);
+          if (want == 0 || L.hist_row_bytes(p.layer, kv, h) != static_cast<size_t>(want))
+            return invalid_argument("decode_attn: layer %d %s head %d: %d bits in rows of %zu "
+                                    "bytes (expected %d)", p.layer, kv == 0 ? "K" : "V", h, bits,
+                                    L.hist_row_bytes(p.layer, kv, h), want);
+        }
+    } else if (L.int2_row_bytes != quant::int2_row_bytes(L.head_dim, p.group_size))
       return invalid_argument("decode_attn: layout int2_row_bytes %d != %d for head_dim %d, "
                               "group_size %d", L.int2_row_bytes,
                               quant::int2_row_bytes(L.head_dim, p.group_size), L.head_dim,
@@ -126,7 +141,12 @@ Status decode_attn_ref(const DecodeAttnParams& p) {
     const int slot = static_cast<int>(t % L.page_size);
     const uint8_t* row = p.int2_pool + page * L.int2_page_bytes() +
                          L.int2_row_offset(p.layer, kv, g, slot);
-    if (p.quantizer == Int2Quantizer::kLloyd) {
+    const int bits = L.hist_row_bits(p.layer, kv, g);
+    if (bits == 3) {
+      quant::dequantize_row_int3_ref(row, d, p.group_size, dst);
+    } else if (bits == 1) {
+      quant::dequantize_row_int1_ref(row, d, p.group_size, dst);
+    } else if (p.quantizer == Int2Quantizer::kLloyd) {
       quant::dequantize_row_lloyd_ref(row, d, p.group_size, dst);
     } else {
       quant::dequantize_row_int2_ref(row, d, p.group_size, dst);

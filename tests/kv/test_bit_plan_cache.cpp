@@ -1,0 +1,196 @@
+// Bit plans (kv/bit_plan.h) in kv::SequenceCache: the plan's shape and errors, the page layout it
+// gives, and a cache that stores each history plane at its own width.
+//   - read_row() of a history row equals the reference quantizer of that plane's width applied to
+//     the bf16-rounded row written, bit for bit (3-bit keys with the key clip, 1-bit values with no
+//     clip, INT2 elsewhere);
+//   - a balanced plan (as many 3-bit as 1-bit planes) costs exactly the uniform cache's bytes;
+//   - a chunk attended in decode-equivalent mode (materialising path) gives what the same tokens
+//     give one decode step at a time (packed-page kernel): both read the same quantized rows, so
+//     they differ only by float summation order, tol 2e-5 on O(1) outputs;
+//   - specs that cannot take a plan are refused with the reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/bf16.h"
+#include "kv/bit_plan.h"
+#include "kv/sequence_cache.h"
+#include "quant/bit_plan_quant.h"
+#include "quant/int2_quant.h"
+
+namespace oscar::kv {
+namespace {
+
+TEST(BitPlan, ShapeBytesAndErrors) {
+  // 2 layers x 2 heads, d = G = 128: one K plane at 3 bits, one V plane at 1 bit.
+  auto plan = BitPlan::create(2, 2, 128, 128, {2, 2, 2, 3}, {1, 2, 2, 2});
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const BitPlan& p = *plan.value();
+  EXPECT_EQ(p.bits(1, 0, 1), 3);
+  EXPECT_EQ(p.bits(0, 1, 0), 1);
+  EXPECT_EQ(p.bits(0, 0, 0), 2);
+  EXPECT_EQ(p.token_bytes(), 8 * 36);  // 52 + 20 = 2 x 36
+  EXPECT_DOUBLE_EQ(p.bits_per_element(), 2.25);
+  EXPECT_EQ(p.describe(), "3-bit: K L1H1; 1-bit: V L0H0");
+  // Planes in order (layer, kv, head): L0K0 L0K1 L0V0 L0V1 L1K0 L1K1 L1V0 L1V1.
+  const std::vector<uint32_t> prefix(p.row_prefix(), p.row_prefix() + 9);
+  EXPECT_EQ(prefix, (std::vector<uint32_t>{0, 36, 72, 92, 128, 164, 216, 252, 288}));
+
+  EXPECT_FALSE(BitPlan::create(2, 2, 128, 128, {2, 2, 2}, {2, 2, 2, 2}).ok());
+  const Status four = BitPlan::create(2, 2, 128, 128, {2, 2, 4, 2}, {2, 2, 2, 2}).status();
+  EXPECT_NE(four.to_string().find("layer 1 K head 0 has 4 bits"), std::string::npos) << four.to_string();
+  EXPECT_FALSE(BitPlan::create(2, 2, 128, 128, {2, 2, 2, 2}, {0, 2, 2, 2}).ok());
+  EXPECT_FALSE(BitPlan::create(2, 2, 128, 48, {2, 2, 2, 2}, {2, 2, 2, 2}).ok());
+  auto uniform = BitPlan::create(1, 1, 64, 32, {2}, {2});
+  ASSERT_TRUE(uniform.ok());
+  EXPECT_EQ(uniform.value()->describe(), "uniform");
+}
+
+KvCacheSpec plan_spec(quant::CacheMode mode) {
+  KvCacheSpec spec;
+  spec.n_layers = 2;
+  spec.n_heads_kv = 2;
+  spec.head_dim = 128;
+  spec.group_size = 128;
+  spec.regions.n_sink = 16;
+  spec.regions.n_recent = 32;
+  spec.regions.page_size = 16;
+  spec.mode = mode;
+  spec.k_clip.assign(4, 0.96f);
+  spec.v_clip.assign(4, 0.92f);
+  return spec;
+}
+
+std::shared_ptr<const BitPlan> balanced_plan() {
+  auto plan = BitPlan::create(2, 2, 128, 128, {2, 2, 2, 3}, {1, 2, 2, 2});
+  EXPECT_TRUE(plan.ok());
+  return plan.value();
+}
+
+TEST(BitPlanCache, RowsAreThePlaneWidthsQuantizerAndBytesMatchUniform) {
+  KvCacheSpec spec = plan_spec(quant::CacheMode::kOscar);
+  KvCacheSpec uniform = spec;
+  spec.bit_plan = balanced_plan();
+  ASSERT_TRUE(spec.validate().ok()) << spec.validate().to_string();
+  const kernels::KvPageLayout L = spec.layout(), LU = uniform.layout();
+  EXPECT_EQ(L.int2_page_bytes(), LU.int2_page_bytes());
+  PagePool exact("bf16", 64, L.exact_page_bytes()), hist("int2", 64, L.int2_page_bytes());
+  PagePool exact_u("bf16", 64, LU.exact_page_bytes()), hist_u("int2", 64, LU.int2_page_bytes());
+  SequenceCache cache(&spec, &exact, &hist), cache_u(&uniform, &exact_u, &hist_u);
+
+  const int H = 2, d = 128, n = 200;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<std::vector<float>> k(2), v(2);
+  ASSERT_TRUE(cache.reserve(n).ok());
+  ASSERT_TRUE(cache_u.reserve(n).ok());
+  for (int layer = 0; layer < 2; ++layer) {
+    k[layer].resize(static_cast<size_t>(n) * H * d);
+    v[layer].resize(k[layer].size());
+    for (float& x : k[layer]) x = normal(rng) + 0.3f;
+    for (float& x : v[layer]) x = normal(rng);
+    cache.write(layer, k[layer].data(), v[layer].data(), n);
+    cache_u.write(layer, k[layer].data(), v[layer].data(), n);
+  }
+  cache.commit(n);
+  cache_u.commit(n);
+  ASSERT_GT(cache.hist_end(), spec.regions.n_sink);
+  EXPECT_EQ(cache.bytes().history, cache_u.bytes().history);
+  EXPECT_EQ(cache.bytes().total(), cache_u.bytes().total());
+
+  std::vector<float> x(d), got(d), want(d);
+  std::vector<uint8_t> row(64);
+  for (int layer = 0; layer < 2; ++layer)
+    for (int kv = 0; kv < 2; ++kv)
+      for (int h = 0; h < H; ++h) {
+        const int bits = spec.bit_plan->bits(layer, kv, h);
+        const float clip = (kv == 0 ? spec.k_clip : spec.v_clip)[layer * H + h];
+        for (int64_t t = spec.regions.n_sink; t < cache.hist_end(); ++t) {
+          const float* src = (kv == 0 ? k : v)[layer].data() + (t * H + h) * d;
+          for (int c = 0; c < d; ++c) x[c] = bf16_to_f32(f32_to_bf16(src[c]));
+          if (bits == 3) {
+            ASSERT_TRUE(quant::quantize_row_int3_ref(x.data(), d, 128, clip, row.data()).ok());
+            quant::dequantize_row_int3_ref(row.data(), d, 128, want.data());
+          } else if (bits == 1) {
+            ASSERT_TRUE(quant::quantize_row_int1_ref(x.data(), d, 128, row.data()).ok());
+            quant::dequantize_row_int1_ref(row.data(), d, 128, want.data());
+          } else {
+            ASSERT_TRUE(quant::quantize_row_int2_ref(x.data(), d, 128, clip, row.data()).ok());
+            quant::dequantize_row_int2_ref(row.data(), d, 128, want.data());
+          }
+          cache.read_row(layer, kv, h, t, got.data());
+          for (int c = 0; c < d; ++c)
+            ASSERT_EQ(got[c], want[c]) << "layer " << layer << " kv " << kv << " head " << h
+                                       << " bits " << bits << " token " << t << " dim " << c;
+        }
+      }
+}
+
+TEST(BitPlanCache, DecodeEquivalentChunkEqualsDecodeSteps) {
+  KvCacheSpec spec = plan_spec(quant::CacheMode::kOscar);
+  spec.bit_plan = balanced_plan();
+  const kernels::KvPageLayout L = spec.layout();
+  PagePool ea("a", 64, L.exact_page_bytes()), ha("ha", 64, L.int2_page_bytes());
+  PagePool eb("b", 64, L.exact_page_bytes()), hb("hb", 64, L.int2_page_bytes());
+  SequenceCache chunked(&spec, &ea, &ha), stepped(&spec, &eb, &hb);
+  AttendScratch sa, sb;
+  const int Hq = 4, H = 2, d = 128, n = 160;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<std::vector<float>> k(2), v(2), q(2), out(2);
+  for (int layer = 0; layer < 2; ++layer) {
+    k[layer].resize(static_cast<size_t>(n) * H * d);
+    v[layer].resize(k[layer].size());
+    q[layer].resize(static_cast<size_t>(n) * Hq * d);
+    for (float& x : k[layer]) x = normal(rng);
+    for (float& x : v[layer]) x = normal(rng);
+    for (float& x : q[layer]) x = 1.5f * normal(rng);
+    out[layer].resize(q[layer].size());
+  }
+  ASSERT_TRUE(chunked.reserve(n).ok());
+  for (int layer = 0; layer < 2; ++layer) {
+    chunked.write(layer, k[layer].data(), v[layer].data(), n);
+    ASSERT_TRUE(chunked.attend(layer, q[layer].data(), Hq, n, out[layer].data(),
+                               AttendMode::kDecodeEquivalent, sa).ok());
+  }
+  chunked.commit(n);
+  std::vector<float> o(static_cast<size_t>(Hq) * d);
+  for (int64_t t = 0; t < n; ++t) {
+    ASSERT_TRUE(stepped.reserve(1).ok());
+    for (int layer = 0; layer < 2; ++layer) {
+      stepped.write(layer, k[layer].data() + t * H * d, v[layer].data() + t * H * d, 1);
+      ASSERT_TRUE(stepped.attend(layer, q[layer].data() + t * Hq * d, Hq, 1, o.data(),
+                                 AttendMode::kPrefill, sb).ok());
+      for (int i = 0; i < Hq * d; ++i)
+        ASSERT_NEAR(o[i], out[layer][t * Hq * d + i], 2e-5)
+            << "token " << t << " layer " << layer << " i " << i << " hist_end "
+            << stepped.hist_end();
+    }
+    stepped.commit(1);
+  }
+  EXPECT_GT(stepped.hist_end(), spec.regions.n_sink + 64);
+}
+
+TEST(BitPlanCache, SpecsThatCannotTakeAPlanAreRefused) {
+  KvCacheSpec lloyd = plan_spec(quant::CacheMode::kOscarLloyd);
+  lloyd.bit_plan = balanced_plan();
+  EXPECT_NE(lloyd.validate().to_string().find("uniform INT2 mode"), std::string::npos)
+      << lloyd.validate().to_string();
+  KvCacheSpec bf16 = plan_spec(quant::CacheMode::kBF16);
+  bf16.bit_plan = balanced_plan();
+  EXPECT_FALSE(bf16.validate().ok());
+  KvCacheSpec other_group = plan_spec(quant::CacheMode::kOscar);
+  other_group.group_size = 64;
+  other_group.bit_plan = balanced_plan();
+  EXPECT_NE(other_group.validate().to_string().find("bit plan for"), std::string::npos);
+  KvCacheSpec ok = plan_spec(quant::CacheMode::kInt2Hadamard);
+  ok.bit_plan = balanced_plan();
+  EXPECT_TRUE(ok.validate().ok());
+  EXPECT_NE(ok.describe().find("bit_plan=3-bit: K L1H1; 1-bit: V L0H0"), std::string::npos)
+      << ok.describe();
+}
+
+}  // namespace
+}  // namespace oscar::kv
