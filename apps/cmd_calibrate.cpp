@@ -51,6 +51,11 @@ Command add_calibrate(CLI::App& app) {
   app.add_option("--key-scale-power", o.key_scale_power,
                  "--key-scaling full: w_j = (λ_j/κ_j)^power (0.25 minimises the expected logit error)")
       ->capture_default_str();
+  app.add_option("--bit-plan-pairs", o.bit_plan_pairs,
+                 "Mixed precision at the same bytes: give this many (layer, KV head) key planes 3 "
+                 "bits (those with the largest expected INT2 logit error) and as many value "
+                 "planes 1 bit (smallest tr C_S); 0 = uniform INT2")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
   app.add_option("--diag-query-stride", o.diag_query_stride,
                  "diag objective: use the query rows at every stride-th position for w_t")
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
@@ -134,14 +139,16 @@ Command add_calibrate(CLI::App& app) {
                    "decompose %.2f s, clip search %.1f s\n",
                    r.n_windows, o.window_tokens, static_cast<long long>(r.n_tokens),
                    static_cast<long long>(r.n_data_tokens), r.forward_s, r.decompose_s, r.clip_s);
-      std::fprintf(stderr, "layer head  rho_K  rho_V  top eig C_Q  top eig C_S  key error ratio  key logit err  tr C_S\n");
+      std::fprintf(stderr, "layer head  rho_K  rho_V  top eig C_Q  top eig C_S  key error ratio  key logit err  "
+                   "tr C_S  bits K/V\n");
       for (int l = 0; l < s.n_layers; ++l)
         for (int h = 0; h < s.n_heads_kv; ++h) {
           const size_t i = static_cast<size_t>(l) * s.n_heads_kv + h;
-          std::fprintf(stderr, "%5d %4d  %.3f  %.3f  %11.5g  %11.5g  %15.3f  %13.4g  %6.3g\n", l, h,
-                       s.k_clip[i], s.v_clip[i], s.k_eig[i * s.head_dim],
+          std::fprintf(stderr, "%5d %4d  %.3f  %.3f  %11.5g  %11.5g  %15.3f  %13.4g  %6.3g  %d/%d\n",
+                       l, h, s.k_clip[i], s.v_clip[i], s.k_eig[i * s.head_dim],
                        s.v_eig[i * s.head_dim], r.key_error_ratio[i], r.key_logit_error[i],
-                       r.value_energy[i]);
+                       r.value_energy[i], s.has_bit_plan() ? s.k_bits[i] : 2,
+                       s.has_bit_plan() ? s.v_bits[i] : 2);
         }
       std::fprintf(stderr, "wrote %s\n", a->out.c_str());
     }

@@ -82,7 +82,7 @@ Command add_eval(CLI::App& app) {
                  "Comma-separated cache modes, evaluated side by side (bf16, f32, int2-naive, "
                  "int2-hadamard, kivi2, oscar, oscar-lloyd); a mode may carry ':'-separated "
                  "overrides, e.g. oscar-lloyd:k=1:v=1, oscar:rot=FILE:k=0.98 (k, v, rot, sink, "
-                 "recent)")
+                 "recent, plan=0|1)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--ppl-windows", cfg->ppl.n_windows, "Perplexity windows (0 = skip)")

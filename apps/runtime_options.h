@@ -26,6 +26,9 @@ inline void add_runtime_options(CLI::App& app, engine::RuntimeOptions& o) {
       ->capture_default_str();
   app.add_option("--k-clip", o.k_clip, "Override the key clip quantile (oscar modes)");
   app.add_option("--v-clip", o.v_clip, "Override the value clip quantile (oscar modes)");
+  app.add_flag("!--no-bit-plan", o.bit_plan,
+               "oscar: ignore the rotation file's mixed-precision bit plan (every history row "
+               "INT2)");
   app.add_flag("--dummy-weights", o.dummy_weights,
                "Random weights from DIR/config.json (speed tests at real sizes)");
 }

@@ -71,6 +71,12 @@ Status CalibrationOptions::validate() const {
       return invalid_argument("calibrate: clip windows %d and clip queries %d must be >= 1",
                               clip_windows, clip_queries);
   }
+  if (bit_plan_pairs < 0)
+    return invalid_argument("calibrate: bit plan pairs %d must be >= 0", bit_plan_pairs);
+  if (bit_plan_pairs > 0 && clip.quantizer != Quantizer::kUniform)
+    return invalid_argument("calibrate: a bit plan (--bit-plan-pairs %d) needs the uniform "
+                            "quantizer; pass --bit-plan-pairs 0 with --quantizer lloyd",
+                            bit_plan_pairs);
   if (!(key_scale_power >= 0 && key_scale_power <= 1))
     return invalid_argument("calibrate: key scale power %g must be in [0, 1]", key_scale_power);
   if (clip.n_sink < 0 || clip.n_recent < 0)
@@ -380,6 +386,18 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
     }
   }
   result.decompose_s = seconds_since(t0);
+
+  // Bit plan (calib/bit_plan.h), from the statistics above.
+  if (options.bit_plan_pairs > 0) {
+    OSCAR_ASSIGN_OR_RETURN(BitPlanChoice plan,
+                           choose_bit_plan(result.key_logit_error, result.value_energy,
+                                           options.bit_plan_pairs));
+    set.k_bits = std::move(plan.k_bits);
+    set.v_bits = std::move(plan.v_bits);
+    set.metadata["bit_plan"] = str_format(
+        "%d key plane(s) at 3 bits (largest expected INT2 logit error), %d value plane(s) at 1 "
+        "bit (smallest tr C_S)", options.bit_plan_pairs, options.bit_plan_pairs);
+  }
 
   // Clip search (OSCAR.md §1 "Clipping", beyond).
   t0 = Clock::now();

@@ -110,6 +110,12 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
       spec.k_rotation = std::move(rot.k_rot);
     }
     spec.v_rotation = std::move(rot.v_rot);
+    if (rot.has_bit_plan() && o.bit_plan && mode == quant::CacheMode::kOscar) {
+      auto plan = kv::BitPlan::create(config.n_layers, config.n_heads_kv, config.head_dim,
+                                      spec.group_size, rot.k_bits, rot.v_bits);
+      if (!plan.ok()) return plan.status().with_context("rotation file " + path);
+      spec.bit_plan = std::move(plan).value();
+    }
     spec.k_clip = rot.k_clip;
     spec.v_clip = rot.v_clip;
     if (spec.k_clip.empty()) spec.k_clip.assign(heads, kReleaseClipK);

@@ -6,7 +6,8 @@
 // `recommended_n_recent`, written by `oscar calibrate`; oscar with a 384-token window for the
 // shipped tiny-qwen3 file) when DIR/oscar_rotations.safetensors exists, bf16 otherwise. oscar
 // modes read the rotation file; its value rotation is folded into the model's v_proj/o_proj here
-// (OSCAR.md §3), so one Runtime serves exactly one mode.
+// (OSCAR.md §3), so one Runtime serves exactly one mode. oscar also takes the file's bit plan,
+// if any (3-bit keys / 1-bit values for a few heads at the same bytes; kv/bit_plan.h).
 #pragma once
 
 #include <memory>
@@ -37,6 +38,9 @@ struct RuntimeOptions {
   // Clip quantiles for oscar modes: < 0 means "use the rotation file's searched values".
   float k_clip = -1.f;
   float v_clip = -1.f;
+  // oscar mode: use the rotation file's mixed-precision bit plan (kv/bit_plan.h) when it has
+  // one; false = every history row INT2 (the ablation baseline). oscar-lloyd never uses one.
+  bool bit_plan = true;
   size_t kv_budget_bytes = size_t{1} << 30;  // split between the two pools, see split_tokens
   // The budget is split so that both pools run out together for sequences of this many tokens
   // (sinks + recent window in BF16 pages, the rest in INT2 pages).

@@ -146,10 +146,12 @@ Result<engine::RuntimeOptions> apply_mode_variant(const std::string& label,
     } else if ((key == "sink" || key == "recent") && is_num && num >= 0.0 && num < 1e6 &&
                num == std::floor(num)) {
       (key == "sink" ? ro.n_sink : ro.n_recent) = static_cast<int>(num);
+    } else if (key == "plan" && (val == "0" || val == "1")) {
+      ro.bit_plan = val == "1";
     } else {
       return invalid_argument(
           "eval mode '%s': unknown option or bad value '%s' (use k=RHO, v=RHO with 0 < RHO <= "
-          "1.5, rot=FILE, sink=N, recent=N)",
+          "1.5, rot=FILE, sink=N, recent=N, plan=0|1)",
           label.c_str(), item.c_str());
     }
   }

@@ -70,6 +70,7 @@ Result<EvalReport> run_evaluation(const EvalConfig& config);
 // mode run side by side: "oscar-lloyd:k=1:v=1", "oscar:rot=/tmp/r.safetensors:k=0.98".
 //   k=RHO, v=RHO  key / value clip quantile (oscar modes; 0 < RHO <= 1.5, >= 1 = no clip)
 //   rot=FILE      rotation file;   sink=N, recent=N  BF16 windows (tokens)
+//   plan=0|1      oscar: ignore / use the rotation file's bit plan (kv/bit_plan.h)
 // Returns `base` with cache_mode and the overrides set; InvalidArgument names a bad item.
 Result<engine::RuntimeOptions> apply_mode_variant(const std::string& label,
                                                   const engine::RuntimeOptions& base);

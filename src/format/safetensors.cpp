@@ -461,18 +461,33 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
   return Status();
 }
 
-TensorToWrite f32_tensor(const std::string& name, std::vector<int64_t> shape,
-                         std::span<const float> values) {
+namespace {
+
+// A 4-byte-element tensor (F32 or I32) from raw values; the shape must hold exactly n of them.
+TensorToWrite four_byte_tensor(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                               const void* values, size_t n) {
   int64_t numel = 1;
   for (int64_t d : shape) {
-    OSCAR_CHECK(d >= 0, "f32_tensor %s: negative dim %lld", name.c_str(), static_cast<long long>(d));
+    OSCAR_CHECK(d >= 0, "tensor %s: negative dim %lld", name.c_str(), static_cast<long long>(d));
     numel *= d;
   }
-  OSCAR_CHECK(static_cast<size_t>(numel) == values.size(), "f32_tensor %s: %lld elements vs %zu",
-              name.c_str(), static_cast<long long>(numel), values.size());
-  TensorToWrite t{name, DType::kF32, std::move(shape), std::vector<uint8_t>(values.size() * 4)};
-  if (!values.empty()) std::memcpy(t.bytes.data(), values.data(), t.bytes.size());
+  OSCAR_CHECK(static_cast<size_t>(numel) == n, "tensor %s: %lld elements vs %zu", name.c_str(),
+              static_cast<long long>(numel), n);
+  TensorToWrite t{name, dtype, std::move(shape), std::vector<uint8_t>(n * 4)};
+  if (n > 0) std::memcpy(t.bytes.data(), values, t.bytes.size());
   return t;
+}
+
+}  // namespace
+
+TensorToWrite f32_tensor(const std::string& name, std::vector<int64_t> shape,
+                         std::span<const float> values) {
+  return four_byte_tensor(name, DType::kF32, std::move(shape), values.data(), values.size());
+}
+
+TensorToWrite i32_tensor(const std::string& name, std::vector<int64_t> shape,
+                         std::span<const int32_t> values) {
+  return four_byte_tensor(name, DType::kI32, std::move(shape), values.data(), values.size());
 }
 
 }  // namespace oscar::format

@@ -102,5 +102,8 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
 // An F32 tensor from values (checked: values.size() == product of shape).
 TensorToWrite f32_tensor(const std::string& name, std::vector<int64_t> shape,
                          std::span<const float> values);
+// An I32 tensor from values (checked likewise).
+TensorToWrite i32_tensor(const std::string& name, std::vector<int64_t> shape,
+                         std::span<const int32_t> values);
 
 }  // namespace oscar::format

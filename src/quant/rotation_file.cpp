@@ -241,6 +241,34 @@ Result<RotationSet> load_rotation_file(const std::string& path,
       }
     }
   }
+  // Optional bit plan: k.bits and v.bits in every layer, or none anywhere.
+  if (file.find("layers.0.k.bits") != nullptr) {
+    set.k_bits.resize(lh);
+    set.v_bits.resize(lh);
+    for (int l = 0; l < n_layers; ++l) {
+      for (const char* kind : {"k", "v"}) {
+        const std::string name = "layers." + std::to_string(l) + "." + kind + ".bits";
+        const TensorView* t = file.find(name);
+        if (t == nullptr)
+          return not_found("rotation file %s: tensor '%s' is missing (layer 0 has a bit plan)",
+                           path.c_str(), name.c_str());
+        if (t->dtype != DType::kI32 || t->shape != std::vector<int64_t>{n_heads_kv})
+          return invalid_argument("rotation file %s: tensor '%s' is %s %s, expected I32 [%d]",
+                                  path.c_str(), name.c_str(), format::dtype_name(t->dtype),
+                                  shape_string(t->shape).c_str(), n_heads_kv);
+        const std::vector<int64_t> bits = t->to_i64();
+        for (int h = 0; h < n_heads_kv; ++h) {
+          if (bits[h] < 1 || bits[h] > 3)
+            return invalid_argument("rotation file %s: %s head %d = %lld bits; expected 1, 2 or 3",
+                                    path.c_str(), name.c_str(), h,
+                                    static_cast<long long>(bits[h]));
+          (kind[0] == 'k' ? set.k_bits : set.v_bits)[static_cast<size_t>(l) * n_heads_kv + h] =
+              static_cast<int8_t>(bits[h]);
+        }
+        expected_names.insert(name);
+      }
+    }
+  }
   for (const TensorView& t : file.tensors()) {
     if (expected_names.count(t.name) == 0) {
       return invalid_argument("rotation file %s: unexpected tensor '%s' (n_layers %d)",
@@ -272,6 +300,18 @@ Status write_rotation_file(const std::string& path, const RotationSet& set) {
   } else if (!set.k_mean.empty()) {
     return invalid_argument("write_rotation_file %s: k_mean without k_scale", path.c_str());
   }
+  const bool planned = set.has_bit_plan();
+  if (planned) {
+    OSCAR_RETURN_IF_ERROR(check_size("k_bits", set.k_bits.size(), lh));
+    OSCAR_RETURN_IF_ERROR(check_size("v_bits", set.v_bits.size(), lh));
+    for (size_t i = 0; i < lh; ++i)
+      if (set.k_bits[i] < 1 || set.k_bits[i] > 3 || set.v_bits[i] < 1 || set.v_bits[i] > 3)
+        return invalid_argument("write_rotation_file %s: head %zu has %d / %d bits (K / V); "
+                                "expected 1, 2 or 3", path.c_str(), i, set.k_bits[i],
+                                set.v_bits[i]);
+  } else if (!set.v_bits.empty()) {
+    return invalid_argument("write_rotation_file %s: v_bits without k_bits", path.c_str());
+  }
   auto sha = set.metadata.find("model_config_sha256");
   if (sha == set.metadata.end() || sha->second.empty()) {
     return invalid_argument("write_rotation_file %s: metadata model_config_sha256 is required",
@@ -279,7 +319,7 @@ Status write_rotation_file(const std::string& path, const RotationSet& set) {
   }
   std::map<std::string, std::string> meta = set.metadata;
   meta["format"] = kRotationFileFormat;
-  meta["version"] = scaled ? std::to_string(kRotationFileVersion) : "1";
+  meta["version"] = planned ? "3" : scaled ? "2" : "1";
   meta["head_dim"] = std::to_string(set.head_dim);
   meta["n_layers"] = std::to_string(set.n_layers);
   meta["n_kv_heads"] = std::to_string(set.n_heads_kv);
@@ -310,6 +350,11 @@ Status write_rotation_file(const std::string& path, const RotationSet& set) {
         tensors.push_back(format::f32_tensor(
             prefix + "mean", {h, dd},
             std::span<const float>(set.k_mean.data() + base * d, set.n_heads_kv * d)));
+      }
+      if (planned) {
+        const std::vector<int8_t>& bits = is_k ? set.k_bits : set.v_bits;
+        std::vector<int32_t> b(bits.begin() + base, bits.begin() + base + set.n_heads_kv);
+        tensors.push_back(format::i32_tensor(prefix + "bits", {h}, b));
       }
     }
   }

@@ -15,12 +15,15 @@
 // none):
 //   layers.{l}.k.scale          F32 [n_kv_heads, d]     w > 0 per column of U (calib/key_scaling.h)
 //   layers.{l}.k.mean           F32 [n_kv_heads, d]     μ_K, subtracted from keys before rotation
+// and, optionally (version 3, a mixed-precision bit plan, kv/bit_plan.h; all layers or none):
+//   layers.{l}.k.bits           I32 [n_kv_heads]        bits per element of history key rows (1-3)
+//   layers.{l}.v.bits           I32 [n_kv_heads]        bits per element of history value rows
 // __metadata__ strings: format = "oscar-rotations", version, head_dim, n_layers, n_kv_heads,
 // group_size, value_objective, model_config_sha256, calibration, created_by.
-// Versioning: "1" (no key scaling) and "2" (with k.scale / k.mean) are read; a higher one is
-// Unimplemented (refused), so a reader never silently misreads a newer layout. Unknown tensors
-// are refused as well. The writer writes "2" only when the file has key scaling, so files without
-// it stay readable by version-1 readers.
+// Versioning: "1" (no key scaling), "2" (with k.scale / k.mean) and "3" (with a bit plan) are
+// read; a higher one is Unimplemented (refused), so a reader never silently misreads a newer
+// layout. Unknown tensors are refused as well. The writer writes the lowest version that holds
+// what the file has, so older readers keep reading files that do not need the newer tensors.
 #pragma once
 
 #include <map>
@@ -32,7 +35,7 @@
 namespace oscar::quant {
 
 inline constexpr const char* kRotationFileFormat = "oscar-rotations";
-inline constexpr int kRotationFileVersion = 2;
+inline constexpr int kRotationFileVersion = 3;
 // Loading refuses a rotation whose max |RᵀR − I| reaches this.
 inline constexpr double kRotationOrthogonalityTol = 1e-3;
 
@@ -54,6 +57,8 @@ struct RotationSet {
   // Query-aware key scaling; both empty when the file has none.
   std::vector<float> k_scale;  // [n_layers, n_heads_kv, head_dim] w per column of U, > 0
   std::vector<float> k_mean;   // [n_layers, n_heads_kv, head_dim] μ_K (key basis, pre-rotation)
+  // Mixed-precision bit plan; both empty when the file has none (every history row INT2).
+  std::vector<int8_t> k_bits, v_bits;  // [n_layers, n_heads_kv], each 1, 2 or 3
   std::map<std::string, std::string> metadata;  // every __metadata__ string, as read
 
   // Pointers into the arrays above. Preconditions (checked): layer, head in range.
@@ -62,6 +67,7 @@ struct RotationSet {
   float k_clip_ratio(int layer, int head) const;
   float v_clip_ratio(int layer, int head) const;
   bool has_key_scaling() const { return !k_scale.empty(); }
+  bool has_bit_plan() const { return !k_bits.empty(); }
   // What the cache applies to keys (k' = (k − μ_K)·key_transform) and to queries
   // (q' = q·query_transform): R itself without key scaling, else quant::scaled_rotation.
   std::vector<float> key_transform(int layer, int head) const;    // [head_dim, head_dim]

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "calib/bit_plan.h"
 #include "calib/calibrator.h"
 #include "calib/clip_search.h"
 #include "calib/covariance.h"
@@ -120,6 +121,8 @@ TEST(KeyScaling, MatchesTheClosedFormOnAKnownBasis) {
     EXPECT_NEAR(full.scale[j] / full.scale[0],
                 std::pow((lambda[j] / kappa[j]) / (lambda[0] / kappa[0]), 0.25), 1e-9) << j;
   EXPECT_NEAR(full.predicted_error_ratio, sqrt_sum * sqrt_sum / (k0 * l0), 1e-9);
+  // Absolute error with the optimal scaling: (Σ sqrt(λκ))² / d².
+  EXPECT_NEAR(full.logit_error, sqrt_sum * sqrt_sum / (d * d), 1e-9);
   for (int a = 0; a < d; ++a) EXPECT_NEAR(full.mean[a], mu[a], 1e-12);
   // Centre only: W = I, ratio Σκ / Σκ⁰. Neither: ratio 1, zero mean.
   const KeyScaling centre = key_scaling(qb, ck, mu, true, false);
@@ -360,6 +363,26 @@ TEST(ClipSearch, RejectsBadInput) {
   EXPECT_EQ(search_clip({w}, I.data(), I.data(), c).status().code(), StatusCode::kInvalidArgument);
 }
 
+// The bit plan takes the keys with the largest expected logit error and the values with the
+// least energy, `pairs` of each, ties to the lower index; 0 pairs is all-INT2.
+TEST(BitPlanChoice, LargestKeyErrorAndSmallestValueEnergy) {
+  const std::vector<double> key = {0.8, 0.6, 4.2, 3.1, 3.1, 1.0};
+  const std::vector<double> val = {0.005, 0.008, 60, 2.7, 40, 0.005};
+  auto one = choose_bit_plan(key, val, 1);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->k_bits, (std::vector<int8_t>{2, 2, 3, 2, 2, 2}));
+  EXPECT_EQ(one->v_bits, (std::vector<int8_t>{1, 2, 2, 2, 2, 2}));
+  auto three = choose_bit_plan(key, val, 3);
+  ASSERT_TRUE(three.ok());
+  EXPECT_EQ(three->k_bits, (std::vector<int8_t>{2, 2, 3, 3, 3, 2}));
+  EXPECT_EQ(three->v_bits, (std::vector<int8_t>{1, 1, 2, 2, 2, 1}));
+  auto none = choose_bit_plan(key, val, 0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->k_bits, std::vector<int8_t>(6, 2));
+  EXPECT_FALSE(choose_bit_plan(key, val, 7).ok());
+  EXPECT_FALSE(choose_bit_plan(key, {1.0}, 1).ok());
+}
+
 TEST(Options, ParseAndValidate) {
   EXPECT_TRUE(parse_value_objective("full").ok());
   EXPECT_TRUE(parse_value_objective("diag").ok());
@@ -377,6 +400,11 @@ TEST(Options, ParseAndValidate) {
   o.key_scale_power = 1.5;
   EXPECT_FALSE(o.validate().ok());
   o.key_scale_power = kKeyScalePower;
+  EXPECT_EQ(o.bit_plan_pairs, 1);  // the shipped default (ablation.md)
+  o.clip.quantizer = Quantizer::kLloyd;
+  EXPECT_NE(o.validate().message().find("uniform quantizer"), std::string::npos);
+  o.bit_plan_pairs = 0;
+  EXPECT_TRUE(o.validate().ok());
   o.window_tokens = 1;
   EXPECT_FALSE(o.validate().ok());
 }

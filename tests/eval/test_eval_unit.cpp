@@ -132,7 +132,12 @@ TEST(ModeVariant, OverridesParseAndBadItemsAreRefused) {
   EXPECT_EQ(v->rotations, "/tmp/r.safetensors");
   EXPECT_EQ(v->n_recent, 384);
   EXPECT_EQ(v->model_dir, "m");
-  for (const char* bad : {"oscar:k", "oscar:k=0", "oscar:k=abc", "oscar:x=1", "oscar:recent=1.5"}) {
+  EXPECT_TRUE(v->bit_plan);
+  auto np = apply_mode_variant("oscar:plan=0", base);
+  ASSERT_TRUE(np.ok());
+  EXPECT_FALSE(np->bit_plan);
+  for (const char* bad : {"oscar:k", "oscar:k=0", "oscar:k=abc", "oscar:x=1", "oscar:recent=1.5",
+                          "oscar:plan=2"}) {
     auto r = apply_mode_variant(bad, base);
     EXPECT_FALSE(r.ok()) << bad;
     if (!r.ok()) {

@@ -252,6 +252,65 @@ TEST(RotationFile, KeyScalingRoundTripsAsVersion2) {
   std::remove(path.c_str());
 }
 
+// Version 3: a bit plan (I32 widths per head) round trips; a width outside 1..3, a float tensor
+// and a plan in some layers only are refused by name.
+TEST(RotationFile, BitPlanRoundTripsAsVersion3) {
+  RotationSet set = make_set(2, 2, 32, 93);
+  set.k_bits = {2, 2, 2, 3};
+  set.v_bits = {1, 2, 2, 2};
+  const std::string path = temp_path("planned.safetensors");
+  ASSERT_TRUE(write_rotation_file(path, set).ok());
+  Result<RotationSet> r = load_rotation_file(path, "abc123", 2, 2, 32);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->metadata.at("version"), "3");
+  EXPECT_EQ(r->k_bits, set.k_bits);
+  EXPECT_EQ(r->v_bits, set.v_bits);
+  EXPECT_FALSE(r->has_key_scaling());
+
+  RotationSet bad = set;
+  bad.v_bits[2] = 4;
+  EXPECT_FALSE(write_rotation_file(path, bad).ok());
+  bad = set;
+  bad.k_bits.pop_back();
+  EXPECT_FALSE(write_rotation_file(path, bad).ok());
+
+  // Files edited by hand: widths 0, a float tensor, a layer without its plan.
+  auto rewrite = [&](const std::string& drop, const std::string& replace_name,
+                     format::TensorToWrite replacement) {
+    Result<format::SafetensorsFile> f = format::SafetensorsFile::open(path);
+    EXPECT_TRUE(f.ok());
+    std::vector<format::TensorToWrite> kept;
+    for (const format::TensorView& t : f->tensors()) {
+      if (t.name == drop) continue;
+      if (t.name == replace_name) {
+        kept.push_back(replacement);
+      } else if (t.dtype == format::DType::kI32) {
+        std::vector<int32_t> v;
+        for (int64_t x : t.to_i64()) v.push_back(static_cast<int32_t>(x));
+        kept.push_back(format::i32_tensor(t.name, t.shape, v));
+      } else {
+        kept.push_back(format::f32_tensor(t.name, t.shape, t.to_f32()));
+      }
+    }
+    const std::string edited = temp_path("edited.safetensors");
+    EXPECT_TRUE(format::write_safetensors(edited, kept, f->metadata()).ok());
+    Result<RotationSet> e = load_rotation_file(edited, "abc123", 2, 2, 32);
+    std::remove(edited.c_str());
+    return e.ok() ? std::string("ok") : e.status().message();
+  };
+  const std::vector<int32_t> zero = {0, 2};
+  EXPECT_NE(rewrite("", "layers.1.v.bits", format::i32_tensor("layers.1.v.bits", {2}, zero))
+                .find("layers.1.v.bits head 0 = 0 bits"),
+            std::string::npos);
+  const std::vector<float> fbits = {2.0f, 3.0f};
+  EXPECT_NE(rewrite("", "layers.1.k.bits", format::f32_tensor("layers.1.k.bits", {2}, fbits))
+                .find("expected I32 [2]"),
+            std::string::npos);
+  EXPECT_NE(rewrite("layers.1.k.bits", "", {}).find("'layers.1.k.bits' is missing"),
+            std::string::npos);
+  std::remove(path.c_str());
+}
+
 TEST(RotationFile, RefusesBadFiles) {
   constexpr int d = 32;
   const std::vector<float> hp = hadamard_bitrev_rotation(d);
@@ -273,7 +332,7 @@ TEST(RotationFile, RefusesBadFiles) {
   EXPECT_NE(r.status().message().find("something-else"), std::string::npos);
 
   meta = good_meta(d);
-  meta["version"] = "3";
+  meta["version"] = "4";
   ASSERT_TRUE(write_custom(path, d, hp, {d, d}, meta).ok());
   r = load();
   ASSERT_FALSE(r.ok());
