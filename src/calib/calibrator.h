@@ -69,7 +69,7 @@ struct CalibrationOptions {
   // Mixed-precision bit plan (calib/bit_plan.h): this many (layer, KV head) key planes at 3 bits,
   // paid for by as many value planes at 1 bit; 0 = uniform INT2. 1 is what was measured end to
   // end (docs/results/ablation.md). Needs the uniform quantizer.
-  int bit_plan_pairs = 1;
+  int bit_plan_pairs = 2;
   int diag_query_stride = 16;    // diag form: query rows at positions stride−1, 2·stride−1, …
   ClipMode clip_mode = ClipMode::kFixed;  // fixed won end to end so far (docs/results/calibration.md)
   float fixed_k_clip = kReleaseKeyClip;   // clip_mode kFixed

@@ -400,7 +400,7 @@ TEST(Options, ParseAndValidate) {
   o.key_scale_power = 1.5;
   EXPECT_FALSE(o.validate().ok());
   o.key_scale_power = kKeyScalePower;
-  EXPECT_EQ(o.bit_plan_pairs, 1);  // the shipped default (ablation.md)
+  EXPECT_EQ(o.bit_plan_pairs, 2);  // the shipped default (ablation.md)
   o.clip.quantizer = Quantizer::kLloyd;
   EXPECT_NE(o.validate().message().find("uniform quantizer"), std::string::npos);
   o.bit_plan_pairs = 0;

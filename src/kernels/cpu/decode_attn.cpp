@@ -181,8 +181,30 @@ inline void int1_row_to_f32(const uint8_t* row, int d, int G, float* dst) {
     const float lo = meta_f32(meta.slot0), hi = meta_f32(meta.slot1);
     const uint8_t* plane = row + quant::int1_group_plane_offset(g, G);
     float* og = dst + g * G;
+    int j0 = 0;
+#ifdef OSCAR_DECODE_AVX2
+    if (q8 % 8 == 0) {
+      const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+      const __m256i one = _mm256_set1_epi32(1);
+      for (int j = 0; j < q8; j += 8) {
+        uint64_t pb;
+        std::memcpy(&pb, plane + j, 8);
+        const __m256i b = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(pb)));
+        for (int k = 0; k < 8; ++k) {
+          const __m256i bit = _mm256_and_si256(_mm256_srl_epi32(b, _mm_cvtsi32_si128(k)), one);
+          const __m256 take_hi = _mm256_castsi256_ps(_mm256_cmpeq_epi32(bit, one));
+          _mm256_storeu_ps(og + k * q8 + j, _mm256_blendv_ps(vlo, vhi, take_hi));
+        }
+      }
+      j0 = q8;
+    }
+#endif
+    // The plane bytes are copied first: stores to og (float) may alias them (uint8_t), which
+    // would otherwise force a reload per element.
+    uint8_t bytes[16];
+    std::memcpy(bytes, plane, static_cast<size_t>(q8));
     for (int k = 0; k < 8; ++k)
-      for (int j = 0; j < q8; ++j) og[k * q8 + j] = ((plane[j] >> k) & 1u) ? hi : lo;
+      for (int j = j0; j < q8; ++j) og[k * q8 + j] = ((bytes[j] >> k) & 1u) ? hi : lo;
   }
 }
 
