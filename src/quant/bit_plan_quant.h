@@ -12,7 +12,10 @@
 //   repeats (at most kInt1LloydRounds; one side empty: lo = hi = mean); lo and hi stored as fp16,
 //   and each code picks the nearer stored level (bit = x >= (lo' + hi')/2).
 // Preconditions (checked): int2_valid_group(head_dim, G), clip_ratio > 0, non-null pointers.
-// The fast versions, and the cache and kernels that use these rows, are not written yet.
+// The cache (kv::SequenceCache, under a kv::BitPlan) quantizes with these functions directly: a
+// plan changes a few planes in 32+ per token (4 of 32 rows in the shipped tiny-qwen3 plan), so
+// their sort-based clip costs little next to the forward pass. The decode kernel has its own
+// vectorised unpacking (kernels/cpu/decode_attn.cpp), tested against the dequantizers here.
 #pragma once
 
 #include <cstdint>

@@ -3,9 +3,10 @@
 // partials (o, m, ℓ) of all gqa_ratio query heads of that KV head, so each K/V row is read and
 // unpacked once per group. A chunk is processed in blocks of kBlock tokens: the block's K rows are
 // converted into a [kBlock, head_dim] float buffer (BF16: a shift; INT2: shifts, masks and a
-// 4-entry level table per group; the 3- and 1-bit rows of a bit plan likewise, 8 and 2 levels), scored against every head of the group, the online softmax
-// rescales what was accumulated, then the block's V rows go through the same buffer into the
-// accumulators. The next block's rows are prefetched. merge_attn_states combines the partials.
+// 4-entry level table per group; the 3- and 1-bit rows of a bit plan likewise, with 8 and 2
+// levels), scored against every head of the group, the online softmax rescales what was
+// accumulated, then the block's V rows go through the same buffer into the accumulators. The
+// next block's rows are prefetched. merge_attn_states combines the partials.
 //
 // AVX2+FMA (and F16C) intrinsics are used when the compiler targets them (-march=native);
 // otherwise portable loops that compute the same values.
@@ -147,13 +148,14 @@ inline void int3_row_to_f32(const uint8_t* row, int d, int G, float* dst) {
         const __m256i lo1 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(c1)));
         const __m256i h = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(hb)));
         for (int k = 0; k < 4; ++k) {
-          const __m128i sh_lo = _mm_cvtsi32_si128(2 * k), sh_h0 = _mm_cvtsi32_si128(2 * k),
-                        sh_h1 = _mm_cvtsi32_si128(2 * k + 1);
+          // Quarter k: low bits at shift 2k in both code bytes; high bits 2k (first half of the
+          // quarter) and 2k + 1 (second half) of the plane byte.
+          const __m128i sh = _mm_cvtsi32_si128(2 * k), sh_h1 = _mm_cvtsi32_si128(2 * k + 1);
           const __m256i a = _mm256_or_si256(
-              _mm256_and_si256(_mm256_srl_epi32(lo0, sh_lo), three),
-              _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h, sh_h0), one), 2));
+              _mm256_and_si256(_mm256_srl_epi32(lo0, sh), three),
+              _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h, sh), one), 2));
           const __m256i b = _mm256_or_si256(
-              _mm256_and_si256(_mm256_srl_epi32(lo1, sh_lo), three),
+              _mm256_and_si256(_mm256_srl_epi32(lo1, sh), three),
               _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h, sh_h1), one), 2));
           _mm256_storeu_ps(og + k * q4 + j, _mm256_permutevar8x32_ps(lv, a));
           _mm256_storeu_ps(og + k * q4 + q8 + j, _mm256_permutevar8x32_ps(lv, b));
