@@ -1,5 +1,7 @@
 // `oscar tokenize`: text -> ids, or ids -> text with --decode. DIR may hold only tokenizer.json.
 #include <cstdio>
+#include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "apps/commands.h"
@@ -12,13 +14,34 @@ Command add_tokenize(CLI::App& app) {
   auto text = std::make_shared<std::string>();
   auto decode = std::make_shared<bool>(false);
   auto show_tokens = std::make_shared<bool>(false);
+  auto file = std::make_shared<std::string>();
   app.add_option("-m,--model", *dir, "Model or tokenizer directory, or a tokenizer.json")
       ->capture_default_str();
-  app.add_option("text", *text, "Text to encode, or space/comma separated ids with --decode")
-      ->required();
+  auto* text_opt =
+      app.add_option("text", *text, "Text to encode, or space/comma separated ids with --decode");
+  auto* file_opt = app.add_option("-f,--file", *file,
+                                  "Read the text (or the ids) from this file instead; - = stdin");
+  text_opt->excludes(file_opt);
   app.add_flag("-d,--decode", *decode, "Decode ids back to text");
   app.add_flag("--tokens", *show_tokens, "Also print each token's byte-level string");
   return [=]() -> int {
+    if (!file->empty()) {
+      std::ostringstream all;
+      if (*file == "-") {
+        all << std::cin.rdbuf();
+      } else {
+        std::ifstream in(*file, std::ios::binary);
+        if (!in) {
+          std::fprintf(stderr, "error: cannot open %s\n", file->c_str());
+          return 2;
+        }
+        all << in.rdbuf();
+      }
+      *text = all.str();
+    } else if (text->empty()) {
+      std::fprintf(stderr, "error: give the text, or --file PATH\n");
+      return 2;
+    }
     auto tok = tok::Tokenizer::load(*dir);
     if (!tok.ok()) {
       std::fprintf(stderr, "error: %s\n", tok.status().message().c_str());
@@ -47,7 +70,7 @@ Command add_tokenize(CLI::App& app) {
       }
       std::string out = tok->decode(ids);
       std::fwrite(out.data(), 1, out.size(), stdout);
-      std::fputc('\n', stdout);
+      if (file->empty()) std::fputc('\n', stdout);  // --file: the exact bytes, for scripts
       return 0;
     }
     std::vector<int32_t> ids = tok->encode(*text);
