@@ -67,8 +67,9 @@ struct CalibrationOptions {
   KeyScalingMode key_scaling = KeyScalingMode::kFull;  // won end to end (docs/results/ablation.md)
   double key_scale_power = kKeyScalePower;  // kFull: w_j = (λ_j/κ_j)^power
   // Mixed-precision bit plan (calib/bit_plan.h): this many (layer, KV head) key planes at 3 bits,
-  // paid for by as many value planes at 1 bit; 0 = uniform INT2. 1 is what was measured end to
-  // end (docs/results/ablation.md). Needs the uniform quantizer.
+  // paid for by as many value planes at 1 bit; 0 = uniform INT2. 2 was the best of 0, 1, 2 and 4
+  // end to end on tiny-qwen3 (docs/results/ablation.md, "Bit plans, built"). Needs the uniform
+  // quantizer.
   int bit_plan_pairs = 2;
   int diag_query_stride = 16;    // diag form: query rows at positions stride−1, 2·stride−1, …
   ClipMode clip_mode = ClipMode::kFixed;  // fixed won end to end so far (docs/results/calibration.md)
