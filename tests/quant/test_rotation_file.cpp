@@ -185,6 +185,34 @@ TEST(RotationFile, PerLayerRotationsBroadcastToHeads) {
   std::remove(path.c_str());
 }
 
+// A copy of the rotation file at `path` with tensor `drop` left out and tensor `replace_name`
+// replaced by `replacement` (either may be ""), loaded for a 2-layer, 2-head, d = 32 model:
+// "ok", or the load error's message.
+std::string load_edited(const std::string& path, const std::string& drop,
+                        const std::string& replace_name, format::TensorToWrite replacement = {}) {
+  Result<format::SafetensorsFile> f = format::SafetensorsFile::open(path);
+  EXPECT_TRUE(f.ok()) << f.status().to_string();
+  if (!f.ok()) return f.status().message();
+  std::vector<format::TensorToWrite> kept;
+  for (const format::TensorView& t : f->tensors()) {
+    if (t.name == drop) continue;
+    if (t.name == replace_name) {
+      kept.push_back(replacement);
+    } else if (t.dtype == format::DType::kI32) {
+      std::vector<int32_t> v;
+      for (int64_t x : t.to_i64()) v.push_back(static_cast<int32_t>(x));
+      kept.push_back(format::i32_tensor(t.name, t.shape, v));
+    } else {
+      kept.push_back(format::f32_tensor(t.name, t.shape, t.to_f32()));
+    }
+  }
+  const std::string edited = temp_path("edited.safetensors");
+  EXPECT_TRUE(format::write_safetensors(edited, kept, f->metadata()).ok());
+  Result<RotationSet> e = load_rotation_file(edited, "abc123", 2, 2, 32);
+  std::remove(edited.c_str());
+  return e.ok() ? std::string("ok") : e.status().message();
+}
+
 // Version 2: key scale and mean round trip, the key/query transforms keep dot products, and a
 // non-positive scale is refused by name.
 TEST(RotationFile, KeyScalingRoundTripsAsVersion2) {
@@ -225,24 +253,8 @@ TEST(RotationFile, KeyScalingRoundTripsAsVersion2) {
       << r.status().message();
   // Key scaling in some layers only: the first missing tensor is named.
   ASSERT_TRUE(write_rotation_file(path, set).ok());
-  {
-    Result<format::SafetensorsFile> f = format::SafetensorsFile::open(path);
-    ASSERT_TRUE(f.ok()) << f.status().to_string();
-    std::vector<std::vector<float>> data;
-    std::vector<format::TensorToWrite> kept;
-    for (const format::TensorView& t : f->tensors()) data.push_back(t.to_f32());
-    for (size_t i = 0; i < f->tensors().size(); ++i) {
-      const format::TensorView& t = f->tensors()[i];
-      if (t.name != "layers.1.k.scale") kept.push_back(format::f32_tensor(t.name, t.shape, data[i]));
-    }
-    const std::string partial = temp_path("partial.safetensors");
-    ASSERT_TRUE(format::write_safetensors(partial, kept, f->metadata()).ok());
-    r = load_rotation_file(partial, "abc123", 2, 2, 32);
-    ASSERT_FALSE(r.ok());
-    EXPECT_NE(r.status().message().find("'layers.1.k.scale' is missing"), std::string::npos)
-        << r.status().message();
-    std::remove(partial.c_str());
-  }
+  const std::string partial = load_edited(path, "layers.1.k.scale", "");
+  EXPECT_NE(partial.find("'layers.1.k.scale' is missing"), std::string::npos) << partial;
   bad = set;
   bad.k_mean.pop_back();
   EXPECT_FALSE(write_rotation_file(path, bad).ok());
@@ -275,38 +287,17 @@ TEST(RotationFile, BitPlanRoundTripsAsVersion3) {
   EXPECT_FALSE(write_rotation_file(path, bad).ok());
 
   // Files edited by hand: widths 0, a float tensor, a layer without its plan.
-  auto rewrite = [&](const std::string& drop, const std::string& replace_name,
-                     format::TensorToWrite replacement) {
-    Result<format::SafetensorsFile> f = format::SafetensorsFile::open(path);
-    EXPECT_TRUE(f.ok());
-    std::vector<format::TensorToWrite> kept;
-    for (const format::TensorView& t : f->tensors()) {
-      if (t.name == drop) continue;
-      if (t.name == replace_name) {
-        kept.push_back(replacement);
-      } else if (t.dtype == format::DType::kI32) {
-        std::vector<int32_t> v;
-        for (int64_t x : t.to_i64()) v.push_back(static_cast<int32_t>(x));
-        kept.push_back(format::i32_tensor(t.name, t.shape, v));
-      } else {
-        kept.push_back(format::f32_tensor(t.name, t.shape, t.to_f32()));
-      }
-    }
-    const std::string edited = temp_path("edited.safetensors");
-    EXPECT_TRUE(format::write_safetensors(edited, kept, f->metadata()).ok());
-    Result<RotationSet> e = load_rotation_file(edited, "abc123", 2, 2, 32);
-    std::remove(edited.c_str());
-    return e.ok() ? std::string("ok") : e.status().message();
-  };
   const std::vector<int32_t> zero = {0, 2};
-  EXPECT_NE(rewrite("", "layers.1.v.bits", format::i32_tensor("layers.1.v.bits", {2}, zero))
+  EXPECT_NE(load_edited(path, "", "layers.1.v.bits",
+                        format::i32_tensor("layers.1.v.bits", {2}, zero))
                 .find("layers.1.v.bits head 0 = 0 bits"),
             std::string::npos);
   const std::vector<float> fbits = {2.0f, 3.0f};
-  EXPECT_NE(rewrite("", "layers.1.k.bits", format::f32_tensor("layers.1.k.bits", {2}, fbits))
+  EXPECT_NE(load_edited(path, "", "layers.1.k.bits",
+                        format::f32_tensor("layers.1.k.bits", {2}, fbits))
                 .find("expected I32 [2]"),
             std::string::npos);
-  EXPECT_NE(rewrite("layers.1.k.bits", "", {}).find("'layers.1.k.bits' is missing"),
+  EXPECT_NE(load_edited(path, "layers.1.k.bits", "").find("'layers.1.k.bits' is missing"),
             std::string::npos);
   std::remove(path.c_str());
 }

@@ -60,6 +60,15 @@ inline void bf16_row_to_f32(const uint8_t* src, int d, float* dst) {
   }
 }
 
+// fp16 metadata -> float (F16C when compiled for it).
+inline float meta_f32(fp16_t h) {
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#else
+  return fp16_to_f32(h);
+#endif
+}
+
 // One INT2 row (quant/int2_layout.h) -> [d] float. Each group's four reconstruction values go in
 // a table; element i of the group takes level[(byte[i % q] >> 2(i / q)) & 3] with q = G/4.
 inline void int2_row_to_f32(const uint8_t* row, int d, int G, Int2Quantizer quantizer,
@@ -68,13 +77,8 @@ inline void int2_row_to_f32(const uint8_t* row, int d, int G, Int2Quantizer quan
   const int q = G / 4;
   for (int g = 0; g < n_groups; ++g) {
     const quant::Int2GroupMeta meta = quant::read_group_meta(row, d, g);
-#ifdef __F16C__
-    const float a = _cvtsh_ss(meta.slot0);
-    const float b = _cvtsh_ss(meta.slot1);
-#else
-    const float a = fp16_to_f32(meta.slot0);
-    const float b = fp16_to_f32(meta.slot1);
-#endif
+    const float a = meta_f32(meta.slot0);
+    const float b = meta_f32(meta.slot1);
     float level[4];
     if (quantizer == Int2Quantizer::kLloyd) {
       for (int k = 0; k < 4; ++k) level[k] = b + quant::kLloydDequantLevels[k] * a;
@@ -110,14 +114,6 @@ inline void int2_row_to_f32(const uint8_t* row, int d, int G, Int2Quantizer quan
     }
 #endif
   }
-}
-
-inline float meta_f32(fp16_t h) {
-#ifdef __F16C__
-  return _cvtsh_ss(h);
-#else
-  return fp16_to_f32(h);
-#endif
 }
 
 // One INT3 row of a bit plan (quant/bit_plan_layout.h) -> [d] float: an 8-entry level table
