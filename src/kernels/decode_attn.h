@@ -1,23 +1,27 @@
-// Decode attention over a paged three-region KV cache (OSCAR.md §4-§5): one new query per query
-// head attends to all n_tokens keys of one layer, read straight from the pages:
-//   sinks    tokens [0, n_sink_tokens)             exact pages (BF16, or F32 in the reference mode)
-//   history  tokens [n_sink_tokens, hist_end)      INT2 pages, unpacked and dequantized per row in
-//                                                  a small local buffer, never materialised whole
-//   recent   tokens [hist_end, n_tokens)           exact pages
-// Each region (and each chunk of the history) gives a split-KV partial state (o, m, ℓ); the
-// partials merge by log-sum-exp (online softmax). Both entry points compute exactly softmax
-// attention over the dequantized cache, to rounding.
+// Decode attention over a paged three-region KV cache (OSCAR.md §4-§5), batched: each of n_seqs
+// sequences has one new query per query head, which attends to all of that sequence's keys of one
+// layer, read straight from the pages:
+//   sinks    tokens [0, n_sink_s)                 exact pages (BF16, or F32 in the reference mode)
+//   history  tokens [n_sink_s, n_sink_s + n_hist_s)  history pages (INT2 / bit-plan rows),
+//                                                  unpacked and dequantized per row in a small
+//                                                  local buffer, never materialised whole
+//   recent   tokens [.., n_tokens_s)              exact pages
+// Each region's pages are one PageTableView over the batch (kernels/page_table.h), so one call per
+// layer serves the whole batch. Each region (and each chunk of it) gives a split-KV partial state
+// (o, m, ℓ); the partials merge by log-sum-exp (online softmax). Every entry point computes exactly
+// softmax attention over the dequantized cache, to rounding.
 //
-// Also here: the partial-state convention and merge_attn_states(), which CUDA code will share.
+// Also here: the partial-state convention and merge_attn_states(), which CUDA code shares.
 // Not here: prefill / multi-query attention (kernels/chunk_attn.h), rotation of q by R_K (the
 // caller does it: q must already be in the rotated key basis), the page tables' ownership
-// (kv::SequenceCache fills the page-id lists).
+// (the step planner, kv/step_plan.h, fills them).
 #pragma once
 
 #include <cstdint>
 
 #include "core/status.h"
 #include "kernels/kv_layout.h"
+#include "kernels/page_table.h"
 
 namespace oscar::kernels {
 
@@ -28,14 +32,8 @@ enum class Int2Quantizer : int32_t {
   kLloyd = 1,    // slot0 = σ, slot1 = μ:          x̂ = μ + level[q]·σ
 };
 
-// One page-addressed run of tokens. Token t of the segment (0 <= t < n_tokens) lives in page
-// pages[t / page_size], slot t % page_size; the page's bytes start at pool + page * page_bytes.
-struct KvSegment {
-  const int32_t* pages = nullptr;  // [ceil(n_tokens / page_size)] page ids
-  int64_t n_tokens = 0;            // 0 = empty segment (pages may be null)
-};
-
 struct DecodeAttnParams {
+  int32_t n_seqs = 1;          // sequences in the batch, each with one query row per query head
   int32_t n_heads_q = 0;       // multiple of layout.n_heads_kv (gqa_ratio = n_heads_q / n_heads_kv)
   int32_t group_size = 128;    // quant_group: values per INT2 scale/min (history only)
   Int2Quantizer quantizer = Int2Quantizer::kUniform;
@@ -47,35 +45,44 @@ struct DecodeAttnParams {
   // of 3, 2 or 1 bits per element, per (K/V, KV head) of the layer.
   KvPageLayout layout;
 
-  // [n_heads_q, head_dim] float, already rotated by R_K (OSCAR.md §3). Query head h reads KV head
-  // h / gqa_ratio.
+  // [n_seqs, n_heads_q, head_dim] float, already rotated by R_K (OSCAR.md §3). Query head h reads
+  // KV head h / gqa_ratio of its own sequence.
   const float* q = nullptr;
   // Exact pool: [n_pages, layout.exact_page_bytes()] bytes, page layout kernels/kv_layout.h.
   const uint8_t* exact_pool = nullptr;
-  KvSegment sinks;   // tokens [0, sinks.n_tokens), exact pool
-  KvSegment recent;  // tokens [hist_end, n_tokens), exact pool
-  // INT2 pool: [n_pages, layout.int2_page_bytes()] bytes; may be null when history is empty.
-  const uint8_t* int2_pool = nullptr;
-  KvSegment history;  // tokens [sinks.n_tokens, hist_end), INT2 pool
+  // History pool: [n_pages, layout.int2_page_bytes()] bytes; may be null when no sequence has
+  // history.
+  const uint8_t* hist_pool = nullptr;
+  // Per-region page tables over the n_seqs sequences (each table's n_seqs == n_seqs). Sequence s
+  // reads sinks.seq_len(s) sink tokens, then history.seq_len(s), then recent.seq_len(s) tokens, in
+  // that order of positions. History pages are always full. Sinks and recent: exact pool.
+  PageTableView sinks, history, recent;
 
-  // Fast path only: tokens per chunk; every segment is cut into chunks, one parallel task per
-  // (KV head, chunk). 0 = chosen from the token count and the thread count. Tests set small
-  // values to force many partials and merges. The reference ignores it.
+  // Fast CPU path only: tokens per chunk; every segment is cut into chunks, one parallel task per
+  // (sequence, KV head, chunk). 0 = chosen from the token count and the thread count. Tests set
+  // small values to force many partials and merges. The reference ignores it.
   int32_t chunk_tokens = 0;
 
-  float* out = nullptr;  // [n_heads_q, head_dim] float, written. No keys at all: zeros.
+  float* out = nullptr;  // [n_seqs, n_heads_q, head_dim] float, written. No keys at all: zeros.
 };
 
 // Plain loops, float64 accumulation, each INT2 row dequantized by quant's *_ref functions; one
 // partial per region, merged in float64. Defines "correct". Single-threaded.
 Status decode_attn_ref(const DecodeAttnParams& p);
-// Fast CPU path: OpenMP tasks over (KV head, segment chunk); each task serves all gqa_ratio
+// Fast CPU path: one OpenMP team for the whole batch, tasks over (sequence, KV head, segment
+// chunk); each task serves all gqa_ratio
 // query heads of its KV head (each K/V row is read and unpacked once per group); rows are
 // unpacked with shifts and masks (AVX2 when compiled with it) into a small per-thread float
 // buffer ([32, head_dim], one block of tokens);
 // float accumulation; partials merged by merge_attn_states. Allocates its partial buffers per
 // call ([n_heads_q, n_parts, head_dim + 2] floats).
 Status decode_attn(const DecodeAttnParams& p);
+
+// CUDA (kernels/cuda/decode_attn.cu, built with OSCAR_CUDA): the same params with device
+// pointers (q, out, pools, the three page tables and the bit-plan arrays of `layout`); BF16 exact
+// pages only (exact_elem_bytes 2). `stream` is a cudaStream_t. Asynchronous: returns after the
+// launch, checked.
+Status decode_attn_cuda(const DecodeAttnParams& p, void* stream);
 
 // Split-KV partial state of one query row over a set of keys with scores s_j and values v_j:
 //   m = max_j s_j,  ℓ = Σ_j exp(s_j − m),  o = Σ_j exp(s_j − m) · v_j   (o NOT divided by ℓ)
