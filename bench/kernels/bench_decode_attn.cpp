@@ -49,6 +49,8 @@ struct Cache {
   std::vector<uint32_t> row_prefix;
   std::vector<uint8_t> exact_pool, int2_pool;
   std::vector<int32_t> sink_pages, hist_pages, recent_pages;
+  // One-sequence CSR tables: indptr {0, n_pages} and the last page's length, per region.
+  std::vector<int32_t> indptr[3], last[3];
   std::vector<float> q, out;
   DecodeAttnParams p;
   int64_t kv_bytes = 0;
@@ -133,10 +135,16 @@ void build(Cache& c, int n_heads_q, int n_heads_kv, int64_t n_tokens, Kind kind)
   p.q = c.q.data();
   p.out = c.out.data();
   p.exact_pool = c.exact_pool.data();
-  p.int2_pool = c.int2_pool.data();
-  p.sinks = {c.sink_pages.data(), sink};
-  p.history = {c.hist_pages.data(), hist};
-  p.recent = {c.recent_pages.data(), recent};
+  p.hist_pool = c.int2_pool.data();
+  auto table = [&](int r, const std::vector<int32_t>& pages, int64_t n) {
+    const int32_t n_pages = static_cast<int32_t>((n + L.page_size - 1) / L.page_size);
+    c.indptr[r] = {0, n_pages};
+    c.last[r] = {n == 0 ? 0 : static_cast<int32_t>(n - (n_pages - 1) * L.page_size)};
+    return PageTableView{c.indptr[r].data(), pages.data(), c.last[r].data(), 1};
+  };
+  p.sinks = table(0, c.sink_pages, sink);
+  p.history = table(1, c.hist_pages, hist);
+  p.recent = table(2, c.recent_pages, recent);
   c.kv_bytes = (sink + recent) * n_heads_kv * 2 * static_cast<int64_t>(L.exact_row_bytes()) +
                hist * n_heads_kv * 2 * static_cast<int64_t>(L.int2_row_bytes);
 }

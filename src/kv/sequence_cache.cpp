@@ -529,9 +529,18 @@ Status SequenceCache::attend_decode(int layer, const float* q, int n_heads_q, fl
   p.layout = layout_;
   p.q = q;
   p.out = out;
-  p.sinks = {sink_pages_.data(), std::min<int64_t>(r.n_sink, n_keys)};
-  p.history = {hist_pages_.data(), hist_end_ - r.n_sink};
-  p.recent = {recent_pages_.data(), std::max<int64_t>(0, n_keys - hist_end_)};
+  // One-sequence CSR tables over this cache's page lists.
+  const int32_t P = r.page_size;
+  auto table = [P](const std::vector<PageId>& pages, int64_t n, int32_t* indptr, int32_t* last) {
+    indptr[0] = 0;
+    indptr[1] = static_cast<int32_t>((n + P - 1) / P);
+    last[0] = n == 0 ? 0 : static_cast<int32_t>(n - static_cast<int64_t>(indptr[1] - 1) * P);
+    return kernels::PageTableView{indptr, pages.data(), last, 1};
+  };
+  int32_t indptr[3][2], last[3];
+  p.sinks = table(sink_pages_, std::min<int64_t>(r.n_sink, n_keys), indptr[0], &last[0]);
+  p.history = table(hist_pages_, hist_end_ - r.n_sink, indptr[1], &last[1]);
+  p.recent = table(recent_pages_, std::max<int64_t>(0, n_keys - hist_end_), indptr[2], &last[2]);
   // The kernels address pages as pool base + id * page_bytes. PagePool stores its pages in one
   // array ([n_pages, page_bytes]) but exposes only data(id) of allocated pages, so the base is
   // recovered from a page this sequence holds.
@@ -540,7 +549,7 @@ Status SequenceCache::attend_decode(int layer, const float* q, int n_heads_q, fl
     return pool->data(pages.front()) - static_cast<size_t>(pages.front()) * pool->page_bytes();
   };
   p.exact_pool = pool_base(exact_pool_, sink_pages_.empty() ? recent_pages_ : sink_pages_);
-  if (p.history.n_tokens > 0) p.int2_pool = pool_base(int2_pool_, hist_pages_);
+  if (!hist_pages_.empty()) p.hist_pool = pool_base(int2_pool_, hist_pages_);
   return kernels::decode_attn(p);
 }
 

@@ -77,12 +77,23 @@ struct Case {
   }
 };
 
+// A one-sequence page table: the CSR arrays (heap-held, so they survive moves of their owner).
+struct OneSeqTable {
+  std::vector<int32_t> indptr{0, 0}, last{0};
+  PageTableView bind(const std::vector<int32_t>& pages, int64_t n_tokens, int page_size) {
+    indptr[1] = static_cast<int32_t>((n_tokens + page_size - 1) / page_size);
+    last[0] = n_tokens == 0 ? 0 : static_cast<int32_t>(n_tokens - (indptr[1] - 1) * page_size);
+    return PageTableView{indptr.data(), pages.data(), last.data(), 1};
+  }
+};
+
 // A built cache plus what attention must see: K/V per KV head as float, in token order.
 struct Built {
   std::shared_ptr<const kv::BitPlan> plan;
   KvPageLayout layout;
   std::vector<uint8_t> exact_pool, int2_pool;
   std::vector<int32_t> sink_pages, hist_pages, recent_pages;
+  OneSeqTable sink_t, hist_t, recent_t;  // one-sequence CSR tables over the page lists
   std::vector<float> q;           // [n_heads_q, d]
   std::vector<float> k, v;        // [n_heads_kv, T, d] as attention sees them
   int64_t T = 0;
@@ -202,10 +213,10 @@ Built build(const Case& c) {
   p.layout = L;
   p.q = b.q.data();
   p.exact_pool = b.exact_pool.data();
-  p.int2_pool = b.int2_pool.data();
-  p.sinks = KvSegment{b.sink_pages.data(), c.n_sink};
-  p.history = KvSegment{b.hist_pages.data(), c.n_hist};
-  p.recent = KvSegment{b.recent_pages.data(), c.n_recent};
+  p.hist_pool = b.int2_pool.data();
+  p.sinks = b.sink_t.bind(b.sink_pages, c.n_sink, P);
+  p.history = b.hist_t.bind(b.hist_pages, c.n_hist, P);
+  p.recent = b.recent_t.bind(b.recent_pages, c.n_recent, P);
   p.chunk_tokens = c.chunk_tokens;
   return b;
 }
@@ -374,6 +385,84 @@ TEST(DecodeAttn, PageBoundaries) {
   }
 }
 
+// One call for a batch: sequences of different lengths (one with no keys at all), pages of all of
+// them interleaved in two shared pools, page tables in CSR form. Every sequence must get exactly
+// what the float64 oracle gives for it alone, within its own bound (fast path and reference).
+TEST(DecodeAttn, BatchOfSequencesInOneCall) {
+  struct R {
+    int64_t sink, hist, recent;
+  };
+  const std::vector<R> shapes = {{16, 64, 20}, {0, 0, 0}, {16, 0, 3}, {16, 160, 31}, {5, 0, 0},
+                                 {16, 16, 1}};
+  for (bool plan : {false, true}) {
+    for (int chunk : {0, 7}) {
+      Case base;
+      base.bit_plan = plan;
+      base.chunk_tokens = chunk;
+      std::vector<Case> cases;
+      std::vector<Built> built;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        Case c = base;
+        c.n_sink = shapes[i].sink;
+        c.n_hist = shapes[i].hist;
+        c.n_recent = shapes[i].recent;
+        c.seed = static_cast<uint32_t>(900 + i);
+        cases.push_back(c);
+        built.push_back(build(c));
+      }
+      // One pool per kind: each sequence's pages, with ids shifted past the earlier ones. The bit
+      // plan differs per case seed, so the batch takes the first case's plan for all (the plan is
+      // per engine): rebuild the other cases with that plan's layout.
+      const KvPageLayout L = built[0].layout;
+      for (size_t i = 1; i < built.size() && plan; ++i) {
+        cases[i].seed = cases[0].seed;  // same plan draw
+        built[i] = build(cases[i]);
+      }
+      std::vector<uint8_t> exact_pool, hist_pool;
+      std::vector<int32_t> ind[3] = {{0}, {0}, {0}}, ids[3], last[3];
+      std::vector<float> q;
+      for (Built& b : built) {
+        const int32_t e0 = static_cast<int32_t>(exact_pool.size() / L.exact_page_bytes());
+        const int32_t h0 = static_cast<int32_t>(hist_pool.size() / L.int2_page_bytes());
+        exact_pool.insert(exact_pool.end(), b.exact_pool.begin(), b.exact_pool.end());
+        hist_pool.insert(hist_pool.end(), b.int2_pool.begin(), b.int2_pool.end());
+        const PageTableView* tabs[3] = {&b.params.sinks, &b.params.history, &b.params.recent};
+        for (int r = 0; r < 3; ++r) {
+          const int32_t shift = r == 1 ? h0 : e0;
+          for (int32_t k = 0; k < tabs[r]->n_pages(0); ++k)
+            ids[r].push_back(tabs[r]->page_ids[k] + shift);
+          ind[r].push_back(static_cast<int32_t>(ids[r].size()));
+          last[r].push_back(tabs[r]->last_page_len[0]);
+        }
+        q.insert(q.end(), b.q.begin(), b.q.end());
+      }
+      DecodeAttnParams p = built[0].params;
+      p.n_seqs = static_cast<int32_t>(built.size());
+      p.layout = L;
+      p.q = q.data();
+      p.exact_pool = exact_pool.data();
+      p.hist_pool = hist_pool.data();
+      PageTableView* tabs[3] = {&p.sinks, &p.history, &p.recent};
+      for (int r = 0; r < 3; ++r)
+        *tabs[r] = PageTableView{ind[r].data(), ids[r].data(), last[r].data(), p.n_seqs};
+      const size_t rows = static_cast<size_t>(base.n_heads_q) * base.head_dim;
+      for (int fast = 0; fast < 2; ++fast) {
+        std::vector<float> out(rows * built.size(), -7.f);
+        p.out = out.data();
+        const Status st = fast ? decode_attn(p) : decode_attn_ref(p);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        for (size_t i = 0; i < built.size(); ++i) {
+          const std::vector<double> want = exact_attention(cases[i], built[i]);
+          const Bounds tol = bounds(cases[i], built[i]);
+          std::vector<float> got(out.begin() + i * rows, out.begin() + (i + 1) * rows);
+          compare(fast ? "decode_attn batch" : "decode_attn_ref batch", cases[i], got, want,
+                  fast ? tol.tol_fast : tol.tol_ref);
+        }
+      }
+    }
+  }
+}
+
 TEST(DecodeAttn, EdgeRegions) {
   Case base;
   struct R {
@@ -533,9 +622,10 @@ TEST(DecodeAttn, ValidationErrors) {
   }
   {
     DecodeAttnParams p = b.params;
-    p.int2_pool = nullptr;
+    p.hist_pool = nullptr;
     EXPECT_FALSE(decode_attn(p).ok());
-    p.history.n_tokens = 0;  // no history: the INT2 pool is not needed
+    OneSeqTable empty;
+    p.history = empty.bind({}, 0, c.page_size);  // no history: the INT2 pool is not needed
     EXPECT_TRUE(decode_attn(p).ok());
   }
   {

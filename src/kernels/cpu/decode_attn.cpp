@@ -368,9 +368,10 @@ void block_values(const float* w, int gqa, const float* rows, int nb, int d, flo
 enum class SegKind { kExact, kInt2 };
 
 struct Chunk {
-  const KvSegment* seg;
+  const PageTableView* seg;
+  int32_t seq;         // sequence of the batch
   SegKind kind;
-  int64_t begin, end;  // token range inside the segment
+  int64_t begin, end;  // token range inside the sequence's segment
 };
 
 int64_t auto_chunk_tokens(const DecodeAttnParams& p, int64_t total_tokens) {
@@ -398,9 +399,11 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
   const KvPageLayout& L = p.layout;
   const int d = L.head_dim;
   const int gqa = p.n_heads_q / L.n_heads_kv;
-  const float* q = p.q + static_cast<int64_t>(g) * gqa * d;
+  const float* q = p.q + (static_cast<int64_t>(ch.seq) * p.n_heads_q + g * gqa) * d;
   const bool int2 = ch.kind == SegKind::kInt2;
-  const uint8_t* pool = int2 ? p.int2_pool : p.exact_pool;
+  const uint8_t* pool = int2 ? p.hist_pool : p.exact_pool;
+  // This sequence's page ids of the segment, in token order.
+  const int32_t* pages = ch.seg->page_ids + ch.seg->indptr[ch.seq];
   const size_t page_bytes = int2 ? L.int2_page_bytes() : L.exact_page_bytes();
   const size_t off_k = int2 ? L.int2_row_offset(p.layer, 0, g, 0) : L.exact_row_offset(p.layer, 0, g, 0);
   const size_t off_v = int2 ? L.int2_row_offset(p.layer, 1, g, 0) : L.exact_row_offset(p.layer, 1, g, 0);
@@ -416,7 +419,7 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
   auto prefetch = [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1;) {
       const int64_t run_end = std::min(t1, (t / L.page_size + 1) * L.page_size);
-      const uint8_t* page = pool + static_cast<size_t>(ch.seg->pages[t / L.page_size]) * page_bytes;
+      const uint8_t* page = pool + static_cast<size_t>(pages[t / L.page_size]) * page_bytes;
       for (const auto& [off, rb] : {std::pair{off_k, rb_k}, std::pair{off_v, rb_v}}) {
         const size_t a = static_cast<size_t>(t % L.page_size) * rb;
         const size_t b = a + static_cast<size_t>(run_end - t) * rb;
@@ -428,7 +431,7 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
   };
 
   auto load = [&](int64_t t, size_t off, size_t row_bytes, int bits, float* dst) {
-    const uint8_t* src = pool + static_cast<size_t>(ch.seg->pages[t / L.page_size]) * page_bytes +
+    const uint8_t* src = pool + static_cast<size_t>(pages[t / L.page_size]) * page_bytes +
                          off + static_cast<size_t>(t % L.page_size) * row_bytes;
     if (bits == 3) {
       int3_row_to_f32(src, d, p.group_size, dst);
@@ -501,16 +504,25 @@ Status decode_attn(const DecodeAttnParams& p) {
   if (gqa > kMaxGqa)
     return invalid_argument("decode_attn: gqa_ratio %d > %d (fast path)", gqa, kMaxGqa);
 
-  const int64_t total = p.sinks.n_tokens + p.history.n_tokens + p.recent.n_tokens;
+  int64_t total = 0;
+  for (int s = 0; s < p.n_seqs; ++s)
+    total += p.sinks.seq_len(s, L.page_size) + p.history.seq_len(s, L.page_size) +
+             p.recent.seq_len(s, L.page_size);
   const int64_t chunk = auto_chunk_tokens(p, total);
+  // Chunks sequence by sequence, so that each sequence's partials are contiguous.
   std::vector<Chunk> chunks;
-  auto add = [&](const KvSegment& seg, SegKind kind) {
-    for (int64_t b = 0; b < seg.n_tokens; b += chunk)
-      chunks.push_back(Chunk{&seg, kind, b, std::min(seg.n_tokens, b + chunk)});
-  };
-  add(p.sinks, SegKind::kExact);
-  add(p.history, SegKind::kInt2);
-  add(p.recent, SegKind::kExact);
+  std::vector<int32_t> seq_parts(static_cast<size_t>(p.n_seqs) + 1, 0);  // [n_seqs + 1] offsets
+  for (int s = 0; s < p.n_seqs; ++s) {
+    auto add = [&](const PageTableView& seg, SegKind kind) {
+      const int64_t n = seg.seq_len(s, L.page_size);
+      for (int64_t b = 0; b < n; b += chunk)
+        chunks.push_back(Chunk{&seg, s, kind, b, std::min(n, b + chunk)});
+    };
+    add(p.sinks, SegKind::kExact);
+    add(p.history, SegKind::kInt2);
+    add(p.recent, SegKind::kExact);
+    seq_parts[s + 1] = static_cast<int32_t>(chunks.size());
+  }
   const int n_parts = static_cast<int>(chunks.size());
 
   // Partials: [n_parts, n_heads_q, d] and [n_parts, n_heads_q].
@@ -521,6 +533,7 @@ Status decode_attn(const DecodeAttnParams& p) {
   // Small problems are not worth waking the thread team.
   const bool parallel = total * H * d >= (int64_t{1} << 16) && n_tasks > 1;
 
+  // One parallel region for the whole batch: tasks, then the per-sequence merges.
 #pragma omp parallel if (parallel)
   {
     TaskScratch s;
@@ -535,9 +548,14 @@ Status decode_attn(const DecodeAttnParams& p) {
       chunk_partial(p, chunks[pi], g, s, part_o.data() + r0 * d, part_m.data() + r0,
                     part_l.data() + r0);
     }
+#pragma omp for schedule(static)
+    for (int q = 0; q < p.n_seqs; ++q) {
+      const size_t first = static_cast<size_t>(seq_parts[q]) * p.n_heads_q;
+      merge_attn_states(part_o.data() + first * d, part_m.data() + first, part_l.data() + first,
+                        seq_parts[q + 1] - seq_parts[q], p.n_heads_q, d, p.n_heads_q,
+                        p.out + static_cast<size_t>(q) * p.n_heads_q * d);
+    }
   }
-  merge_attn_states(part_o.data(), part_m.data(), part_l.data(), n_parts, p.n_heads_q, d,
-                    p.n_heads_q, p.out);
   return Status();
 }
 

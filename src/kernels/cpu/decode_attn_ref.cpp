@@ -35,22 +35,40 @@ Status validate_decode_attn(const DecodeAttnParams& p) {
     return invalid_argument("decode_attn: null q or out");
   if (p.chunk_tokens < 0)
     return invalid_argument("decode_attn: chunk_tokens %d < 0", p.chunk_tokens);
+  if (p.n_seqs < 0) return invalid_argument("decode_attn: n_seqs %d < 0", p.n_seqs);
   struct Named {
     const char* name;
-    const KvSegment* seg;
+    const PageTableView* table;
     const uint8_t* pool;
   };
+  bool any_history = false;
   for (const Named& s : {Named{"sinks", &p.sinks, p.exact_pool},
-                         Named{"history", &p.history, p.int2_pool},
+                         Named{"history", &p.history, p.hist_pool},
                          Named{"recent", &p.recent, p.exact_pool}}) {
-    if (s.seg->n_tokens < 0)
-      return invalid_argument("decode_attn: %s has %lld tokens", s.name,
-                              static_cast<long long>(s.seg->n_tokens));
-    if (s.seg->n_tokens > 0 && (s.seg->pages == nullptr || s.pool == nullptr))
-      return invalid_argument("decode_attn: %s has %lld tokens but no page list or pool", s.name,
-                              static_cast<long long>(s.seg->n_tokens));
+    const PageTableView& t = *s.table;
+    if (t.n_seqs != p.n_seqs)
+      return invalid_argument("decode_attn: %s table has %d sequences, the batch %d", s.name,
+                              t.n_seqs, p.n_seqs);
+    if (p.n_seqs == 0) continue;
+    if (t.indptr == nullptr || t.last_page_len == nullptr)
+      return invalid_argument("decode_attn: %s table has no indptr or last_page_len", s.name);
+    if (t.indptr[0] != 0)
+      return invalid_argument("decode_attn: %s indptr[0] = %d", s.name, t.indptr[0]);
+    for (int32_t q = 0; q < p.n_seqs; ++q) {
+      const int32_t n = t.n_pages(q), last = t.last_page_len[q];
+      if (n < 0 || (n == 0 ? last != 0 : (last < 1 || last > L.page_size)))
+        return invalid_argument("decode_attn: %s seq %d has %d pages, last_page_len %d (page_size "
+                                "%d)", s.name, q, n, last, L.page_size);
+      if (s.table == &p.history && n > 0 && last != L.page_size)
+        return invalid_argument("decode_attn: history of seq %d ends in a partial page (%d of %d)",
+                                q, last, L.page_size);
+    }
+    if (t.indptr[p.n_seqs] > 0 && (t.page_ids == nullptr || s.pool == nullptr))
+      return invalid_argument("decode_attn: %s has %d pages but no page ids or pool", s.name,
+                              t.indptr[p.n_seqs]);
+    if (s.table == &p.history) any_history = t.indptr[p.n_seqs] > 0;
   }
-  if (p.history.n_tokens > 0) {
+  if (any_history) {
     if (!quant::int2_valid_group(L.head_dim, p.group_size))
       return invalid_argument("decode_attn: group_size %d invalid for head_dim %d", p.group_size,
                               L.head_dim);
@@ -120,9 +138,9 @@ Status decode_attn_ref(const DecodeAttnParams& p) {
   const int gqa = p.n_heads_q / L.n_heads_kv;
   std::vector<float> krow(d), vrow(d);
 
-  // Reads row t of a segment (kv 0 = K, 1 = V, KV head g) as float.
-  auto load_exact = [&](const KvSegment& s, int64_t t, int kv, int g, float* dst) {
-    const int64_t page = s.pages[t / L.page_size];
+  // Reads row t of sequence `seq` in a region (kv 0 = K, 1 = V, KV head g) as float.
+  auto load_exact = [&](const PageTableView& s, int seq, int64_t t, int kv, int g, float* dst) {
+    const int64_t page = s.page_of(seq, t, L.page_size);
     const int slot = static_cast<int>(t % L.page_size);
     const uint8_t* src = p.exact_pool + page * L.exact_page_bytes() +
                          L.exact_row_offset(p.layer, kv, g, slot);
@@ -136,10 +154,10 @@ Status decode_attn_ref(const DecodeAttnParams& p) {
       }
     }
   };
-  auto load_int2 = [&](const KvSegment& s, int64_t t, int kv, int g, float* dst) {
-    const int64_t page = s.pages[t / L.page_size];
+  auto load_hist = [&](const PageTableView& s, int seq, int64_t t, int kv, int g, float* dst) {
+    const int64_t page = s.page_of(seq, t, L.page_size);
     const int slot = static_cast<int>(t % L.page_size);
-    const uint8_t* row = p.int2_pool + page * L.int2_page_bytes() +
+    const uint8_t* row = p.hist_pool + page * L.int2_page_bytes() +
                          L.int2_row_offset(p.layer, kv, g, slot);
     const int bits = L.hist_row_bits(p.layer, kv, g);
     if (bits == 3) {
@@ -154,29 +172,32 @@ Status decode_attn_ref(const DecodeAttnParams& p) {
   };
 
   std::vector<double> scores;
+  for (int seq = 0; seq < p.n_seqs; ++seq)
   for (int h = 0; h < p.n_heads_q; ++h) {
     const int g = h / gqa;
-    const float* q = p.q + static_cast<int64_t>(h) * d;
+    const int64_t row = static_cast<int64_t>(seq) * p.n_heads_q + h;
+    const float* q = p.q + row * d;
     PartialD parts[3];
-    const KvSegment* segs[3] = {&p.sinks, &p.history, &p.recent};
+    const PageTableView* segs[3] = {&p.sinks, &p.history, &p.recent};
     for (int sidx = 0; sidx < 3; ++sidx) {
-      const KvSegment& s = *segs[sidx];
+      const PageTableView& s = *segs[sidx];
       PartialD& part = parts[sidx];
       part.o.assign(d, 0.0);
-      if (s.n_tokens == 0) continue;  // empty partial: m = -inf, l = 0, o = 0
+      const int64_t n_tokens = s.seq_len(seq, L.page_size);
+      if (n_tokens == 0) continue;  // empty partial: m = -inf, l = 0, o = 0
       auto load = [&](int64_t t, int kv, float* dst) {
-        if (sidx == 1) load_int2(s, t, kv, g, dst);
-        else load_exact(s, t, kv, g, dst);
+        if (sidx == 1) load_hist(s, seq, t, kv, g, dst);
+        else load_exact(s, seq, t, kv, g, dst);
       };
-      scores.assign(s.n_tokens, 0.0);
-      for (int64_t t = 0; t < s.n_tokens; ++t) {
+      scores.assign(n_tokens, 0.0);
+      for (int64_t t = 0; t < n_tokens; ++t) {
         load(t, 0, krow.data());
         double acc = 0;
         for (int c = 0; c < d; ++c) acc += static_cast<double>(q[c]) * krow[c];
         scores[t] = acc * p.scale;
         part.m = std::max(part.m, scores[t]);
       }
-      for (int64_t t = 0; t < s.n_tokens; ++t) {
+      for (int64_t t = 0; t < n_tokens; ++t) {
         const double w = std::exp(scores[t] - part.m);
         part.l += w;
         load(t, 1, vrow.data());
@@ -186,7 +207,7 @@ Status decode_attn_ref(const DecodeAttnParams& p) {
     // Merge (OSCAR.md §5), float64.
     double M = -std::numeric_limits<double>::infinity();
     for (const PartialD& part : parts) M = std::max(M, part.m);
-    float* out = p.out + static_cast<int64_t>(h) * d;
+    float* out = p.out + row * d;
     if (M == -std::numeric_limits<double>::infinity()) {
       std::fill(out, out + d, 0.f);
       continue;
