@@ -7,7 +7,7 @@
 #
 # Runs from the checkout root on that machine, with the binaries copied into .gpu/ (ignored) and
 # .gpu and .peers named in the call's carry:
-#   bash .gpu/gpu-check.sh [all|test|bench|peers|ncu] ...   (default: all but ncu)
+#   bash .gpu/gpu-check.sh [test|bench|variants|peers|ncu|sass] ...   (default: test bench peers)
 # Prepared here with scripts/gpu-pack.sh (build outputs + this script -> /work/main/.gpu).
 set -uo pipefail
 OUT=${OUT:-/tmp/oscar-gpu-out}
@@ -37,6 +37,18 @@ for w in $what; do
       "$G/bench_decode_attn_cuda" --csv "$OUT/bench.csv" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
       echo "($(( $(date +%s) - t0 )) s)"
       ;;
+    variants)
+      # Contiguous page order (TLB / DRAM locality) and loads alone (compute skipped).
+      echo "== bench variants" | tee -a "$OUT/bench.log"
+      "$G/bench_decode_attn_cuda" --order contiguous --ctx 32768,131072 --batch 1,8,32 --iters 20 2>&1 | grep -E "^\||order" | tee -a "$OUT/bench.log"
+      "$G/bench_decode_attn_cuda" --debug 1 --ctx 32768,131072 --batch 1,8,32 --iters 20 2>&1 | grep -E "^\||order" | tee -a "$OUT/bench.log"
+      "$G/bench_decode_attn_cuda" --debug 1 --order contiguous --ctx 131072 --batch 8,32 --iters 20 2>&1 | grep -E "^\||order" | tee -a "$OUT/bench.log"
+      echo "($(( $(date +%s) - t0 )) s)"
+      ;;
+    sass)
+      cuobjdump -sass "$G/bench_decode_attn_cuda" > "$OUT/sass.txt" 2>&1
+      echo "sass: $(wc -l < "$OUT/sass.txt") lines, HMMA $(grep -c HMMA "$OUT/sass.txt")"
+      ;;
     peers)
       echo "== peers"
       PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 .peers/oscar_release_decode.py \
@@ -45,12 +57,17 @@ for w in $what; do
       tail -5 "$OUT/peers.log"
       ;;
     ncu)
-      echo "== ncu (128K x 8, int2)"
-      ncu --clock-control none --kernel-name regex:decode_attn_kernel --launch-skip 5 --launch-count 1 \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-        --section SchedulerStats --section WarpStateStats --section LaunchStats \
-        "$G/bench_decode_attn_cuda" --ctx 131072 --batch 8 --iters 3 > "$OUT/ncu.txt" 2>&1
-      grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|Warp Cycles" "$OUT/ncu.txt" | head -40
+      M=smsp__inst_executed.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,smsp__cycles_active.avg
+      for r in long_scoreboard short_scoreboard wait barrier math_pipe_throttle mio_throttle lg_throttle not_selected selected dispatch_stall no_instruction branch_resolving imc_miss misc tex_throttle; do
+        M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
+      done
+      for mode in int2 bf16; do
+        echo "== ncu (128K x 8, $mode)" | tee -a "$OUT/ncu.txt"
+        ncu --clock-control none --kernel-name regex:decode_attn_kernel --launch-skip 5 --launch-count 1 \
+          --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \
+          --metrics "$M" "$G/bench_decode_attn_cuda" --ctx 131072 --batch 8 --iters 3 --modes $mode >> "$OUT/ncu.txt" 2>&1
+      done
+      grep -E "== ncu|Duration|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occupancy|Issued Warp|No Eligible|inst_executed.sum|dram__bytes|issue_stalled" "$OUT/ncu.txt" | awk '$NF+0 > 0.05 || /==|Duration|DRAM|inst|Issued|Eligible|Occupancy|Registers/' | head -70
       ;;
   esac
 done

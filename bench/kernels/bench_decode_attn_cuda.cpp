@@ -12,7 +12,7 @@
 // device-to-device copy bandwidth (read + write) measured in the same run.
 //
 // Run: bench_decode_attn_cuda [--ctx 8192,32768,131072] [--batch 1,8,32] [--iters 50]
-//                             [--csv FILE]
+//                             [--csv FILE] [--order shuffled|contiguous] [--modes int2,bf16]
 // Not Google Benchmark: a plain program, so that one device call prints one table.
 #include <cuda_runtime.h>
 
@@ -91,13 +91,28 @@ int main(int argc, char** argv) {
   std::vector<int> ctxs = {8192, 32768, 131072}, batches = {1, 8, 32};
   int iters = 50;
   const char* csv = nullptr;
+  bool shuffled = true;
+  DecodeAttnCudaOptions opts;
+  std::vector<std::string> modes = {"int2", "bf16"};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--ctx") && i + 1 < argc) ctxs = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) batches = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
+    else if (!std::strcmp(argv[i], "--debug") && i + 1 < argc) opts.debug_flags = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--order") && i + 1 < argc)
+      shuffled = std::strcmp(argv[++i], "contiguous") != 0;
+    else if (!std::strcmp(argv[i], "--modes") && i + 1 < argc) {
+      modes.clear();
+      for (const char* m = argv[++i]; *m;) {
+        const char* e = std::strchr(m, ',');
+        modes.emplace_back(m, e ? e - m : std::strlen(m));
+        m = e ? e + 1 : m + std::strlen(m);
+      }
+    }
     else {
-      std::fprintf(stderr, "usage: %s [--ctx a,b] [--batch a,b] [--iters n] [--csv file]\n",
+      std::fprintf(stderr, "usage: %s [--ctx a,b] [--batch a,b] [--iters n] [--csv file] "
+                           "[--order shuffled|contiguous] [--modes int2,bf16] [--debug 1]\n",
                    argv[0]);
       return 2;
     }
@@ -179,7 +194,9 @@ int main(int argc, char** argv) {
   std::vector<int32_t> perm(max_pages);
   std::iota(perm.begin(), perm.end(), 0);
   std::mt19937 rng(7);
-  std::shuffle(perm.begin(), perm.end(), rng);
+  if (shuffled) std::shuffle(perm.begin(), perm.end(), rng);
+  std::printf("page order: %s%s\n", shuffled ? "shuffled" : "contiguous",
+              opts.debug_flags & 1 ? "; LOADS ONLY (debug 1: compute skipped)" : "");
 
   float *q = nullptr, *out = nullptr;
   CK(cudaMalloc(&q, sizeof(float) * max_b * kHq * kD));
@@ -198,7 +215,8 @@ int main(int argc, char** argv) {
     std::fprintf(fcsv, "mode,ctx,batch,splits,blocks,median_us,p10_us,p90_us,bytes,tbs,copy_tbs\n");
   std::printf("\n| mode | ctx | batch | splits | blocks | median us | p10 | p90 | MB read | TB/s | "
               "%% of copy |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const char* mode : {"int2", "bf16"}) {
+  for (const std::string& mode_s : modes) {
+    const char* mode = mode_s.c_str();
     const bool int2 = mode[0] == 'i';
     for (int ctx : ctxs)
       for (int b : batches) {
@@ -246,7 +264,7 @@ int main(int argc, char** argv) {
             double(b) * ((n_sink + n_recent) * kHkv * 2.0 * kD * 2 + n_hist * kHkv * 2.0 * 36 +
                          2.0 * kHq * kD * 4);
         for (int i = 0; i < 5; ++i) {
-          const Status st = decode_attn_cuda(p, stream);
+          const Status st = decode_attn_cuda_ex(p, opts, stream);
           if (!st.ok()) {
             std::fprintf(stderr, "decode_attn_cuda: %s\n", st.to_string().c_str());
             return 1;
@@ -258,7 +276,7 @@ int main(int argc, char** argv) {
         for (int i = 0; i < iters; ++i) {
           CK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream));
           CK(cudaEventRecord(e0, stream));
-          const Status st = decode_attn_cuda(p, stream);
+          const Status st = decode_attn_cuda_ex(p, opts, stream);
           if (!st.ok()) return 1;
           CK(cudaEventRecord(e1, stream));
           CK(cudaEventSynchronize(e1));

@@ -146,6 +146,7 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   a.uniform = p.quantizer == Int2Quantizer::kUniform ? 1 : 0;
   a.exact_elem_bytes = L.exact_elem_bytes;
   a.force_generic = opts.path == DecodeAttnCudaPath::kGeneric ? 1 : 0;
+  a.debug_flags = opts.debug_flags;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   for (int i = 0; i < 4; ++i) a.lloyd_levels[i] = quant::kLloydDequantLevels[i];
   a.q = p.q;
@@ -155,6 +156,9 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   // With a bit plan, int2_page_bytes() would read hist_row_prefix (a device pointer) on the host:
   // the kernels read the total themselves (hist_page_bytes = 0 means "from the bit plan").
   a.n_planes = L.n_planes();
+  a.page_shift = -1;
+  for (int sh = 0; sh < 31; ++sh)
+    if ((1 << sh) == L.page_size) a.page_shift = sh;
   a.hist_page_bytes = L.hist_row_prefix != nullptr
                           ? 0
                           : static_cast<uint64_t>(L.n_planes()) * L.page_size * L.int2_row_bytes;

@@ -66,7 +66,9 @@ struct KernelArgs {
   int uniform;  // 1 uniform INT2, 0 Lloyd-Max
   int exact_elem_bytes;
   int n_planes;  // n_layers · 2 · n_heads_kv
+  int page_shift;  // log2(page_size) when a power of two, else -1
   int force_generic;
+  int debug_flags;  // bit 0: stage the tiles but skip their compute (bandwidth of the loads)
   float scale_log2;     // softmax scale · log2(e): scores are kept in log2 units
   float lloyd_levels[4];
   const float* q;       // [n_seqs, n_heads_q, head_dim]
@@ -83,6 +85,15 @@ struct KernelArgs {
   float* part_ml;  // [n_seqs, n_heads_q, n_splits, 2]  (m in log2 units, ℓ)
   float* out;      // [n_seqs, n_heads_q, head_dim]
 };
+
+// Page index and slot of token t of a region (t / page_size, t % page_size), by shifts when the
+// page size is a power of two.
+__device__ __forceinline__ int page_index(const KernelArgs& a, int t) {
+  return a.page_shift >= 0 ? t >> a.page_shift : t / a.page_size;
+}
+__device__ __forceinline__ int page_slot(const KernelArgs& a, int t) {
+  return a.page_shift >= 0 ? t & (a.page_size - 1) : t % a.page_size;
+}
 
 __device__ __forceinline__ int ceil_tiles(int64_t n) {
   return static_cast<int>((n + kTileTokens - 1) / kTileTokens);
@@ -165,9 +176,12 @@ __device__ __forceinline__ int d_natural(int m, int r, int g) { return 16 * m + 
 __device__ __forceinline__ int d_int2(int m, int r, int g) {
   return 32 * (m >> 1) + 4 * g + 2 * (m & 1) + r;
 }
-// The factor F of the INT2 V codes in m-tile m, row half r (see int2_tile).
+// The factor F of the INT2 V codes in m-tile m, row half r (see int2_pair): 256, 4, 16, 64 for
+// quarters 0..3.
 __device__ __forceinline__ float f_int2(int m, int r) {
-  return (r == 0 && (m >> 1) == 3) ? 64.f : 256.f;
+  const int qq = m >> 1;
+  return qq == 0 ? 256.f : static_cast<float>(1 << (2 * qq));
+  (void)r;
 }
 
 // Per-warp online-softmax state; lane (g, t) owns heads 2t, 2t+1 of the group.
@@ -258,21 +272,38 @@ __device__ void to_int2(WarpState& st, float* buf, int g, int t) {
   st.int2 = true;
 }
 
-// Online-softmax update with one tile's scores s (fragment layout: [0] key g head 2t, [1] key g
-// head 2t+1, [2] key g+8 head 2t, [3] key g+8 head 2t+1); returns p = 2^(s - m_new).
-__device__ __forceinline__ void softmax_update(WarpState& st, const float (&s)[4], float (&p)[4]) {
-  const float mx0 = warp_max_g(fmaxf(s[0], s[2]));
-  const float mx1 = warp_max_g(fmaxf(s[1], s[3]));
-  const float n0 = fmaxf(st.m[0], mx0), n1 = fmaxf(st.m[1], mx1);
-  const float u0 = n0 == kNegInf ? 0.f : n0, u1 = n1 == kNegInf ? 0.f : n1;
-  const float a0 = exp2f(st.m[0] - u0), a1 = exp2f(st.m[1] - u1);
-  st.m[0] = n0;
-  st.m[1] = n1;
-  p[0] = exp2f(s[0] - u0);
-  p[1] = exp2f(s[1] - u1);
-  p[2] = exp2f(s[2] - u0);
-  p[3] = exp2f(s[3] - u1);
-  if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
+__device__ __forceinline__ float fast_exp2(float x) {  // 2^x; 2^-inf = +0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The running reference m of a head is raised only when some key exceeds it by more than
+// kLazyMax (log2 units): then p <= 2^kLazyMax, and in most tiles no cross-lane max, no exp of a
+// correction factor and no rescaling of the accumulator are needed. Any reference works for the
+// partial state (o and ℓ are relative to it) and for the merges. kLazyMax = 2 keeps p·s_V of the
+// INT2 tiles far inside fp16 (s_V < 16384).
+constexpr float kLazyMax = 2.f;
+
+// Online-softmax update with N tiles' scores s (fragment layout: [0] key g head 2t, [1] key g
+// head 2t+1, [2] key g+8 head 2t, [3] key g+8 head 2t+1); returns p = 2^(s - m).
+template <int N>
+__device__ __forceinline__ void softmax_update(WarpState& st, const float (&s)[N][4],
+                                               float (&p)[N][4]) {
+  float mx0 = fmaxf(s[0][0], s[0][2]), mx1 = fmaxf(s[0][1], s[0][3]);
+#pragma unroll
+  for (int i = 1; i < N; ++i) {
+    mx0 = fmaxf(mx0, fmaxf(s[i][0], s[i][2]));
+    mx1 = fmaxf(mx1, fmaxf(s[i][1], s[i][3]));
+  }
+  if (__any_sync(0xffffffffu, mx0 > st.m[0] + kLazyMax || mx1 > st.m[1] + kLazyMax)) {
+    mx0 = warp_max_g(mx0);
+    mx1 = warp_max_g(mx1);
+    const float n0 = fmaxf(st.m[0], mx0), n1 = fmaxf(st.m[1], mx1);
+    const float u0 = n0 == kNegInf ? 0.f : n0, u1 = n1 == kNegInf ? 0.f : n1;
+    const float a0 = fast_exp2(st.m[0] - u0), a1 = fast_exp2(st.m[1] - u1);
+    st.m[0] = n0;
+    st.m[1] = n1;
 #pragma unroll
     for (int m = 0; m < 8; ++m) {
       st.o[m][0] *= a0;
@@ -287,8 +318,16 @@ __device__ __forceinline__ void softmax_update(WarpState& st, const float (&s)[4
     st.mn[0] *= a0;
     st.mn[1] *= a1;
   }
-  st.l[0] += p[0] + p[2];
-  st.l[1] += p[1] + p[3];
+  const float u0 = st.m[0] == kNegInf ? 0.f : st.m[0], u1 = st.m[1] == kNegInf ? 0.f : st.m[1];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    p[i][0] = fast_exp2(s[i][0] - u0);
+    p[i][1] = fast_exp2(s[i][1] - u1);
+    p[i][2] = fast_exp2(s[i][2] - u0);
+    p[i][3] = fast_exp2(s[i][3] - u1);
+    st.l[0] += p[i][0] + p[i][2];
+    st.l[1] += p[i][1] + p[i][3];
+  }
 }
 
 // Q fragments (B operand of S^T = K·Q^T) for exact tiles: natural d order, BF16, pre-scaled.
@@ -360,14 +399,14 @@ __device__ __forceinline__ void exact_tile(WarpState& st, const QExact& qf, uint
       oscar::cuda::mma_bf16(acc[s & 1], a[0], a[1], a[2], a[3], qf.b[s][0], qf.b[s][1]);
     }
   }
-  float s[4], p[4];
+  float s[1][4], p[1][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) s[i] = acc[0][i] + acc[1][i];
-  if (g >= n_valid) s[0] = s[1] = kNegInf;
-  if (g + 8 >= n_valid) s[2] = s[3] = kNegInf;
-  softmax_update(st, s, p);
-  const uint32_t b0 = oscar::cuda::movmatrix_trans(pack_bf16(p[0], p[1]));
-  const uint32_t b1 = oscar::cuda::movmatrix_trans(pack_bf16(p[2], p[3]));
+  for (int i = 0; i < 4; ++i) s[0][i] = acc[0][i] + acc[1][i];
+  if (g >= n_valid) s[0][0] = s[0][1] = kNegInf;
+  if (g + 8 >= n_valid) s[0][2] = s[0][3] = kNegInf;
+  softmax_update<1>(st, s, p);
+  const uint32_t b0 = oscar::cuda::movmatrix_trans(pack_bf16(p[0][0], p[0][1]));
+  const uint32_t b1 = oscar::cuda::movmatrix_trans(pack_bf16(p[0][2], p[0][3]));
   {
     const int row = (lane & 7) + ((lane >> 4) << 3);
     const int chi = (lane >> 3) & 1;
@@ -380,80 +419,105 @@ __device__ __forceinline__ void exact_tile(WarpState& st, const QExact& qf, uint
   }
 }
 
-// One INT2 tile (head_dim 128, group 128, uniform): stage = 16 K rows of 36 bytes, then 16 V rows.
-__device__ __forceinline__ void int2_tile(WarpState& st, const QInt2& qf, const uint8_t* stage,
-                                          int n_valid, int lane) {
+// Two INT2 tiles (head_dim 128, group 128, uniform) per step: stage = [K0 | V0 | K1 | V1], each
+// 16 rows of 36 bytes; nv0, nv1 valid keys of each (0: no tile, a zero-filled stage).
+// Two independent tiles give the scheduler independent MMA chains and halve the per-step
+// softmax and pipeline overhead.
+__device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const uint8_t* stage,
+                                          int nv0, int nv1, int lane) {
   const int g = lane >> 2, t = lane & 3;
-  const uint8_t* ks = stage;
-  const uint8_t* vs = stage + 16 * 36;
   float acc[2][4] = {};
-  uint32_t kw[2][2];
-  kw[0][0] = lds32(ks + 36 * g + 8 * t);
-  kw[0][1] = lds32(ks + 36 * g + 8 * t + 4);
-  kw[1][0] = lds32(ks + 36 * (g + 8) + 8 * t);
-  kw[1][1] = lds32(ks + 36 * (g + 8) + 8 * t + 4);
-  const uint32_t km0 = lds32(ks + 36 * g + 32), km1 = lds32(ks + 36 * (g + 8) + 32);
+  float2 km[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint8_t* ks = stage + i * 1152;
+    km[i][0] = unpack_f16(lds32(ks + 36 * g + 32));
+    km[i][1] = unpack_f16(lds32(ks + 36 * (g + 8) + 32));
+  }
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
-    const uint32_t x0 = kw[0][w], x1 = kw[1][w];
-    const uint32_t y0 = x0 >> 8, y1 = x1 >> 8;
+    uint32_t x[2][2], y[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* ks = stage + i * 1152;
+      x[i][0] = lds32(ks + 36 * g + 8 * t + 4 * w);
+      x[i][1] = lds32(ks + 36 * (g + 8) + 8 * t + 4 * w);
+      y[i][0] = x[i][0] >> 8;
+      y[i][1] = x[i][1] >> 8;
+    }
 #pragma unroll
     for (int qq = 0; qq < 4; ++qq) {
       const uint32_t mask = 0x00030003u << (2 * qq);
-      oscar::cuda::mma_f16(acc[qq & 1], (x0 & mask) | kMagic, (x1 & mask) | kMagic,
-                           (y0 & mask) | kMagic, (y1 & mask) | kMagic, qf.b[4 * w + qq][0],
-                           qf.b[4 * w + qq][1]);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        oscar::cuda::mma_f16(acc[i], (x[i][0] & mask) | kMagic, (x[i][1] & mask) | kMagic,
+                             (y[i][0] & mask) | kMagic, (y[i][1] & mask) | kMagic,
+                             qf.b[4 * w + qq][0], qf.b[4 * w + qq][1]);
     }
   }
-  const float2 kmeta0 = unpack_f16(km0), kmeta1 = unpack_f16(km1);  // (s, min) of keys g, g+8
-  float s[4], p[4];
-  s[0] = kmeta0.x * ((acc[0][0] + acc[1][0]) - qf.off[0]) + kmeta0.y * qf.sum[0];
-  s[1] = kmeta0.x * ((acc[0][1] + acc[1][1]) - qf.off[1]) + kmeta0.y * qf.sum[1];
-  s[2] = kmeta1.x * ((acc[0][2] + acc[1][2]) - qf.off[0]) + kmeta1.y * qf.sum[0];
-  s[3] = kmeta1.x * ((acc[0][3] + acc[1][3]) - qf.off[1]) + kmeta1.y * qf.sum[1];
-  if (g >= n_valid) s[0] = s[1] = kNegInf;
-  if (g + 8 >= n_valid) s[2] = s[3] = kNegInf;
-  softmax_update(st, s, p);
-
-  const float2 vm0 = unpack_f16(lds32(vs + 36 * g + 32));
-  const float2 vm1 = unpack_f16(lds32(vs + 36 * (g + 8) + 32));
-  st.mn[0] += p[0] * vm0.y + p[2] * vm1.y;
-  st.mn[1] += p[1] * vm0.y + p[3] * vm1.y;
-  const uint32_t h0 = pack_f16(p[0] * vm0.x, p[1] * vm0.x);
-  const uint32_t h1 = pack_f16(p[2] * vm1.x, p[3] * vm1.x);
-  {
-    const float2 f0 = unpack_f16(h0), f1 = unpack_f16(h1);
-    st.ps[0] += f0.x + f1.x;
-    st.ps[1] += f0.y + f1.y;
+  // s = s_K·(acc − off) + min_K·Σq, per (key row, head).
+  float s[2][4], p[2][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        s[i][2 * r + j] = km[i][r].x * (acc[i][2 * r + j] - qf.off[j]) + km[i][r].y * qf.sum[j];
+  if (nv0 < kTileTokens || nv1 < kTileTokens) {  // only at the end of a warp's tiles
+    if (g >= nv0) s[0][0] = s[0][1] = kNegInf;
+    if (g + 8 >= nv0) s[0][2] = s[0][3] = kNegInf;
+    if (g >= nv1) s[1][0] = s[1][1] = kNegInf;
+    if (g + 8 >= nv1) s[1][2] = s[1][3] = kNegInf;
   }
-  const uint32_t b0 = oscar::cuda::movmatrix_trans(h0);
-  const uint32_t b1 = oscar::cuda::movmatrix_trans(h1);
+  softmax_update<2>(st, s, p);
 
-  // V rows of keys 2t, 2t+1, 2t+8, 2t+9: bytes 4g..4g+3 (d = 4g + b + 32·qq).
-  const uint32_t v0 = lds32(vs + 36 * (2 * t) + 4 * g);
-  const uint32_t v1 = lds32(vs + 36 * (2 * t + 1) + 4 * g);
-  const uint32_t v8 = lds32(vs + 36 * (2 * t + 8) + 4 * g);
-  const uint32_t v9 = lds32(vs + 36 * (2 * t + 9) + 4 * g);
 #pragma unroll
-  for (int bp = 0; bp < 2; ++bp) {
-    // [key 2t byte 2bp, key 2t byte 2bp+1, key 2t+1 byte 2bp, key 2t+1 byte 2bp+1]
-    const uint32_t X = __byte_perm(v0, v1, bp ? 0x7632 : 0x5410);
-    const uint32_t Z = __byte_perm(v8, v9, bp ? 0x7632 : 0x5410);
+  for (int i = 0; i < 2; ++i) {
+    const uint8_t* vs = stage + i * 1152 + 576;
+    const float2 vm0 = unpack_f16(lds32(vs + 36 * g + 32));
+    const float2 vm1 = unpack_f16(lds32(vs + 36 * (g + 8) + 32));
+    st.mn[0] += p[i][0] * vm0.y + p[i][2] * vm1.y;
+    st.mn[1] += p[i][1] * vm0.y + p[i][3] * vm1.y;
+    const uint32_t h0 = pack_f16(p[i][0] * vm0.x, p[i][1] * vm0.x);
+    const uint32_t h1 = pack_f16(p[i][2] * vm1.x, p[i][3] * vm1.x);
+    {
+      const float2 f0 = unpack_f16(h0), f1 = unpack_f16(h1);
+      st.ps[0] += f0.x + f1.x;
+      st.ps[1] += f0.y + f1.y;
+    }
+    const uint32_t b0 = oscar::cuda::movmatrix_trans(h0);
+    const uint32_t b1 = oscar::cuda::movmatrix_trans(h1);
+    // V rows of keys 2t, 2t+1, 2t+8, 2t+9: bytes 4g..4g+3 (d = 4g + b + 32·qq).
+    const uint32_t v0 = lds32(vs + 36 * (2 * t) + 4 * g);
+    const uint32_t v1 = lds32(vs + 36 * (2 * t + 1) + 4 * g);
+    const uint32_t v8 = lds32(vs + 36 * (2 * t + 8) + 4 * g);
+    const uint32_t v9 = lds32(vs + 36 * (2 * t + 9) + 4 * g);
 #pragma unroll
-    for (int qq = 0; qq < 4; ++qq) {
-      // Row g (byte 2bp, low bytes of the halves): code to bits 8-9 (F = 256), or left at bits
-      // 6-7 for qq = 3 (F = 64). Row g+8 (byte 2bp+1, high bytes): to bits 8-9 (F = 256).
-      uint32_t lx, lz, hx, hz;
-      if (qq < 3) {
-        lx = ((X << (8 - 2 * qq)) & 0x03000300u) | kMagic;
-        lz = ((Z << (8 - 2 * qq)) & 0x03000300u) | kMagic;
-      } else {
-        lx = (X & 0x00c000c0u) | kMagic;
-        lz = (Z & 0x00c000c0u) | kMagic;
+    for (int bp = 0; bp < 2; ++bp) {
+      // [key 2t byte 2bp, key 2t byte 2bp+1, key 2t+1 byte 2bp, key 2t+1 byte 2bp+1]
+      const uint32_t X = __byte_perm(v0, v1, bp ? 0x7632 : 0x5410);
+      const uint32_t Z = __byte_perm(v8, v9, bp ? 0x7632 : 0x5410);
+      const uint32_t Xl = X << 8, Xh = X >> 8, Zl = Z << 8, Zh = Z >> 8;
+#pragma unroll
+      for (int qq = 0; qq < 4; ++qq) {
+        // Row g: byte 2bp (low bytes of the halves); row g+8: byte 2bp+1 (high bytes). Quarter
+        // 0 is moved to bits 8-9 (F = 256); quarters 1-3 stay at bits 2qq (F = 4^qq).
+        uint32_t lx, lz, hx, hz;
+        const uint32_t mq = 0x00030003u << (2 * qq);
+        if (qq == 0) {
+          lx = (Xl & 0x03000300u) | kMagic;
+          lz = (Zl & 0x03000300u) | kMagic;
+          hx = (X & 0x03000300u) | kMagic;
+          hz = (Z & 0x03000300u) | kMagic;
+        } else {
+          lx = (X & mq) | kMagic;
+          lz = (Z & mq) | kMagic;
+          hx = (Xh & mq) | kMagic;
+          hz = (Zh & mq) | kMagic;
+        }
+        oscar::cuda::mma_f16(st.o[2 * qq + bp], lx, hx, lz, hz, b0, b1);
       }
-      hx = ((X >> (2 * qq)) & 0x03000300u) | kMagic;
-      hz = ((Z >> (2 * qq)) & 0x03000300u) | kMagic;
-      oscar::cuda::mma_f16(st.o[2 * qq + bp], lx, hx, lz, hz, b0, b1);
     }
   }
 }
@@ -507,10 +571,10 @@ __device__ __forceinline__ void pipeline(int n, Load&& load, Compute&& compute) 
 // tile base + j) for page sizes that are multiples of 16 (a tile inside one page), so that no
 // cp.async waits on a page-table load.
 template <class TileOf>
-__device__ __forceinline__ int prefetch_page(const PageTableView& pt, int pbase, int page_size,
-                                             int n, int k, TileOf tile_of) {
+__device__ __forceinline__ int prefetch_page(const KernelArgs& a, const PageTableView& pt,
+                                             int pbase, int n, int k, TileOf tile_of) {
   if (k >= n) return 0;
-  return pt.page_ids[pbase + (tile_of(k) * kTileTokens) / page_size];
+  return pt.page_ids[pbase + page_index(a, tile_of(k) * kTileTokens)];
 }
 
 // The whole block: see the file comment.
@@ -560,7 +624,7 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attn_kernel(const __grid_c
     if (lo >= hi) continue;
     const PageTableView pt = r == 0 ? a.sinks : (r == 1 ? a.history : a.recent);
     const int pbase = pt.indptr[seq];
-    const int64_t ntk = r == 0 ? n_tok0 : (r == 1 ? n_tok1 : n_tok2);
+    const int ntk = static_cast<int>(r == 0 ? n_tok0 : (r == 1 ? n_tok1 : n_tok2));
     const int n_my = (hi - lo - warp + kWarps - 1) / kWarps;  // tiles lo + warp + 4k < hi
     auto tile_of = [&](int k) { return lo + warp + kWarps * k; };
 
@@ -569,49 +633,62 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attn_kernel(const __grid_c
       to_int2(st, convbuf, g, t);
       QInt2 qf;
       make_q_int2(qf, qrow, a.scale_log2, g, t);
-      constexpr int kStage = 1152, NST = 8;
+      constexpr int kStage = 2304, NST = 6;  // a pair of tiles per stage
       static_assert(kStage * NST <= kRingBytes);
       int pf_cur = 0, pf_nxt = 0;
       if (P % kTileTokens == 0) {
-        pf_cur = prefetch_page(pt, pbase, P, n_my, lane, tile_of);
-        pf_nxt = prefetch_page(pt, pbase, P, n_my, 32 + lane, tile_of);
+        pf_cur = prefetch_page(a, pt, pbase, n_my, lane, tile_of);
+        pf_nxt = prefetch_page(a, pt, pbase, n_my, 32 + lane, tile_of);
       }
-      auto load = [&](int k, int stg) {
-        const uint32_t dst = ring_s + stg * kStage;
-        const int tile = tile_of(k);
-        if (P % kTileTokens == 0) {
-          if ((k & 31) == 0 && k > 0) {
-            pf_cur = pf_nxt;
-            pf_nxt = prefetch_page(pt, pbase, P, n_my, k + 32 + lane, tile_of);
-          }
-          const int page = __shfl_sync(0xffffffffu, pf_cur, k & 31);
-          const uint8_t* base = a.hist_pool + static_cast<uint64_t>(page) * hpb +
-                                ((tile * kTileTokens) % P) * 36;
+      const int n_pairs = (n_my + 1) / 2;
+      auto load = [&](int j, int stg) {
 #pragma unroll
-          for (int c = lane; c < 72; c += 32) {
-            const uint8_t* src = c < 36 ? base + off_k + 16 * c : base + off_v + 16 * (c - 36);
-            cp_async16(dst + 16 * c, src, true);
-          }
-        } else {  // pages of 8 tokens (or fewer): a tile spans several pages
-          const int run = P * 36;
+        for (int i = 0; i < 2; ++i) {
+          const uint32_t dst = ring_s + stg * kStage + i * 1152;
+          const int k = 2 * j + i;
+          const bool exists = k < n_my;
+          const int tile = tile_of(k);
+          if (P % kTileTokens == 0) {
+            if (i == 0 && (k & 31) == 0 && k > 0) {
+              pf_cur = pf_nxt;
+              pf_nxt = prefetch_page(a, pt, pbase, n_my, k + 32 + lane, tile_of);
+            }
+            const int page = __shfl_sync(0xffffffffu, pf_cur, k & 31);
+            const uint8_t* base = a.hist_pool + static_cast<uint64_t>(page) * hpb +
+                                  page_slot(a, tile * kTileTokens) * 36 + 16 * lane;
+            const uint8_t* bk = exists ? base + off_k : a.hist_pool;
+            const uint8_t* bv = exists ? base + off_v : a.hist_pool;
+            cp_async16(dst + 16 * lane, bk, exists);
+            cp_async16(dst + 576 + 16 * lane, bv, exists);
+            if (lane < 4) {
+              cp_async16(dst + 512 + 16 * lane, bk + (exists ? 512 : 0), exists);
+              cp_async16(dst + 576 + 512 + 16 * lane, bv + (exists ? 512 : 0), exists);
+            }
+          } else {  // pages of 8 tokens (or fewer): a tile spans several pages
+            const int run = P * 36;
 #pragma unroll 1
-          for (int c = lane; c < 72; c += 32) {
-            const int kv = c >= 36, b = 16 * (c - 36 * kv), sub = b / run;
-            const int64_t tok = static_cast<int64_t>(tile) * kTileTokens + sub * P;
-            const bool valid = tok < ntk;
-            const int page = valid ? pt.page_ids[pbase + static_cast<int>(tok / P)] : 0;
-            const uint8_t* src = a.hist_pool + static_cast<uint64_t>(page) * hpb +
-                                 (kv ? off_v : off_k) + (b - sub * run);
-            cp_async16(dst + 16 * c, valid ? src : a.hist_pool, valid);
+            for (int c = lane; c < 72; c += 32) {
+              const int kv = c >= 36, b = 16 * (c - 36 * kv), sub = b / run;
+              const int tok = tile * kTileTokens + sub * P;
+              const bool valid = exists && tok < ntk;
+              const int page = valid ? pt.page_ids[pbase + page_index(a, tok)] : 0;
+              const uint8_t* src = a.hist_pool + static_cast<uint64_t>(page) * hpb +
+                                   (kv ? off_v : off_k) + (b - sub * run);
+              cp_async16(dst + 16 * c, valid ? src : a.hist_pool, valid);
+            }
           }
         }
       };
-      auto compute = [&](int k, int stg) {
-        const int tile = tile_of(k);
-        const int nv = static_cast<int>(ntk - int64_t(tile) * kTileTokens < kTileTokens ? ntk - int64_t(tile) * kTileTokens : kTileTokens);
-        int2_tile(st, qf, ring + stg * kStage, nv, lane);
+      auto n_valid = [&](int k) {
+        if (k >= n_my) return 0;
+        return min(kTileTokens, ntk - tile_of(k) * kTileTokens);
       };
-      pipeline<NST>(n_my, load, compute);
+      auto compute = [&](int j, int stg) {
+        if (a.debug_flags & 1) return;
+        const int nv0 = n_valid(2 * j), nv1 = n_valid(2 * j + 1);
+        int2_pair(st, qf, ring + stg * kStage, nv0, nv1, lane);
+      };
+      pipeline<NST>(n_pairs, load, compute);
     } else if (r == 1) {
       // ---- generic history tiles: dequantize into a BF16 tile, then the exact path ---------
       to_natural(st, convbuf, g, t);
@@ -643,7 +720,7 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attn_kernel(const __grid_c
       };
       auto compute = [&](int k, int stg) {
         const int tile = tile_of(k);
-        const int nv = static_cast<int>(ntk - int64_t(tile) * kTileTokens < kTileTokens ? ntk - int64_t(tile) * kTileTokens : kTileTokens);
+        const int nv = min(kTileTokens, ntk - tile * kTileTokens);
         dequant_tile(a, raw0 + stg * stage_bytes, rb_k, rb_v, bits_k, bits_v, kbf, vbf, lane);
         __syncwarp();
         exact_tile(st, qf, smem_addr(kbf), smem_addr(vbf), nv, lane);
@@ -660,37 +737,46 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attn_kernel(const __grid_c
       const uint64_t plane_v = plane_k + static_cast<uint64_t>(a.n_heads_kv) * P * 256;
       int pf_cur = 0, pf_nxt = 0;
       if (P % kTileTokens == 0) {
-        pf_cur = prefetch_page(pt, pbase, P, n_my, lane, tile_of);
-        pf_nxt = prefetch_page(pt, pbase, P, n_my, 32 + lane, tile_of);
+        pf_cur = prefetch_page(a, pt, pbase, n_my, lane, tile_of);
+        pf_nxt = prefetch_page(a, pt, pbase, n_my, 32 + lane, tile_of);
       }
       auto load = [&](int k, int stg) {
+        // Instruction i copies rows 2i, 2i+1 (512 contiguous bytes per plane when a tile lies in
+        // one page): lane -> row 2i + lane/16, 16-byte chunk lane%16 (swizzled in the stage).
         const uint32_t dst = ring_s + stg * kStage;
         const int tile = tile_of(k);
-        const int row = lane >> 1, c0 = 8 * (lane & 1);
-        const int64_t tok = static_cast<int64_t>(tile) * kTileTokens + row;
-        const bool valid = tok < ntk;
-        int page;
+        const int c = lane & 15;
+        int page_tile = 0;
         if (P % kTileTokens == 0) {
           if ((k & 31) == 0 && k > 0) {
             pf_cur = pf_nxt;
-            pf_nxt = prefetch_page(pt, pbase, P, n_my, k + 32 + lane, tile_of);
+            pf_nxt = prefetch_page(a, pt, pbase, n_my, k + 32 + lane, tile_of);
           }
-          page = __shfl_sync(0xffffffffu, pf_cur, k & 31);
-        } else {
-          page = valid ? pt.page_ids[pbase + static_cast<int>(tok / P)] : 0;
+          page_tile = __shfl_sync(0xffffffffu, pf_cur, k & 31);
         }
-        const uint8_t* base = a.exact_pool + static_cast<uint64_t>(page) * a.exact_page_bytes +
-                              (tok % P) * 256;
 #pragma unroll
-        for (int c = c0; c < c0 + 8; ++c) {
+        for (int i = 0; i < 8; ++i) {
+          const int row = 2 * i + (lane >> 4);
+          const int tok = tile * kTileTokens + row;
+          const bool valid = tok < ntk;
+          int page = page_tile, slot;
+          if (P % kTileTokens == 0) {
+            slot = page_slot(a, tile * kTileTokens) + row;
+          } else {
+            page = valid ? pt.page_ids[pbase + page_index(a, tok)] : 0;
+            slot = page_slot(a, tok);
+          }
+          const uint8_t* base = a.exact_pool + static_cast<uint64_t>(page) * a.exact_page_bytes +
+                                slot * 256 + 16 * c;
           const uint32_t so = row * 256 + ((c ^ (row & 7)) << 4);
-          cp_async16(dst + so, valid ? base + plane_k + 16 * c : a.exact_pool, valid);
-          cp_async16(dst + 4096 + so, valid ? base + plane_v + 16 * c : a.exact_pool, valid);
+          cp_async16(dst + so, valid ? base + plane_k : a.exact_pool, valid);
+          cp_async16(dst + 4096 + so, valid ? base + plane_v : a.exact_pool, valid);
         }
       };
       auto compute = [&](int k, int stg) {
         const int tile = tile_of(k);
-        const int nv = static_cast<int>(ntk - int64_t(tile) * kTileTokens < kTileTokens ? ntk - int64_t(tile) * kTileTokens : kTileTokens);
+        if (a.debug_flags & 1) return;
+        const int nv = min(kTileTokens, ntk - tile * kTileTokens);
         exact_tile(st, qf, ring_s + stg * kStage, ring_s + stg * kStage + 4096, nv, lane);
       };
       pipeline<NST>(n_my, load, compute);

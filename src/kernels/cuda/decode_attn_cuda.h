@@ -20,6 +20,9 @@ enum class DecodeAttnCudaPath : int32_t {
 struct DecodeAttnCudaOptions {
   DecodeAttnCudaPath path = DecodeAttnCudaPath::kAuto;
   int32_t n_splits = 0;  // context splits per (sequence, KV head); 0 = chosen to fill the GPU
+  // Benchmarks only: bit 0 = copy every tile into shared memory but skip its compute (the
+  // output is then garbage): the bandwidth the loads alone reach.
+  int32_t debug_flags = 0;
 };
 
 // Same contract as decode_attn_cuda. Allocates (once, then grows) a device workspace for the
