@@ -38,16 +38,21 @@ for w in $what; do
       echo "($(( $(date +%s) - t0 )) s)"
       ;;
     variants)
-      # Contiguous page order (TLB / DRAM locality) and loads alone (compute skipped).
+      # INT2 in the wide configuration, other split counts at 128K, the generic (dequantize-to-
+      # BF16) history path, loads alone (compute skipped), BF16 in the dense configuration.
       echo "== bench variants" | tee -a "$OUT/bench.log"
-      "$G/bench_decode_attn_cuda" --order contiguous --ctx 32768,131072 --batch 1,8,32 --iters 20 2>&1 | grep -E "^\||order" | tee -a "$OUT/bench.log"
-      "$G/bench_decode_attn_cuda" --debug 1 --ctx 32768,131072 --batch 1,8,32 --iters 20 2>&1 | grep -E "^\||order" | tee -a "$OUT/bench.log"
-      "$G/bench_decode_attn_cuda" --debug 1 --order contiguous --ctx 131072 --batch 8,32 --iters 20 2>&1 | grep -E "^\||order" | tee -a "$OUT/bench.log"
+      B="$G/bench_decode_attn_cuda --iters 20"
+      V() { $B "$@" 2>&1 | grep -E "^\| (int2|bf16)|order" | tee -a "$OUT/bench.log"; }
+      V --modes int2 --ctx 32768,131072 --batch 1,8,32 --config 1
+      V --modes int2 --ctx 131072 --batch 1,8 --splits 98
+      V --modes int2 --ctx 32768,131072 --batch 8 --path generic
+      V --modes int2 --ctx 131072 --batch 1,8,32 --debug 1
+      V --modes bf16 --ctx 131072 --batch 8,32 --config 2
       echo "($(( $(date +%s) - t0 )) s)"
       ;;
     sass)
       cuobjdump -sass "$G/bench_decode_attn_cuda" > "$OUT/sass.txt" 2>&1
-      echo "sass: $(wc -l < "$OUT/sass.txt") lines, HMMA $(grep -c HMMA "$OUT/sass.txt")"
+      echo "sass: $(wc -l < "$OUT/sass.txt") lines, HMMA $(grep -c HMMA "$OUT/sass.txt"), LOP3 $(grep -c LOP3 "$OUT/sass.txt")"
       ;;
     peers)
       echo "== peers"
@@ -61,7 +66,7 @@ for w in $what; do
       for r in long_scoreboard short_scoreboard wait barrier math_pipe_throttle mio_throttle lg_throttle not_selected selected dispatch_stall no_instruction branch_resolving imc_miss misc tex_throttle; do
         M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
       done
-      for mode in int2 bf16; do
+      for mode in ${NCU_MODES:-int2 bf16}; do
         echo "== ncu (128K x 8, $mode)" | tee -a "$OUT/ncu.txt"
         ncu --clock-control none --kernel-name regex:decode_attn_kernel --launch-skip 5 --launch-count 1 \
           --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \

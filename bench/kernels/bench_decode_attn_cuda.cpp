@@ -6,13 +6,17 @@
 // for contexts × batches (defaults 8K/32K/128K × 1/8/32). Pages: 2 layers per page (layer 1 is
 // read, so a layer's planes are not contiguous across pages), page ids shuffled, contents random
 // (valid fp16 metadata). Timing: CUDA events around each decode_attn_cuda call (the attention and
-// its combine kernel), L2 flushed before each call by a 256 MiB memset (4x the H200's L2),
-// 5 warm-up calls, median (and p10/p90) of --iters calls (default 50). Reported: bytes that must
-// be read (every K/V byte of the layer once, metadata included, plus q and out), TB/s, and the
-// device-to-device copy bandwidth (read + write) measured in the same run.
+// its combine kernel) captured once into a CUDA graph and replayed, as the peers do; the L2
+// flushed before each call by reading 256 MiB (4x the H200's L2; reads, so no dirty lines are
+// left to write back during the timed call); 5 warm-up calls, median (and p10/p90) of --iters
+// replays (default 50); "direct us" = the same call launched without a graph. Reported: bytes
+// that must be read (every K/V byte of the layer once, metadata included, plus q and out), TB/s
+// (from the graph median), and the device-to-device copy bandwidth (read + write) measured in
+// the same run.
 //
 // Run: bench_decode_attn_cuda [--ctx 8192,32768,131072] [--batch 1,8,32] [--iters 50]
 //                             [--csv FILE] [--order shuffled|contiguous] [--modes int2,bf16]
+//                             [--debug 1] [--splits n] [--path auto|generic|naive] [--config c]
 // Not Google Benchmark: a plain program, so that one device call prints one table.
 #include <cuda_runtime.h>
 
@@ -27,6 +31,7 @@
 #include <vector>
 
 #include "kernels/cuda/decode_attn_cuda.h"
+#include "kernels/cuda/device_util.h"
 #include "kernels/decode_attn.h"
 #include "quant/int2_layout.h"
 
@@ -100,6 +105,14 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
     else if (!std::strcmp(argv[i], "--debug") && i + 1 < argc) opts.debug_flags = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) opts.n_splits = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--config") && i + 1 < argc) opts.config = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--path") && i + 1 < argc) {
+      const char* v = argv[++i];
+      opts.path = !std::strcmp(v, "generic") ? DecodeAttnCudaPath::kGeneric
+                  : !std::strcmp(v, "naive") ? DecodeAttnCudaPath::kNaive
+                                             : DecodeAttnCudaPath::kAuto;
+    }
     else if (!std::strcmp(argv[i], "--order") && i + 1 < argc)
       shuffled = std::strcmp(argv[++i], "contiguous") != 0;
     else if (!std::strcmp(argv[i], "--modes") && i + 1 < argc) {
@@ -112,7 +125,7 @@ int main(int argc, char** argv) {
     }
     else {
       std::fprintf(stderr, "usage: %s [--ctx a,b] [--batch a,b] [--iters n] [--csv file] "
-                           "[--order shuffled|contiguous] [--modes int2,bf16] [--debug 1]\n",
+                           "[--order shuffled|contiguous] [--modes int2,bf16] [--debug 1] [--splits n] [--path auto|generic|naive] [--config 0|1|2]\n",
                    argv[0]);
       return 2;
     }
@@ -153,7 +166,10 @@ int main(int argc, char** argv) {
 
   const size_t flush_bytes = size_t{256} << 20;
   void* flush = nullptr;
+  float* sink = nullptr;
   CK(cudaMalloc(&flush, flush_bytes));
+  CK(cudaMalloc(&sink, sizeof(float)));
+  CK(cudaMemset(flush, 1, flush_bytes));
 
   KvPageLayout L;
   L.n_layers = kLayers;
@@ -195,8 +211,11 @@ int main(int argc, char** argv) {
   std::iota(perm.begin(), perm.end(), 0);
   std::mt19937 rng(7);
   if (shuffled) std::shuffle(perm.begin(), perm.end(), rng);
-  std::printf("page order: %s%s\n", shuffled ? "shuffled" : "contiguous",
-              opts.debug_flags & 1 ? "; LOADS ONLY (debug 1: compute skipped)" : "");
+  std::printf("page order: %s%s; path %d; config %d; splits %s\n",
+              shuffled ? "shuffled" : "contiguous",
+              opts.debug_flags & 1 ? "; LOADS ONLY (debug 1: compute skipped)" : "",
+              static_cast<int>(opts.path), opts.config,
+              opts.n_splits > 0 ? std::to_string(opts.n_splits).c_str() : "auto");
 
   float *q = nullptr, *out = nullptr;
   CK(cudaMalloc(&q, sizeof(float) * max_b * kHq * kD));
@@ -212,9 +231,11 @@ int main(int argc, char** argv) {
 
   FILE* fcsv = csv ? std::fopen(csv, "w") : nullptr;
   if (fcsv)
-    std::fprintf(fcsv, "mode,ctx,batch,splits,blocks,median_us,p10_us,p90_us,bytes,tbs,copy_tbs\n");
-  std::printf("\n| mode | ctx | batch | splits | blocks | median us | p10 | p90 | MB read | TB/s | "
-              "%% of copy |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::fprintf(fcsv, "mode,ctx,batch,splits,blocks,median_us,p10_us,p90_us,direct_us,bytes,tbs,"
+                       "copy_tbs\n");
+  std::printf("\n| mode | ctx | batch | config | splits | blocks | graph median us | p10 | p90 | "
+              "direct us | MB read | TB/s | %% of copy |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const std::string& mode_s : modes) {
     const char* mode = mode_s.c_str();
     const bool int2 = mode[0] == 'i';
@@ -272,27 +293,42 @@ int main(int argc, char** argv) {
         }
         CK(cudaStreamSynchronize(stream));
         const DecodeAttnCudaLaunchInfo info = decode_attn_cuda_last_launch();
-        std::vector<double> ts;
-        for (int i = 0; i < iters; ++i) {
-          CK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream));
-          CK(cudaEventRecord(e0, stream));
-          const Status st = decode_attn_cuda_ex(p, opts, stream);
-          if (!st.ok()) return 1;
-          CK(cudaEventRecord(e1, stream));
-          CK(cudaEventSynchronize(e1));
-          float ms = 0;
-          CK(cudaEventElapsedTime(&ms, e0, e1));
-          ts.push_back(ms * 1e3);
-        }
+        // The call captured once into a CUDA graph (both kernels), replayed: the figure a
+        // decode step sees (the peers time graph replays too).
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        if (!decode_attn_cuda_ex(p, opts, stream).ok()) return 1;
+        CK(cudaStreamEndCapture(stream, &graph));
+        CK(cudaGraphInstantiate(&exec, graph, 0));
+        std::vector<double> ts, ts_direct;
+        for (int rep = 0; rep < 2; ++rep)
+          for (int i = 0; i < iters + 3; ++i) {
+            if (!l2_flush_read_cuda(flush, flush_bytes, sink, stream).ok()) return 1;
+            CK(cudaEventRecord(e0, stream));
+            if (rep == 0) {
+              CK(cudaGraphLaunch(exec, stream));
+            } else if (!decode_attn_cuda_ex(p, opts, stream).ok()) {
+              return 1;
+            }
+            CK(cudaEventRecord(e1, stream));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (i >= 3) (rep == 0 ? ts : ts_direct).push_back(ms * 1e3);
+          }
+        CK(cudaGraphExecDestroy(exec));
+        CK(cudaGraphDestroy(graph));
         const double med = median(ts), tbs = bytes / (med * 1e-6) / 1e12;
-        std::printf("| %s | %dK | %d | %d | %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f%% |\n", mode,
-                    ctx / 1024, b, info.n_splits, info.blocks, med, pct(ts, 0.1), pct(ts, 0.9),
-                    bytes / 1e6, tbs, 100 * tbs / copy_tbs);
+        std::printf("| %s | %dK | %d | %s | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f%% |\n",
+                    mode, ctx / 1024, b, info.config == 1 ? "dense" : "wide", info.n_splits,
+                    info.blocks, med, pct(ts, 0.1),
+                    pct(ts, 0.9), median(ts_direct), bytes / 1e6, tbs, 100 * tbs / copy_tbs);
         std::fflush(stdout);
         if (fcsv)
-          std::fprintf(fcsv, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.0f,%.4f,%.4f\n", mode, ctx, b,
-                       info.n_splits, info.blocks, med, pct(ts, 0.1), pct(ts, 0.9), bytes, tbs,
-                       copy_tbs);
+          std::fprintf(fcsv, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.0f,%.4f,%.4f\n", mode, ctx, b,
+                       info.n_splits, info.blocks, med, pct(ts, 0.1), pct(ts, 0.9),
+                       median(ts_direct), bytes, tbs, copy_tbs);
       }
   }
   if (fcsv) std::fclose(fcsv);

@@ -5,8 +5,9 @@
 // quantizers; page ids shuffled; every byte no kernel may read (other layers, spare pages, slots
 // past a sequence's last token) is 0xFF (NaN in bf16 and in fp16 metadata), and the outputs are
 // 0xFF (NaN) before each call, so a wrong address or an unwritten output shows up as NaN.
-// Each case runs every path: the default launch, forced split counts (1, 2, 7, 128: many empty
-// and short splits, so the log-sum-exp combine is exercised), the generic history path, and the
+// Each case runs every path: the default launch (the dense configuration: the test's history
+// pool is never null), forced split counts (1, 2, 7, 128: many empty and short splits, so the
+// log-sum-exp combine is exercised), the wide configuration, the generic history path, and the
 // naive kernel.
 //
 // Tolerance of the tensor-core kernel (bf16 operands), per (sequence, query head), with Vmax the
@@ -355,7 +356,10 @@ void run_case(const Case& c) {
       {"auto", {DecodeAttnCudaPath::kAuto, 0}},  {"splits=1", {DecodeAttnCudaPath::kAuto, 1}},
       {"splits=2", {DecodeAttnCudaPath::kAuto, 2}}, {"splits=7", {DecodeAttnCudaPath::kAuto, 7}},
       {"splits=128", {DecodeAttnCudaPath::kAuto, 128}},
-      {"generic", {DecodeAttnCudaPath::kGeneric, 0}}};
+      {"wide", {DecodeAttnCudaPath::kAuto, 0, 0, 1}},
+      {"wide,s=7", {DecodeAttnCudaPath::kAuto, 7, 0, 1}},
+      {"generic", {DecodeAttnCudaPath::kGeneric, 0}},
+      {"generic,w", {DecodeAttnCudaPath::kGeneric, 0, 0, 1}}};
   if (c.naive_too) vars.push_back({"naive", {DecodeAttnCudaPath::kNaive, 0}});
   std::vector<float> got(h.q.size());
   for (const Variant& v : vars) {
@@ -367,9 +371,9 @@ void run_case(const Case& c) {
     CUDA_OK(cudaMemcpy(got.data(), dv.out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
     const bool mma = info.path == 0;
     const Cmp r = compare(std::string("decode_attn_cuda[") + v.name + "]", c, h, got, want, mma);
-    std::printf("  %-10s path=%d splits=%-3d max_err=%.3g err/tol=%.3g rel_l2=%.3g min_cos=%.9f  %s\n",
-                v.name, info.path, info.n_splits, r.max_err, r.max_ratio, r.rel_l2, r.min_cos,
-                c.name().c_str());
+    std::printf("  %-10s path=%d cfg=%d splits=%-3d max_err=%.3g err/tol=%.3g rel_l2=%.3g "
+                "min_cos=%.9f  %s\n", v.name, info.path, info.config, info.n_splits, r.max_err,
+                r.max_ratio, r.rel_l2, r.min_cos, c.name().c_str());
   }
 }
 

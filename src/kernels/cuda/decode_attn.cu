@@ -21,11 +21,26 @@ using cuda_detail::KernelArgs;
 
 thread_local DecodeAttnCudaLaunchInfo g_last;
 
-// Per-device facts, read once: multiprocessors and resident blocks of the fast kernel per SM.
+// Per-device facts, read once: multiprocessors and resident blocks per SM of each launch
+// configuration of the fast kernel (0 wide, 1 dense; see decode_attn.cuh).
 struct DeviceFacts {
   int sms = 0;
-  int blocks_per_sm = 0;
+  int blocks_per_sm[2] = {0, 0};
 };
+
+template <int kRing, int kBlocks>
+Status kernel_occupancy(int* blocks) {
+  const int smem = cuda_detail::kWarps * kRing;
+  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(cuda_detail::decode_attn_kernel<kRing, kBlocks>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(cuda_detail::decode_attn_kernel<kRing, kBlocks>,
+                                        cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+  OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      blocks, cuda_detail::decode_attn_kernel<kRing, kBlocks>, cuda_detail::kThreads, smem));
+  *blocks = std::max(1, *blocks);
+  return Status();
+}
 
 Status device_facts(DeviceFacts* out) {
   static std::mutex mu;
@@ -38,13 +53,10 @@ Status device_facts(DeviceFacts* out) {
   if (!ready[dev]) {
     DeviceFacts f;
     OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev));
-    OSCAR_CUDA_CHECK(cudaFuncSetAttribute(cuda_detail::decode_attn_kernel,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          cuda_detail::kSmemBytes));
-    OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &f.blocks_per_sm, cuda_detail::decode_attn_kernel, cuda_detail::kThreads,
-        cuda_detail::kSmemBytes));
-    f.blocks_per_sm = std::max(1, f.blocks_per_sm);
+    OSCAR_RETURN_IF_ERROR((kernel_occupancy<cuda_detail::kRingWide, cuda_detail::kBlocksWide>(
+        &f.blocks_per_sm[0])));
+    OSCAR_RETURN_IF_ERROR((kernel_occupancy<cuda_detail::kRingDense, cuda_detail::kBlocksDense>(
+        &f.blocks_per_sm[1])));
     facts[dev] = f;
     ready[dev] = true;
   }
@@ -184,10 +196,13 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
 
   DeviceFacts facts;
   OSCAR_RETURN_IF_ERROR(device_facts(&facts));
+  // Dense configuration when there is history (INT2 tiles are issue-bound: more warps), wide
+  // otherwise (exact tiles want two stages).
+  const int cfg = opts.config == 1 ? 0 : opts.config == 2 ? 1 : (p.hist_pool != nullptr ? 1 : 0);
   const int64_t units = static_cast<int64_t>(p.n_seqs) * L.n_heads_kv * a.n_hgroups;
   int n_splits = opts.n_splits;
   if (n_splits <= 0) {
-    const int64_t target = static_cast<int64_t>(facts.sms) * facts.blocks_per_sm;
+    const int64_t target = static_cast<int64_t>(facts.sms) * facts.blocks_per_sm[cfg];
     n_splits = static_cast<int>(std::max<int64_t>(1, target / units));
   }
   n_splits = std::min(n_splits, cuda_detail::kMaxSplits);
@@ -202,15 +217,19 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   if (units * n_splits > (int64_t{1} << 31) - 1 || p.n_seqs > 65535)
     return invalid_argument("decode_attn_cuda: batch of %d sequences too large", p.n_seqs);
   const dim3 grid(n_splits, L.n_heads_kv * a.n_hgroups, p.n_seqs);
-  cuda_detail::decode_attn_kernel<<<grid, cuda_detail::kThreads, cuda_detail::kSmemBytes,
-                                    stream>>>(a);
+  if (cfg == 0)
+    cuda_detail::decode_attn_kernel<cuda_detail::kRingWide, cuda_detail::kBlocksWide>
+        <<<grid, cuda_detail::kThreads, cuda_detail::kWarps * cuda_detail::kRingWide, stream>>>(a);
+  else
+    cuda_detail::decode_attn_kernel<cuda_detail::kRingDense, cuda_detail::kBlocksDense>
+        <<<grid, cuda_detail::kThreads, cuda_detail::kWarps * cuda_detail::kRingDense, stream>>>(a);
   OSCAR_CUDA_LAUNCH_CHECK("decode_attn_kernel");
   if (n_splits > 1) {
     cuda_detail::combine_kernel<<<p.n_seqs * p.n_heads_q, 128, 0, stream>>>(a);
     OSCAR_CUDA_LAUNCH_CHECK("decode_attn combine_kernel");
   }
   g_last = DecodeAttnCudaLaunchInfo{0, n_splits, static_cast<int32_t>(units * n_splits),
-                                    facts.blocks_per_sm};
+                                    facts.blocks_per_sm[cfg], cfg};
   return Status();
 }
 

@@ -53,8 +53,13 @@ using oscar::cuda::smem_addr;
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kTileTokens = 16;
-constexpr int kRingBytes = 16384;  // shared memory per warp
-constexpr int kSmemBytes = kWarps * kRingBytes;
+// Two launch configurations (shared memory per warp, resident blocks per SM):
+//   wide:  16 KiB per warp, 3 blocks (12 warps) per SM: two 8 KiB exact-tile stages; for calls
+//          without history (the bf16 mode), where every tile is an exact one.
+//   dense: 14 KiB per warp, 4 blocks (16 warps) per SM, <= 128 registers: more warps for the
+//          issue-bound INT2 tiles, at the price of a single exact-tile stage (sinks/recent).
+constexpr int kRingWide = 16384, kBlocksWide = 3;
+constexpr int kRingDense = 14336, kBlocksDense = 4;
 constexpr int kGroupHeads = 8;  // query heads per block (the MMA's N)
 constexpr int kMinTilesPerSplit = 16;
 constexpr int kMaxSplits = 128;
@@ -170,6 +175,20 @@ __device__ __forceinline__ uint32_t lds32(const uint8_t* p) {
 }
 
 constexpr uint32_t kMagic = 0x64006400u;  // fp16 1024.0 in both halves
+
+// (x & mask) | magic in one LOP3. Written as PTX lop3 because the compiler otherwise emits an
+// AND and an OR (a LOP3 holds one immediate; here mask is the immediate and magic a register).
+__device__ __forceinline__ uint32_t mask_or(uint32_t x, uint32_t mask, uint32_t magic) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(x), "r"(mask), "r"(magic));
+  return d;
+}
+// kMagic in a register the compiler cannot turn back into an immediate.
+__device__ __forceinline__ uint32_t magic_reg() {
+  uint32_t m = kMagic;
+  asm volatile("" : "+r"(m));
+  return m;
+}
 
 // Accumulator row layouts of O^T (m-tile m, row half r: fragment rows g and g+8) -> d.
 __device__ __forceinline__ int d_natural(int m, int r, int g) { return 16 * m + 8 * r + g; }
@@ -426,6 +445,7 @@ __device__ __forceinline__ void exact_tile(WarpState& st, const QExact& qf, uint
 __device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const uint8_t* stage,
                                           int nv0, int nv1, int lane) {
   const int g = lane >> 2, t = lane & 3;
+  const uint32_t M = magic_reg();
   float acc[2][4] = {};
   float2 km[2][2];
 #pragma unroll
@@ -450,8 +470,8 @@ __device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const 
       const uint32_t mask = 0x00030003u << (2 * qq);
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        oscar::cuda::mma_f16(acc[i], (x[i][0] & mask) | kMagic, (x[i][1] & mask) | kMagic,
-                             (y[i][0] & mask) | kMagic, (y[i][1] & mask) | kMagic,
+        oscar::cuda::mma_f16(acc[i], mask_or(x[i][0], mask, M), mask_or(x[i][1], mask, M),
+                             mask_or(y[i][0], mask, M), mask_or(y[i][1], mask, M),
                              qf.b[4 * w + qq][0], qf.b[4 * w + qq][1]);
     }
   }
@@ -506,15 +526,15 @@ __device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const 
         uint32_t lx, lz, hx, hz;
         const uint32_t mq = 0x00030003u << (2 * qq);
         if (qq == 0) {
-          lx = (Xl & 0x03000300u) | kMagic;
-          lz = (Zl & 0x03000300u) | kMagic;
-          hx = (X & 0x03000300u) | kMagic;
-          hz = (Z & 0x03000300u) | kMagic;
+          lx = mask_or(Xl, 0x03000300u, M);
+          lz = mask_or(Zl, 0x03000300u, M);
+          hx = mask_or(X, 0x03000300u, M);
+          hz = mask_or(Z, 0x03000300u, M);
         } else {
-          lx = (X & mq) | kMagic;
-          lz = (Z & mq) | kMagic;
-          hx = (Xh & mq) | kMagic;
-          hz = (Zh & mq) | kMagic;
+          lx = mask_or(X, mq, M);
+          lz = mask_or(Z, mq, M);
+          hx = mask_or(Xh, mq, M);
+          hz = mask_or(Zh, mq, M);
         }
         oscar::cuda::mma_f16(st.o[2 * qq + bp], lx, hx, lz, hz, b0, b1);
       }
@@ -578,7 +598,9 @@ __device__ __forceinline__ int prefetch_page(const KernelArgs& a, const PageTabl
 }
 
 // The whole block: see the file comment.
-__global__ void __launch_bounds__(kThreads, 3) decode_attn_kernel(const __grid_constant__ KernelArgs a) {
+template <int kRingBytes, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    decode_attn_kernel(const __grid_constant__ KernelArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int split = blockIdx.x;
@@ -633,7 +655,7 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attn_kernel(const __grid_c
       to_int2(st, convbuf, g, t);
       QInt2 qf;
       make_q_int2(qf, qrow, a.scale_log2, g, t);
-      constexpr int kStage = 2304, NST = 6;  // a pair of tiles per stage
+      constexpr int kStage = 2304, NST = kRingBytes / kStage;  // a pair of tiles per stage
       static_assert(kStage * NST <= kRingBytes);
       int pf_cur = 0, pf_nxt = 0;
       if (P % kTileTokens == 0) {
@@ -696,7 +718,8 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attn_kernel(const __grid_c
       make_q_exact(qf, qrow, a.scale_log2, t);
       const int raw_bytes = 16 * (rb_k + rb_v);
       const int stage_bytes = (raw_bytes + 127) & ~127;
-      constexpr int NST = 4;
+      constexpr int NST = (kRingBytes - 8192) / 2048;  // raw stages of <= 2 KiB
+      static_assert(NST >= 2);
       uint8_t* kbf = ring;  // [16][128] bf16, then V
       uint8_t* vbf = ring + 4096;
       uint8_t* raw0 = ring + 8192;
@@ -731,8 +754,8 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attn_kernel(const __grid_c
       to_natural(st, convbuf, g, t);
       QExact qf;
       make_q_exact(qf, qrow, a.scale_log2, t);
-      constexpr int kStage = 8192, NST = 2;
-      static_assert(kStage * NST <= kRingBytes);
+      constexpr int kStage = 8192, NST = kRingBytes / kStage;
+      static_assert(NST >= 1 && kStage * NST <= kRingBytes);
       const uint64_t plane_k = static_cast<uint64_t>(a.layer * 2 * a.n_heads_kv + kvh) * P * 256;
       const uint64_t plane_v = plane_k + static_cast<uint64_t>(a.n_heads_kv) * P * 256;
       int pf_cur = 0, pf_nxt = 0;

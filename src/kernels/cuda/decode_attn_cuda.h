@@ -23,6 +23,9 @@ struct DecodeAttnCudaOptions {
   // Benchmarks only: bit 0 = copy every tile into shared memory but skip its compute (the
   // output is then garbage): the bandwidth the loads alone reach.
   int32_t debug_flags = 0;
+  // Launch configuration of the fast kernel: 0 = by the call (dense with history, wide without),
+  // 1 = wide (16 KiB per warp, 3 blocks per SM), 2 = dense (14 KiB per warp, 4 blocks per SM).
+  int32_t config = 0;
 };
 
 // Same contract as decode_attn_cuda. Allocates (once, then grows) a device workspace for the
@@ -31,12 +34,14 @@ struct DecodeAttnCudaOptions {
 Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOptions& opts,
                            void* stream);
 
-// What the last call on this host thread launched: path used (0 fast, 2 naive), splits, grid.
+// What the last call on this host thread launched: path used (0 fast, 2 naive), splits, grid,
+// resident blocks per SM and launch configuration.
 struct DecodeAttnCudaLaunchInfo {
   int32_t path = -1;
   int32_t n_splits = 0;
   int32_t blocks = 0;
   int32_t blocks_per_sm = 0;
+  int32_t config = -1;  // 0 wide, 1 dense
 };
 DecodeAttnCudaLaunchInfo decode_attn_cuda_last_launch();
 
