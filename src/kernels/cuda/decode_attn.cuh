@@ -3,8 +3,9 @@
 // Work split. One block of 4 warps per (sequence, KV head, group of <= 8 query heads, context
 // split). A sequence's keys are cut into tiles of 16 tokens (sink tiles, history tiles, recent
 // tiles, in position order); split i of n takes tiles [i·T/n, (i+1)·T/n) and its warps take those
-// tiles round-robin, each with its own cp.async pipeline in its own 16 KiB of shared memory and
-// its own online-softmax state. The block merges its 4 warp states; with one split it writes the
+// tiles round-robin, each with its own cp.async pipeline in its own 14 or 16 KiB of shared memory
+// (the launch configurations below) and its own online-softmax state (running reference raised
+// lazily: softmax_update). The block merges its 4 warp states; with one split it writes the
 // output, otherwise a partial (o, m, ℓ) that combine_kernel merges by log-sum-exp (the device
 // twin of merge_attn_states, in log2 units). n is chosen on the host to fill the GPU once; a
 // short sequence uses fewer splits (>= kMinTilesPerSplit tiles each), computed the same way on
@@ -19,8 +20,9 @@
 //
 // Exact (BF16) tiles: K and V rows staged with 16-byte cp.async into an XOR-swizzled tile,
 // read with ldmatrix (V with .trans); Q and P in BF16.
-// INT2 tiles (head_dim 128, group 128, uniform; the OSCAR format): raw rows staged (a tile is 576
-// contiguous bytes per plane), codes turned into FP16 operands without a table: a code c masked
+// INT2 tiles (head_dim 128, group 128, uniform; the OSCAR format), two per step: raw rows staged
+// (a tile is 576 contiguous bytes per plane), codes turned into FP16 operands without a table
+// (one LOP3 per two codes): a code c masked
 // into the mantissa of 1024.0 (0x6400) is the exact FP16 value 1024 + c·2^b. The products stay
 // linear in the codes, so scale and min never touch the operands:
 //   q·k̂ = min·Σq + s·Σ_d q_d c_d,   Σ_d q_d c_d = (K-tile MMA on 1024 + c·4^qq codes with
@@ -31,7 +33,10 @@
 // a dot product does not care, and Q (and the accumulator of O, converted when a warp moves
 // between exact and INT2 tiles) use the same order. Other history formats (3-/1-bit bit-plan
 // rows, Lloyd-Max, groups of 32/64) go through a generic path: the warp dequantizes the staged
-// raw rows into a BF16 tile in shared memory, then runs the exact-tile code on it.
+// raw rows into a BF16 tile in shared memory, then runs the exact-tile code on it (correct, but
+// 40x slower than the INT2 tiles on the H200: docs/results/decode_attn_cuda.md).
+// Measured on the H200 (2026-12-01): INT2 tiles issue-bound at ~273 instructions per tile
+// (2.2-2.4 TB/s at 128K, batch >= 8); exact tiles at the copy bandwidth.
 //
 // Also here: the naive kernel (one block per query head, scalar FP32), the simplest correct
 // version and the fallback for shapes the fast kernel does not take. Host side: decode_attn.cu.
@@ -197,10 +202,9 @@ __device__ __forceinline__ int d_int2(int m, int r, int g) {
 }
 // The factor F of the INT2 V codes in m-tile m, row half r (see int2_pair): 256, 4, 16, 64 for
 // quarters 0..3.
-__device__ __forceinline__ float f_int2(int m, int r) {
+__device__ __forceinline__ float f_int2(int m, [[maybe_unused]] int r) {
   const int qq = m >> 1;
   return qq == 0 ? 256.f : static_cast<float>(1 << (2 * qq));
-  (void)r;
 }
 
 // Per-warp online-softmax state; lane (g, t) owns heads 2t, 2t+1 of the group.
