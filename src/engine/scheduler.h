@@ -22,6 +22,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -30,6 +31,7 @@
 #include "engine/engine_api.h"
 #include "engine/runtime.h"
 #include "kv/radix_cache.h"
+#include "kv/step_plan.h"
 #include "tokenizer/chat_template.h"
 
 namespace oscar::engine {
@@ -75,6 +77,7 @@ class Scheduler : public Engine {
   void attach_prefix(Sequence& s);
   void publish_prefix(Sequence& s, bool keep_locked);
   void step();
+  void run_step(std::span<const kv::StepChunk> chunks, std::span<Sequence* const> owners);
   void handle_token(Sequence& s, int32_t token);
   void finish(Sequence& s, const std::string& reason);
   void fail(Sequence& s, const Status& error);
