@@ -30,6 +30,13 @@ void observe(Histogram& h, double seconds) {
   h.sum += seconds;
 }
 
+// total += sign · need, region by region.
+void add_pages(kv::PageNeed& total, const kv::PageNeed& need, int sign) {
+  total.sink_pages += sign * need.sink_pages;
+  total.recent_pages += sign * need.recent_pages;
+  total.hist_pages += sign * need.hist_pages;
+}
+
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -49,7 +56,7 @@ struct Scheduler::Sequence {
   std::string text;      // decoded output so far, whole UTF-8 characters
   size_t emitted = 0;    // bytes of `text` already streamed
   int32_t next_token = -1;
-  PagesNeeded reserved;
+  kv::PageNeed reserved;
   Clock::time_point t_submit, t_last;
   bool done = false;
 
@@ -104,17 +111,8 @@ void Scheduler::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
-Scheduler::PagesNeeded Scheduler::pages_needed(int64_t n_tokens) const {
-  const kv::KvCacheSpec& spec = runtime_->spec();
-  PagesNeeded need;
-  if (spec.quantized()) {
-    kv::PageNeed p = kv::peak_pages_for_length(spec.regions, n_tokens);
-    need.exact = p.bf16_pages();
-    need.int2 = p.int2_pages();
-  } else {
-    need.exact = (n_tokens + spec.regions.page_size - 1) / spec.regions.page_size;
-  }
-  return need;
+kv::PageNeed Scheduler::pages_needed(int64_t n_tokens) const {
+  return kv::peak_pages(runtime_->spec().regions, runtime_->spec().quantized(), n_tokens);
 }
 
 Status Scheduler::submit(GenerationRequest req,
@@ -133,14 +131,14 @@ Status Scheduler::submit(GenerationRequest req,
         config.max_position_embeddings);
   kernels::SamplingConfig sc{req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, 0};
   OSCAR_RETURN_IF_ERROR(kernels::validate_sampling(sc));
-  const PagesNeeded need = pages_needed(total);
+  const kv::PageNeed need = pages_needed(total);
   const int64_t int2_total = runtime_->int2_pool() ? runtime_->int2_pool()->n_pages() : 0;
-  if (need.exact > runtime_->exact_pool().n_pages() || need.int2 > int2_total)
+  if (need.bf16_pages() > runtime_->exact_pool().n_pages() || need.int2_pages() > int2_total)
     return resource_exhausted(
         "request needs %lld %s and %lld int2 KV pages; the pools hold %lld and %lld "
         "(raise --kv-budget)",
-        static_cast<long long>(need.exact), runtime_->exact_pool().name().c_str(),
-        static_cast<long long>(need.int2),
+        static_cast<long long>(need.bf16_pages()), runtime_->exact_pool().name().c_str(),
+        static_cast<long long>(need.int2_pages()),
         static_cast<long long>(runtime_->exact_pool().n_pages()),
         static_cast<long long>(int2_total));
 
@@ -210,8 +208,7 @@ void Scheduler::release(Sequence& s) {
   if (s.cache) {
     if (radix_) publish_prefix(s, /*keep_locked=*/false);
     s.cache.reset();  // the sequence's page references back to the pools
-    reserved_.exact -= s.reserved.exact;
-    reserved_.int2 -= s.reserved.int2;
+    add_pages(reserved_, s.reserved, -1);
     s.reserved = {};
   }
 }
@@ -243,10 +240,11 @@ void Scheduler::end(Sequence& s, const GenerationEvent& terminal) {
 // reservation fits when the reservations plus the cache's evictable pages fit the pool, evicting
 // LRU cache entries as needed. Pages shared by a running sequence and the cache are counted in
 // that sequence's reservation (conservative).
-bool Scheduler::reservation_fits(const PagesNeeded& need) {
+bool Scheduler::reservation_fits(const kv::PageNeed& need) {
   const int64_t totals[2] = {runtime_->exact_pool().n_pages(),
                              runtime_->int2_pool() ? runtime_->int2_pool()->n_pages() : 0};
-  const int64_t wanted[2] = {reserved_.exact + need.exact, reserved_.int2 + need.int2};
+  const int64_t wanted[2] = {reserved_.bf16_pages() + need.bf16_pages(),
+                             reserved_.int2_pages() + need.int2_pages()};
   for (uint8_t pool = 0; pool < 2; ++pool) {
     if (wanted[pool] > totals[pool]) return false;
     if (!radix_ || pool >= radix_->stats().evictable_pages.size()) continue;
@@ -300,11 +298,10 @@ void Scheduler::attach_prefix(Sequence& s) {
 void Scheduler::admit() {
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
     Sequence& s = *waiting_.front();
-    const PagesNeeded need =
+    const kv::PageNeed need =
         pages_needed(static_cast<int64_t>(s.req.prompt_ids.size()) + s.req.max_tokens);
     if (!reservation_fits(need)) break;  // FIFO: wait for running requests to finish
-    reserved_.exact += need.exact;
-    reserved_.int2 += need.int2;
+    add_pages(reserved_, need, +1);
     s.reserved = need;
     s.cache = runtime_->new_cache();
     attach_prefix(s);

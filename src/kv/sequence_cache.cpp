@@ -70,14 +70,7 @@ Status KvCacheSpec::validate() const {
     return invalid_argument("kv cache: bad model shape (%d layers, %d kv heads, head_dim %d)",
                             n_layers, n_heads_kv, head_dim);
   const RegionConfig& r = regions;
-  if (r.page_size <= 0 || (r.page_size & (r.page_size - 1)) != 0)
-    return invalid_argument("kv cache: page_size %d is not a power of two", r.page_size);
-  if (r.n_sink < 0 || r.n_sink % r.page_size != 0)
-    return invalid_argument("kv cache: n_sink %d is not a multiple of page_size %d", r.n_sink,
-                            r.page_size);
-  if (r.n_recent < 0 || r.n_recent % r.page_size != 0)
-    return invalid_argument("kv cache: n_recent %d is not a multiple of page_size %d", r.n_recent,
-                            r.page_size);
+  OSCAR_RETURN_IF_ERROR(r.validate().with_context("kv cache"));
   if (mode == quant::CacheMode::kKivi2) {
     constexpr int kBlock = quant::kKiviKeyBlockTokens;
     static_assert(kBlock == kernels::KvPageLayout::kKiviKeyBlockTokens);
