@@ -1,0 +1,92 @@
+// Shared CUDA helpers for oscar's kernels: error checks (OSCAR_CUDA_CHECK for runtime calls,
+// OSCAR_CUDA_LAUNCH_CHECK right after a launch; OSCAR_CUDA_SYNC_CHECKS=1 at compile time adds a
+// device synchronisation after each launch, for debugging) and the few PTX wrappers the kernels
+// use (cp.async, ldmatrix, movmatrix, mma.sync). Included only by .cu/.cuh files in this folder.
+// Not here: anything format-specific (quant/, kernels/kv_layout.h hold the formats).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/status.h"
+
+// Returns an internal_error Status from the enclosing function when a CUDA runtime call fails.
+#define OSCAR_CUDA_CHECK(expr)                                                              \
+  do {                                                                                      \
+    const cudaError_t oscar_cuda_err_ = (expr);                                             \
+    if (oscar_cuda_err_ != cudaSuccess)                                                     \
+      return ::oscar::internal_error("%s:%d: %s: %s", __FILE__, __LINE__, #expr,            \
+                                     cudaGetErrorString(oscar_cuda_err_));                  \
+  } while (0)
+
+#ifndef OSCAR_CUDA_SYNC_CHECKS
+#define OSCAR_CUDA_SYNC_CHECKS 0
+#endif
+
+// After a <<<...>>> launch: the launch error, and with OSCAR_CUDA_SYNC_CHECKS the execution error.
+#define OSCAR_CUDA_LAUNCH_CHECK(what)                                                       \
+  do {                                                                                      \
+    cudaError_t oscar_cuda_err_ = cudaGetLastError();                                       \
+    if (oscar_cuda_err_ == cudaSuccess && OSCAR_CUDA_SYNC_CHECKS)                          \
+      oscar_cuda_err_ = cudaDeviceSynchronize();                                            \
+    if (oscar_cuda_err_ != cudaSuccess)                                                     \
+      return ::oscar::internal_error("%s:%d: launch of %s: %s", __FILE__, __LINE__, what,   \
+                                     cudaGetErrorString(oscar_cuda_err_));                  \
+  } while (0)
+
+namespace oscar::cuda {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte asynchronous global -> shared copy (L2 only, bypassing L1); with valid == false the 16
+// destination bytes are zero-filled and nothing is read (src must still be a mapped address).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// Transposes an 8x8 matrix of 16-bit values held one row-pair per thread (m8n8 fragment).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// D = A·B + D, m16n8k16, fp32 accumulators; A row-major 16x16, B column-major 16x8.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+}  // namespace oscar::cuda

@@ -1,0 +1,240 @@
+// Host side of the CUDA decode attention (kernels/decode_attn.h: decode_attn_cuda; internal
+// controls in kernels/cuda/decode_attn_cuda.h): validates the params without reading device
+// memory, picks the kernel and the split count, owns the split-partial workspace, launches.
+// Device code: decode_attn.cuh.
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/decode_attn.cuh"
+#include "kernels/cuda/decode_attn_cuda.h"
+#include "kernels/decode_attn.h"
+#include "quant/int2_layout.h"
+#include "quant/int2_quant.h"
+
+namespace oscar::kernels {
+
+namespace {
+
+using cuda_detail::KernelArgs;
+
+thread_local DecodeAttnCudaLaunchInfo g_last;
+
+// Per-device facts, read once: multiprocessors and resident blocks per SM of each launch
+// configuration of the fast kernel (0 wide, 1 dense; see decode_attn.cuh).
+struct DeviceFacts {
+  int sms = 0;
+  int blocks_per_sm[2] = {0, 0};
+};
+
+template <int kRing, int kBlocks>
+Status kernel_occupancy(int* blocks) {
+  const int smem = cuda_detail::kWarps * kRing;
+  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(cuda_detail::decode_attn_kernel<kRing, kBlocks>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(cuda_detail::decode_attn_kernel<kRing, kBlocks>,
+                                        cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+  OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      blocks, cuda_detail::decode_attn_kernel<kRing, kBlocks>, cuda_detail::kThreads, smem));
+  *blocks = std::max(1, *blocks);
+  return Status();
+}
+
+Status device_facts(DeviceFacts* out) {
+  static std::mutex mu;
+  static DeviceFacts facts[64];
+  static bool ready[64] = {};
+  int dev = 0;
+  OSCAR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return internal_error("decode_attn_cuda: device %d", dev);
+  std::lock_guard<std::mutex> lock(mu);
+  if (!ready[dev]) {
+    DeviceFacts f;
+    OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev));
+    OSCAR_RETURN_IF_ERROR((kernel_occupancy<cuda_detail::kRingWide, cuda_detail::kBlocksWide>(
+        &f.blocks_per_sm[0])));
+    OSCAR_RETURN_IF_ERROR((kernel_occupancy<cuda_detail::kRingDense, cuda_detail::kBlocksDense>(
+        &f.blocks_per_sm[1])));
+    facts[dev] = f;
+    ready[dev] = true;
+  }
+  *out = facts[dev];
+  return Status();
+}
+
+// Device workspace for split partials: grows, never shrinks; freed at exit by the driver.
+Status workspace(size_t bytes, cudaStream_t stream, float** ptr) {
+  static std::mutex mu;
+  static void* buf = nullptr;
+  static size_t cap = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (bytes > cap) {
+    if (buf != nullptr) {
+      OSCAR_CUDA_CHECK(cudaStreamSynchronize(stream));
+      OSCAR_CUDA_CHECK(cudaFree(buf));
+      buf = nullptr;
+      cap = 0;
+    }
+    const size_t want = std::max<size_t>(bytes, 1 << 20);
+    OSCAR_CUDA_CHECK(cudaMalloc(&buf, want));
+    cap = want;
+  }
+  *ptr = static_cast<float*>(buf);
+  return Status();
+}
+
+Status validate_cuda(const DecodeAttnParams& p) {
+  const KvPageLayout& L = p.layout;
+  if (p.n_seqs < 0) return invalid_argument("decode_attn_cuda: n_seqs %d < 0", p.n_seqs);
+  if (p.n_heads_q <= 0 || L.n_heads_kv <= 0 || L.head_dim <= 0 || L.page_size <= 0 ||
+      L.n_layers <= 0)
+    return invalid_argument("decode_attn_cuda: bad sizes (n_heads_q %d, n_heads_kv %d, head_dim "
+                            "%d, page_size %d, n_layers %d)", p.n_heads_q, L.n_heads_kv,
+                            L.head_dim, L.page_size, L.n_layers);
+  if (p.n_heads_q % L.n_heads_kv != 0)
+    return invalid_argument("decode_attn_cuda: n_heads_q %d not a multiple of n_heads_kv %d",
+                            p.n_heads_q, L.n_heads_kv);
+  if (p.layer < 0 || p.layer >= L.n_layers)
+    return invalid_argument("decode_attn_cuda: layer %d outside [0, %d)", p.layer, L.n_layers);
+  if (L.exact_elem_bytes != 2)
+    return invalid_argument("decode_attn_cuda: exact pages must be BF16 (exact_elem_bytes %d)",
+                            L.exact_elem_bytes);
+  if (L.head_dim % 32 != 0 || L.head_dim > 256)
+    return invalid_argument("decode_attn_cuda: head_dim %d (multiple of 32 up to 256)",
+                            L.head_dim);
+  if (p.q == nullptr || p.out == nullptr)
+    return invalid_argument("decode_attn_cuda: null q or out");
+  for (const PageTableView* t : {&p.sinks, &p.history, &p.recent}) {
+    if (t->n_seqs != p.n_seqs)
+      return invalid_argument("decode_attn_cuda: a page table has %d sequences, the batch %d",
+                              t->n_seqs, p.n_seqs);
+    if (p.n_seqs > 0 && (t->indptr == nullptr || t->last_page_len == nullptr))
+      return invalid_argument("decode_attn_cuda: a page table has no indptr or last_page_len");
+  }
+  if ((L.hist_bits == nullptr) != (L.hist_row_prefix == nullptr))
+    return invalid_argument("decode_attn_cuda: a bit plan needs both hist_bits and "
+                            "hist_row_prefix");
+  if (p.hist_pool != nullptr) {
+    if (!quant::int2_valid_group(L.head_dim, p.group_size))
+      return invalid_argument("decode_attn_cuda: group_size %d invalid for head_dim %d",
+                              p.group_size, L.head_dim);
+    if (p.quantizer != Int2Quantizer::kUniform && p.quantizer != Int2Quantizer::kLloyd)
+      return invalid_argument("decode_attn_cuda: unknown quantizer %d",
+                              static_cast<int>(p.quantizer));
+    if (L.hist_bits != nullptr && p.quantizer != Int2Quantizer::kUniform)
+      return invalid_argument("decode_attn_cuda: a bit plan needs the uniform quantizer");
+    if (L.hist_bits == nullptr &&
+        L.int2_row_bytes != quant::int2_row_bytes(L.head_dim, p.group_size))
+      return invalid_argument("decode_attn_cuda: layout int2_row_bytes %d != %d", L.int2_row_bytes,
+                              quant::int2_row_bytes(L.head_dim, p.group_size));
+  }
+  return Status();
+}
+
+}  // namespace
+
+DecodeAttnCudaLaunchInfo decode_attn_cuda_last_launch() { return g_last; }
+
+Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOptions& opts,
+                           void* stream_ptr) {
+  OSCAR_RETURN_IF_ERROR(validate_cuda(p));
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  g_last = DecodeAttnCudaLaunchInfo{};
+  if (p.n_seqs == 0) return Status();
+  const KvPageLayout& L = p.layout;
+
+  KernelArgs a{};
+  a.n_seqs = p.n_seqs;
+  a.n_heads_q = p.n_heads_q;
+  a.n_heads_kv = L.n_heads_kv;
+  a.gqa = p.n_heads_q / L.n_heads_kv;
+  a.n_hgroups = (a.gqa + cuda_detail::kGroupHeads - 1) / cuda_detail::kGroupHeads;
+  a.layer = p.layer;
+  a.page_size = L.page_size;
+  a.group_size = p.group_size;
+  a.head_dim = L.head_dim;
+  a.uniform = p.quantizer == Int2Quantizer::kUniform ? 1 : 0;
+  a.exact_elem_bytes = L.exact_elem_bytes;
+  a.force_generic = opts.path == DecodeAttnCudaPath::kGeneric ? 1 : 0;
+  a.debug_flags = opts.debug_flags;
+  a.scale_log2 = p.scale * 1.4426950408889634f;
+  for (int i = 0; i < 4; ++i) a.lloyd_levels[i] = quant::kLloydDequantLevels[i];
+  a.q = p.q;
+  a.exact_pool = p.exact_pool;
+  a.hist_pool = p.hist_pool;
+  a.exact_page_bytes = L.exact_page_bytes();
+  // With a bit plan, int2_page_bytes() would read hist_row_prefix (a device pointer) on the host:
+  // the kernels read the total themselves (hist_page_bytes = 0 means "from the bit plan").
+  a.n_planes = L.n_planes();
+  a.page_shift = -1;
+  for (int sh = 0; sh < 31; ++sh)
+    if ((1 << sh) == L.page_size) a.page_shift = sh;
+  a.hist_page_bytes = L.hist_row_prefix != nullptr
+                          ? 0
+                          : static_cast<uint64_t>(L.n_planes()) * L.page_size * L.int2_row_bytes;
+  a.sinks = p.sinks;
+  a.history = p.history;
+  a.recent = p.recent;
+  a.hist_bits = L.hist_bits;
+  a.hist_row_prefix = L.hist_row_prefix;
+  a.int2_row_bytes = L.int2_row_bytes;
+  a.out = p.out;
+
+  const int P = L.page_size;
+  const bool fast = opts.path != DecodeAttnCudaPath::kNaive && L.head_dim == 128 &&
+                    (P % cuda_detail::kTileTokens == 0 || cuda_detail::kTileTokens % P == 0);
+  if (!fast) {
+    a.n_splits = 1;
+    const dim3 grid(p.n_heads_q, p.n_seqs);
+    cuda_detail::naive_kernel<<<grid, cuda_detail::kThreads, 0, stream>>>(a);
+    OSCAR_CUDA_LAUNCH_CHECK("decode_attn naive_kernel");
+    g_last = DecodeAttnCudaLaunchInfo{2, 1, static_cast<int32_t>(grid.x * grid.y), 0};
+    return Status();
+  }
+
+  DeviceFacts facts;
+  OSCAR_RETURN_IF_ERROR(device_facts(&facts));
+  // Dense configuration when there is history (INT2 tiles are issue-bound: more warps), wide
+  // otherwise (exact tiles want two stages).
+  const int cfg = opts.config == 1 ? 0 : opts.config == 2 ? 1 : (p.hist_pool != nullptr ? 1 : 0);
+  const int64_t units = static_cast<int64_t>(p.n_seqs) * L.n_heads_kv * a.n_hgroups;
+  int n_splits = opts.n_splits;
+  if (n_splits <= 0) {
+    const int64_t target = static_cast<int64_t>(facts.sms) * facts.blocks_per_sm[cfg];
+    n_splits = static_cast<int>(std::max<int64_t>(1, target / units));
+  }
+  n_splits = std::min(n_splits, cuda_detail::kMaxSplits);
+  a.n_splits = n_splits;
+  if (n_splits > 1) {
+    const size_t rows = static_cast<size_t>(p.n_seqs) * p.n_heads_q * n_splits;
+    float* ws = nullptr;
+    OSCAR_RETURN_IF_ERROR(workspace(rows * (128 + 2) * sizeof(float), stream, &ws));
+    a.part_o = ws;
+    a.part_ml = ws + rows * 128;
+  }
+  if (units * n_splits > (int64_t{1} << 31) - 1 || p.n_seqs > 65535)
+    return invalid_argument("decode_attn_cuda: batch of %d sequences too large", p.n_seqs);
+  const dim3 grid(n_splits, L.n_heads_kv * a.n_hgroups, p.n_seqs);
+  if (cfg == 0)
+    cuda_detail::decode_attn_kernel<cuda_detail::kRingWide, cuda_detail::kBlocksWide>
+        <<<grid, cuda_detail::kThreads, cuda_detail::kWarps * cuda_detail::kRingWide, stream>>>(a);
+  else
+    cuda_detail::decode_attn_kernel<cuda_detail::kRingDense, cuda_detail::kBlocksDense>
+        <<<grid, cuda_detail::kThreads, cuda_detail::kWarps * cuda_detail::kRingDense, stream>>>(a);
+  OSCAR_CUDA_LAUNCH_CHECK("decode_attn_kernel");
+  if (n_splits > 1) {
+    cuda_detail::combine_kernel<<<p.n_seqs * p.n_heads_q, 128, 0, stream>>>(a);
+    OSCAR_CUDA_LAUNCH_CHECK("decode_attn combine_kernel");
+  }
+  g_last = DecodeAttnCudaLaunchInfo{0, n_splits, static_cast<int32_t>(units * n_splits),
+                                    facts.blocks_per_sm[cfg], cfg};
+  return Status();
+}
+
+Status decode_attn_cuda(const DecodeAttnParams& p, void* stream) {
+  return decode_attn_cuda_ex(p, DecodeAttnCudaOptions{}, stream);
+}
+
+}  // namespace oscar::kernels

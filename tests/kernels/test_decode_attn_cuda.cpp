@@ -1,0 +1,531 @@
+// CUDA decode attention (kernels/decode_attn.h: decode_attn_cuda; internal paths in
+// kernels/cuda/decode_attn_cuda.h) against the float64 CPU reference decode_attn_ref, on the
+// same batched params filled once with host and once with device pointers. Fresh random inputs
+// per case: K with outlier channels, V Gaussian plus a bias; history rows quantized by quant's
+// quantizers; page ids shuffled; every byte no kernel may read (other layers, spare pages, slots
+// past a sequence's last token) is 0xFF (NaN in bf16 and in fp16 metadata), and the outputs are
+// 0xFF (NaN) before each call, so a wrong address or an unwritten output shows up as NaN.
+// Each case runs every path: the default launch (the dense configuration: the test's history
+// pool is never null), forced split counts (1, 2, 7, 128: many empty and short splits, so the
+// log-sum-exp combine is exercised), the wide configuration, the generic history path, and the
+// naive kernel.
+//
+// Tolerance of the tensor-core kernel (bf16 operands), per (sequence, query head), with Vmax the
+// largest |v| the head sees and S = scale · max_t Σ_c |q_c k_tc| (natural-log units):
+//   q (and, on the generic path, K) rounded to bf16 (2^-9 relative each) moves every score by at
+//   most 2^-8·S; perturbing the softmax weights by a factor e^{±δ} moves a convex combination
+//   of values by at most 2(e^{2δ} − 1)·Vmax ≈ 4δ·Vmax → 2^-6·S·Vmax;
+//   P rounded to bf16 (exact tiles) or p·s to fp16 (INT2 tiles), and V to bf16 on the generic
+//   path: 2^-8·Vmax; FP32 accumulation (with the 1024-offset cancellation): 2^-12·Vmax.
+//   tol_mma = Vmax·(2^-6·S + 2^-8 + 2^-12)       (first-order worst case)
+// plus a relative L2 error per case below 2e-2 and a cosine similarity per head >= 1 - 5e-4
+// (>= 1 - 2e-3 on the generic path, where K and V are rounded to BF16 too, so the score error
+// grows with S: 0.99911 measured with q x 6). Measured on the H200, 2026-12-01: rel_l2 ~6e-4 on
+// the INT2 tiles (fp16 operands), ~3e-3 with BF16 P, up to 9.4e-3 on the generic path; the
+// attention output is an average, so its norm is well below Vmax and relative errors look
+// larger than the per-operand 2^-9. The max-error bound above is the one derived; the measured
+// max error stays below 2.2% of it. The naive kernel is FP32 throughout:
+//   tol_naive = Vmax·u·(4·(d + 2)·S + 4·L + 128), u = 2^-24 (the CPU fast path's bound, doubled).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/bf16.h"
+#include "kernels/cuda/decode_attn_cuda.h"
+#include "kernels/decode_attn.h"
+#include "quant/bit_plan_layout.h"
+#include "quant/bit_plan_quant.h"
+#include "quant/int2_layout.h"
+#include "quant/int2_quant.h"
+
+namespace oscar::kernels {
+namespace {
+
+#define CUDA_OK(expr)                                                         \
+  do {                                                                        \
+    const cudaError_t e_ = (expr);                                            \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);    \
+  } while (0)
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+struct SeqSpec {
+  int64_t sink = 0, hist = 0, recent = 0;
+};
+
+struct Case {
+  int n_heads_q = 8;
+  int n_heads_kv = 2;
+  int head_dim = 128;
+  int page_size = 16;
+  int group_size = 128;
+  Int2Quantizer quantizer = Int2Quantizer::kUniform;
+  int n_layers = 2;
+  int layer = 1;
+  bool bit_plan = false;
+  float q_gain = 1.f;
+  bool naive_too = true;  // also run the naive kernel (slow at long context)
+  std::vector<SeqSpec> seqs;
+  uint32_t seed = 1;
+
+  std::string name() const {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "hq=%d hkv=%d d=%d P=%d G=%d %s plan=%d gain=%g seed=%u seqs=",
+                  n_heads_q, n_heads_kv, head_dim, page_size, group_size,
+                  quantizer == Int2Quantizer::kLloyd ? "lloyd" : "uniform", bit_plan ? 1 : 0,
+                  q_gain, seed);
+    std::string s = buf;
+    for (const SeqSpec& q : seqs) {
+      std::snprintf(buf, sizeof buf, "(%lld,%lld,%lld)", static_cast<long long>(q.sink),
+                    static_cast<long long>(q.hist), static_cast<long long>(q.recent));
+      s += buf;
+    }
+    return s;
+  }
+};
+
+// Host-side cache and what the tolerances need.
+struct Host {
+  KvPageLayout layout;
+  std::vector<int8_t> bits;
+  std::vector<uint32_t> prefix;
+  std::vector<uint8_t> exact_pool, hist_pool;
+  std::vector<int32_t> indptr[3], ids[3], last[3];
+  std::vector<float> q;
+  std::vector<double> vmax, S;  // [n_seqs * n_heads_q]
+  std::vector<int64_t> len;     // [n_seqs]
+  DecodeAttnParams params;
+};
+
+int64_t pages_for(int64_t n, int P) { return (n + P - 1) / P; }
+
+void build(const Case& c, Host& h) {
+  KvPageLayout& L = h.layout;
+  L.n_layers = c.n_layers;
+  L.n_heads_kv = c.n_heads_kv;
+  L.head_dim = c.head_dim;
+  L.page_size = c.page_size;
+  L.exact_elem_bytes = 2;
+  L.int2_row_bytes = quant::int2_row_bytes(c.head_dim, c.group_size);
+  const int d = c.head_dim, P = c.page_size;
+  const int ns = static_cast<int>(c.seqs.size());
+  const int gqa = c.n_heads_q / c.n_heads_kv;
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  if (c.bit_plan) {
+    const int np = L.n_planes();
+    std::uniform_int_distribution<int> width(1, 3);
+    h.bits.resize(np);
+    for (int p = 0; p < np; ++p) h.bits[p] = static_cast<int8_t>(width(rng));
+    h.bits[L.plane(c.layer, 0, 0)] = 3;
+    h.bits[L.plane(c.layer, 1, c.n_heads_kv - 1)] = 1;
+    if (c.n_heads_kv > 1) h.bits[L.plane(c.layer, 0, 1)] = 2;
+    h.prefix.assign(np + 1, 0);
+    for (int p = 0; p < np; ++p)
+      h.prefix[p + 1] = h.prefix[p] + quant::bit_plan_row_bytes(h.bits[p], d, c.group_size);
+    L.hist_bits = h.bits.data();
+    L.hist_row_prefix = h.prefix.data();
+  }
+  int64_t n_exact = 2, n_hist = 2;
+  for (const SeqSpec& s : c.seqs) {
+    n_exact += pages_for(s.sink, P) + pages_for(s.recent, P);
+    n_hist += pages_for(s.hist, P);
+  }
+  h.exact_pool.assign(static_cast<size_t>(n_exact) * L.exact_page_bytes(), 0xFF);
+  h.hist_pool.assign(static_cast<size_t>(n_hist) * L.int2_page_bytes(), 0xFF);
+  std::vector<int32_t> eids(n_exact), hids(n_hist);
+  std::iota(eids.begin(), eids.end(), 0);
+  std::iota(hids.begin(), hids.end(), 0);
+  std::shuffle(eids.begin(), eids.end(), rng);
+  std::shuffle(hids.begin(), hids.end(), rng);
+  size_t ei = 0, hi = 0;
+  for (int r = 0; r < 3; ++r) {
+    h.indptr[r].assign(1, 0);
+    h.ids[r].clear();
+    h.last[r].clear();
+  }
+  for (const SeqSpec& s : c.seqs) {
+    const int64_t n[3] = {s.sink, s.hist, s.recent};
+    for (int r = 0; r < 3; ++r) {
+      for (int64_t i = 0; i < pages_for(n[r], P); ++i)
+        h.ids[r].push_back(r == 1 ? hids[hi++] : eids[ei++]);
+      h.indptr[r].push_back(static_cast<int32_t>(h.ids[r].size()));
+      h.last[r].push_back(n[r] == 0 ? 0 : static_cast<int32_t>((n[r] - 1) % P + 1));
+    }
+  }
+  h.q.resize(static_cast<size_t>(ns) * c.n_heads_q * d);
+  for (float& e : h.q) e = c.q_gain * normal(rng);
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  h.vmax.assign(static_cast<size_t>(ns) * c.n_heads_q, 0.0);
+  h.S.assign(h.vmax.size(), 0.0);
+  h.len.assign(ns, 0);
+
+  std::vector<float> x(d), seen(d);
+  for (int sq = 0; sq < ns; ++sq) {
+    const SeqSpec& s = c.seqs[sq];
+    const int64_t T = s.sink + s.hist + s.recent;
+    h.len[sq] = T;
+    for (int64_t t = 0; t < T; ++t) {
+      const int r = t < s.sink ? 0 : (t < s.sink + s.hist ? 1 : 2);
+      const int64_t j = r == 0 ? t : (r == 1 ? t - s.sink : t - s.sink - s.hist);
+      const int32_t page = h.ids[r][h.indptr[r][sq] + j / P];
+      const int slot = static_cast<int>(j % P);
+      for (int kv = 0; kv < 2; ++kv)
+        for (int g = 0; g < c.n_heads_kv; ++g) {
+          for (int i = 0; i < d; ++i)
+            x[i] = kv == 0 ? ((i % 29 == 3) ? 6.f : 1.f) * normal(rng) + 0.2f
+                           : normal(rng) + 0.5f * std::sin(0.1f * static_cast<float>(i));
+          if (r == 1) {
+            uint8_t* dst = h.hist_pool.data() + static_cast<size_t>(page) * L.int2_page_bytes() +
+                           L.int2_row_offset(c.layer, kv, g, slot);
+            const int bits = L.hist_row_bits(c.layer, kv, g);
+            const Status st =
+                bits == 3   ? quant::quantize_row_int3_ref(x.data(), d, c.group_size, 0.95f, dst)
+                : bits == 1 ? quant::quantize_row_int1_ref(x.data(), d, c.group_size, dst)
+                : c.quantizer == Int2Quantizer::kLloyd
+                    ? quant::quantize_rows_lloyd(x.data(), 1, d, c.group_size, 1.f, dst)
+                    : quant::quantize_rows_int2(x.data(), 1, d, c.group_size, 1.f, dst);
+            ASSERT_TRUE(st.ok()) << st.to_string();
+            if (bits == 3)
+              quant::dequantize_row_int3_ref(dst, d, c.group_size, seen.data());
+            else if (bits == 1)
+              quant::dequantize_row_int1_ref(dst, d, c.group_size, seen.data());
+            else if (c.quantizer == Int2Quantizer::kLloyd)
+              quant::dequantize_row_lloyd_ref(dst, d, c.group_size, seen.data());
+            else
+              quant::dequantize_row_int2_ref(dst, d, c.group_size, seen.data());
+          } else {
+            uint8_t* dst = h.exact_pool.data() + static_cast<size_t>(page) * L.exact_page_bytes() +
+                           L.exact_row_offset(c.layer, kv, g, slot);
+            for (int i = 0; i < d; ++i) {
+              const bf16_t b = f32_to_bf16(x[i]);
+              std::memcpy(dst + 2 * i, &b, 2);
+              seen[i] = bf16_to_f32(b);
+            }
+          }
+          for (int hq = g * gqa; hq < (g + 1) * gqa; ++hq) {
+            const size_t row = static_cast<size_t>(sq) * c.n_heads_q + hq;
+            if (kv == 0) {
+              double a = 0;
+              for (int i = 0; i < d; ++i) a += std::fabs(double(h.q[row * d + i]) * seen[i]);
+              h.S[row] = std::max(h.S[row], a * scale);
+            } else {
+              for (int i = 0; i < d; ++i) h.vmax[row] = std::max(h.vmax[row], double(std::fabs(seen[i])));
+            }
+          }
+        }
+    }
+  }
+  DecodeAttnParams& p = h.params;
+  p.n_seqs = ns;
+  p.n_heads_q = c.n_heads_q;
+  p.group_size = c.group_size;
+  p.quantizer = c.quantizer;
+  p.layer = c.layer;
+  p.scale = scale;
+  p.layout = L;
+  p.q = h.q.data();
+  p.exact_pool = h.exact_pool.data();
+  p.hist_pool = h.hist_pool.data();
+  PageTableView* tabs[3] = {&p.sinks, &p.history, &p.recent};
+  for (int r = 0; r < 3; ++r) {
+    tabs[r]->indptr = h.indptr[r].data();
+    tabs[r]->page_ids = h.ids[r].data();
+    tabs[r]->last_page_len = h.last[r].data();
+    tabs[r]->n_seqs = ns;
+  }
+}
+
+// Device copies of everything the params point to.
+struct Device {
+  std::vector<void*> bufs;
+  DecodeAttnParams params;
+  float* out = nullptr;
+  ~Device() {
+    for (void* b : bufs) cudaFree(b);
+  }
+  template <class T>
+  T* up(const std::vector<T>& v) {
+    void* ptr = nullptr;
+    const size_t bytes = std::max<size_t>(v.size() * sizeof(T), 16);
+    if (cudaMalloc(&ptr, bytes) != cudaSuccess) return nullptr;
+    bufs.push_back(ptr);
+    if (!v.empty()) cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return static_cast<T*>(ptr);
+  }
+};
+
+void upload(const Host& h, Device& dv) {
+  dv.params = h.params;
+  DecodeAttnParams& p = dv.params;
+  p.q = dv.up(h.q);
+  p.exact_pool = dv.up(h.exact_pool);
+  p.hist_pool = dv.up(h.hist_pool);
+  PageTableView* tabs[3] = {&p.sinks, &p.history, &p.recent};
+  for (int r = 0; r < 3; ++r) {
+    tabs[r]->indptr = dv.up(h.indptr[r]);
+    tabs[r]->page_ids = dv.up(h.ids[r]);
+    tabs[r]->last_page_len = dv.up(h.last[r]);
+  }
+  if (!h.bits.empty()) {
+    p.layout.hist_bits = dv.up(h.bits);
+    p.layout.hist_row_prefix = dv.up(h.prefix);
+  }
+  dv.out = dv.up(std::vector<float>(h.q.size()));
+  p.out = dv.out;
+}
+
+struct Cmp {
+  double max_err = 0, max_ratio = 0, rel_l2 = 0, min_cos = 1;
+};
+
+Cmp compare(const std::string& what, const Case& c, const Host& h, const std::vector<float>& got,
+            const std::vector<float>& want, bool mma, bool generic) {
+  const int d = c.head_dim;
+  Cmp r;
+  double num = 0, den = 0;
+  bool reported = false;
+  const size_t rows = h.vmax.size();
+  for (size_t row = 0; row < rows; ++row) {
+    const int sq = static_cast<int>(row / c.n_heads_q);
+    const double u = 1.0 / (1 << 24);
+    const double vm = h.vmax[row], S = h.S[row];
+    const double tol = mma ? vm * (S / 64 + 1.0 / 256 + 1.0 / 4096) + 1e-30
+                           : vm * u * (4.0 * (d + 2) * S + 4.0 * h.len[sq] + 128) + 1e-30;
+    double dp = 0, ng = 0, nw = 0;
+    for (int i = 0; i < d; ++i) {
+      const double gv = got[row * d + i], wv = want[row * d + i];
+      if (!std::isfinite(gv)) {
+        ADD_FAILURE() << what << " " << c.name() << ": non-finite output at seq " << sq
+                      << " head " << row % c.n_heads_q << " dim " << i;
+        return r;
+      }
+      const double err = std::fabs(gv - wv);
+      r.max_err = std::max(r.max_err, err);
+      r.max_ratio = std::max(r.max_ratio, err / tol);
+      if (err > tol && !reported) {
+        ADD_FAILURE() << what << " " << c.name() << ": first mismatch at seq " << sq << " head "
+                      << row % c.n_heads_q << " dim " << i << ": got " << gv << " want " << wv
+                      << " err " << err << " > tol " << tol;
+        reported = true;
+      }
+      num += (gv - wv) * (gv - wv);
+      den += wv * wv;
+      dp += gv * wv;
+      ng += gv * gv;
+      nw += wv * wv;
+    }
+    const double cs = (ng == 0 && nw == 0) ? 1.0 : dp / std::sqrt(ng * nw);
+    r.min_cos = std::min(r.min_cos, cs);
+  }
+  r.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  if (reported) ADD_FAILURE() << what << " max error " << r.max_err;
+  if (mma) {
+    EXPECT_LE(r.rel_l2, 2e-2) << what << " " << c.name();
+    EXPECT_GE(r.min_cos, 1.0 - (generic ? 2e-3 : 5e-4)) << what << " " << c.name();
+  }
+  return r;
+}
+
+// Runs the reference and every CUDA path on one case.
+void run_case(const Case& c) {
+  Host h;
+  build(c, h);
+  if (::testing::Test::HasFatalFailure()) return;
+  std::vector<float> want(h.q.size(), std::nanf(""));
+  h.params.out = want.data();
+  ASSERT_TRUE(validate_decode_attn(h.params).ok()) << validate_decode_attn(h.params).to_string();
+  const Status rs = decode_attn_ref(h.params);
+  ASSERT_TRUE(rs.ok()) << rs.to_string();
+
+  Device dv;
+  upload(h, dv);
+  ASSERT_NE(dv.out, nullptr);
+  struct Variant {
+    const char* name;
+    DecodeAttnCudaOptions opts;
+  };
+  std::vector<Variant> vars = {
+      {"auto", {DecodeAttnCudaPath::kAuto, 0}},  {"splits=1", {DecodeAttnCudaPath::kAuto, 1}},
+      {"splits=2", {DecodeAttnCudaPath::kAuto, 2}}, {"splits=7", {DecodeAttnCudaPath::kAuto, 7}},
+      {"splits=128", {DecodeAttnCudaPath::kAuto, 128}},
+      {"wide", {DecodeAttnCudaPath::kAuto, 0, 0, 1}},
+      {"wide,s=7", {DecodeAttnCudaPath::kAuto, 7, 0, 1}},
+      {"generic", {DecodeAttnCudaPath::kGeneric, 0}},
+      {"generic,w", {DecodeAttnCudaPath::kGeneric, 0, 0, 1}}};
+  if (c.naive_too) vars.push_back({"naive", {DecodeAttnCudaPath::kNaive, 0}});
+  std::vector<float> got(h.q.size());
+  for (const Variant& v : vars) {
+    CUDA_OK(cudaMemset(dv.out, 0xFF, got.size() * sizeof(float)));
+    const Status st = decode_attn_cuda_ex(dv.params, v.opts, nullptr);
+    ASSERT_TRUE(st.ok()) << v.name << ": " << st.to_string();
+    CUDA_OK(cudaDeviceSynchronize());
+    const DecodeAttnCudaLaunchInfo info = decode_attn_cuda_last_launch();
+    CUDA_OK(cudaMemcpy(got.data(), dv.out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    const bool mma = info.path == 0;
+    const bool generic = v.opts.path == DecodeAttnCudaPath::kGeneric || c.bit_plan ||
+                         c.quantizer == Int2Quantizer::kLloyd || c.group_size != 128;
+    const Cmp r = compare(std::string("decode_attn_cuda[") + v.name + "]", c, h, got, want, mma,
+                          generic);
+    std::printf("  %-10s path=%d cfg=%d splits=%-3d max_err=%.3g err/tol=%.3g rel_l2=%.3g "
+                "min_cos=%.9f  %s\n", v.name, info.path, info.config, info.n_splits, r.max_err,
+                r.max_ratio, r.rel_l2, r.min_cos, c.name().c_str());
+  }
+}
+
+class DecodeAttnCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  }
+};
+
+// A batch mixing every region shape: empty, one token, sinks only, no recent, no sinks, tiny
+// history, long history, partial last pages.
+std::vector<SeqSpec> mixed_batch(int P) {
+  return {{0, 0, 0},          {1, 0, 0},          {64, 0, 0},
+          {64, 2 * P, 0},     {0, 3 * P, 17},     {16, P, 1},
+          {64, 32 * P, 256},  {64, 64 * P, 37}};
+}
+
+TEST_F(DecodeAttnCuda, MixedBatchEveryGqa) {
+  uint32_t seed = 10;
+  for (int gqa : {1, 2, 4, 8, 16}) {
+    Case c;
+    c.n_heads_kv = gqa == 16 ? 1 : 2;
+    c.n_heads_q = c.n_heads_kv * gqa;
+    c.seqs = mixed_batch(16);
+    c.seed = seed++;
+    run_case(c);
+  }
+}
+
+TEST_F(DecodeAttnCuda, BatchSizesOneThreeEight) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> tok(0, 300), pages(0, 80);
+  uint32_t seed = 40;
+  for (int b : {1, 3, 8}) {
+    Case c;
+    c.n_heads_q = 32;
+    c.n_heads_kv = 8;
+    for (int i = 0; i < b; ++i)
+      c.seqs.push_back({64 * (tok(rng) % 2), 16 * pages(rng), 1 + tok(rng)});
+    c.seed = seed++;
+    run_case(c);
+  }
+}
+
+TEST_F(DecodeAttnCuda, PageBoundaries) {
+  uint32_t seed = 100;
+  for (int P : {8, 16, 32}) {
+    Case c;
+    c.page_size = P;
+    for (int k : {1, 2, 5})
+      for (int delta : {-1, 0, 1}) {
+        c.seqs.push_back({P, int64_t(k) * P, 2 * P + delta});
+        c.seqs.push_back({int64_t(k) * P + delta, 0, 0});  // sinks only, edge inside the sinks
+      }
+    c.seed = seed++;
+    run_case(c);
+  }
+}
+
+TEST_F(DecodeAttnCuda, BitPlanRowsOfEveryWidth) {
+  uint32_t seed = 200;
+  for (int G : {32, 64, 128}) {
+    Case c;
+    c.group_size = G;
+    c.bit_plan = true;
+    c.n_layers = 3;
+    c.layer = 2;
+    c.n_heads_kv = 4;
+    c.n_heads_q = 16;
+    c.seqs = {{64, 48 * 16, 100}, {0, 16, 0}, {16, 5 * 16, 3}};
+    c.seed = seed++;
+    run_case(c);
+  }
+}
+
+TEST_F(DecodeAttnCuda, LloydAndSmallGroupsAndHeadDim64) {
+  uint32_t seed = 300;
+  for (int d : {64, 128})
+    for (int G : {32, 64, 128}) {
+      if (G > d) continue;
+      for (auto qz : {Int2Quantizer::kUniform, Int2Quantizer::kLloyd}) {
+        Case c;
+        c.head_dim = d;
+        c.group_size = G;
+        c.quantizer = qz;
+        c.seqs = {{64, 40 * 16, 77}, {16, 16, 16}};
+        c.seed = seed++;
+        run_case(c);
+      }
+    }
+}
+
+TEST_F(DecodeAttnCuda, PeakySoftmax) {
+  Case c;
+  c.q_gain = 6.f;
+  c.seqs = mixed_batch(16);
+  c.seed = 400;
+  run_case(c);
+}
+
+TEST_F(DecodeAttnCuda, LongContextQwen3Layout) {
+  // Qwen3-8B heads; 32K at batch 1 (many splits), 8K x 3.
+  Case c;
+  c.n_heads_q = 32;
+  c.n_heads_kv = 8;
+  c.n_layers = 1;
+  c.layer = 0;
+  c.naive_too = false;
+  c.seqs = {{64, 32768 - 320, 256}};
+  c.seed = 500;
+  run_case(c);
+  c.seqs = {{64, 8192 - 320, 256}, {64, 8192 - 320 - 16 * 7, 200}, {64, 4096, 256}};
+  c.seed = 501;
+  run_case(c);
+  // The bf16 mode: everything in the exact pool.
+  c.seqs = {{64, 0, 8192 - 64}, {64, 0, 3000}};
+  c.seed = 502;
+  run_case(c);
+}
+
+TEST_F(DecodeAttnCuda, RejectsBadParams) {
+  Case c;
+  c.seqs = {{16, 16, 16}};
+  Host h;
+  build(c, h);
+  Device dv;
+  upload(h, dv);
+  DecodeAttnParams p = dv.params;
+  p.layout.exact_elem_bytes = 4;
+  EXPECT_FALSE(decode_attn_cuda(p, nullptr).ok());
+  p = dv.params;
+  p.n_heads_q = 7;
+  EXPECT_FALSE(decode_attn_cuda(p, nullptr).ok());
+  p = dv.params;
+  p.out = nullptr;
+  EXPECT_FALSE(decode_attn_cuda(p, nullptr).ok());
+  p = dv.params;
+  p.recent.n_seqs = 2;
+  EXPECT_FALSE(decode_attn_cuda(p, nullptr).ok());
+  // Zero sequences: nothing to do.
+  p = dv.params;
+  p.n_seqs = p.sinks.n_seqs = p.history.n_seqs = p.recent.n_seqs = 0;
+  EXPECT_TRUE(decode_attn_cuda(p, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace oscar::kernels
