@@ -7,7 +7,7 @@
 #include "apps/runtime_options.h"
 #include "core/log.h"
 #include "engine/runtime.h"
-#include "model/sampler.h"
+#include "kernels/sample.h"
 
 namespace oscar::apps {
 
@@ -15,7 +15,7 @@ Command add_run(CLI::App& app) {
   auto rt = std::make_shared<engine::RuntimeOptions>();
   auto prompt = std::make_shared<std::string>();
   auto max_tokens = std::make_shared<int>(128);
-  auto sampling = std::make_shared<model::SamplingConfig>();
+  auto sampling = std::make_shared<kernels::SamplingConfig>();
   auto show_stats = std::make_shared<bool>(false);
   add_runtime_options(app, *rt);
   app.add_option("-p,--prompt", *prompt, "Prompt text")->required();
@@ -30,7 +30,7 @@ Command add_run(CLI::App& app) {
   app.add_flag("--stats", *show_stats, "Print timing and cache memory to stderr at the end");
 
   return [=]() -> int {
-    Status st = model::validate_sampling(*sampling);
+    Status st = kernels::validate_sampling(*sampling);
     if (!st.ok()) {
       std::fprintf(stderr, "error: %s\n", st.message().c_str());
       return 2;
@@ -54,7 +54,6 @@ Command add_run(CLI::App& app) {
       return 2;
     }
     auto cache = r.new_cache();
-    model::Sampler sampler(*sampling);
     tok::StreamDecoder decoder(tok, /*skip_special=*/true);
     const auto eos = tok.eos_token_id();
     std::vector<float> logits;
@@ -65,7 +64,12 @@ Command add_run(CLI::App& app) {
     auto t1 = clock::now();
     int generated = 0;
     while (st.ok() && generated < *max_tokens) {
-      const int32_t next = sampler.sample(logits);
+      const int32_t next = kernels::sample_one(logits.data(), r.model().config().vocab_size,
+                                               *sampling, static_cast<uint64_t>(generated));
+      if (next == kernels::kSampleNonFinite) {
+        st = internal_error("the model produced non-finite logits");
+        break;
+      }
       ++generated;
       if (eos && next == *eos) break;
       std::string text = decoder.push(next);

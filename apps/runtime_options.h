@@ -31,6 +31,11 @@ inline void add_runtime_options(CLI::App& app, engine::RuntimeOptions& o) {
                "INT2)");
   app.add_flag("--dummy-weights", o.dummy_weights,
                "Random weights from DIR/config.json (speed tests at real sizes)");
+  app.add_option("--device", o.device,
+                 "Backend: cpu, or cuda in a build with -DOSCAR_CUDA=ON (the CUDA backend's "
+                 "model ops are not wired yet)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
 }  // namespace oscar::apps

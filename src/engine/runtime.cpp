@@ -133,6 +133,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
   std::unique_ptr<Runtime> rt(new Runtime());
   rt->options_ = options;
   RuntimeOptions& o = rt->options_;
+  OSCAR_ASSIGN_OR_RETURN(rt->backend_, kernels::make_backend(o.device));
 
   if (o.dummy_weights) {
     OSCAR_ASSIGN_OR_RETURN(format::ModelConfig config, format::ModelConfig::load(o.model_dir));
@@ -161,14 +162,22 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
     exact_budget = static_cast<size_t>(static_cast<double>(o.kv_budget_bytes) * exact_share);
     int2_budget = o.kv_budget_bytes - exact_budget;
   }
+  rt->model_->set_backend(rt->backend_.get());
+  // Page storage: one buffer per pool in the backend's memory; the pools keep only ids.
+  const int64_t n_exact = kv::PagePool::pages_for_budget(exact_budget, layout.exact_page_bytes());
+  OSCAR_ASSIGN_OR_RETURN(rt->exact_storage_,
+                         rt->backend_->alloc(n_exact * layout.exact_page_bytes(), "exact KV pages"));
   rt->exact_pool_ = std::make_unique<kv::PagePool>(
-      mode == quant::CacheMode::kF32 ? "f32" : "bf16",
-      kv::PagePool::pages_for_budget(exact_budget, layout.exact_page_bytes()),
-      layout.exact_page_bytes());
-  if (rt->spec_.quantized())
-    rt->int2_pool_ = std::make_unique<kv::PagePool>(
-        "int2", kv::PagePool::pages_for_budget(int2_budget, layout.int2_page_bytes()),
-        layout.int2_page_bytes());
+      mode == quant::CacheMode::kF32 ? "f32" : "bf16", n_exact, layout.exact_page_bytes(),
+      rt->exact_storage_.as<uint8_t>());
+  if (rt->spec_.quantized()) {
+    const int64_t n_hist = kv::PagePool::pages_for_budget(int2_budget, layout.int2_page_bytes());
+    OSCAR_ASSIGN_OR_RETURN(rt->int2_storage_,
+                           rt->backend_->alloc(n_hist * layout.int2_page_bytes(),
+                                               "history KV pages"));
+    rt->int2_pool_ = std::make_unique<kv::PagePool>("int2", n_hist, layout.int2_page_bytes(),
+                                                    rt->int2_storage_.as<uint8_t>());
+  }
   OSCAR_LOG_INFO("runtime: %s", rt->describe().c_str());
   return rt;
 }
@@ -176,9 +185,9 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
 std::string Runtime::describe() const {
   const format::ModelConfig& c = model_->config();
   std::string s = str_format(
-      "model=%s layers=%d heads=%d/%d head_dim=%d vocab=%d weights_bytes=%zu %s "
+      "device=%s model=%s layers=%d heads=%d/%d head_dim=%d vocab=%d weights_bytes=%zu %s "
       "exact_pool_pages=%lld exact_page_bytes=%zu",
-      options_.model_dir.c_str(), c.n_layers, c.n_heads_q, c.n_heads_kv, c.head_dim,
+      device_name(backend_->device()), options_.model_dir.c_str(), c.n_layers, c.n_heads_q, c.n_heads_kv, c.head_dim,
       c.vocab_size, model_->weight_bytes(), spec_.describe().c_str(),
       static_cast<long long>(exact_pool_->n_pages()), exact_pool_->page_bytes());
   if (int2_pool_)

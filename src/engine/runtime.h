@@ -13,7 +13,9 @@
 #include <memory>
 #include <string>
 
+#include "core/device.h"
 #include "core/status.h"
+#include "kernels/backend.h"
 #include "kv/page_pool.h"
 #include "kv/sequence_cache.h"
 #include "model/qwen3.h"
@@ -46,6 +48,7 @@ struct RuntimeOptions {
   // (sinks + recent window in BF16 pages, the rest in INT2 pages).
   int64_t split_tokens = 4096;
   bool dummy_weights = false;  // random weights from config.json (speed at real sizes)
+  std::string device = "cpu";  // the backend (kernels/backend.h): cpu, or cuda where built
 };
 
 class Runtime {
@@ -53,6 +56,7 @@ class Runtime {
   static Result<std::unique_ptr<Runtime>> create(const RuntimeOptions& options);
 
   model::Qwen3Model& model() { return *model_; }
+  kernels::Backend& backend() { return *backend_; }
   const tok::Tokenizer& tokenizer() const { return *tokenizer_; }
   const kv::KvCacheSpec& spec() const { return spec_; }
   kv::PagePool& exact_pool() { return *exact_pool_; }
@@ -68,6 +72,10 @@ class Runtime {
   std::unique_ptr<model::Qwen3Model> model_;
   std::unique_ptr<tok::Tokenizer> tokenizer_;
   kv::KvCacheSpec spec_;
+  // The backend owns the page bytes (one buffer per pool); the pools hand out ids into them.
+  // Declared before the pools, so the pools go first.
+  std::unique_ptr<kernels::Backend> backend_;
+  DeviceBuffer exact_storage_, int2_storage_;
   std::unique_ptr<kv::PagePool> exact_pool_;
   std::unique_ptr<kv::PagePool> int2_pool_;
 };

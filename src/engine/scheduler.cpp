@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <random>
 
 #include "core/check.h"
 #include "core/log.h"
 #include "kv/admission.h"
-#include "model/sampler.h"
+#include "kernels/sample.h"
 
 namespace oscar::engine {
 
@@ -29,6 +30,13 @@ void observe(Histogram& h, double seconds) {
   h.sum += seconds;
 }
 
+// total += sign · need, region by region.
+void add_pages(kv::PageNeed& total, const kv::PageNeed& need, int sign) {
+  total.sink_pages += sign * need.sink_pages;
+  total.recent_pages += sign * need.recent_pages;
+  total.hist_pages += sign * need.hist_pages;
+}
+
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -39,9 +47,8 @@ struct Scheduler::Sequence {
   GenerationRequest req;
   std::function<void(const GenerationEvent&)> on_event;
   std::unique_ptr<kv::SequenceCache> cache;
-  std::unique_ptr<model::Sampler> sampler;
+  kernels::SamplingConfig sampling;
   std::unique_ptr<tok::StreamDecoder> decoder;
-  std::vector<float> logits;
   int64_t prefilled = 0;
   int64_t cached_tokens = 0;  // prompt tokens adopted from the prefix cache
   kv::NodeHandle prefix_node; // locked radix node while running
@@ -49,7 +56,7 @@ struct Scheduler::Sequence {
   std::string text;      // decoded output so far, whole UTF-8 characters
   size_t emitted = 0;    // bytes of `text` already streamed
   int32_t next_token = -1;
-  PagesNeeded reserved;
+  kv::PageNeed reserved;
   Clock::time_point t_submit, t_last;
   bool done = false;
 
@@ -104,17 +111,8 @@ void Scheduler::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
-Scheduler::PagesNeeded Scheduler::pages_needed(int64_t n_tokens) const {
-  const kv::KvCacheSpec& spec = runtime_->spec();
-  PagesNeeded need;
-  if (spec.quantized()) {
-    kv::PageNeed p = kv::peak_pages_for_length(spec.regions, n_tokens);
-    need.exact = p.bf16_pages();
-    need.int2 = p.int2_pages();
-  } else {
-    need.exact = (n_tokens + spec.regions.page_size - 1) / spec.regions.page_size;
-  }
-  return need;
+kv::PageNeed Scheduler::pages_needed(int64_t n_tokens) const {
+  return kv::peak_pages(runtime_->spec().regions, runtime_->spec().quantized(), n_tokens);
 }
 
 Status Scheduler::submit(GenerationRequest req,
@@ -131,22 +129,22 @@ Status Scheduler::submit(GenerationRequest req,
         "prompt (%zu tokens) + max_tokens (%d) = %lld exceeds the model's context of %d tokens",
         req.prompt_ids.size(), req.max_tokens, static_cast<long long>(total),
         config.max_position_embeddings);
-  model::SamplingConfig sc{req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, 0};
-  OSCAR_RETURN_IF_ERROR(model::validate_sampling(sc));
-  const PagesNeeded need = pages_needed(total);
+  kernels::SamplingConfig sc{req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, 0};
+  OSCAR_RETURN_IF_ERROR(kernels::validate_sampling(sc));
+  const kv::PageNeed need = pages_needed(total);
   const int64_t int2_total = runtime_->int2_pool() ? runtime_->int2_pool()->n_pages() : 0;
-  if (need.exact > runtime_->exact_pool().n_pages() || need.int2 > int2_total)
+  if (need.bf16_pages() > runtime_->exact_pool().n_pages() || need.int2_pages() > int2_total)
     return resource_exhausted(
         "request needs %lld %s and %lld int2 KV pages; the pools hold %lld and %lld "
         "(raise --kv-budget)",
-        static_cast<long long>(need.exact), runtime_->exact_pool().name().c_str(),
-        static_cast<long long>(need.int2),
+        static_cast<long long>(need.bf16_pages()), runtime_->exact_pool().name().c_str(),
+        static_cast<long long>(need.int2_pages()),
         static_cast<long long>(runtime_->exact_pool().n_pages()),
         static_cast<long long>(int2_total));
 
   auto s = std::make_unique<Sequence>();
   sc.seed = req.sampling.has_seed ? req.sampling.seed : std::random_device{}();
-  s->sampler = std::make_unique<model::Sampler>(sc);
+  s->sampling = sc;
   s->decoder = std::make_unique<tok::StreamDecoder>(runtime_->tokenizer(), /*skip_special=*/true);
   s->req = std::move(req);
   s->on_event = std::move(on_event);
@@ -210,8 +208,7 @@ void Scheduler::release(Sequence& s) {
   if (s.cache) {
     if (radix_) publish_prefix(s, /*keep_locked=*/false);
     s.cache.reset();  // the sequence's page references back to the pools
-    reserved_.exact -= s.reserved.exact;
-    reserved_.int2 -= s.reserved.int2;
+    add_pages(reserved_, s.reserved, -1);
     s.reserved = {};
   }
 }
@@ -243,10 +240,11 @@ void Scheduler::end(Sequence& s, const GenerationEvent& terminal) {
 // reservation fits when the reservations plus the cache's evictable pages fit the pool, evicting
 // LRU cache entries as needed. Pages shared by a running sequence and the cache are counted in
 // that sequence's reservation (conservative).
-bool Scheduler::reservation_fits(const PagesNeeded& need) {
+bool Scheduler::reservation_fits(const kv::PageNeed& need) {
   const int64_t totals[2] = {runtime_->exact_pool().n_pages(),
                              runtime_->int2_pool() ? runtime_->int2_pool()->n_pages() : 0};
-  const int64_t wanted[2] = {reserved_.exact + need.exact, reserved_.int2 + need.int2};
+  const int64_t wanted[2] = {reserved_.bf16_pages() + need.bf16_pages(),
+                             reserved_.int2_pages() + need.int2_pages()};
   for (uint8_t pool = 0; pool < 2; ++pool) {
     if (wanted[pool] > totals[pool]) return false;
     if (!radix_ || pool >= radix_->stats().evictable_pages.size()) continue;
@@ -300,11 +298,10 @@ void Scheduler::attach_prefix(Sequence& s) {
 void Scheduler::admit() {
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
     Sequence& s = *waiting_.front();
-    const PagesNeeded need =
+    const kv::PageNeed need =
         pages_needed(static_cast<int64_t>(s.req.prompt_ids.size()) + s.req.max_tokens);
     if (!reservation_fits(need)) break;  // FIFO: wait for running requests to finish
-    reserved_.exact += need.exact;
-    reserved_.int2 += need.int2;
+    add_pages(reserved_, need, +1);
     s.reserved = need;
     s.cache = runtime_->new_cache();
     attach_prefix(s);
@@ -367,62 +364,111 @@ void Scheduler::handle_token(Sequence& s, int32_t token) {
   else s.next_token = token;
 }
 
+// One step, owned here from end to end: choose the chunks, reserve their pages, plan, forward,
+// demote, commit, sample. A failure that belongs to one request (no pages, a K/V value that the
+// history cannot store, non-finite logits) fails that request alone; the others go on.
 void Scheduler::step() {
   if (running_.empty()) return;
-  std::vector<model::SeqChunk> batch;
+  std::vector<kv::StepChunk> chunks;
   std::vector<Sequence*> owners;
-  std::vector<int64_t> chunk_len;
   int budget = options_.max_batch_tokens;
+  auto add = [&](Sequence& s, std::span<const int32_t> tokens) {
+    Status st = s.cache->reserve(static_cast<int64_t>(tokens.size()));
+    if (!st.ok()) {
+      // Admission reserved this request's peak pages, so this is a bookkeeping bug or a pool
+      // shared beyond its reservations; either way only this request is affected.
+      OSCAR_LOG_ERROR("scheduler: request %s: %s", s.req.request_id.c_str(), st.to_string().c_str());
+      fail(s, st);
+      return;
+    }
+    chunks.push_back(kv::StepChunk{s.cache.get(), tokens, false});
+    owners.push_back(&s);
+    budget -= static_cast<int>(tokens.size());
+  };
   for (auto& sp : running_) {  // decode tokens first: they keep latency low
     Sequence& s = *sp;
     if (s.prefilling() || budget <= 0) continue;
-    model::SeqChunk c;
-    c.tokens = std::span<const int32_t>(&s.next_token, 1);
-    c.cache = s.cache.get();
-    c.logits = &s.logits;
-    batch.push_back(c);
-    owners.push_back(&s);
-    chunk_len.push_back(1);
-    budget -= 1;
+    add(s, std::span<const int32_t>(&s.next_token, 1));
   }
   for (auto& sp : running_) {  // then prefill chunks
     Sequence& s = *sp;
-    if (!s.prefilling() || budget <= 0) continue;
+    if (s.done || !s.prefilling() || budget <= 0) continue;
     const int64_t left = static_cast<int64_t>(s.req.prompt_ids.size()) - s.prefilled;
     const int64_t n = std::min<int64_t>({left, options_.prefill_chunk, budget});
-    model::SeqChunk c;
-    c.tokens = std::span<const int32_t>(s.req.prompt_ids.data() + s.prefilled, n);
-    c.cache = s.cache.get();
-    c.logits = &s.logits;
-    batch.push_back(c);
-    owners.push_back(&s);
-    chunk_len.push_back(n);
-    budget -= static_cast<int>(n);
+    add(s, std::span<const int32_t>(s.req.prompt_ids.data() + s.prefilled, n));
   }
-  if (batch.empty()) return;
-  Status st = runtime_->model().forward(batch);
-  if (!st.ok()) {
-    OSCAR_LOG_ERROR("scheduler: forward failed for %zu sequences: %s", owners.size(),
-                    st.to_string().c_str());
-    for (Sequence* s : owners) fail(*s, st);
-  } else {
-    for (size_t i = 0; i < owners.size(); ++i) {
-      Sequence& s = *owners[i];
-      if (s.prefilling()) {
-        s.prefilled += chunk_len[i];
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          metrics_.prompt_tokens_total += static_cast<uint64_t>(chunk_len[i]);
-        }
-        if (s.prefilling()) continue;
-        if (radix_) publish_prefix(s, /*keep_locked=*/true);
-      }
-      handle_token(s, s.sampler->sample(s.logits));
-    }
-  }
+  if (!chunks.empty()) run_step(chunks, owners);
   running_.erase(std::remove_if(running_.begin(), running_.end(),
                                 [](const std::unique_ptr<Sequence>& s) { return s->done; }),
                  running_.end());
+}
+
+void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequence* const> owners) {
+  model::Qwen3Model& model = runtime_->model();
+  const kv::StepPlan plan = kv::StepPlan::make(chunks, kv::AttendMode::kPrefill);
+  std::vector<float> logits;
+  std::vector<int32_t> demote_status;
+  Status st = model.forward(plan, {}, &logits);
+  if (st.ok()) st = model.demote(plan, &demote_status);
+  if (!st.ok()) {
+    OSCAR_LOG_ERROR("scheduler: step failed for %zu sequences: %s", owners.size(),
+                    st.to_string().c_str());
+    for (Sequence* s : owners) {
+      s->cache->unreserve();
+      fail(*s, st);
+    }
+    return;
+  }
+  std::vector<Status> per_chunk;
+  plan.commit(demote_status, &per_chunk);
+  // One sampling call for the step's logits rows (the last row of each sequence); only ids
+  // come back. Rows of prefill chunks that do not end their prompt are drawn and ignored.
+  std::vector<kernels::SamplingConfig> configs(plan.n_logit_rows());
+  std::vector<uint64_t> draws(plan.n_logit_rows());
+  std::vector<int32_t> ids(plan.n_logit_rows(), kernels::kSampleNonFinite);
+  for (int32_t p = 0; p < plan.n_seqs(); ++p) {
+    const Sequence& s = *owners[plan.chunk[p]];
+    configs[plan.cu_logits[p]] = s.sampling;
+    draws[plan.cu_logits[p]] = s.output.size();
+  }
+  kernels::SampleParams sp;
+  sp.logits = logits.data();
+  sp.n_rows = plan.n_logit_rows();
+  sp.vocab = model.config().vocab_size;
+  sp.config = configs.data();
+  sp.step = draws.data();
+  sp.ids = ids.data();
+  st = model.backend().sample(sp);
+  OSCAR_CHECK(st.ok(), "sampling configs were validated at submit: %s", st.to_string().c_str());
+  for (int32_t p = 0; p < plan.n_seqs(); ++p) {
+    Sequence& s = *owners[plan.chunk[p]];
+    if (!per_chunk[plan.chunk[p]].ok()) {
+      OSCAR_LOG_WARN("scheduler: request %s failed: %s", s.req.request_id.c_str(),
+                     per_chunk[plan.chunk[p]].to_string().c_str());
+      fail(s, per_chunk[plan.chunk[p]]);
+      continue;
+    }
+    const int64_t n = plan.cu_seqlens[p + 1] - plan.cu_seqlens[p];
+    if (s.prefilling()) {
+      s.prefilled += n;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        metrics_.prompt_tokens_total += static_cast<uint64_t>(n);
+      }
+      if (s.prefilling()) continue;
+      if (radix_) publish_prefix(s, /*keep_locked=*/true);
+    }
+    const int32_t token = ids[plan.cu_logits[p]];
+    if (token == kernels::kSampleNonFinite) {
+      const Status bad = internal_error("the model produced non-finite logits at position %lld",
+                                        static_cast<long long>(plan.pos0[p] + n - 1));
+      OSCAR_LOG_WARN("scheduler: request %s failed: %s", s.req.request_id.c_str(),
+                     bad.to_string().c_str());
+      fail(s, bad);
+      continue;
+    }
+    handle_token(s, token);
+  }
 }
 
 void Scheduler::loop() {

@@ -22,6 +22,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -29,7 +30,9 @@
 
 #include "engine/engine_api.h"
 #include "engine/runtime.h"
+#include "kv/admission.h"
 #include "kv/radix_cache.h"
+#include "kv/step_plan.h"
 #include "tokenizer/chat_template.h"
 
 namespace oscar::engine {
@@ -63,18 +66,16 @@ class Scheduler : public Engine {
 
  private:
   struct Sequence;
-  struct PagesNeeded {
-    int64_t exact = 0, int2 = 0;
-  };
 
   Scheduler(std::unique_ptr<Runtime> runtime, const SchedulerOptions& options);
   void loop();
-  PagesNeeded pages_needed(int64_t n_tokens) const;
+  kv::PageNeed pages_needed(int64_t n_tokens) const;
   void admit();
-  bool reservation_fits(const PagesNeeded& need);
+  bool reservation_fits(const kv::PageNeed& need);
   void attach_prefix(Sequence& s);
   void publish_prefix(Sequence& s, bool keep_locked);
   void step();
+  void run_step(std::span<const kv::StepChunk> chunks, std::span<Sequence* const> owners);
   void handle_token(Sequence& s, int32_t token);
   void finish(Sequence& s, const std::string& reason);
   void fail(Sequence& s, const Status& error);
@@ -98,7 +99,7 @@ class Scheduler : public Engine {
   // Loop-thread state.
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
-  PagesNeeded reserved_;
+  kv::PageNeed reserved_;  // the running requests' reservations, summed
   std::thread thread_;
 };
 

@@ -18,11 +18,16 @@
 //     hist_bits[p] bits per element (3, 2 or 1: quant/bit_plan_layout.h, quant/int2_layout.h),
 //     each of hist_row_prefix[p + 1] − hist_row_prefix[p] bytes, and starts at byte
 //     page_size · hist_row_prefix[p]. A page is page_size · hist_row_prefix[n_planes] bytes.
-// Plain data only: this header is included by CUDA code.
+// Plain data only: this header is included by CUDA code (methods are OSCAR_HD).
+//
+// History bytes on the GPU (docs/OSCAR.md §4, "History bytes"): the row layout above is the one
+// the CUDA kernels read too; a plane of one page is page_size contiguous rows.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+#include "core/hd.h"
 
 namespace oscar::kernels {
 
@@ -36,39 +41,40 @@ struct KvPageLayout {
   // Bit plan (null = every history row is INT2 of int2_row_bytes): bits per element of each plane
   // and the prefix sums of one token's row bytes over the planes, [n_planes] and [n_planes + 1]
   // with n_planes = n_layers · 2 · n_heads_kv, plane index (layer · 2 + kv) · n_heads_kv + head.
-  // Owned by kv::BitPlan; the host pointers here, device copies in CUDA code.
+  // Owned by kv::BitPlan; the host pointers here, device copies in CUDA code (the backend makes
+  // them once per engine).
   const int8_t* hist_bits = nullptr;
   const uint32_t* hist_row_prefix = nullptr;
 
   // Exact pages.
-  size_t exact_row_bytes() const { return static_cast<size_t>(head_dim) * exact_elem_bytes; }
-  size_t exact_page_bytes() const {
+  OSCAR_HD size_t exact_row_bytes() const { return static_cast<size_t>(head_dim) * exact_elem_bytes; }
+  OSCAR_HD size_t exact_page_bytes() const {
     return static_cast<size_t>(n_layers) * 2 * n_heads_kv * page_size * exact_row_bytes();
   }
   // Byte offset of row (layer, kv 0=K 1=V, head, slot) inside an exact page.
-  size_t exact_row_offset(int layer, int kv, int head, int slot) const {
+  OSCAR_HD size_t exact_row_offset(int layer, int kv, int head, int slot) const {
     return ((((static_cast<size_t>(layer) * 2 + kv) * n_heads_kv + head) * page_size) + slot) *
            exact_row_bytes();
   }
 
   // History (INT2, KIVI or bit-plan) pages.
-  int n_planes() const { return n_layers * 2 * n_heads_kv; }
-  int plane(int layer, int kv, int head) const { return (layer * 2 + kv) * n_heads_kv + head; }
+  OSCAR_HD int n_planes() const { return n_layers * 2 * n_heads_kv; }
+  OSCAR_HD int plane(int layer, int kv, int head) const { return (layer * 2 + kv) * n_heads_kv + head; }
   // Bits per element of the history rows of (layer, kv, head): 2 without a bit plan.
-  int hist_row_bits(int layer, int kv, int head) const {
+  OSCAR_HD int hist_row_bits(int layer, int kv, int head) const {
     return hist_bits != nullptr ? hist_bits[plane(layer, kv, head)] : 2;
   }
-  size_t hist_row_bytes(int layer, int kv, int head) const {
+  OSCAR_HD size_t hist_row_bytes(int layer, int kv, int head) const {
     if (hist_row_prefix == nullptr) return static_cast<size_t>(int2_row_bytes);
     const int p = plane(layer, kv, head);
     return hist_row_prefix[p + 1] - hist_row_prefix[p];
   }
-  size_t int2_page_bytes() const {
+  OSCAR_HD size_t int2_page_bytes() const {
     if (hist_row_prefix != nullptr)
       return static_cast<size_t>(page_size) * hist_row_prefix[n_planes()];
     return static_cast<size_t>(n_planes()) * page_size * int2_row_bytes;
   }
-  size_t int2_row_offset(int layer, int kv, int head, int slot) const {
+  OSCAR_HD size_t int2_row_offset(int layer, int kv, int head, int slot) const {
     const int p = plane(layer, kv, head);
     if (hist_row_prefix != nullptr)
       return static_cast<size_t>(page_size) * hist_row_prefix[p] +
@@ -76,10 +82,35 @@ struct KvPageLayout {
     return (static_cast<size_t>(p) * page_size + slot) * static_cast<size_t>(int2_row_bytes);
   }
 
+  // Inside a history row: the codes start at byte 0, the fp16 metadata after them
+  // (quant/int2_layout.h, bit_plan_layout.h). Kernels that read codes and metadata separately use
+  // these, so that a later split of a plane into a code block and a metadata block touches this
+  // header only.
+  OSCAR_HD size_t hist_codes_offset(int layer, int kv, int head, int slot) const {
+    return int2_row_offset(layer, kv, head, slot);
+  }
+  OSCAR_HD size_t hist_meta_offset(int layer, int kv, int head, int slot) const {
+    const int bits = hist_row_bits(layer, kv, head);
+    return int2_row_offset(layer, kv, head, slot) +
+           static_cast<size_t>(bits == 1 ? head_dim / 8 : bits == 3 ? head_dim / 4 + head_dim / 8
+                                                                    : head_dim / 4);
+  }
+  // Every plane of a history page starts 16-byte aligned (whole planes can be staged with
+  // 16-byte loads); KvCacheSpec::validate() checks it for the engine's layout.
+  OSCAR_HD bool hist_planes_aligned() const {
+    for (int p = 0; p <= n_planes(); ++p) {
+      const size_t start = hist_row_prefix != nullptr
+                               ? static_cast<size_t>(page_size) * hist_row_prefix[p]
+                               : static_cast<size_t>(p) * page_size * int2_row_bytes;
+      if (start % 16 != 0) return false;
+    }
+    return true;
+  }
+
   // KIVI pages: tokens per key block, and the byte offset of key block `block` (slots
   // [32·block, 32·block + 32)) of (layer, head) inside a page.
   static constexpr int32_t kKiviKeyBlockTokens = 32;
-  size_t kivi_key_block_offset(int layer, int head, int block) const {
+  OSCAR_HD size_t kivi_key_block_offset(int layer, int head, int block) const {
     return int2_row_offset(layer, 0, head, block * kKiviKeyBlockTokens);
   }
 };

@@ -10,11 +10,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define OSCAR_PT_HD __host__ __device__
-#else
-#define OSCAR_PT_HD
-#endif
+#include "core/hd.h"
 
 namespace oscar::kernels {
 
@@ -25,13 +21,13 @@ struct PageTableView {
   const int32_t* last_page_len = nullptr;  // [n_seqs] tokens in each seq's last page (0: no pages)
   int32_t n_seqs = 0;
 
-  OSCAR_PT_HD int32_t n_pages(int32_t seq) const { return indptr[seq + 1] - indptr[seq]; }
-  OSCAR_PT_HD int64_t seq_len(int32_t seq, int32_t page_size) const {
+  OSCAR_HD int32_t n_pages(int32_t seq) const { return indptr[seq + 1] - indptr[seq]; }
+  OSCAR_HD int64_t seq_len(int32_t seq, int32_t page_size) const {
     const int32_t n = n_pages(seq);
     return n == 0 ? 0 : static_cast<int64_t>(n - 1) * page_size + last_page_len[seq];
   }
   // Pool page id holding token t (0 <= t < seq_len) of sequence seq.
-  OSCAR_PT_HD int32_t page_of(int32_t seq, int64_t t, int32_t page_size) const {
+  OSCAR_HD int32_t page_of(int32_t seq, int64_t t, int32_t page_size) const {
     return page_ids[indptr[seq] + static_cast<int32_t>(t / page_size)];
   }
 };

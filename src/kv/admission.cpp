@@ -29,6 +29,13 @@ Status RegionConfig::validate() const {
   return Status();
 }
 
+PageNeed peak_pages(const RegionConfig& cfg, bool quantized, int64_t n_tokens) {
+  if (quantized) return peak_pages_for_length(cfg, n_tokens);
+  PageNeed need;
+  need.recent_pages = (n_tokens + cfg.page_size - 1) / cfg.page_size;
+  return need;
+}
+
 PageNeed pages_for_length(const RegionConfig& cfg, int64_t n_tokens) {
   OSCAR_CHECK(cfg.validate().ok(), "pages_for_length: invalid region config");
   OSCAR_CHECK(n_tokens >= 0, "pages_for_length: n_tokens %lld < 0",

@@ -54,6 +54,10 @@ PageNeed pages_for_length(const RegionConfig& cfg, int64_t n_tokens);
 // to n_tokens tokens, demotion transients included (formula above).
 PageNeed peak_pages_for_length(const RegionConfig& cfg, int64_t n_tokens);
 
+// The same peak for a cache with (quantized) or without a history region; without one every page
+// is an exact page, counted as recent_pages: ceil(n_tokens / page_size).
+PageNeed peak_pages(const RegionConfig& cfg, bool quantized, int64_t n_tokens);
+
 // The longest page-aligned prefix of a prompt of prompt_tokens tokens whose pages a radix-cache
 // hit may supply: it must lie in the sink or history regions at prefill time (the recent window
 // is always recomputed in BF16), and at least one prompt token must remain to be computed (its

@@ -13,11 +13,21 @@ PagePool::PagePool(std::string name, int64_t n_pages, size_t page_bytes)
   OSCAR_CHECK(n_pages >= 0 && n_pages <= std::numeric_limits<int32_t>::max(),
               "pool %s: n_pages %lld out of range", name_.c_str(), static_cast<long long>(n_pages));
   if (page_bytes_ > 0) storage_.resize(page_bytes_ * static_cast<size_t>(n_pages_));
+  base_ = storage_.empty() ? nullptr : storage_.data();
   refcount_.assign(static_cast<size_t>(n_pages_), 0);
   // LIFO: pop_back hands out page 0 first, then 1, ...; a released page is the next one reused
   // (it is likely still warm in cache).
   free_.reserve(static_cast<size_t>(n_pages_));
   for (int64_t i = n_pages_ - 1; i >= 0; --i) free_.push_back(static_cast<PageId>(i));
+}
+
+PagePool::PagePool(std::string name, int64_t n_pages, size_t page_bytes, uint8_t* storage)
+    : PagePool(std::move(name), n_pages, 0) {
+  page_bytes_ = page_bytes;
+  base_ = storage;
+  OSCAR_CHECK(page_bytes == 0 || n_pages == 0 || storage != nullptr,
+              "pool %s: %lld pages of %zu bytes without storage", name_.c_str(),
+              static_cast<long long>(n_pages), page_bytes);
 }
 
 int64_t PagePool::pages_for_budget(size_t budget_bytes, size_t page_bytes) {
@@ -89,7 +99,7 @@ const uint8_t* PagePool::data(PageId page) const {
   OSCAR_CHECK(valid_id(page), "pool %s: data() of bad page id %d (n_pages %lld)", name_.c_str(),
               page, static_cast<long long>(n_pages_));
   OSCAR_CHECK(refcount_[page] > 0, "pool %s: data() of free page %d", name_.c_str(), page);
-  return storage_.data() + static_cast<size_t>(page) * page_bytes_;
+  return base_ + static_cast<size_t>(page) * page_bytes_;
 }
 
 int32_t PagePool::refcount(PageId page) const {

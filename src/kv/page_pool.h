@@ -1,5 +1,7 @@
 // PagePool: a fixed number of equally sized pages preallocated from a byte budget, handed out by
-// index with reference counts (a page shared by the radix prefix cache and several sequences is
+// index with reference counts. The pool is the allocator (ids, refcounts, free list, on the
+// host); the bytes are one buffer with an explicit base that kernels index (base() + id ·
+// page_bytes), owned by the runtime through its backend or, for tests, by the pool itself (a page shared by the radix prefix cache and several sequences is
 // freed when its last reference is dropped). One pool holds BF16 pages (sinks, recent window),
 // another INT2 pages (history); see kernels/kv_layout.h for what a page contains.
 //
@@ -28,7 +30,11 @@ class PagePool {
  public:
   // n_pages pages of page_bytes each. page_bytes == 0 makes a simulated pool (no memory), used by
   // scheduler and radix-cache tests. Checks 0 <= n_pages <= INT32_MAX (page ids are int32).
+  // The pool owns its host storage ([n_pages, page_bytes], tests and tools).
   PagePool(std::string name, int64_t n_pages, size_t page_bytes);
+  // Ids only: the bytes live in `storage` ([n_pages, page_bytes], e.g. a backend's DeviceBuffer),
+  // which the caller owns and keeps alive longer than the pool.
+  PagePool(std::string name, int64_t n_pages, size_t page_bytes, uint8_t* storage);
 
   // How many whole pages of page_bytes fit in budget_bytes (rounded down, capped at INT32_MAX).
   // page_bytes must be > 0.
@@ -46,6 +52,9 @@ class PagePool {
   // Releases each page once (e.g. a sequence's whole page list).
   void release_all(std::span<const PageId> pages);
 
+  // Page id p's bytes start at base() + p * page_bytes() (what kernels index); null when simulated.
+  uint8_t* base() { return base_; }
+  const uint8_t* base() const { return base_; }
   // [page_bytes] bytes of an allocated page; not available in a simulated pool.
   uint8_t* data(PageId page);
   const uint8_t* data(PageId page) const;
@@ -65,7 +74,8 @@ class PagePool {
   std::string name_;
   int64_t n_pages_;
   size_t page_bytes_;
-  std::vector<uint8_t> storage_;   // [n_pages, page_bytes]
+  std::vector<uint8_t> storage_;   // [n_pages, page_bytes] when the pool owns its storage
+  uint8_t* base_ = nullptr;        // storage_.data() or the caller's storage
   std::vector<int32_t> refcount_;  // [n_pages]
   std::vector<PageId> free_;       // LIFO free list
 };

@@ -9,8 +9,12 @@
 // (3, 2 or 1 bits per element); demotion, the decode kernel and the materialising path all follow
 // it, and bytes() counts the pages as they are.
 //
-// One forward chunk is: reserve(n) -> for each layer: write() then attend() -> commit(n).
-// commit() demotes full recent pages to INT2 (one pass over all layers and heads).
+// SequenceCache is the host bookkeeping of one sequence: its page lists per region, reserve /
+// commit, prefix adoption. The bytes are written and read by the batched kernel ops
+// (kernels/kv_append.h, decode_attn.h, prefill_attn.h, demote_pages.h), which the step plan
+// (kv/step_plan.h) drives for a whole batch. For one sequence alone (tests, tools) the cache also
+// offers those ops directly: reserve(n) -> for each layer: write() then attend() -> commit(n),
+// where commit() demotes full recent pages (one pass over all layers and heads).
 // Not thread-safe; owned by one request.
 //
 // kivi2 (the KIVI-style baseline, OSCAR.md §8; quant/kivi.h): same regions and windows, no
@@ -32,10 +36,16 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/decode_attn.h"
+#include "kernels/demote_pages.h"
+#include "kernels/kv_append.h"
+#include "kernels/kv_codec.h"
 #include "kernels/kv_layout.h"
+#include "kernels/prefill_attn.h"
 #include "kv/admission.h"  // RegionConfig
 #include "kv/bit_plan.h"
 #include "kv/page_pool.h"
+#include "kv/page_table.h"
 #include "kv/radix_cache.h"  // CachedPage
 #include "quant/modes.h"
 
@@ -74,7 +84,10 @@ struct KvCacheSpec {
   bool quantized() const;  // does the history region exist (INT2 modes)
   // [head_dim, head_dim] transform of the queries that read KV head `head`; nullptr = none.
   const float* query_rotation(int layer, int head) const;
+  // All of them, [n_layers, n_heads_kv, head_dim, head_dim]; nullptr = none.
+  const float* query_rotations() const;
   kernels::KvPageLayout layout() const;
+  kernels::HistCodec codec() const;  // pointers into this spec
   Status validate() const;
   std::string describe() const;  // one line for logs
 };
@@ -92,8 +105,7 @@ struct CacheBytes {
 
 // Scratch buffers for attend(), reused across layers and steps (one per thread of work).
 struct AttendScratch {
-  std::vector<float> q_rot, k_exact, v_exact, k_deq, v_deq;
-  std::vector<int32_t> deq_end;
+  std::vector<float> q_rot;
 };
 
 class SequenceCache {
@@ -112,15 +124,40 @@ class SequenceCache {
   Status reserve(int64_t n);
   // Gives back what reserve() took (the forward pass failed before write()).
   void unreserve();
+  int64_t n_staged() const { return n_staged_; }
+
+  // --- The batched path (kv/step_plan.h) -------------------------------------------------------
+  // Exact-pool slot (page_id * page_size + slot) of the token at `pos` (a sink or recent token,
+  // committed or staged).
+  int64_t exact_slot(int64_t pos) const;
+  // The sequence's tables for this step (staged tokens included): appends one sequence to each.
+  void bind_tables(PageTableBuilder& sinks, PageTableBuilder& history,
+                   PageTableBuilder& recent) const;
+  // Demotions commit(n_staged) will make: recent pages (oldest first) and the reserved history
+  // pages they go to; appended to src / dst.
+  int64_t n_pending_demotions() const;
+  void pending_demotions(std::vector<PageId>* src, std::vector<PageId>* dst) const;
+  // commit() after the caller has run kernels::demote_pages on pending_demotions(): bookkeeping
+  // only.
+  void commit_demoted(int64_t n);
+  // Parameter blocks with this cache's layout, codec, transforms and pool bases filled in.
+  kernels::KvAppendParams append_params(int layer) const;
+  kernels::DecodeAttnParams decode_params(int layer, int n_heads_q) const;
+  kernels::PrefillAttnParams prefill_params(int layer, int n_heads_q, AttendMode mode) const;
+  kernels::DemotePagesParams demote_params() const;
+
+  // --- One sequence alone ----------------------------------------------------------------------
   // Stores the staged tokens' K and V of one layer. k, v: [n, n_heads_kv, head_dim] float,
-  // K after k_norm and RoPE (rotated here by R_K when the mode has one).
+  // K after k_norm and RoPE (centred and rotated here when the mode has a key transform).
   void write(int layer, const float* k, const float* v, int64_t n);
   // Attention of the staged tokens' queries. q: [n, n_heads_q, head_dim] (unrotated);
   // out: [n, n_heads_q, head_dim] in the (rotated) value space.
   Status attend(int layer, const float* q, int n_heads_q, int64_t n, float* out, AttendMode mode,
                 AttendScratch& scratch) const;
-  // Makes n staged tokens part of the sequence and demotes full recent pages to INT2.
-  void commit(int64_t n);
+  // Makes n staged tokens part of the sequence and demotes full recent pages to history pages.
+  // Internal (the staged tokens stay staged; the owner drops the cache) when a page to
+  // demote holds a value the history format cannot store (non-finite K/V).
+  Status commit(int64_t n);
   // Drops everything (pages back to the pools).
   void clear();
 
@@ -140,19 +177,7 @@ class SequenceCache {
   void read_row(int layer, int kv, int head, int64_t pos, float* out) const;
 
  private:
-  const uint8_t* exact_row(int layer, int kv, int head, int64_t pos) const;
-  uint8_t* exact_row_mut(int layer, int kv, int head, int64_t pos);
-  void quantize_row(int layer, int kv, int head, const float* x, uint8_t* row) const;
-  void dequantize_row(int layer, int kv, int head, const uint8_t* row, float* out) const;
   bool kivi() const { return spec_->mode == quant::CacheMode::kKivi2; }
-  // kivi2 keys: k [32, head_dim] float -> one key block (quant/kivi.h) at `block`.
-  void quantize_key_block(int layer, int head, const float* k, uint8_t* block) const;
-  // kivi2: the history key block holding token pos of (layer, head).
-  const uint8_t* hist_key_block(int layer, int head, int64_t pos) const;
-  void demote_front_page();
-  // attend() for one staged token (a decode step): kernels::decode_attn straight over the pages,
-  // nothing materialised. q: [n_heads_q, head_dim] already rotated by R_K.
-  Status attend_decode(int layer, const float* q, int n_heads_q, float* out) const;
 
   const KvCacheSpec* spec_;
   kernels::KvPageLayout layout_;

@@ -1,10 +1,8 @@
 #include "model/qwen3.h"
 
-#include <omp.h>
-
-#include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "core/bf16.h"
@@ -12,6 +10,7 @@
 #include "core/log.h"
 #include "format/safetensors.h"
 #include "format/weight_table.h"
+#include "kernels/backend.h"
 
 namespace oscar::model {
 
@@ -19,50 +18,34 @@ using format::WeightKind;
 
 namespace {
 
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-// y[n, out] = x[n, in] * W[out, in]^T (+ bias).
-// Eigen, not OpenBLAS: Debian's OpenBLAS 0.3.21 does not recognise this machine's CPU and falls
-// back to its SSE3 kernels; Eigen compiled with -march=native measured 3-4x faster here
-// (docs/results/). Few rows (decode) split the output rows over threads; many rows use Eigen's
-// own OpenMP-parallel GEMM.
-void linear(const float* x, int64_t n, int64_t in, const std::vector<float>& w, int64_t out,
-            const std::vector<float>& bias, float* y) {
-  Eigen::Map<const RowMat> X(x, n, in);
-  if (n <= 8) {
-    const int64_t block = 64;
-    const int64_t n_blocks = (out + block - 1) / block;
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      const int64_t r0 = b * block, rows = std::min(block, out - r0);
-      Eigen::Map<const RowMat> W(w.data() + r0 * in, rows, in);
-      Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y + r0, n, rows, Eigen::OuterStride<>(out));
-      Y.noalias() = X * W.transpose();
-    }
+// The params of y[n, out] = x[n, in] * W[out, in]^T (+ bias).
+kernels::LinearParams lin(const float* x, int64_t n, const Qwen3Model::Matrix& w,
+                          const std::vector<float>& bias, float* y) {
+  kernels::LinearParams p;
+  p.x = x;
+  p.n = n;
+  p.w = w.view();
+  p.bias = bias.empty() ? nullptr : bias.data();
+  p.y = y;
+  return p;
+}
+
+// A checkpoint matrix as stored when it is BF16 (a copy out of the mapped file), else widened.
+Qwen3Model::Matrix to_matrix(const format::TensorView* t) {
+  Qwen3Model::Matrix m;
+  m.rows = t->shape.empty() ? 0 : t->shape[0];
+  m.cols = t->shape.size() < 2 ? 1 : t->numel() / std::max<int64_t>(1, m.rows);
+  if (t->dtype == format::DType::kBF16) {
+    m.dtype = kernels::DType::kBF16;
+    m.bf16.resize(static_cast<size_t>(t->numel()));
+    std::memcpy(m.bf16.data(), t->data, m.bf16.size() * sizeof(bf16_t));
   } else {
-    Eigen::Map<const RowMat> W(w.data(), out, in);
-    Eigen::Map<RowMat> Y(y, n, out);
-    Y.noalias() = X * W.transpose();
+    m.dtype = kernels::DType::kF32;
+    m.f32 = t->to_f32();
   }
-  if (!bias.empty())
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < out; ++j) y[i * out + j] += bias[j];
+  return m;
 }
-
-// HF RMSNorm in float32: w * x / sqrt(mean(x^2) + eps), row by row of width `dim`.
-void rms_norm(const float* x, int64_t rows, int64_t dim, const std::vector<float>& w, float eps,
-              float* y) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * dim;
-    float* yr = y + r * dim;
-    float ss = 0.f;
-    for (int64_t c = 0; c < dim; ++c) ss += xr[c] * xr[c];
-    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
-    for (int64_t c = 0; c < dim; ++c) yr[c] = w[c] * (xr[c] * inv);
-  }
-}
-
-std::vector<float> to_f32(const format::TensorView* t) { return t->to_f32(); }
 
 }  // namespace
 
@@ -89,29 +72,28 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir) {
     const format::WeightSpec& spec = bound.specs[i];
     const format::TensorView* t = bound.tensors[i];
     if (t == nullptr) continue;  // optional and absent (tied lm_head)
-    std::vector<float> w = to_f32(t);
     Layer* L = spec.layer >= 0 ? &m->layers_[spec.layer] : nullptr;
     switch (spec.kind) {
-      case WeightKind::kEmbed: m->embed_ = std::move(w); break;
-      case WeightKind::kFinalNorm: m->final_norm_ = std::move(w); break;
-      case WeightKind::kLmHead: m->lm_head_ = std::move(w); break;
-      case WeightKind::kInputNorm: L->input_norm = std::move(w); break;
-      case WeightKind::kPostAttnNorm: L->post_norm = std::move(w); break;
-      case WeightKind::kQProj: L->wq = std::move(w); break;
-      case WeightKind::kKProj: L->wk = std::move(w); break;
-      case WeightKind::kVProj: L->wv = std::move(w); break;
-      case WeightKind::kOProj: L->wo = std::move(w); break;
-      case WeightKind::kQNorm: L->q_norm = std::move(w); break;
-      case WeightKind::kKNorm: L->k_norm = std::move(w); break;
-      case WeightKind::kQBias: L->bq = std::move(w); break;
-      case WeightKind::kKBias: L->bk = std::move(w); break;
-      case WeightKind::kVBias: L->bv = std::move(w); break;
-      case WeightKind::kGateProj: L->w_gate = std::move(w); break;
-      case WeightKind::kUpProj: L->w_up = std::move(w); break;
-      case WeightKind::kDownProj: L->w_down = std::move(w); break;
+      case WeightKind::kEmbed: m->embed_ = to_matrix(t); break;
+      case WeightKind::kFinalNorm: m->final_norm_ = t->to_f32(); break;
+      case WeightKind::kLmHead: m->lm_head_ = to_matrix(t); break;
+      case WeightKind::kInputNorm: L->input_norm = t->to_f32(); break;
+      case WeightKind::kPostAttnNorm: L->post_norm = t->to_f32(); break;
+      case WeightKind::kQProj: L->wq = to_matrix(t); break;
+      case WeightKind::kKProj: L->wk = to_matrix(t); break;
+      case WeightKind::kVProj: L->wv = to_matrix(t); break;
+      case WeightKind::kOProj: L->wo = to_matrix(t); break;
+      case WeightKind::kQNorm: L->q_norm = t->to_f32(); break;
+      case WeightKind::kKNorm: L->k_norm = t->to_f32(); break;
+      case WeightKind::kQBias: L->bq = t->to_f32(); break;
+      case WeightKind::kKBias: L->bk = t->to_f32(); break;
+      case WeightKind::kVBias: L->bv = t->to_f32(); break;
+      case WeightKind::kGateProj: L->w_gate = to_matrix(t); break;
+      case WeightKind::kUpProj: L->w_up = to_matrix(t); break;
+      case WeightKind::kDownProj: L->w_down = to_matrix(t); break;
     }
   }
-  if (config.tie_word_embeddings) m->lm_head_.clear();
+  if (config.tie_word_embeddings) m->lm_head_ = Matrix();
   m->init_rope();
   return m;
 }
@@ -122,43 +104,83 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load_dummy(const format::ModelCo
   m->config_ = config;
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, 0.02f);
-  auto randn = [&](int64_t n) {
-    std::vector<float> v(n);
-    for (auto& x : v) x = round_to_bf16(normal(rng));
-    return v;
+  auto randn = [&](int64_t rows, int64_t cols) {
+    Matrix w;
+    w.rows = rows;
+    w.cols = cols;
+    w.bf16.resize(static_cast<size_t>(rows * cols));
+    for (auto& x : w.bf16) x = f32_to_bf16(normal(rng));
+    return w;
   };
   auto ones = [](int64_t n) { return std::vector<float>(n, 1.0f); };
   const int64_t H = config.hidden_size, I = config.intermediate_size;
-  m->embed_ = randn(static_cast<int64_t>(config.vocab_size) * H);
-  if (!config.tie_word_embeddings) m->lm_head_ = randn(static_cast<int64_t>(config.vocab_size) * H);
+  m->embed_ = randn(config.vocab_size, H);
+  if (!config.tie_word_embeddings) m->lm_head_ = randn(config.vocab_size, H);
   m->final_norm_ = ones(H);
   m->layers_.resize(config.n_layers);
   for (Layer& L : m->layers_) {
     L.input_norm = ones(H);
     L.post_norm = ones(H);
-    L.wq = randn(config.q_dim * H);
-    L.wk = randn(config.kv_dim * H);
-    L.wv = randn(config.kv_dim * H);
-    L.wo = randn(H * config.q_dim);
+    L.wq = randn(config.q_dim, H);
+    L.wk = randn(config.kv_dim, H);
+    L.wv = randn(config.kv_dim, H);
+    L.wo = randn(H, config.q_dim);
     if (config.qk_norm) {
       L.q_norm = ones(config.head_dim);
       L.k_norm = ones(config.head_dim);
     }
-    L.w_gate = randn(I * H);
-    L.w_up = randn(I * H);
-    L.w_down = randn(H * I);
+    L.w_gate = randn(I, H);
+    L.w_up = randn(I, H);
+    L.w_down = randn(H, I);
   }
   m->init_rope();
   return m;
 }
 
+kernels::WeightView Qwen3Model::Matrix::view() const {
+  return kernels::WeightView{dtype == kernels::DType::kBF16 ? static_cast<const void*>(bf16.data())
+                                                            : f32.data(),
+                             dtype, rows, cols};
+}
+
+void Qwen3Model::Matrix::row_to_f32(int64_t r, float* out) const {
+  if (dtype == kernels::DType::kF32) {
+    std::copy_n(f32.data() + r * cols, cols, out);
+    return;
+  }
+  const bf16_t* src = bf16.data() + r * cols;
+  for (int64_t c = 0; c < cols; ++c) out[c] = bf16_to_f32(src[c]);
+}
+
+void Qwen3Model::Matrix::to_f32() {
+  if (dtype == kernels::DType::kF32) return;
+  f32.resize(bf16.size());
+  for (size_t i = 0; i < bf16.size(); ++i) f32[i] = bf16_to_f32(bf16[i]);
+  bf16 = {};
+  dtype = kernels::DType::kF32;
+}
+
 size_t Qwen3Model::weight_bytes() const {
-  size_t n = embed_.size() + lm_head_.size() + final_norm_.size();
+  size_t n = embed_.bytes() + lm_head_.bytes() + final_norm_.size() * sizeof(float);
   for (const Layer& L : layers_)
-    n += L.input_norm.size() + L.post_norm.size() + L.wq.size() + L.wk.size() + L.wv.size() +
-         L.wo.size() + L.bq.size() + L.bk.size() + L.bv.size() + L.q_norm.size() +
-         L.k_norm.size() + L.w_gate.size() + L.w_up.size() + L.w_down.size();
-  return n * sizeof(float);
+    n += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w_gate.bytes() +
+         L.w_up.bytes() + L.w_down.bytes() +
+         sizeof(float) * (L.input_norm.size() + L.post_norm.size() + L.bq.size() + L.bk.size() +
+                          L.bv.size() + L.q_norm.size() + L.k_norm.size());
+  return n;
+}
+
+Status Qwen3Model::set_embedding_row(int32_t token, std::span<const float> row) {
+  if (token < 0 || token >= embed_.rows || static_cast<int64_t>(row.size()) != embed_.cols)
+    return invalid_argument("set_embedding_row: token %d of %lld, %zu values for %lld", token,
+                            static_cast<long long>(embed_.rows), row.size(),
+                            static_cast<long long>(embed_.cols));
+  if (lm_head_.rows == 0) lm_head_ = embed_;  // tied: the output projection keeps the old row
+  for (int64_t c = 0; c < embed_.cols; ++c) {
+    if (embed_.dtype == kernels::DType::kBF16) embed_.bf16[token * embed_.cols + c] = f32_to_bf16(row[c]);
+    else embed_.f32[token * embed_.cols + c] = row[c];
+  }
+  return Status();
 }
 
 Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation) {
@@ -173,10 +195,13 @@ Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation) {
   std::vector<double> acc;
   for (int l = 0; l < config_.n_layers; ++l) {
     Layer& L = layers_[l];
+    // The folded matrices are not BF16-representable: they stay float32 (kernels/linear.h).
+    L.wv.to_f32();
+    L.wo.to_f32();
     for (int g = 0; g < Hkv; ++g) {
       const float* R = v_rotation.data() + (static_cast<size_t>(l) * Hkv + g) * d * d;
       // v_proj rows of head g: W' = R^T W   ([d, d] x [d, hidden]); bias' = bias R.
-      float* W = L.wv.data() + static_cast<int64_t>(g) * d * hidden;
+      float* W = L.wv.f32.data() + static_cast<int64_t>(g) * d * hidden;
       acc.assign(static_cast<size_t>(d) * hidden, 0.0);
       for (int a = 0; a < d; ++a)
         for (int r = 0; r < d; ++r) {
@@ -197,7 +222,7 @@ Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation) {
       for (int h = g * gqa; h < (g + 1) * gqa; ++h) {
         std::vector<double> row(d);
         for (int64_t o = 0; o < hidden; ++o) {
-          float* wo = L.wo.data() + o * (static_cast<int64_t>(Hq) * d) + static_cast<int64_t>(h) * d;
+          float* wo = L.wo.f32.data() + o * (static_cast<int64_t>(Hq) * d) + static_cast<int64_t>(h) * d;
           std::fill(row.begin(), row.end(), 0.0);
           for (int r = 0; r < d; ++r) {
             const double x = wo[r];
@@ -224,28 +249,23 @@ Status Qwen3Model::forward_one(std::span<const int32_t> tokens, kv::SequenceCach
   return forward(std::span<SeqChunk>(&chunk, 1), options);
 }
 
+// The single-threaded driver (tools, evaluation, calibration): reserve -> plan -> forward ->
+// demote -> commit. The scheduler runs the same steps itself, failing requests one by one.
 Status Qwen3Model::forward(std::span<SeqChunk> batch, const ForwardOptions& options) {
   const format::ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, d = c.head_dim;
-  const int Hq = c.n_heads_q, Hkv = c.n_heads_kv;
-
-  // Validate and stage every sequence before touching any cache (all-or-nothing reservation).
-  int64_t n_total = 0;
-  std::vector<int64_t> offset(batch.size() + 1, 0);
+  std::vector<kv::StepChunk> chunks(batch.size());
   for (size_t s = 0; s < batch.size(); ++s) {
     const SeqChunk& ch = batch[s];
     if (ch.cache == nullptr || ch.tokens.empty())
       return invalid_argument("forward: sequence %zu has no cache or no tokens", s);
-    for (int32_t t : ch.tokens)
-      if (t < 0 || t >= c.vocab_size)
-        return invalid_argument("forward: token id %d out of range [0, %d)", t, c.vocab_size);
     const int64_t end = ch.cache->n_tokens() + static_cast<int64_t>(ch.tokens.size());
     if (end > c.max_position_embeddings)
       return out_of_range("forward: %lld tokens exceed the model's context of %d",
                           static_cast<long long>(end), c.max_position_embeddings);
-    n_total += static_cast<int64_t>(ch.tokens.size());
-    offset[s + 1] = n_total;
+    chunks[s] = kv::StepChunk{ch.cache, ch.tokens, ch.all_logits};
   }
+  if (batch.empty()) return Status();
+  // All-or-nothing reservation.
   for (size_t s = 0; s < batch.size(); ++s) {
     Status st = batch[s].cache->reserve(static_cast<int64_t>(batch[s].tokens.size()));
     if (!st.ok()) {
@@ -253,93 +273,184 @@ Status Qwen3Model::forward(std::span<SeqChunk> batch, const ForwardOptions& opti
       return st;
     }
   }
-
-  std::vector<float> x(n_total * H), h(n_total * H), q(n_total * c.q_dim), k(n_total * c.kv_dim),
-      v(n_total * c.kv_dim), attn(n_total * c.q_dim), o(n_total * H), gate(n_total * I),
-      up(n_total * I);
-  std::vector<int64_t> pos(n_total);
-  for (size_t s = 0; s < batch.size(); ++s)
-    for (size_t i = 0; i < batch[s].tokens.size(); ++i) {
-      const int64_t row = offset[s] + static_cast<int64_t>(i);
-      std::copy_n(embed_.data() + static_cast<int64_t>(batch[s].tokens[i]) * H, H, x.data() + row * H);
-      pos[row] = batch[s].cache->n_tokens() + static_cast<int64_t>(i);
+  const kv::StepPlan plan = kv::StepPlan::make(chunks, options.attend_mode);
+  std::vector<float> logits;
+  Status st = forward(plan, options, &logits);
+  if (st.ok()) {
+    std::vector<int32_t> demote_status;
+    st = demote(plan, &demote_status);
+    if (st.ok()) {
+      std::vector<Status> per_chunk;
+      plan.commit(demote_status, &per_chunk);
+      for (const Status& e : per_chunk)
+        if (!e.ok()) return e;  // the caller drops the failed caches
     }
-
-  kv::AttendScratch scratch;
-  for (int l = 0; l < c.n_layers; ++l) {
-    const Layer& L = layers_[l];
-    rms_norm(x.data(), n_total, H, L.input_norm, c.rms_norm_eps, h.data());
-    linear(h.data(), n_total, H, L.wq, c.q_dim, L.bq, q.data());
-    linear(h.data(), n_total, H, L.wk, c.kv_dim, L.bk, k.data());
-    linear(h.data(), n_total, H, L.wv, c.kv_dim, L.bv, v.data());
-    if (!L.q_norm.empty()) {
-      rms_norm(q.data(), n_total * Hq, d, L.q_norm, c.rms_norm_eps, q.data());
-      rms_norm(k.data(), n_total * Hkv, d, L.k_norm, c.rms_norm_eps, k.data());
-    }
-    // RoPE, non-interleaved halves (rotate_half), angles in float32 as the reference.
-    const int64_t half = d / 2;
-    for (int64_t row = 0; row < n_total; ++row) {
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = static_cast<float>(pos[row]) * inv_freq_[i];
-        const float cs = static_cast<float>(std::cos(static_cast<double>(angle)));
-        const float sn = static_cast<float>(std::sin(static_cast<double>(angle)));
-        auto rot = [&](float* base, int heads) {
-          for (int hh = 0; hh < heads; ++hh) {
-            float* xh = base + (row * heads + hh) * d;
-            const float a = xh[i], b = xh[i + half];
-            xh[i] = a * cs - b * sn;
-            xh[i + half] = b * cs + a * sn;
-          }
-        };
-        rot(q.data(), Hq);
-        rot(k.data(), Hkv);
-      }
-    }
-    for (size_t s = 0; s < batch.size(); ++s) {
-      const int64_t n = static_cast<int64_t>(batch[s].tokens.size());
-      const int64_t r0 = offset[s];
-      kv::SequenceCache& cache = *batch[s].cache;
-      if (options.observer)
-        options.observer->on_qkv(static_cast<int>(s), l, q.data() + r0 * c.q_dim,
-                                 k.data() + r0 * c.kv_dim, v.data() + r0 * c.kv_dim, n,
-                                 cache.n_tokens());
-      cache.write(l, k.data() + r0 * c.kv_dim, v.data() + r0 * c.kv_dim, n);
-      OSCAR_RETURN_IF_ERROR(cache.attend(l, q.data() + r0 * c.q_dim, Hq, n,
-                                         attn.data() + r0 * c.q_dim, options.attend_mode, scratch));
-      if (options.observer)
-        options.observer->on_attention(static_cast<int>(s), l, attn.data() + r0 * c.q_dim, n,
-                                       cache.n_tokens());
-    }
-    linear(attn.data(), n_total, c.q_dim, L.wo, H, {}, o.data());
-    for (int64_t i = 0; i < n_total * H; ++i) x[i] += o[i];
-
-    rms_norm(x.data(), n_total, H, L.post_norm, c.rms_norm_eps, h.data());
-    linear(h.data(), n_total, H, L.w_gate, I, {}, gate.data());
-    linear(h.data(), n_total, H, L.w_up, I, {}, up.data());
-    for (int64_t i = 0; i < n_total * I; ++i) {
-      const float g = gate[i];
-      gate[i] = g / (1.0f + std::exp(-g)) * up[i];
-    }
-    linear(gate.data(), n_total, I, L.w_down, H, {}, o.data());
-    for (int64_t i = 0; i < n_total * H; ++i) x[i] += o[i];
   }
-
-  rms_norm(x.data(), n_total, H, final_norm_, c.rms_norm_eps, h.data());
-  const std::vector<float>& head = lm_head_.empty() ? embed_ : lm_head_;
-  for (size_t s = 0; s < batch.size(); ++s) {
-    SeqChunk& ch = batch[s];
-    const int64_t n = static_cast<int64_t>(ch.tokens.size());
-    if (options.observer)
-      options.observer->on_final_hidden(static_cast<int>(s), h.data() + offset[s] * H, n,
-                                        ch.cache->n_tokens());
-    ch.cache->commit(n);
+  if (!st.ok()) {
+    for (SeqChunk& ch : batch) ch.cache->unreserve();
+    return st;
+  }
+  for (int32_t s = 0; s < plan.n_seqs(); ++s) {
+    SeqChunk& ch = batch[plan.chunk[s]];
     if (ch.logits == nullptr) continue;
-    const int64_t first = ch.all_logits ? offset[s] : offset[s + 1] - 1;
-    const int64_t rows = ch.all_logits ? n : 1;
-    ch.logits->resize(rows * c.vocab_size);
-    linear(h.data() + first * H, rows, H, head, c.vocab_size, {}, ch.logits->data());
+    const size_t v = static_cast<size_t>(c.vocab_size);
+    ch.logits->assign(logits.begin() + plan.cu_logits[s] * v, logits.begin() + plan.cu_logits[s + 1] * v);
   }
   return Status();
+}
+
+Status Qwen3Model::demote(const kv::StepPlan& plan, std::vector<int32_t>* status) const {
+  status->assign(plan.demote_src.size(), kernels::kDemoteOk);
+  if (plan.demote_src.empty()) return Status();
+  kernels::DemotePagesParams p = plan.caches[0]->demote_params();
+  p.n_pages = static_cast<int32_t>(plan.demote_src.size());
+  p.src_pages = plan.demote_src.data();
+  p.dst_pages = plan.demote_dst.data();
+  p.status = status->data();
+  return backend_->demote_pages(p);
+}
+
+Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& options,
+                           std::vector<float>* logits) {
+  const format::ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, d = c.head_dim;
+  const int Hq = c.n_heads_q, Hkv = c.n_heads_kv;
+  const int64_t n = plan.n_rows();
+  if (n == 0) return Status();
+  for (int32_t t : plan.token_ids)
+    if (t < 0 || t >= c.vocab_size)
+      return invalid_argument("forward: token id %d out of range [0, %d)", t, c.vocab_size);
+  // The scheduler and forward(SeqChunk) guarantee the context bound.
+  OSCAR_DCHECK(plan.positions.back() < c.max_position_embeddings);
+
+  Workspace& w = ws_;
+  w.resize(n, c);
+  float *x = w.x.data(), *h = w.h.data(), *q = w.q.data(), *k = w.k.data(), *v = w.v.data(),
+        *qr = w.q_rot.data(), *attn = w.attn.data(), *o = w.o.data(), *gate = w.gate.data(),
+        *up = w.up.data();
+  kernels::Backend& be = *backend_;
+  OSCAR_RETURN_IF_ERROR(be.embed(embed_.view(), plan.token_ids.data(), n, x));
+  // RoPE angles once per step (they do not depend on the layer).
+  kernels::rope_tables(plan.positions.data(), n, inv_freq_.data(), d / 2, w.cos.data(),
+                       w.sin.data());
+  kernels::RopeParams rope;
+  rope.n_rows = n;
+  rope.n_heads_q = Hq;
+  rope.n_heads_kv = Hkv;
+  rope.head_dim = static_cast<int32_t>(d);
+  rope.cos = w.cos.data();
+  rope.sin = w.sin.data();
+  rope.q = q;
+  rope.k = k;
+
+  // One set of op parameters for the whole step; only the layer changes.
+  const kv::SequenceCache& cache0 = *plan.caches[0];
+  kernels::KvAppendParams append = cache0.append_params(0);
+  append.n_tokens = n;
+  append.k = k;
+  append.v = v;
+  append.slots = plan.write_slots.data();
+  kernels::RotateQueriesParams rq;
+  rq.n_rows = n;
+  rq.n_heads_q = Hq;
+  rq.n_heads_kv = Hkv;
+  rq.head_dim = static_cast<int32_t>(d);
+  rq.q = q;
+  rq.q_rotation = cache0.spec().query_rotations();
+  rq.out = qr;
+  kernels::DecodeAttnParams dec = cache0.decode_params(0, Hq);
+  dec.n_seqs = plan.n_decode;
+  dec.q = qr;
+  dec.out = attn;
+  dec.sinks = plan.dec_sinks.view();
+  dec.history = plan.dec_hist.view();
+  dec.recent = plan.dec_recent.view();
+  kernels::PrefillAttnParams pre = cache0.prefill_params(0, Hq, plan.mode);
+  const int64_t dec_rows = plan.cu_seqlens[plan.n_decode];
+  pre.n_seqs = plan.n_seqs() - plan.n_decode;
+  pre.cu_seqlens = plan.pre_cu_seqlens.data();
+  pre.pos0 = plan.pre_pos0.data();
+  pre.q = qr + dec_rows * c.q_dim;
+  pre.out = attn + dec_rows * c.q_dim;
+  pre.sinks = plan.pre_sinks.view();
+  pre.history = plan.pre_hist.view();
+  pre.recent = plan.pre_recent.view();
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const Layer& L = layers_[l];
+    OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, L.input_norm.data(), c.rms_norm_eps, h));
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wq, L.bq, q)));
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wk, L.bk, k)));
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wv, L.bv, v)));
+    if (!L.q_norm.empty()) {
+      OSCAR_RETURN_IF_ERROR(be.rms_norm(q, n * Hq, d, L.q_norm.data(), c.rms_norm_eps, q));
+      OSCAR_RETURN_IF_ERROR(be.rms_norm(k, n * Hkv, d, L.k_norm.data(), c.rms_norm_eps, k));
+    }
+    OSCAR_RETURN_IF_ERROR(be.rope(rope));
+    if (options.observer)
+      for (int32_t s = 0; s < plan.n_seqs(); ++s) {
+        const int64_t r0 = plan.cu_seqlens[s];
+        options.observer->on_qkv(plan.chunk[s], l, q + r0 * c.q_dim, k + r0 * c.kv_dim,
+                                 v + r0 * c.kv_dim, plan.cu_seqlens[s + 1] - r0, plan.pos0[s]);
+      }
+    append.layer = l;
+    OSCAR_RETURN_IF_ERROR(be.kv_append(append));
+    rq.layer = l;
+    OSCAR_RETURN_IF_ERROR(be.rotate_queries(rq));
+    if (dec.n_seqs > 0) {
+      dec.layer = l;
+      OSCAR_RETURN_IF_ERROR(be.decode_attn(dec));
+    }
+    if (pre.n_seqs > 0) {
+      pre.layer = l;
+      OSCAR_RETURN_IF_ERROR(be.prefill_attn(pre));
+    }
+    if (options.observer)
+      for (int32_t s = 0; s < plan.n_seqs(); ++s) {
+        const int64_t r0 = plan.cu_seqlens[s];
+        options.observer->on_attention(plan.chunk[s], l, attn + r0 * c.q_dim,
+                                       plan.cu_seqlens[s + 1] - r0, plan.pos0[s]);
+      }
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(attn, n, L.wo, {}, o)));
+    OSCAR_RETURN_IF_ERROR(be.add(x, o, n * H));
+
+    OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, L.post_norm.data(), c.rms_norm_eps, h));
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.w_gate, {}, gate)));
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.w_up, {}, up)));
+    OSCAR_RETURN_IF_ERROR(be.silu_mul(gate, up, n * I));
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(gate, n, L.w_down, {}, o)));
+    OSCAR_RETURN_IF_ERROR(be.add(x, o, n * H));
+  }
+
+  OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, final_norm_.data(), c.rms_norm_eps, h));
+  if (options.observer)
+    for (int32_t s = 0; s < plan.n_seqs(); ++s)
+      options.observer->on_final_hidden(plan.chunk[s], h + plan.cu_seqlens[s] * H,
+                                        plan.cu_seqlens[s + 1] - plan.cu_seqlens[s], plan.pos0[s]);
+  // lm_head over the rows that produce logits only.
+  const int64_t n_out = plan.n_logit_rows();
+  for (int64_t i = 0; i < n_out; ++i)
+    std::copy_n(h + static_cast<int64_t>(plan.logit_rows[i]) * H, H, x + i * H);
+  logits->resize(static_cast<size_t>(n_out) * c.vocab_size);
+  return be.linear(lin(x, n_out, lm_head_.rows == 0 ? embed_ : lm_head_, {}, logits->data()));
+}
+
+void Qwen3Model::Workspace::resize(int64_t n, const format::ModelConfig& c) {
+  auto fit = [](std::vector<float>& b, int64_t size) {
+    if (static_cast<int64_t>(b.size()) < size) b.resize(size);
+  };
+  fit(x, n * c.hidden_size);
+  fit(h, n * c.hidden_size);
+  fit(o, n * c.hidden_size);
+  fit(q, n * c.q_dim);
+  fit(q_rot, n * c.q_dim);
+  fit(attn, n * c.q_dim);
+  fit(k, n * c.kv_dim);
+  fit(v, n * c.kv_dim);
+  fit(gate, n * c.intermediate_size);
+  fit(up, n * c.intermediate_size);
+  fit(cos, n * (c.head_dim / 2));
+  fit(sin, n * (c.head_dim / 2));
 }
 
 }  // namespace oscar::model

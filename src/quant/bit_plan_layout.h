@@ -24,29 +24,29 @@ namespace oscar::quant {
 inline constexpr int kInt3Levels = 8;  // codes 0..7
 
 // Bytes of one plane "by eighths" (one bit per element): d / 8.
-OSCAR_QUANT_HD constexpr int bit_plane_bytes(int head_dim) { return head_dim / 8; }
+OSCAR_HD constexpr int bit_plane_bytes(int head_dim) { return head_dim / 8; }
 
-OSCAR_QUANT_HD constexpr int int3_row_bytes(int head_dim, int group_size) {
+OSCAR_HD constexpr int int3_row_bytes(int head_dim, int group_size) {
   return int2_codes_bytes(head_dim) + bit_plane_bytes(head_dim) + int2_meta_bytes(head_dim, group_size);
 }
-OSCAR_QUANT_HD constexpr int int1_row_bytes(int head_dim, int group_size) {
+OSCAR_HD constexpr int int1_row_bytes(int head_dim, int group_size) {
   return bit_plane_bytes(head_dim) + int2_meta_bytes(head_dim, group_size);
 }
 
 // Offsets inside a row: group g's high-plane bytes (INT3), plane bytes (INT1), and metadata.
-OSCAR_QUANT_HD constexpr int int3_group_high_offset(int head_dim, int g, int group_size) {
+OSCAR_HD constexpr int int3_group_high_offset(int head_dim, int g, int group_size) {
   return int2_codes_bytes(head_dim) + g * (group_size / 8);
 }
-OSCAR_QUANT_HD constexpr int int3_group_meta_offset(int head_dim, int g) {
+OSCAR_HD constexpr int int3_group_meta_offset(int head_dim, int g) {
   return int2_codes_bytes(head_dim) + bit_plane_bytes(head_dim) + g * static_cast<int>(sizeof(Int2GroupMeta));
 }
-OSCAR_QUANT_HD constexpr int int1_group_plane_offset(int g, int group_size) { return g * (group_size / 8); }
-OSCAR_QUANT_HD constexpr int int1_group_meta_offset(int head_dim, int g) {
+OSCAR_HD constexpr int int1_group_plane_offset(int g, int group_size) { return g * (group_size / 8); }
+OSCAR_HD constexpr int int1_group_meta_offset(int head_dim, int g) {
   return bit_plane_bytes(head_dim) + g * static_cast<int>(sizeof(Int2GroupMeta));
 }
 
 // Bytes of one row of `bits` bits per element (3, 2 or 1); 0 for any other width.
-OSCAR_QUANT_HD constexpr int bit_plan_row_bytes(int bits, int head_dim, int group_size) {
+OSCAR_HD constexpr int bit_plan_row_bytes(int bits, int head_dim, int group_size) {
   return bits == 3   ? int3_row_bytes(head_dim, group_size)
          : bits == 2 ? int2_row_bytes(head_dim, group_size)
          : bits == 1 ? int1_row_bytes(head_dim, group_size)
@@ -54,10 +54,10 @@ OSCAR_QUANT_HD constexpr int bit_plan_row_bytes(int bits, int head_dim, int grou
 }
 
 // Bit of element i (0 <= i < G) in a group's plane "by eighths". `plane`: [G/8] bytes.
-OSCAR_QUANT_HD constexpr uint8_t plane_get_bit(const uint8_t* plane, int i, int group_size) {
+OSCAR_HD constexpr uint8_t plane_get_bit(const uint8_t* plane, int i, int group_size) {
   return static_cast<uint8_t>((plane[i % (group_size / 8)] >> (i / (group_size / 8))) & 1u);
 }
-OSCAR_QUANT_HD constexpr void plane_set_bit(uint8_t* plane, int i, int group_size, uint8_t bit) {
+OSCAR_HD constexpr void plane_set_bit(uint8_t* plane, int i, int group_size, uint8_t bit) {
   const int b = i % (group_size / 8);
   const int sh = i / (group_size / 8);
   plane[b] = static_cast<uint8_t>((plane[b] & ~(1u << sh)) | ((bit & 1u) << sh));

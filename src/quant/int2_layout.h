@@ -25,12 +25,7 @@
 #include <cstdint>
 
 #include "core/bf16.h"
-
-#if defined(__CUDACC__)
-#define OSCAR_QUANT_HD __host__ __device__
-#else
-#define OSCAR_QUANT_HD
-#endif
+#include "core/hd.h"
 
 namespace oscar::quant {
 
@@ -45,51 +40,51 @@ struct Int2GroupMeta {
 static_assert(sizeof(Int2GroupMeta) == 4, "Int2GroupMeta must be two packed fp16");
 
 // True when G is one of the supported group sizes and divides head_dim (head_dim > 0).
-OSCAR_QUANT_HD constexpr bool int2_valid_group(int head_dim, int group_size) {
+OSCAR_HD constexpr bool int2_valid_group(int head_dim, int group_size) {
   return (group_size == 32 || group_size == 64 || group_size == 128) && head_dim > 0 &&
          head_dim % group_size == 0;
 }
 
-OSCAR_QUANT_HD constexpr int int2_groups_per_row(int head_dim, int group_size) {
+OSCAR_HD constexpr int int2_groups_per_row(int head_dim, int group_size) {
   return head_dim / group_size;
 }
 
 // Bytes of packed codes in one row: head_dim / 4.
-OSCAR_QUANT_HD constexpr int int2_codes_bytes(int head_dim) { return head_dim / kInt2CodesPerByte; }
+OSCAR_HD constexpr int int2_codes_bytes(int head_dim) { return head_dim / kInt2CodesPerByte; }
 
 // Bytes of metadata in one row: (head_dim / G) groups x 2 fp16.
-OSCAR_QUANT_HD constexpr int int2_meta_bytes(int head_dim, int group_size) {
+OSCAR_HD constexpr int int2_meta_bytes(int head_dim, int group_size) {
   return int2_groups_per_row(head_dim, group_size) * static_cast<int>(sizeof(Int2GroupMeta));
 }
 
 // Bytes of one token's row for one head: codes followed by metadata.
-OSCAR_QUANT_HD constexpr int int2_row_bytes(int head_dim, int group_size) {
+OSCAR_HD constexpr int int2_row_bytes(int head_dim, int group_size) {
   return int2_codes_bytes(head_dim) + int2_meta_bytes(head_dim, group_size);
 }
 
 // Byte offset, inside a row, of group g's first code byte and of its metadata.
-OSCAR_QUANT_HD constexpr int int2_group_codes_offset(int g, int group_size) {
+OSCAR_HD constexpr int int2_group_codes_offset(int g, int group_size) {
   return g * (group_size / kInt2CodesPerByte);
 }
-OSCAR_QUANT_HD constexpr int int2_group_meta_offset(int head_dim, int g) {
+OSCAR_HD constexpr int int2_group_meta_offset(int head_dim, int g) {
   return int2_codes_bytes(head_dim) + g * static_cast<int>(sizeof(Int2GroupMeta));
 }
 
 // Position of element i (0 <= i < G) of a group: its byte within the group's code bytes and the
 // bit shift of its 2-bit code in that byte ("by quarters").
-OSCAR_QUANT_HD constexpr int int2_code_byte(int i, int group_size) {
+OSCAR_HD constexpr int int2_code_byte(int i, int group_size) {
   return i % (group_size / kInt2CodesPerByte);
 }
-OSCAR_QUANT_HD constexpr int int2_code_shift(int i, int group_size) {
+OSCAR_HD constexpr int int2_code_shift(int i, int group_size) {
   return 2 * (i / (group_size / kInt2CodesPerByte));
 }
 
 // Reads / writes the code of element i of one group. `group_codes`: [G/4] bytes of that group.
-OSCAR_QUANT_HD constexpr uint8_t int2_get_code(const uint8_t* group_codes, int i, int group_size) {
+OSCAR_HD constexpr uint8_t int2_get_code(const uint8_t* group_codes, int i, int group_size) {
   return static_cast<uint8_t>((group_codes[int2_code_byte(i, group_size)] >>
                                int2_code_shift(i, group_size)) & 3u);
 }
-OSCAR_QUANT_HD constexpr void int2_set_code(uint8_t* group_codes, int i, int group_size,
+OSCAR_HD constexpr void int2_set_code(uint8_t* group_codes, int i, int group_size,
                                             uint8_t code) {
   const int b = int2_code_byte(i, group_size);
   const int sh = int2_code_shift(i, group_size);
@@ -97,7 +92,7 @@ OSCAR_QUANT_HD constexpr void int2_set_code(uint8_t* group_codes, int i, int gro
 }
 
 // Bits per element of the quantized region alone (codes + metadata), e.g. 2.25 for G = 128.
-OSCAR_QUANT_HD constexpr double int2_bits_per_element(int head_dim, int group_size) {
+OSCAR_HD constexpr double int2_bits_per_element(int head_dim, int group_size) {
   return 8.0 * int2_row_bytes(head_dim, group_size) / head_dim;
 }
 

@@ -3,7 +3,9 @@
 // mid-decode) frees every page, and impossible requests are refused at submit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -227,6 +229,71 @@ TEST(Scheduler, RefusesImpossibleRequests) {
   st = sched->submit(greedy("range", {9000}, 4), c.callback());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
   EXPECT_EQ(c.events, 0);
+}
+
+// A failure inside a step that belongs to one request fails that request alone: a token whose
+// embedding is NaN (Qwen3Model::set_embedding_row) makes its request's K/V non-finite. In the
+// middle of a long prompt, the page holding it cannot be demoted (the history refuses it); at the
+// end of a short prompt, the logits are non-finite. Both requests get an error naming the cause,
+// every page comes back, and a request running beside them keeps its greedy output.
+TEST(Scheduler, NonFiniteKvFailsOnlyItsRequest) {
+  RuntimeOptions o;
+  o.model_dir = kModel;
+  o.cache_mode = "int2-hadamard";
+  o.kv_budget_bytes = size_t{64} << 20;
+  auto rt = Runtime::create(o);
+  ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+  const int hidden = rt.value()->model().config().hidden_size;
+  const int32_t poison = rt.value()->model().config().vocab_size - 3;
+  ASSERT_TRUE(rt.value()
+                  ->model()
+                  .set_embedding_row(poison, std::vector<float>(hidden, std::nanf("")))
+                  .ok());
+  SchedulerOptions so;
+  so.prefill_chunk = 256;
+  so.prefix_cache = false;
+  auto made = Scheduler::create(std::move(rt).value(), so);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  Scheduler& sched = *made.value();
+
+  std::vector<int32_t> good;
+  while (good.size() < 700) {
+    auto more = sched.tokenize("def add(a, b):\n    return a + b\n\n").value();
+    good.insert(good.end(), more.begin(), more.end());
+  }
+  ASSERT_EQ(std::count(good.begin(), good.end(), poison), 0);
+  Collector alone;
+  ASSERT_TRUE(sched.submit(greedy("alone", good, 40), alone.callback()).ok());
+  ASSERT_TRUE(alone.wait());
+  ASSERT_EQ(alone.finish, "length");
+
+  std::vector<int32_t> bad_long = good;  // poisoned at 100: demoted in the second prefill chunk
+  bad_long[100] = poison;
+  std::vector<int32_t> bad_short(good.begin(), good.begin() + 20);
+  bad_short.back() = poison;  // its logits are the first non-finite thing
+  Collector c_good, c_long, c_short;
+  ASSERT_TRUE(sched.submit(greedy("good", good, 40), c_good.callback()).ok());
+  ASSERT_TRUE(sched.submit(greedy("long", bad_long, 40), c_long.callback()).ok());
+  ASSERT_TRUE(sched.submit(greedy("short", bad_short, 40), c_short.callback()).ok());
+  ASSERT_TRUE(c_good.wait() && c_long.wait() && c_short.wait());
+  EXPECT_EQ(c_good.finish, "length");
+  EXPECT_EQ(c_good.ids, alone.ids);
+  EXPECT_FALSE(c_long.error.ok());
+  EXPECT_NE(c_long.error.to_string().find("non-finite"), std::string::npos)
+      << c_long.error.to_string();
+  EXPECT_NE(c_long.error.to_string().find("history"), std::string::npos)
+      << c_long.error.to_string();
+  EXPECT_TRUE(c_long.ids.empty());
+  EXPECT_FALSE(c_short.error.ok());
+  EXPECT_NE(c_short.error.to_string().find("non-finite logits"), std::string::npos)
+      << c_short.error.to_string();
+  wait_idle(sched);
+  EXPECT_EQ(used_pages(sched), 0);
+  // The engine goes on serving.
+  Collector after;
+  ASSERT_TRUE(sched.submit(greedy("after", good, 40), after.callback()).ok());
+  ASSERT_TRUE(after.wait());
+  EXPECT_EQ(after.ids, alone.ids);
 }
 
 }  // namespace

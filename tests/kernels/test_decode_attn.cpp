@@ -850,7 +850,7 @@ void grow_and_compare(quant::CacheMode mode, int group_size, uint32_t seed,
               << cache.hist_end() << ")";
       }
     }
-    cache.commit(step_n);
+    ASSERT_TRUE(cache.commit(step_n).ok());
     step_n = 1;
   }
   if (spec.quantized()) {
@@ -914,8 +914,8 @@ TEST(DecodeAttnCache, KeyScalingKeepsExactAttention) {
       for (size_t i = 0; i < oa.size(); ++i)
         ASSERT_NEAR(ob[i], oa[i], 1e-4) << "tokens " << a.n_tokens() << " layer " << layer << " i " << i;
     }
-    a.commit(n);
-    b.commit(n);
+    ASSERT_TRUE(a.commit(n).ok());
+    ASSERT_TRUE(b.commit(n).ok());
     n = 1;
   }
 }

@@ -94,8 +94,8 @@ TEST(BitPlanCache, RowsAreThePlaneWidthsQuantizerAndBytesMatchUniform) {
     cache.write(layer, k[layer].data(), v[layer].data(), n);
     cache_u.write(layer, k[layer].data(), v[layer].data(), n);
   }
-  cache.commit(n);
-  cache_u.commit(n);
+  ASSERT_TRUE(cache.commit(n).ok());
+  ASSERT_TRUE(cache_u.commit(n).ok());
   ASSERT_GT(cache.hist_end(), spec.regions.n_sink);
   EXPECT_EQ(cache.bytes().history, cache_u.bytes().history);
   EXPECT_EQ(cache.bytes().total(), cache_u.bytes().total());
@@ -155,7 +155,7 @@ TEST(BitPlanCache, DecodeEquivalentChunkEqualsDecodeSteps) {
     ASSERT_TRUE(chunked.attend(layer, q[layer].data(), Hq, n, out[layer].data(),
                                AttendMode::kDecodeEquivalent, sa).ok());
   }
-  chunked.commit(n);
+  ASSERT_TRUE(chunked.commit(n).ok());
   std::vector<float> o(static_cast<size_t>(Hq) * d);
   for (int64_t t = 0; t < n; ++t) {
     ASSERT_TRUE(stepped.reserve(1).ok());
@@ -168,7 +168,7 @@ TEST(BitPlanCache, DecodeEquivalentChunkEqualsDecodeSteps) {
             << "token " << t << " layer " << layer << " i " << i << " hist_end "
             << stepped.hist_end();
     }
-    stepped.commit(1);
+    ASSERT_TRUE(stepped.commit(1).ok());
   }
   EXPECT_GT(stepped.hist_end(), spec.regions.n_sink + 64);
 }

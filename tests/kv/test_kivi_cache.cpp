@@ -270,7 +270,7 @@ TEST(KiviCache, TokenByTokenRowsAndDecodeMatchKiviReference) {
     const auto qs = hz.stage(1, Hq);
     check_attend(hz, qs, Hq, 1, AttendMode::kPrefill);
     if (HasFatalFailure()) return;
-    hz.cache().commit(1);
+    ASSERT_TRUE(hz.cache().commit(1).ok());
     if (hz.cache().n_tokens() % 8 == 0) {
       hz.check_rows();
       if (HasFatalFailure()) return;
@@ -298,7 +298,7 @@ TEST(KiviCache, ChunksRowsAndDecodeEquivalentAttentionMatchKiviReference) {
       check_attend(hz, qs, Hq, n, AttendMode::kDecodeEquivalent);
       if (HasFatalFailure()) return;
     }
-    hz.cache().commit(n);
+    ASSERT_TRUE(hz.cache().commit(n).ok());
     hz.check_rows();
     if (HasFatalFailure()) return;
     eval = !eval;
@@ -312,7 +312,7 @@ TEST(KiviCache, HistoryCostsThreeBitsPerElement) {
   const KvCacheSpec spec = kivi_spec(128, 32, 64, 256);
   KiviHarness hz(spec, 1024, 13);
   hz.stage(1000, 4);
-  hz.cache().commit(1000);
+  ASSERT_TRUE(hz.cache().commit(1000).ok());
   const int64_t hist_tokens = hz.cache().hist_end() - spec.regions.n_sink;
   ASSERT_EQ(hist_tokens, 672);  // history_end(1000) = 64 + 32·floor((1000 - 64 - 256) / 32)
   const CacheBytes b = hz.cache().bytes();

@@ -1,0 +1,226 @@
+// One CPU decode step of a whole batch, by phase (a benchmark, not a test): the step time and
+// tokens/s at several batch sizes and contexts, and where the time goes (linear layers,
+// attention, K/V append, demotion, sampling, the rest), for one cache mode.
+//
+//   ./build/bench/bench_step [--model DIR] [--mode oscar] [--contexts 4096,32768]
+//                            [--batches 1,16,64] [--steps 8]
+//
+// Every sequence of a batch holds `context` tokens: one sequence is filled with random K/V, the
+// others adopt its sinks and history pages as a prefix (as requests sharing a system prompt do)
+// and get a recent window of their own; so the history bytes of a batch are shared and may sit
+// in the CPU's caches (the step reads them once per sequence all the same). The file compiles
+// against the engine before the batched step too (it uses only forward(SeqChunk), reserve,
+// write, commit and adopt_prefix there), which is how docs/results/step_cpu.md compares the two
+// in one run; the phase columns need the Backend (kernels/backend.h) and read "-" without it.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/omp_env.h"
+#include "engine/runtime.h"
+
+#if __has_include("kernels/backend.h")
+#define OSCAR_BENCH_PHASES 1
+#include "kernels/backend.h"
+#endif
+
+using namespace oscar;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::vector<int> split_ints(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(std::stoi(item));
+  return out;
+}
+
+template <typename S>
+void check(const S& st, const char* what) {
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, st.to_string().c_str());
+    std::exit(1);
+  }
+}
+
+#ifdef OSCAR_BENCH_PHASES
+// Forwards every op to the CPU backend and adds up its wall time per phase (CPU ops are
+// synchronous, so wall time is the op's time).
+class TimedBackend final : public kernels::Backend {
+ public:
+  explicit TimedBackend(kernels::Backend& inner) : in_(inner) {}
+  std::map<std::string, double> seconds;
+
+  Device device() const override { return in_.device(); }
+  Result<DeviceBuffer> alloc(size_t b, const char* w) override { return in_.alloc(b, w); }
+  Status upload(const void* h, size_t b, void* d) override { return in_.upload(h, b, d); }
+  Status download(const void* s, size_t b, void* h) override { return in_.download(s, b, h); }
+  Status synchronize() override { return in_.synchronize(); }
+  Status embed(const kernels::WeightView& t, const int32_t* ids, int64_t n, float* x) override {
+    return timed("other ops", [&] { return in_.embed(t, ids, n, x); });
+  }
+  Status rms_norm(const float* x, int64_t r, int64_t d, const float* w, float e,
+                  float* y) override {
+    return timed("other ops", [&] { return in_.rms_norm(x, r, d, w, e, y); });
+  }
+  Status linear(const kernels::LinearParams& p) override {
+    return timed("linear", [&] { return in_.linear(p); });
+  }
+  Status rope(const kernels::RopeParams& p) override {
+    return timed("other ops", [&] { return in_.rope(p); });
+  }
+  Status kv_append(const kernels::KvAppendParams& p) override {
+    return timed("append", [&] { return in_.kv_append(p); });
+  }
+  Status rotate_queries(const kernels::RotateQueriesParams& p) override {
+    return timed("attention", [&] { return in_.rotate_queries(p); });
+  }
+  Status decode_attn(const kernels::DecodeAttnParams& p) override {
+    return timed("attention", [&] { return in_.decode_attn(p); });
+  }
+  Status prefill_attn(const kernels::PrefillAttnParams& p) override {
+    return timed("attention", [&] { return in_.prefill_attn(p); });
+  }
+  Status silu_mul(float* g, const float* u, int64_t n) override {
+    return timed("other ops", [&] { return in_.silu_mul(g, u, n); });
+  }
+  Status add(float* x, const float* y, int64_t n) override {
+    return timed("other ops", [&] { return in_.add(x, y, n); });
+  }
+  Status demote_pages(const kernels::DemotePagesParams& p) override {
+    return timed("demotion", [&] { return in_.demote_pages(p); });
+  }
+  Status sample(const kernels::SampleParams& p) override {
+    return timed("sampling", [&] { return in_.sample(p); });
+  }
+
+ private:
+  template <typename F>
+  Status timed(const char* phase, F f) {
+    const auto t = Clock::now();
+    Status st = f();
+    seconds[phase] += since(t);
+    return st;
+  }
+  kernels::Backend& in_;
+};
+#endif
+
+// Fills a fresh cache with n tokens of random K/V (all layers) and commits them.
+void fill(engine::Runtime& rt, kv::SequenceCache& cache, int64_t n, std::mt19937& rng) {
+  const auto& c = rt.model().config();
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> k(static_cast<size_t>(n) * c.kv_dim), v(k.size());
+  check(cache.reserve(n), "reserve");
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (float& x : k) x = normal(rng);
+    for (float& x : v) x = normal(rng);
+    cache.write(l, k.data(), v.data(), n);
+  }
+#ifdef OSCAR_BENCH_PHASES
+  check(cache.commit(n), "commit");
+#else
+  cache.commit(n);
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ensure_passive_omp_wait(argv);
+  std::string model = "models/tiny-qwen3", mode = "oscar", contexts = "4096,32768",
+              batches = "1,16,64";
+  int steps = 8;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--model") model = argv[i + 1];
+    else if (a == "--mode") mode = argv[i + 1];
+    else if (a == "--contexts") contexts = argv[i + 1];
+    else if (a == "--batches") batches = argv[i + 1];
+    else if (a == "--steps") steps = std::stoi(argv[i + 1]);
+  }
+  engine::RuntimeOptions o;
+  o.model_dir = model;
+  o.cache_mode = mode;
+  o.kv_budget_bytes = size_t{2} << 30;
+  auto made = engine::Runtime::create(o);
+  check(made.status(), "runtime");
+  engine::Runtime& rt = *made.value();
+  const auto& cfg = rt.model().config();
+#ifdef OSCAR_BENCH_PHASES
+  TimedBackend timed(rt.model().backend());
+  rt.model().set_backend(&timed);
+#endif
+  const char* phases[] = {"linear", "attention", "append", "demotion", "sampling", "other ops"};
+  std::printf("| mode | context | batch | step ms | tok/s | linear | attention | append | demotion | "
+              "sampling | other ops | rest |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::mt19937 rng(7);
+  for (int ctx : split_ints(contexts)) {
+    // One sequence of ctx tokens whose sinks and history the others share.
+    auto base = rt.new_cache();
+    fill(rt, *base, ctx, rng);
+    const auto shared = base->shareable_pages();
+    for (int batch : split_ints(batches)) {
+      std::vector<std::unique_ptr<kv::SequenceCache>> caches;
+      for (int b = 0; b < batch; ++b) {
+        caches.push_back(rt.new_cache());
+        for (const kv::CachedPage& p : shared)
+          (p.pool == kv::kPoolBf16 ? rt.exact_pool() : *rt.int2_pool()).retain(p.page);
+        check(caches.back()->adopt_prefix(shared), "adopt_prefix");
+        fill(rt, *caches.back(), ctx - caches.back()->n_tokens(), rng);
+      }
+      std::vector<int32_t> next(batch, 42);
+      std::vector<std::vector<float>> logits(batch);
+      std::vector<model::SeqChunk> chunks(batch);
+      double total = 0, sampling = 0;
+#ifdef OSCAR_BENCH_PHASES
+      timed.seconds.clear();
+#endif
+      for (int s = -1; s < steps; ++s) {  // step -1 warms up
+#ifdef OSCAR_BENCH_PHASES
+        if (s == 0) timed.seconds.clear();
+#endif
+        const auto t = Clock::now();
+        for (int b = 0; b < batch; ++b)
+          chunks[b] = model::SeqChunk{std::span<const int32_t>(&next[b], 1), caches[b].get(),
+                                      false, &logits[b]};
+        check(rt.model().forward(chunks), "forward");
+        const auto ts = Clock::now();
+        for (int b = 0; b < batch; ++b)
+          next[b] = static_cast<int32_t>(std::max_element(logits[b].begin(), logits[b].end()) -
+                                         logits[b].begin());
+        if (s >= 0) {
+          sampling += since(ts);
+          total += since(t);
+        }
+      }
+      const double step_ms = 1e3 * total / steps;
+      std::printf("| %s | %d | %d | %.2f | %.0f |", mode.c_str(), ctx, batch, step_ms,
+                  batch / (total / steps));
+#ifdef OSCAR_BENCH_PHASES
+      timed.seconds["sampling"] += sampling;
+      double sum = 0;
+      for (const char* ph : phases) {
+        const double ms = 1e3 * timed.seconds[ph] / steps;
+        sum += ms;
+        std::printf(" %.2f |", ms);
+      }
+      std::printf(" %.2f |\n", step_ms - sum);
+#else
+      (void)phases;
+      std::printf(" - | - | - | - | %.2f | - | - |\n", 1e3 * sampling / steps);
+#endif
+      std::fflush(stdout);
+      (void)cfg;
+    }
+  }
+  return 0;
+}

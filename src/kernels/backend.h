@@ -1,0 +1,63 @@
+// Backend: the memory and every op a forward step needs, on one device. The Qwen3 forward pass
+// (model/qwen3.cpp) is written once against this list; the CPU backend is the code in
+// kernels/cpu/, a CUDA backend implements the same ops with device pointers in the same params
+// (kernels/*.h say which entry points exist). About a dozen calls per layer per step, so the
+// virtual dispatch costs nothing measurable.
+//
+// Pointers handed to an op are in this backend's memory (host memory for the CPU backend). Ops
+// may run asynchronously on the backend's stream; synchronize() waits for them. Only sample()
+// hands results to the host (token ids).
+//
+// OSCAR_HAS_CUDA is tested only in make_backend() (cpu/backend_cpu.cpp).
+#pragma once
+
+#include <memory>
+#include <string_view>
+
+#include "core/device.h"
+#include "core/status.h"
+#include "kernels/decode_attn.h"
+#include "kernels/demote_pages.h"
+#include "kernels/elementwise.h"
+#include "kernels/kv_append.h"
+#include "kernels/linear.h"
+#include "kernels/prefill_attn.h"
+#include "kernels/sample.h"
+
+namespace oscar::kernels {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+
+  // Memory: `what` names the allocation in errors and in the memory plan the caller logs.
+  virtual Result<DeviceBuffer> alloc(size_t bytes, const char* what) = 0;
+  virtual Status upload(const void* host, size_t bytes, void* dst) = 0;
+  virtual Status download(const void* src, size_t bytes, void* host) = 0;
+  virtual Status synchronize() = 0;
+
+  // Ops, in the order a layer calls them.
+  virtual Status embed(const WeightView& table, const int32_t* ids, int64_t n, float* x) = 0;
+  virtual Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* w, float eps,
+                          float* y) = 0;
+  virtual Status linear(const LinearParams& p) = 0;
+  virtual Status rope(const RopeParams& p) = 0;
+  virtual Status kv_append(const KvAppendParams& p) = 0;
+  virtual Status rotate_queries(const RotateQueriesParams& p) = 0;
+  virtual Status decode_attn(const DecodeAttnParams& p) = 0;
+  virtual Status prefill_attn(const PrefillAttnParams& p) = 0;
+  virtual Status silu_mul(float* gate, const float* up, int64_t n) = 0;
+  virtual Status add(float* x, const float* y, int64_t n) = 0;
+  virtual Status demote_pages(const DemotePagesParams& p) = 0;
+  virtual Status sample(const SampleParams& p) = 0;
+};
+
+// The process-wide CPU backend (stateless; its ops are thread-compatible).
+Backend& cpu_backend();
+
+// "cpu", or "cuda" where built with it and a GPU is visible. NotFound / Unimplemented with the
+// reason otherwise.
+Result<std::unique_ptr<Backend>> make_backend(std::string_view device);
+
+}  // namespace oscar::kernels

@@ -1,0 +1,79 @@
+// The CPU backend: host memory, and the ops of kernels/cpu/ called directly (each parallel inside
+// through OpenMP). Ops run synchronously, so synchronize() has nothing to wait for.
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/backend.h"
+
+namespace oscar::kernels {
+
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::kCpu; }
+
+  Result<DeviceBuffer> alloc(size_t bytes, const char* what) override {
+    // 64-byte aligned (cache lines, AVX loads); zero-size allocations get one line.
+    const size_t n = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, n);
+    if (p == nullptr)
+      return resource_exhausted("cpu: cannot allocate %zu bytes for %s", bytes, what);
+    return DeviceBuffer(p, bytes, Device::kCpu, [](void* q) { std::free(q); });
+  }
+  Status upload(const void* host, size_t bytes, void* dst) override {
+    std::memcpy(dst, host, bytes);
+    return Status();
+  }
+  Status download(const void* src, size_t bytes, void* host) override {
+    std::memcpy(host, src, bytes);
+    return Status();
+  }
+  Status synchronize() override { return Status(); }
+
+  Status embed(const WeightView& t, const int32_t* ids, int64_t n, float* x) override {
+    return kernels::embed(t, ids, n, x);
+  }
+  Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* w, float eps,
+                  float* y) override {
+    return kernels::rms_norm(x, rows, dim, w, eps, y);
+  }
+  Status linear(const LinearParams& p) override { return kernels::linear(p); }
+  Status rope(const RopeParams& p) override { return kernels::rope(p); }
+  Status kv_append(const KvAppendParams& p) override { return kernels::kv_append(p); }
+  Status rotate_queries(const RotateQueriesParams& p) override {
+    return kernels::rotate_queries(p);
+  }
+  Status decode_attn(const DecodeAttnParams& p) override { return kernels::decode_attn(p); }
+  Status prefill_attn(const PrefillAttnParams& p) override { return kernels::prefill_attn(p); }
+  Status silu_mul(float* gate, const float* up, int64_t n) override {
+    return kernels::silu_mul(gate, up, n);
+  }
+  Status add(float* x, const float* y, int64_t n) override { return kernels::add(x, y, n); }
+  Status demote_pages(const DemotePagesParams& p) override { return kernels::demote_pages(p); }
+  Status sample(const SampleParams& p) override { return kernels::sample(p); }
+};
+
+}  // namespace
+
+Backend& cpu_backend() {
+  static CpuBackend backend;
+  return backend;
+}
+
+Result<std::unique_ptr<Backend>> make_backend(std::string_view device) {
+  if (device == "cpu") return std::unique_ptr<Backend>(new CpuBackend());
+  if (device == "cuda") {
+#ifdef OSCAR_HAS_CUDA
+    return unimplemented("--device cuda: the CUDA kernels are built, but the CUDA backend's "
+                         "model ops are not wired yet; use --device cpu");
+#else
+    return unimplemented("--device cuda: this build has no CUDA backend (configure with "
+                         "-DOSCAR_CUDA=ON)");
+#endif
+  }
+  return invalid_argument("unknown device '%.*s' (cpu or cuda)", static_cast<int>(device.size()),
+                          device.data());
+}
+
+}  // namespace oscar::kernels

@@ -1,0 +1,167 @@
+// CPU linear (kernels/linear.h).
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define OSCAR_LINEAR_AVX2 1
+#endif
+
+#include <omp.h>
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/bf16.h"
+#include "kernels/linear.h"
+
+namespace oscar::kernels {
+
+namespace {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+constexpr int64_t kBlockRows = 64;   // weight rows per task
+constexpr int64_t kFewRows = 8;      // up to this many x rows: the streaming kernel
+constexpr int kXTile = 4;            // x rows served by one pass over a weight row
+
+Status check(const LinearParams& p) {
+  if (p.n < 0 || p.w.rows <= 0 || p.w.cols <= 0)
+    return invalid_argument("linear: bad shape (n %lld, weight %lld x %lld)",
+                            static_cast<long long>(p.n), static_cast<long long>(p.w.rows),
+                            static_cast<long long>(p.w.cols));
+  if (p.n > 0 && (p.x == nullptr || p.y == nullptr || p.w.data == nullptr))
+    return invalid_argument("linear: null x, y or weight");
+  if (p.w.dtype != DType::kF32 && p.w.dtype != DType::kBF16)
+    return invalid_argument("linear: unknown weight dtype %d", static_cast<int>(p.w.dtype));
+  return Status();
+}
+
+inline float weight_at(const WeightView& w, int64_t r, int64_t c) {
+  if (w.dtype == DType::kF32) return static_cast<const float*>(w.data)[r * w.cols + c];
+  return bf16_to_f32(static_cast<const bf16_t*>(w.data)[r * w.cols + c]);
+}
+
+#ifdef OSCAR_LINEAR_AVX2
+inline __m256 load8_bf16(const bf16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const bf16_t* p) { return load8_bf16(p); }
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+#endif
+
+inline float to_f32(float v) { return v; }
+inline float to_f32(bf16_t v) { return bf16_to_f32(v); }
+
+// y[i, r] for rows [r0, r1) of W and NX <= kXTile rows of x: one pass over each weight row.
+template <typename T, int NX>
+void rows_dot(const float* x, int64_t ldx, const T* w, int64_t in, int64_t r0, int64_t r1,
+              float* y, int64_t ldy) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* wr = w + r * in;
+    float out[NX];
+    int64_t c = 0;
+#ifdef OSCAR_LINEAR_AVX2
+    __m256 acc[NX][2];
+    for (int i = 0; i < NX; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (; c + 16 <= in; c += 16) {
+      const __m256 w0 = load8(wr + c), w1 = load8(wr + c + 8);
+      for (int i = 0; i < NX; ++i) {
+        acc[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * ldx + c), w0, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * ldx + c + 8), w1, acc[i][1]);
+      }
+    }
+    for (int i = 0; i < NX; ++i) out[i] = hsum(_mm256_add_ps(acc[i][0], acc[i][1]));
+#else
+    for (int i = 0; i < NX; ++i) out[i] = 0.f;
+#endif
+    for (; c < in; ++c) {
+      const float wc = to_f32(wr[c]);
+      for (int i = 0; i < NX; ++i) out[i] += x[i * ldx + c] * wc;
+    }
+    for (int i = 0; i < NX; ++i) y[i * ldy + r] = out[i];
+  }
+}
+
+template <typename T>
+void few_rows(const LinearParams& p) {
+  const int64_t in = p.w.cols, out = p.w.rows;
+  const T* w = static_cast<const T*>(p.w.data);
+  const int64_t n_blocks = (out + kBlockRows - 1) / kBlockRows;
+#pragma omp parallel for schedule(static) if (n_blocks > 1 && p.n * out * in >= (int64_t{1} << 15))
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t r0 = b * kBlockRows, r1 = std::min(out, r0 + kBlockRows);
+    for (int64_t i = 0; i < p.n; i += kXTile) {
+      const float* x = p.x + i * in;
+      float* y = p.y + i * out;
+      switch (std::min<int64_t>(kXTile, p.n - i)) {
+        case 1: rows_dot<T, 1>(x, in, w, in, r0, r1, y, out); break;
+        case 2: rows_dot<T, 2>(x, in, w, in, r0, r1, y, out); break;
+        case 3: rows_dot<T, 3>(x, in, w, in, r0, r1, y, out); break;
+        default: rows_dot<T, 4>(x, in, w, in, r0, r1, y, out); break;
+      }
+    }
+  }
+}
+
+void many_rows(const LinearParams& p) {
+  const int64_t in = p.w.cols, out = p.w.rows;
+  Eigen::Map<const RowMat> X(p.x, p.n, in);
+  if (p.w.dtype == DType::kF32) {
+    // Eigen's own OpenMP-parallel GEMM.
+    Eigen::Map<const RowMat> W(static_cast<const float*>(p.w.data), out, in);
+    Eigen::Map<RowMat> Y(p.y, p.n, out);
+    Y.noalias() = X * W.transpose();
+    return;
+  }
+  const bf16_t* w = static_cast<const bf16_t*>(p.w.data);
+  const int64_t n_blocks = (out + kBlockRows - 1) / kBlockRows;
+#pragma omp parallel
+  {
+    std::vector<float> wf(static_cast<size_t>(kBlockRows) * in);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const int64_t r0 = b * kBlockRows, rows = std::min(kBlockRows, out - r0);
+      for (int64_t i = 0; i < rows * in; ++i) wf[i] = bf16_to_f32(w[r0 * in + i]);
+      Eigen::Map<const RowMat> W(wf.data(), rows, in);
+      Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(p.y + r0, p.n, rows, Eigen::OuterStride<>(out));
+      Y.noalias() = X * W.transpose();
+    }
+  }
+}
+
+}  // namespace
+
+Status linear_ref(const LinearParams& p) {
+  OSCAR_RETURN_IF_ERROR(check(p));
+  for (int64_t i = 0; i < p.n; ++i)
+    for (int64_t r = 0; r < p.w.rows; ++r) {
+      double acc = p.bias ? p.bias[r] : 0.0;
+      for (int64_t c = 0; c < p.w.cols; ++c)
+        acc += static_cast<double>(p.x[i * p.w.cols + c]) * weight_at(p.w, r, c);
+      p.y[i * p.w.rows + r] = static_cast<float>(acc);
+    }
+  return Status();
+}
+
+Status linear(const LinearParams& p) {
+  OSCAR_RETURN_IF_ERROR(check(p));
+  if (p.n == 0) return Status();
+  if (p.n <= kFewRows) {
+    if (p.w.dtype == DType::kBF16) few_rows<bf16_t>(p);
+    else few_rows<float>(p);
+  } else {
+    many_rows(p);
+  }
+  if (p.bias != nullptr)
+    for (int64_t i = 0; i < p.n; ++i)
+      for (int64_t r = 0; r < p.w.rows; ++r) p.y[i * p.w.rows + r] += p.bias[r];
+  return Status();
+}
+
+}  // namespace oscar::kernels

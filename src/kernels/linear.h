@@ -1,0 +1,39 @@
+// linear: y[n, out] = x[n, in] · Wᵀ (+ bias), with W [out, in] row-major in its stored type.
+// BF16 weights stay BF16 (half the bytes a decode step reads) and are widened to float inside the
+// product; F32 weights are for matrices that were computed at load time (a folded value
+// rotation, OSCAR.md §3) and would lose precision in BF16.
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+
+namespace oscar::kernels {
+
+enum class DType : int32_t { kF32 = 0, kBF16 = 1 };
+
+inline int dtype_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+// A matrix in a backend's memory: [rows, cols] row-major.
+struct WeightView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0, cols = 0;
+};
+
+struct LinearParams {
+  const float* x = nullptr;     // [n, w.cols]
+  int64_t n = 0;
+  WeightView w;                 // [out, in]
+  const float* bias = nullptr;  // [out] or null
+  float* y = nullptr;           // [n, out]; may not alias x
+};
+
+// Plain loops, float64 accumulation: defines "correct".
+Status linear_ref(const LinearParams& p);
+// Fast CPU path. Few rows (decode): output rows split over threads, each weight row read once per
+// four rows of x, BF16 widened with a shift (AVX2+FMA when compiled for it). Many rows (prefill):
+// blocks of 64 weight rows widened to float in a per-thread buffer, then Eigen's GEMM.
+Status linear(const LinearParams& p);
+
+}  // namespace oscar::kernels

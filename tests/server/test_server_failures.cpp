@@ -1,0 +1,154 @@
+// A failure inside an engine step that belongs to one request, seen through the HTTP server: the
+// real scheduler on the embedded model, with one token's embedding poisoned to NaN
+// (Qwen3Model::set_embedding_row), so a request that contains it cannot store its K/V. Three
+// clients at once: the poisoned non-streaming request gets an OpenAI error object, the poisoned
+// streaming request gets an error event and [DONE], and the clean streaming request beside them
+// completes with exactly the text it gives alone. Every KV page comes back and the server keeps
+// serving. Raw sockets with Connection: close, so a response is everything until EOF.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/scheduler.h"
+#include "server/http_server.h"
+
+namespace oscar::server {
+namespace {
+
+using json = nlohmann::json;
+
+// POSTs `body` to `path` and returns the raw response (status line, headers, body).
+std::string post(uint16_t port, const std::string& path, const std::string& body) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{120, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                          "Content-Type: application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+// The concatenated text of an SSE completion stream, and whether it carried an error event.
+struct Stream {
+  std::string text;
+  std::string error;
+  bool done = false;
+};
+Stream parse_sse(const std::string& raw) {
+  Stream s;
+  for (size_t at = raw.find("data: "); at != std::string::npos; at = raw.find("data: ", at + 1)) {
+    const size_t end = raw.find("\n", at);
+    const std::string data = raw.substr(at + 6, end - at - 6);
+    if (data.rfind("[DONE]", 0) == 0) {
+      s.done = true;
+      continue;
+    }
+    const json j = json::parse(data, nullptr, false);
+    if (j.contains("error")) s.error = j["error"].value("message", "?");
+    if (j.contains("choices") && !j["choices"].empty())
+      s.text += j["choices"][0].value("text", "");
+  }
+  return s;
+}
+
+TEST(ServerFailures, NonFiniteKvFailsOnlyItsRequest) {
+  engine::RuntimeOptions o;
+  o.model_dir = "models/tiny-qwen3";
+  o.cache_mode = "int2-hadamard";
+  o.kv_budget_bytes = size_t{64} << 20;
+  auto rt = engine::Runtime::create(o);
+  ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+  const int32_t poison = rt.value()->model().config().vocab_size - 3;
+  ASSERT_TRUE(rt.value()
+                  ->model()
+                  .set_embedding_row(poison, std::vector<float>(
+                                                 rt.value()->model().config().hidden_size,
+                                                 std::nanf("")))
+                  .ok());
+  engine::SchedulerOptions so;
+  so.prefix_cache = false;
+  auto sched = engine::Scheduler::create(std::move(rt).value(), so);
+  ASSERT_TRUE(sched.ok()) << sched.status().to_string();
+  ServerOptions sopt;
+  sopt.port = 0;
+  HttpServer server(sched.value().get(), sopt);
+  ASSERT_TRUE(server.start().ok());
+
+  std::vector<int32_t> good;
+  while (good.size() < 600) {
+    auto more = sched.value()->tokenize("def add(a, b):\n    return a + b\n\n").value();
+    good.insert(good.end(), more.begin(), more.end());
+  }
+  std::vector<int32_t> bad = good;
+  bad[100] = poison;  // its page is demoted during the prefill: the history refuses it
+  auto body = [](const std::vector<int32_t>& ids, bool stream) {
+    return json{{"model", "tiny-qwen3"}, {"prompt", ids}, {"max_tokens", 24},
+                {"temperature", 0}, {"stream", stream}}
+        .dump();
+  };
+  const Stream alone = parse_sse(post(server.port(), "/v1/completions", body(good, true)));
+  ASSERT_TRUE(alone.done && alone.error.empty() && !alone.text.empty());
+
+  auto f_good = std::async(std::launch::async,
+                           [&] { return post(server.port(), "/v1/completions", body(good, true)); });
+  auto f_bad_stream = std::async(
+      std::launch::async, [&] { return post(server.port(), "/v1/completions", body(bad, true)); });
+  auto f_bad = std::async(std::launch::async,
+                          [&] { return post(server.port(), "/v1/completions", body(bad, false)); });
+  const Stream good_s = parse_sse(f_good.get());
+  const Stream bad_s = parse_sse(f_bad_stream.get());
+  const std::string bad_raw = f_bad.get();
+
+  EXPECT_TRUE(good_s.error.empty()) << good_s.error;
+  EXPECT_TRUE(good_s.done);
+  EXPECT_EQ(good_s.text, alone.text);
+  EXPECT_NE(bad_s.error.find("non-finite"), std::string::npos) << bad_s.error;
+  EXPECT_TRUE(bad_s.done);
+  const size_t at = bad_raw.find("\r\n\r\n");
+  ASSERT_NE(at, std::string::npos) << bad_raw;
+  const json err = json::parse(bad_raw.substr(at + 4), nullptr, false);
+  ASSERT_TRUE(err.contains("error")) << bad_raw;
+  EXPECT_NE(err["error"].value("message", "").find("non-finite"), std::string::npos) << bad_raw;
+  EXPECT_EQ(bad_raw.rfind("HTTP/1.1 200", 0), std::string::npos) << bad_raw.substr(0, 40);
+
+  // Every page back; the server still answers.
+  for (int i = 0; i < 200; ++i) {
+    int64_t used = 0;
+    for (const auto& p : sched.value()->metrics().kv_pools) used += p.pages_used;
+    if (used == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  int64_t used = 0;
+  for (const auto& p : sched.value()->metrics().kv_pools) used += p.pages_used;
+  EXPECT_EQ(used, 0);
+  EXPECT_EQ(parse_sse(post(server.port(), "/v1/completions", body(good, true))).text, alone.text);
+  server.stop();
+}
+
+}  // namespace
+}  // namespace oscar::server
