@@ -86,9 +86,11 @@ struct Case {
                   quantizer == Int2Quantizer::kLloyd ? "lloyd" : "uniform", bit_plan ? 1 : 0,
                   q_gain, seed);
     std::string s = buf;
-    for (const SeqSpec& q : seqs)
-      s += "(" + std::to_string(q.sink) + "," + std::to_string(q.hist) + "," +
-           std::to_string(q.recent) + ")";
+    for (const SeqSpec& q : seqs) {
+      std::snprintf(buf, sizeof buf, "(%lld,%lld,%lld)", static_cast<long long>(q.sink),
+                    static_cast<long long>(q.hist), static_cast<long long>(q.recent));
+      s += buf;
+    }
     return s;
   }
 };
