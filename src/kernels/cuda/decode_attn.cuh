@@ -33,8 +33,9 @@
 // a dot product does not care, and Q (and the accumulator of O, converted when a warp moves
 // between exact and INT2 tiles) use the same order. Other history formats (3-/1-bit bit-plan
 // rows, Lloyd-Max, groups of 32/64) go through a generic path: the warp dequantizes the staged
-// raw rows into a BF16 tile in shared memory, then runs the exact-tile code on it (correct, but
-// 40x slower than the INT2 tiles on the H200: docs/results/decode_attn_cuda.md).
+// raw rows into a BF16 tile in shared memory (16-byte stores, no run-time divisions), then runs
+// the exact-tile code on it (the element-wise version measured 40x slower than the INT2 tiles
+// on the H200: docs/results/decode_attn_cuda.md; this one is not measured yet).
 // Measured on the H200 (2026-12-01): INT2 tiles issue-bound at ~273 instructions per tile
 // (2.2-2.4 TB/s at 128K, batch >= 8); exact tiles at the copy bandwidth.
 //
@@ -546,25 +547,76 @@ __device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const 
   }
 }
 
+// Dequantizes half of one staged raw history row (head_dim 128, any bits/quantizer, group G) into
+// a swizzled BF16 row of the exact-tile layout: elements [64h, 64h + 64). Inside a group, the
+// codes of one quarter (R = G/4 elements) sit in R consecutive bytes ("by quarters"), so the
+// half row is 64/R runs of R consecutive d, each written as 16-byte chunks of 8 values; the bit
+// planes "by eighths" give element j of a quarter qq at byte j % (R/2), bit 2qq + j / (R/2).
+// Same values as dequant_element (min + q·s, μ + level[q]·σ, lo/hi), then rounded to BF16.
+template <int G>
+__device__ __forceinline__ void dequant_half_row(const KernelArgs& a, const uint8_t* row, int bits,
+                                                 uint8_t* dst, int r, int h) {
+  const int uniform = a.uniform;
+  constexpr int R = G / 4;
+  const int meta_off = bits == 3 ? 48 : (bits == 1 ? 16 : 32);
+  const int plane_off = bits == 3 ? 32 : 0;  // the bit plane "by eighths" (3-bit high / 1-bit)
+#pragma unroll 1
+  for (int run = 0; run < 64 / R; ++run) {
+    const int e0 = 64 * h + run * R;
+    const int gi = e0 / G, qq = (e0 % G) / R;
+    const uint32_t meta = lds32(row + meta_off + 4 * gi);
+    const float s0 = fp16_bits_to_f32(meta), s1 = fp16_bits_to_f32(meta >> 16);
+#pragma unroll 1
+    for (int j0 = 0; j0 < R; j0 += 8) {
+      uint8_t* chunk = dst + ((((e0 + j0) >> 3) ^ (r & 7)) << 4);
+      const uint32_t w0 = bits == 1 ? 0u : lds32(row + gi * R + j0);
+      const uint32_t w1 = bits == 1 ? 0u : lds32(row + gi * R + j0 + 4);
+#pragma unroll 1
+      for (int k = 0; k < 8; k += 2) {
+        float x[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int j = j0 + k + u;
+          const int pb =
+              bits == 2 ? 0
+                        : (row[plane_off + gi * (R / 2) + j % (R / 2)] >> (2 * qq + j / (R / 2))) & 1;
+          if (bits == 1) {
+            x[u] = pb ? s1 : s0;  // lo / hi
+            continue;
+          }
+          int q = static_cast<int>((((k + u) < 4 ? w0 : w1) >> (8 * ((k + u) & 3) + 2 * qq)) & 3u);
+          if (bits == 3) q |= pb << 2;
+          if (uniform || bits == 3) {
+            x[u] = s1 + static_cast<float>(q) * s0;  // min + q·s
+          } else {
+            const float lv = (q & 2) ? ((q & 1) ? a.lloyd_levels[3] : a.lloyd_levels[2])
+                                     : ((q & 1) ? a.lloyd_levels[1] : a.lloyd_levels[0]);
+            x[u] = s1 + lv * s0;  // μ + level[q]·σ
+          }
+        }
+        *reinterpret_cast<uint32_t*>(chunk + 2 * k) = pack_bf16(x[0], x[1]);
+      }
+    }
+  }
+}
+
 // Dequantizes a staged raw tile (16 K rows of rb_k bytes, then 16 V rows of rb_v bytes) into the
 // swizzled BF16 tile layout of exact_tile. Lane: row lane/2, elements [64·(lane&1), +64).
-__device__ __forceinline__ void dequant_tile(const KernelArgs& a, const uint8_t* raw, int rb_k,
+__device__ __noinline__ void dequant_tile(const KernelArgs& a, const uint8_t* raw, int rb_k,
                                              int rb_v, int bits_k, int bits_v, uint8_t* kdst,
                                              uint8_t* vdst, int lane) {
-  const int r = lane >> 1, e0 = 64 * (lane & 1);
+  const int r = lane >> 1, h = lane & 1;
 #pragma unroll 1
   for (int kv = 0; kv < 2; ++kv) {
     const uint8_t* row = kv == 0 ? raw + r * rb_k : raw + 16 * rb_k + r * rb_v;
     const int bits = kv == 0 ? bits_k : bits_v;
     uint8_t* dst = (kv == 0 ? kdst : vdst) + r * 256;
-#pragma unroll 4
-    for (int e = e0; e < e0 + 64; e += 2) {
-      const float x0 = dequant_element(row, e, 128, a.group_size, bits, a.uniform, a.lloyd_levels);
-      const float x1 =
-          dequant_element(row, e + 1, 128, a.group_size, bits, a.uniform, a.lloyd_levels);
-      *reinterpret_cast<uint32_t*>(dst + ((((e >> 3) ^ (r & 7))) << 4) + (e & 7) * 2) =
-          pack_bf16(x0, x1);
-    }
+    if (a.group_size == 128)
+      dequant_half_row<128>(a, row, bits, dst, r, h);
+    else if (a.group_size == 64)
+      dequant_half_row<64>(a, row, bits, dst, r, h);
+    else
+      dequant_half_row<32>(a, row, bits, dst, r, h);
   }
 }
 
