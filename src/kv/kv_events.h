@@ -102,11 +102,14 @@ class KvEventCollector final : public KvEventListener {
 
 // Where each step's events go (server::KvEventPublisher sends them over ZMQ). publish() is
 // called on the scheduler's thread with a non-empty batch and must return without waiting for
-// I/O; an implementation may drop a batch under backpressure, but must count it.
+// I/O; an implementation may drop a batch under backpressure, but must count it in
+// dropped_batches(), so that the owner of the cache can resynchronise its routers (attach the
+// collector again: RadixCache::set_listener announces AllBlocksCleared and the whole cache).
 class KvEventSink {
  public:
   virtual ~KvEventSink() = default;
   virtual void publish(std::vector<KvEvent> events) = 0;
+  virtual int64_t dropped_batches() const { return 0; }  // thread-safe, cumulative
 };
 
 // The block set a router rebuilds from one replica's events, applied in order. apply() checks the

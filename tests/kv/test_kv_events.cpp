@@ -48,9 +48,10 @@ TEST(KvEventHash, ChainsOverExactTokens) {
   // The same tokens in pages of another size are other blocks.
   EXPECT_NE(block_hashes_of_path(a, 8)[0], ha[0]);
   EXPECT_NE(block_hashes_of_path(a, 8)[0], ha[1]);
-  // Golden value (also what Python computes: hashlib.sha256(root + struct.pack("<I", 4) +
-  // struct.pack("<4i", 1, 2, 3, 4)), last 8 bytes big-endian): freezes the definition in kv_events.h (a change here breaks routers that kept
-  // state across an upgrade; bump the domain string instead of changing it silently).
+  // Golden value, also what Python computes: hashlib.sha256(root + struct.pack("<I", 4) +
+  // struct.pack("<4i", 1, 2, 3, 4)), last 8 bytes big-endian, with root =
+  // hashlib.sha256(b"oscar.kv_events.v1.root"). It freezes the definition in kv_events.h: a
+  // change breaks routers that kept state across an upgrade, so bump the domain string instead.
   EXPECT_EQ(ha[0], 0x6b435bd31a5db0c6ull) << std::hex << ha[0];
   // The published hash is the digest's last 8 bytes, big-endian.
   BlockDigest d{};
