@@ -10,8 +10,8 @@ namespace oscar::kv {
 const BlockDigest& root_block_digest() {
   static const BlockDigest root = [] {
     constexpr std::string_view kDomain = "oscar.kv_events.v1.root";
-    return sha256(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(kDomain.data()),
-                                           kDomain.size()));
+    return sha256(
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(kDomain.data()), kDomain.size()));
   }();
   return root;
 }

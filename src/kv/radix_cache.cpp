@@ -329,9 +329,9 @@ void RadixCache::hash_and_announce(Node* node) {
   std::vector<BlockHash> hashes;
   hashes.reserve(node->pages.size());
   for (size_t k = 0; k < node->pages.size(); ++k) {
-    node->digests.push_back(chain_block_digest(
-        node->digests.empty() ? *parent : node->digests.back(),
-        std::span<const int32_t>(node->tokens).subspan(k * p, p)));
+    node->digests.push_back(
+        chain_block_digest(node->digests.empty() ? *parent : node->digests.back(),
+                           std::span<const int32_t>(node->tokens).subspan(k * p, p)));
     hashes.push_back(external_block_hash(node->digests.back()));
   }
   listener_->on_stored(hashes, parent_hash, node->tokens, page_size_);

@@ -3,12 +3,11 @@
 #include <chrono>
 #include <cstring>
 #include <iterator>
+#include <msgpack.hpp>
 #include <optional>
 #include <utility>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
-
-#include <msgpack.hpp>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -116,8 +115,7 @@ std::string seq_bytes(int64_t seq) {  // 8 bytes, big-endian, two's complement (
 }
 
 double wall_clock_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -195,7 +193,7 @@ Status KvEventPublisherOptions::validate() const {
 struct KvEventPublisher::Impl {
   zmq::context_t ctx{1};
   zmq::socket_t pub{ctx, zmq::socket_type::pub};
-  std::optional<zmq::socket_t> replay;  // ROUTER
+  std::optional<zmq::socket_t> replay;                 // ROUTER
   std::deque<std::pair<int64_t, std::string>> buffer;  // (seq, payload), oldest first
 };
 
@@ -237,8 +235,7 @@ Result<std::unique_ptr<KvEventPublisher>> KvEventPublisher::create(
       "kv events: publishing endpoint=%s mode=%s replay=%s topic='%s' encoding=%s dp_rank=%d "
       "max_queue_batches=%lld replay_buffer_batches=%lld",
       p->endpoint_.c_str(), kv_event_endpoint_binds(*endpoint) ? "bind" : "connect",
-      p->replay_endpoint_.empty() ? "off" : p->replay_endpoint_.c_str(),
-      p->options_.topic.c_str(),
+      p->replay_endpoint_.empty() ? "off" : p->replay_endpoint_.c_str(), p->options_.topic.c_str(),
       p->options_.encoding == KvEventEncoding::kMap ? "map" : "array",
       p->options_.data_parallel_rank, static_cast<long long>(p->options_.max_queue_batches),
       static_cast<long long>(p->options_.replay_buffer_batches));

@@ -43,11 +43,11 @@ struct KvEventPublisherOptions {
   // (llm-d's indexer binds a SUB socket and replicas connect to it; Dynamo connects to replicas).
   // "tcp://127.0.0.1:*" binds an ephemeral port (see KvEventPublisher::endpoint()).
   std::string endpoint = "tcp://*:5557";
-  std::string replay_endpoint;  // "" = no replay socket; a ROUTER that always binds
-  std::string topic;            // frame 0; llm-d expects "kv@<pod-id>@<model-name>"
+  std::string replay_endpoint;     // "" = no replay socket; a ROUTER that always binds
+  std::string topic;               // frame 0; llm-d expects "kv@<pod-id>@<model-name>"
   int32_t data_parallel_rank = 0;  // in every batch; tcp ports are offset by it, as in vLLM
   KvEventEncoding encoding = KvEventEncoding::kMap;
-  std::string medium = "GPU";  // vLLM's MEDIUM_GPU: the engine's primary KV cache
+  std::string medium = "GPU";             // vLLM's MEDIUM_GPU: the engine's primary KV cache
   int64_t max_queue_batches = 100000;     // queued, not yet sent; beyond: drop and count
   int64_t replay_buffer_batches = 10000;  // vLLM's buffer_steps
   int32_t send_hwm = 100000;              // ZMQ_SNDHWM of the PUB socket
@@ -60,7 +60,7 @@ struct KvEventPublisherStats {
   int64_t queued_batches = 0;   // accepted by publish()
   int64_t dropped_batches = 0;  // refused by publish() (queue full); their sequence numbers gap
   int64_t dropped_events = 0;
-  int64_t sent_batches = 0;     // handed to the PUB socket
+  int64_t sent_batches = 0;  // handed to the PUB socket
   int64_t send_errors = 0;
   int64_t replay_requests = 0;
   int64_t next_seq = 0;  // the sequence number the next batch gets

@@ -42,7 +42,8 @@ inline std::map<BlockHash, ExpectedBlock> expected_blocks(const RadixCache& cach
 
 inline std::map<BlockHash, ExpectedBlock> mirrored_blocks(const KvBlockMirror& mirror) {
   std::map<BlockHash, ExpectedBlock> out;
-  for (const auto& [h, block] : mirror.blocks()) out.emplace(h, ExpectedBlock{block.parent, block.token_ids});
+  for (const auto& [h, block] : mirror.blocks())
+    out.emplace(h, ExpectedBlock{block.parent, block.token_ids});
   return out;
 }
 

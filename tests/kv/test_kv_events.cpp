@@ -67,9 +67,8 @@ TEST(KvEvents, ScriptedWorkloadRebuildsTheCacheAfterEveryStep) {
   EXPECT_TRUE(std::holds_alternative<AllBlocksCleared>(attach[0]));
   ASSERT_TRUE(mirror.apply_all(attach).ok());
 
-  const auto sys_hashes =
-      block_hashes_of_path(KvEventWorkload::tokens(1000, 3 * KvEventWorkload::kP),
-                           KvEventWorkload::kP);
+  const auto sys_hashes = block_hashes_of_path(
+      KvEventWorkload::tokens(1000, 3 * KvEventWorkload::kP), KvEventWorkload::kP);
   int n_steps = 0;
   w.run([&](const std::string& step, std::vector<KvEvent> events) {
     SCOPED_TRACE(step);
@@ -145,7 +144,8 @@ TEST(KvEvents, AttachAnnouncesTheCacheAndDetachStopsEvents) {
   RadixCache cache(4, {&bf16, &int2});
   auto insert = [&](const std::vector<int32_t>& t) {
     std::vector<CachedPage> pages;
-    for (size_t i = 0; i < t.size() / 4; ++i) pages.push_back(CachedPage{int2.alloc().value(), kPoolInt2});
+    for (size_t i = 0; i < t.size() / 4; ++i)
+      pages.push_back(CachedPage{int2.alloc().value(), kPoolInt2});
     cache.insert(t, pages);
     cache.release_pages(pages);
   };
@@ -174,7 +174,7 @@ TEST(KvEvents, AttachAnnouncesTheCacheAndDetachStopsEvents) {
 
 TEST(KvBlockMirror, RejectsInconsistentStreams) {
   KvBlockMirror m;
-  EXPECT_FALSE(m.apply(BlockStored{{1}, 7, {1, 2}, 2}).ok());  // unknown parent
+  EXPECT_FALSE(m.apply(BlockStored{{1}, 7, {1, 2}, 2}).ok());      // unknown parent
   EXPECT_FALSE(m.apply(BlockStored{{1}, {}, {1, 2, 3}, 2}).ok());  // tokens != n * block_size
   ASSERT_TRUE(m.apply(BlockStored{{1, 2}, {}, {1, 2, 3, 4}, 2}).ok());
   EXPECT_FALSE(m.apply(BlockStored{{2}, 1, {3, 4}, 2}).ok());  // stored twice
@@ -216,7 +216,8 @@ TEST(KvEvents, ListenerDoesNotChangeBehaviourAndKeepsTheMirrorExact) {
         const auto& base = history[static_cast<size_t>(uniform(static_cast<int>(history.size())))];
         t.assign(base.begin(), base.begin() + uniform(static_cast<int>(base.size()) + 1));
       }
-      const size_t total = std::max<size_t>(1, (t.size() + static_cast<size_t>(uniform(20))) / 4) * 4;
+      const size_t total =
+          std::max<size_t>(1, (t.size() + static_cast<size_t>(uniform(20))) / 4) * 4;
       while (t.size() < total) t.push_back(uniform(3));
       t.resize(total);
       history.push_back(t);

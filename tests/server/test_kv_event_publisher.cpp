@@ -11,19 +11,17 @@
 //  - connect mode into a bound SUB (llm-d's topology);
 //  - a one-batch queue under a burst: every batch is either sent or counted as dropped, and the
 //    sequence numbers the subscriber sees are exactly the sent ones, increasing.
-#include "server/kv_event_publisher.h"
-
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <map>
+#include <msgpack.hpp>
 #include <thread>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include <msgpack.hpp>
-
 #include "kv/kv_event_workload.h"
+#include "server/kv_event_publisher.h"
 
 namespace oscar::server {
 namespace {
@@ -146,7 +144,8 @@ DecodedBatch decode_batch(const std::string& payload) {
 
 std::string be64(int64_t v) {
   std::string s(8, '\0');
-  for (int i = 0; i < 8; ++i) s[static_cast<size_t>(i)] = static_cast<char>(static_cast<uint64_t>(v) >> (56 - 8 * i));
+  for (int i = 0; i < 8; ++i)
+    s[static_cast<size_t>(i)] = static_cast<char>(static_cast<uint64_t>(v) >> (56 - 8 * i));
   return s;
 }
 int64_t from_be64(const zmq::message_t& m) {
@@ -189,20 +188,18 @@ TEST(KvEventEncoding, GoldenBytes) {
     return s;
   };
   // [0.5, [{"type": "AllBlocksCleared"}], 0]
-  const std::string cleared =
-      bytes({0x93, 0xcb, 0x3f, 0xe0, 0, 0, 0, 0, 0, 0, 0x91, 0x81, 0xa4}) + "type" +
-      bytes({0xb0}) + "AllBlocksCleared" + bytes({0x00});
+  const std::string cleared = bytes({0x93, 0xcb, 0x3f, 0xe0, 0, 0, 0, 0, 0, 0, 0x91, 0x81, 0xa4}) +
+                              "type" + bytes({0xb0}) + "AllBlocksCleared" + bytes({0x00});
   EXPECT_EQ(encode_kv_event_batch(0.5, std::vector<KvEvent>{AllBlocksCleared{}}, 0,
                                   KvEventEncoding::kMap, "GPU"),
             cleared);
   // [0.5, [["BlockRemoved", [2**63 + 1, 7], "GPU"]], 1]: a hash past int64 is a uint64 (0xcf),
   // a small one a positive fixint, exactly as msgspec writes Python ints.
-  const std::string removed = bytes({0x93, 0xcb, 0x3f, 0xe0, 0, 0, 0, 0, 0, 0, 0x91, 0x93, 0xac}) +
-                              "BlockRemoved" +
-                              bytes({0x92, 0xcf, 0x80, 0, 0, 0, 0, 0, 0, 0x01, 0x07, 0xa3}) +
-                              "GPU" + bytes({0x01});
-  EXPECT_EQ(encode_kv_event_batch(0.5, std::vector<KvEvent>{BlockRemoved{{(1ull << 63) + 1, 7}}},
-                                  1, KvEventEncoding::kArray, "GPU"),
+  const std::string removed =
+      bytes({0x93, 0xcb, 0x3f, 0xe0, 0, 0, 0, 0, 0, 0, 0x91, 0x93, 0xac}) + "BlockRemoved" +
+      bytes({0x92, 0xcf, 0x80, 0, 0, 0, 0, 0, 0, 0x01, 0x07, 0xa3}) + "GPU" + bytes({0x01});
+  EXPECT_EQ(encode_kv_event_batch(0.5, std::vector<KvEvent>{BlockRemoved{{(1ull << 63) + 1, 7}}}, 1,
+                                  KvEventEncoding::kArray, "GPU"),
             removed);
 }
 
@@ -390,8 +387,7 @@ TEST(KvEventPublisher, ReplayBufferKeepsTheLastBatches) {
   ASSERT_EQ(got.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(got[i].first, static_cast<int64_t>(7 + i));
-    EXPECT_EQ(decode_batch(got[i].second).events,
-              std::vector<KvEvent>{BlockRemoved{{7 + i}}});
+    EXPECT_EQ(decode_batch(got[i].second).events, std::vector<KvEvent>{BlockRemoved{{7 + i}}});
   }
 }
 
