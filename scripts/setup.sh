@@ -9,6 +9,7 @@ packages=(
   libcli11-dev libfmt-dev libboost-dev libboost-system-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-dev
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
 )
 
 SUDO=""

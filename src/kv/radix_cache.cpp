@@ -83,6 +83,10 @@ RadixCache::Node* RadixCache::split(Node* node, size_t n_pages) {
   Node* upper = new_node(parent);
   upper->tokens.assign(node->tokens.begin(), node->tokens.begin() + n_pages * p);
   upper->pages.assign(node->pages.begin(), node->pages.begin() + n_pages);
+  if (!node->digests.empty()) {  // a listener is attached: the digests move with their pages
+    upper->digests.assign(node->digests.begin(), node->digests.begin() + n_pages);
+    node->digests.erase(node->digests.begin(), node->digests.begin() + n_pages);
+  }
   // Every lock on node also covers its new ancestor; the pages just move, so gauges are unchanged.
   upper->lock_count = node->lock_count;
   upper->last_access = node->last_access;
@@ -160,6 +164,7 @@ InsertResult RadixCache::insert(std::span<const int32_t> tokens,
       result.cached_pages.insert(result.cached_pages.end(), leaf->pages.begin(), leaf->pages.end());
       node->children.emplace(std::vector<int32_t>(leaf->tokens.begin(), leaf->tokens.begin() + p),
                              leaf);
+      if (listener_ != nullptr) hash_and_announce(leaf);
       node = leaf;
       pos = tokens.size();
       break;
@@ -256,6 +261,7 @@ int64_t RadixCache::evict_impl(int64_t n_pages_needed, uint8_t pool, bool any_le
     }
   }
   int64_t freed = 0;
+  std::vector<BlockHash> removed;  // this leaf's pages, for the listener
   while (freed < n_pages_needed && !heap.empty()) {
     Node* leaf = nodes_.at(heap.top().second).get();
     heap.pop();
@@ -264,13 +270,16 @@ int64_t RadixCache::evict_impl(int64_t n_pages_needed, uint8_t pool, bool any_le
     const bool ancestors_have = any_leaf || worth_evicting(leaf->parent, pool);
     int64_t leaf_has = std::count_if(leaf->pages.begin(), leaf->pages.end(),
                                      [&](const CachedPage& page) { return page.pool == pool; });
+    removed.clear();
     while (freed < n_pages_needed && (ancestors_have || leaf_has > 0)) {
+      if (listener_ != nullptr) removed.push_back(external_block_hash(leaf->digests.back()));
       if (leaf->pages.size() > 1) {
         const CachedPage page = leaf->pages.back();
         if (page.pool == pool) --leaf_has;
         if (release_cached(page) && page.pool == pool) ++freed;
         leaf->pages.pop_back();
         leaf->tokens.resize(leaf->pages.size() * p);
+        if (listener_ != nullptr) leaf->digests.pop_back();
         continue;
       }
       // The last page keys the edge in the parent: release it and drop the node.
@@ -283,6 +292,8 @@ int64_t RadixCache::evict_impl(int64_t n_pages_needed, uint8_t pool, bool any_le
       }
       break;
     }
+    // One BlockRemoved per trimmed leaf, deepest page first.
+    if (listener_ != nullptr && !removed.empty()) listener_->on_removed(removed);
   }
   return freed;
 }
@@ -304,6 +315,44 @@ void RadixCache::reset() {
   std::fill(stats_.cached_pages.begin(), stats_.cached_pages.end(), 0);
   std::fill(stats_.evictable_pages.begin(), stats_.evictable_pages.end(), 0);
   stats_.n_nodes = 0;
+  if (listener_ != nullptr) listener_->on_cleared();
+}
+
+void RadixCache::hash_and_announce(Node* node) {
+  const BlockDigest* parent =
+      node->parent == root_ ? &root_block_digest() : &node->parent->digests.back();
+  const std::optional<BlockHash> parent_hash =
+      node->parent == root_ ? std::nullopt : std::optional<BlockHash>(external_block_hash(*parent));
+  const size_t p = static_cast<size_t>(page_size_);
+  node->digests.clear();
+  node->digests.reserve(node->pages.size());
+  std::vector<BlockHash> hashes;
+  hashes.reserve(node->pages.size());
+  for (size_t k = 0; k < node->pages.size(); ++k) {
+    node->digests.push_back(
+        chain_block_digest(node->digests.empty() ? *parent : node->digests.back(),
+                           std::span<const int32_t>(node->tokens).subspan(k * p, p)));
+    hashes.push_back(external_block_hash(node->digests.back()));
+  }
+  listener_->on_stored(hashes, parent_hash, node->tokens, page_size_);
+}
+
+void RadixCache::set_listener(KvEventListener* listener) {
+  listener_ = listener;
+  if (listener_ == nullptr) {
+    for (auto& [id, node] : nodes_) node->digests = {};
+    return;
+  }
+  listener_->on_cleared();
+  // Parents first: a node's digests are ready before its children chain from them.
+  std::vector<Node*> stack;
+  for (const auto& [key, child] : root_->children) stack.push_back(child);
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    hash_and_announce(node);
+    for (const auto& [key, child] : node->children) stack.push_back(child);
+  }
 }
 
 void RadixCache::reset_stats() {

@@ -19,6 +19,12 @@
 // Node handles stay valid while the node is locked. An unlocked handle is valid only until the
 // next insert/evict/reset (a stale handle passed to lock/unlock is caught by a check).
 //
+// KV-cache events (kv/kv_events.h): set_listener() attaches an observer that hears, synchronously,
+// of every page that enters the cache (insert), leaves it (evict, evict_all_unlocked) or is
+// dropped with all others (reset), each page named by its chained block hash. Without a listener
+// the cache computes no hashes and behaves exactly as before (tests/kv/test_kv_events.cpp checks
+// both against each other); with one it also keeps one 32-byte digest per cached page.
+//
 // Not thread-safe: the scheduler thread owns the cache and the pools.
 #pragma once
 
@@ -30,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kv/kv_events.h"
 #include "kv/page_pool.h"
 
 namespace oscar::kv {
@@ -121,6 +128,13 @@ class RadixCache {
   void retain_pages(std::span<const CachedPage> pages);
   void release_pages(std::span<const CachedPage> pages);
 
+  // Attaches (or, with nullptr, detaches) the event listener; not owned, must outlive the cache
+  // or be detached first. Attaching announces a fresh view: on_cleared(), then one on_stored()
+  // per node of the current tree, parents first, so attaching again is also how a publisher that
+  // dropped events resynchronises its routers. The destructor sends no events.
+  void set_listener(KvEventListener* listener);
+  KvEventListener* listener() const { return listener_; }
+
   const RadixCacheStats& stats() const { return stats_; }
   void reset_stats();  // zeroes the cumulative counters, keeps the gauges
   int32_t page_size() const { return page_size_; }
@@ -148,6 +162,7 @@ class RadixCache {
     Node* parent = nullptr;
     std::vector<int32_t> tokens;    // edge label, [k * page_size] tokens
     std::vector<CachedPage> pages;  // [k]
+    std::vector<BlockDigest> digests;  // [k] chained block digests while a listener is set, else []
     ChildMap children;              // keyed by the child's first page of tokens
     int32_t lock_count = 0;
     uint64_t last_access = 0;  // logical clock, larger = more recent
@@ -171,6 +186,9 @@ class RadixCache {
   int64_t evict_impl(int64_t n_pages_needed, uint8_t pool, bool any_leaf);
   void add_gauges(const Node* node, int64_t cached_delta, int64_t evictable_delta);
   void touch(Node* node);  // marks node and its ancestors as just used
+  // Listener support: fills node->digests from its parent's last digest, then announces the
+  // node's pages with on_stored().
+  void hash_and_announce(Node* node);
 
   int32_t page_size_;
   std::vector<PagePool*> pools_;
@@ -179,6 +197,7 @@ class RadixCache {
   uint64_t next_id_ = 1;
   uint64_t clock_ = 0;
   RadixCacheStats stats_;
+  KvEventListener* listener_ = nullptr;  // not owned
 };
 
 }  // namespace oscar::kv
