@@ -90,6 +90,7 @@ struct EngineMetrics {
   uint64_t generation_tokens_total = 0;
   std::vector<KvPoolUsage> kv_pools;
   double prefix_cache_hit_rate = 0.0;          // [0, 1]
+  int64_t prefix_cache_pages = 0;              // pages the prefix cache references (all pools)
   double kv_effective_bits_per_element = 0.0;  // averaged over the stored KV cache
   Histogram time_to_first_token_seconds;
   Histogram time_per_output_token_seconds;

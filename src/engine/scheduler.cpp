@@ -94,13 +94,32 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(std::unique_ptr<Runtime> ru
     std::vector<kv::PagePool*> pools = {&s->runtime_->exact_pool()};
     if (s->runtime_->int2_pool()) pools.push_back(s->runtime_->int2_pool());
     s->radix_ = std::make_unique<kv::RadixCache>(s->runtime_->spec().regions.page_size, pools);
+    // Attaching queues AllBlocksCleared: routers learn that this replica starts empty.
+    if (options.kv_event_sink) s->radix_->set_listener(&s->kv_events_);
+  } else if (options.kv_event_sink) {
+    return invalid_argument("KV-cache events need the prefix cache (drop --no-prefix-cache)");
   }
   s->thread_ = std::thread([p = s.get()] { p->loop(); });
   s->ready_ = true;
   return s;
 }
 
-Scheduler::~Scheduler() { shutdown(); }
+Scheduler::~Scheduler() {
+  shutdown();
+  if (radix_) radix_->set_listener(nullptr);
+}
+
+// One batch of the radix cache's events per loop iteration. After the sink dropped batches, the
+// listener is attached again: AllBlocksCleared and the whole cache, so routers resynchronise.
+void Scheduler::publish_kv_events() {
+  kv::KvEventSink* sink = options_.kv_event_sink;
+  if (sink == nullptr || !radix_) return;
+  if (sink->dropped_batches() > kv_events_dropped_seen_) {
+    kv_events_dropped_seen_ = sink->dropped_batches();
+    radix_->set_listener(&kv_events_);
+  }
+  if (!kv_events_.empty()) sink->publish(kv_events_.take());
+}
 
 void Scheduler::shutdown() {
   {
@@ -501,6 +520,7 @@ void Scheduler::loop() {
                    waiting_.end());
     admit();
     step();
+    publish_kv_events();
 
     // Metrics snapshot.
     int64_t bytes = 0, elements = 0;
@@ -520,6 +540,10 @@ void Scheduler::loop() {
       metrics_.kv_pools.push_back({"int2", runtime_->int2_pool()->n_used(),
                                    runtime_->int2_pool()->n_pages()});
     if (elements > 0) metrics_.kv_effective_bits_per_element = 8.0 * bytes / elements;
+    if (radix_) {
+      metrics_.prefix_cache_pages = 0;
+      for (int64_t n : radix_->stats().cached_pages) metrics_.prefix_cache_pages += n;
+    }
     if (radix_ && radix_->stats().lookup_tokens > 0)
       metrics_.prefix_cache_hit_rate = static_cast<double>(radix_->stats().matched_tokens) /
                                        static_cast<double>(radix_->stats().lookup_tokens);
@@ -536,6 +560,7 @@ void Scheduler::loop() {
   for (auto& s : waiting_) finish(*s, "cancelled");
   running_.clear();
   waiting_.clear();
+  publish_kv_events();
 }
 
 }  // namespace oscar::engine

@@ -31,6 +31,7 @@
 #include "engine/engine_api.h"
 #include "engine/runtime.h"
 #include "kv/admission.h"
+#include "kv/kv_events.h"
 #include "kv/radix_cache.h"
 #include "kv/step_plan.h"
 #include "tokenizer/chat_template.h"
@@ -43,6 +44,10 @@ struct SchedulerOptions {
   int max_batch_tokens = 1024;  // tokens per forward step (decode tokens + prefill chunks)
   int prefill_chunk = 512;      // prefill tokens per request per step
   bool prefix_cache = true;     // share prompt prefixes between requests (radix cache)
+  // KV-cache events for routers (kv/kv_events.h; e.g. server::KvEventPublisher): every page the
+  // radix cache stores or evicts, one batch per step. Not owned; outlives the scheduler. Needs
+  // prefix_cache. Null = no events.
+  kv::KvEventSink* kv_event_sink = nullptr;
 };
 
 class Scheduler : public Engine {
@@ -81,11 +86,14 @@ class Scheduler : public Engine {
   void fail(Sequence& s, const Status& error);
   void end(Sequence& s, const GenerationEvent& terminal);
   void release(Sequence& s);
+  void publish_kv_events();
 
   std::unique_ptr<Runtime> runtime_;
   SchedulerOptions options_;
   std::unique_ptr<tok::ChatTemplate> chat_template_;
   std::unique_ptr<kv::RadixCache> radix_;  // null when prefix caching is off
+  kv::KvEventCollector kv_events_;          // the radix cache's listener when events are on
+  int64_t kv_events_dropped_seen_ = 0;
 
   mutable std::mutex mu_;  // guards incoming_, cancels_, live_ids_, stop_, metrics_
   std::condition_variable cv_;

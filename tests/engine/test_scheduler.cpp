@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <variant>
 
 #include "engine/scheduler.h"
 
@@ -294,6 +295,81 @@ TEST(Scheduler, NonFiniteKvFailsOnlyItsRequest) {
   ASSERT_TRUE(sched.submit(greedy("after", good, 40), after.callback()).ok());
   ASSERT_TRUE(after.wait());
   EXPECT_EQ(after.ids, alone.ids);
+}
+
+// KV-cache events through the real scheduler: a sink that rebuilds the block set from every
+// batch (kv::KvBlockMirror refuses any event out of order) ends up holding exactly as many
+// blocks as the prefix cache holds pages, after shared prefixes, a divergence and a cancellation
+// in the middle of a prefill; the first batch starts with AllBlocksCleared.
+TEST(Scheduler, KvEventsFollowThePrefixCache) {
+  struct MirrorSink final : kv::KvEventSink {
+    std::mutex mu;
+    kv::KvBlockMirror mirror;
+    Status status;
+    int batches = 0;
+    bool first_cleared = false;
+    void publish(std::vector<kv::KvEvent> events) override {
+      std::lock_guard<std::mutex> lock(mu);
+      if (batches++ == 0) first_cleared = std::holds_alternative<kv::AllBlocksCleared>(events[0]);
+      if (status.ok()) status = mirror.apply_all(events);
+    }
+  } sink;
+  RuntimeOptions o;
+  o.model_dir = kModel;
+  o.cache_mode = "int2-hadamard";
+  o.kv_budget_bytes = size_t{64} << 20;
+  auto rt = Runtime::create(o);
+  ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+  SchedulerOptions so;
+  so.prefill_chunk = 64;
+  so.kv_event_sink = &sink;
+  auto made = Scheduler::create(std::move(rt).value(), so);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  Scheduler& sched = *made.value();
+  std::vector<int32_t> shared;
+  while (shared.size() < 600) {
+    auto more = sched.tokenize("def add(a, b):\n    return a + b\n\n").value();
+    shared.insert(shared.end(), more.begin(), more.end());
+  }
+  std::vector<int32_t> other = shared;
+  other[400] = (other[400] + 1) % 8000;  // diverges inside the history
+  std::vector<int32_t> longer = shared;
+  longer.insert(longer.end(), shared.begin(), shared.end());
+  for (auto prompt : {shared, other, shared}) {
+    Collector c;
+    ASSERT_TRUE(sched.submit(greedy("r" + std::to_string(c.events), prompt, 8), c.callback()).ok());
+    ASSERT_TRUE(c.wait());
+  }
+  Collector cancelled;
+  ASSERT_TRUE(sched.submit(greedy("cancel", longer, 8), cancelled.callback()).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  sched.cancel("cancel");
+  ASSERT_TRUE(cancelled.wait());
+  wait_idle(sched);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::lock_guard<std::mutex> lock(sink.mu);
+  EXPECT_TRUE(sink.status.ok()) << sink.status.to_string();
+  EXPECT_TRUE(sink.first_cleared);
+  EXPECT_GT(sink.mirror.size(), 0u);
+  EXPECT_EQ(static_cast<int64_t>(sink.mirror.size()), sched.metrics().prefix_cache_pages);
+}
+
+// Events without the prefix cache are a configuration error, named at creation.
+TEST(Scheduler, KvEventsNeedThePrefixCache) {
+  struct NullSink final : kv::KvEventSink {
+    void publish(std::vector<kv::KvEvent>) override {}
+  } sink;
+  RuntimeOptions o;
+  o.model_dir = kModel;
+  o.cache_mode = "bf16";
+  auto rt = Runtime::create(o);
+  ASSERT_TRUE(rt.ok());
+  SchedulerOptions so;
+  so.prefix_cache = false;
+  so.kv_event_sink = &sink;
+  auto made = Scheduler::create(std::move(rt).value(), so);
+  ASSERT_FALSE(made.ok());
+  EXPECT_NE(made.status().to_string().find("prefix cache"), std::string::npos);
 }
 
 }  // namespace
