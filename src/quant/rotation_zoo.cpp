@@ -387,6 +387,20 @@ Result<RotationSet> convert_zoo_pair(const ZooFile& k, const ZooFile& v, int n_h
   if (k.layer_ids != v.layer_ids || k.head_dim != v.head_dim)
     return invalid_argument("import: %s and %s were read for different layers or head_dim",
                             k.path.c_str(), v.path.c_str());
+  // Objectives say which side a file was fitted for: refuse a swapped pair rather than rotate
+  // keys by a value covariance.
+  auto value_objective = [](const std::string& s) {
+    return s.rfind("sst", 0) == 0 || s.rfind("oscar2_v_", 0) == 0;
+  };
+  auto key_objective = [&](const std::string& s) {
+    return s.rfind("qqt", 0) == 0 || (s.rfind("oscar2_", 0) == 0 && !value_objective(s));
+  };
+  if (value_objective(k.objective) || key_objective(v.objective))
+    return invalid_argument("import: the K file %s has objective '%s' and the V file %s has '%s': "
+                            "the two look swapped (K files are k_rotation_*, objectives qqt_* / "
+                            "oscar2_<key variant>; V files v_rotation_*, sst_* / oscar2_v_*)",
+                            k.path.c_str(), k.objective.c_str(), v.path.c_str(),
+                            v.objective.c_str());
   const int d = k.head_dim;
   if (!(o.k_clip > 0) || !(o.v_clip > 0))
     return invalid_argument("import: clip ratios %g / %g must be positive", o.k_clip, o.v_clip);
@@ -532,8 +546,8 @@ Result<RotationSet> convert_zoo_pair(const ZooFile& k, const ZooFile& v, int n_h
                          " (imported)";
   m["key_scaling"] = key_scaling;
   const std::string clip = str_format("clip fixed rho_K %.2f rho_V %.2f", o.k_clip, o.v_clip);
-  m["calibration"] = "imported from the OSCAR release (RotationZoo): K " + k.describe() +
-                     (k.calibration.empty() ? "" : " [" + k.calibration + "]") + "; V " +
+  m["calibration"] = "imported from the OSCAR release (RotationZoo): " + k.describe() +
+                     (k.calibration.empty() ? "" : " [" + k.calibration + "]") + "; " +
                      v.describe() + (v.calibration.empty() ? "" : " [" + v.calibration + "]") +
                      "; " + clip;
   m["eigenvalues"] = std::string("K ") +
