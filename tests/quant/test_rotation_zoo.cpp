@@ -151,6 +151,12 @@ TEST(RotationZoo, ImportOptionsReachTheFile) {
   o.group_size = 48;
   expect_error(convert_zoo_pair(*k, *v, kH, "x", o).status(), "group size 48");
   expect_error(convert_zoo_pair(*v, *k, kH, "x", ZooImportOptions{}).status(), "swapped");
+  // Files passed to the wrong flags: read as the other kind, refused by their objectives.
+  auto k_as_v = read(kV1 + "k_rotation_qqt_r_h_pbr.pt", ZooKind::kValue, range(8));
+  auto v_as_k = read(kV1 + "v_rotation_sst_r_h_pbr.pt", ZooKind::kKey, range(8));
+  ASSERT_TRUE(k_as_v.ok() && v_as_k.ok());
+  expect_error(convert_zoo_pair(*v_as_k, *k_as_v, kH, "x", ZooImportOptions{}).status(),
+               "look swapped");
 }
 
 TEST(RotationZoo, HadamardSharedTensorEveryLayer) {
