@@ -29,7 +29,12 @@ std::string brief(const format::PickleGraph& g, const PyValue& v, int depth = 0)
     case PyKind::kBool: return v.i ? "True" : "False";
     case PyKind::kInt: return std::to_string(v.i);
     case PyKind::kFloat: return str_format("%.17g", v.f);
-    case PyKind::kStr: return "'" + v.s.substr(0, 120) + (v.s.size() > 120 ? "...'" : "'");
+    case PyKind::kStr: {
+      std::string q = "'";
+      q.append(v.s, 0, 120);
+      q.append(v.s.size() > 120 ? "...'" : "'");
+      return q;
+    }
     case PyKind::kTensor:
       return "float32 " + shape_str(v.sizes) + " (storage " + g.at(v.storage).s +
              (v.storage_offset ? ", offset " + std::to_string(v.storage_offset) : "") + ")";

@@ -195,8 +195,8 @@ class Parser {
                              py_kind_name(val(dict).kind)));
     const PyValue& k = val(key);
     std::string hkey;
-    if (k.kind == PyKind::kStr) hkey = "s" + k.s;
-    else if (k.kind == PyKind::kInt) hkey = "i" + std::to_string(k.i);
+    if (k.kind == PyKind::kStr) hkey.append("s").append(k.s);
+    else if (k.kind == PyKind::kInt) hkey.append("i").append(std::to_string(k.i));
     else
       return fail(str_format("%s: dict key of type %s; only str and int keys are accepted",
                              op_name(), py_kind_name(k.kind)));

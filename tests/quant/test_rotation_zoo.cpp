@@ -25,6 +25,7 @@
 #include "quant/rotation.h"
 #include "quant/rotation_file.h"
 #include "quant/rotation_zoo.h"
+#include "../format/torch_test_files.h"
 
 namespace oscar::quant {
 namespace {
@@ -373,6 +374,79 @@ TEST(RotationZoo, EveryManifestFixtureHasItsExpectedResult) {
     }
   }
   EXPECT_EQ(seen.size(), cases.size());
+}
+
+// ---- Hand-built release files (d = 2): the checks no fixture reaches --------------------------
+
+// {'format_version': V, 'objective': 'qqt_r_h_pbr', 'layers': {<keys[i]>: {'layer_id': ids[i],
+// 'rotation': <tensor of storage "0", shape `size`>, <extra>}}}; every layer views storage "0".
+std::vector<uint8_t> release_file(const std::string& version, const std::vector<std::string>& keys,
+                                  const std::vector<int>& ids, const std::string& size,
+                                  const std::string& stride, int numel,
+                                  const std::vector<float>& values, const std::string& extra = "") {
+  using namespace format;
+  std::string layers = "}(";
+  for (size_t i = 0; i < keys.size(); ++i)
+    layers += keys[i] + "}(" + str("layer_id") + i1(ids[i]) + str("rotation") +
+              tensor_pkl("0", numel, 0, size, stride) + extra + "u";
+  layers += "u";
+  const std::string pkl = kProto + "}(" + str("format_version") + version + str("objective") +
+                          str("qqt_r_h_pbr") + str("layers") + layers + "u.";
+  return torch_zip(pkl, {{"0", floats(values)}});
+}
+const std::string kSize2 = format::i1(2) + format::i1(2) + "\x86";
+const std::string kStride2 = format::i1(2) + format::i1(1) + "\x86";
+const std::vector<float> kSwap = {0, 1, 1, 0};  // orthogonal [2, 2]
+
+Result<ZooFile> parse(const std::vector<uint8_t>& b, const std::vector<int>& ids, int heads = 1) {
+  return parse_zoo_file(b, "mem.pt", ZooKind::kKey, ids, heads, 2);
+}
+
+TEST(RotationZooSynthetic, LayerKeysAndVersions) {
+  using format::i1;
+  using format::str;
+  auto ok = parse(release_file(i1(1), {i1(0), i1(1)}, {0, 1}, kSize2, kStride2, 4, kSwap), {0, 1});
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->rotation, (std::vector<float>{0, 1, 1, 0, 0, 1, 1, 0}));
+  // Decimal str keys, which the release also accepts.
+  EXPECT_TRUE(parse(release_file(i1(1), {str("0"), str("1")}, {0, 1}, kSize2, kStride2, 4, kSwap), {0, 1}).ok());
+  expect_error(parse(release_file(i1(1), {i1(0), str("0")}, {0, 0}, kSize2, kStride2, 4, kSwap), {0}).status(),
+               "layer 0 appears twice");
+  expect_error(parse(release_file(i1(1), {str("x")}, {0}, kSize2, kStride2, 4, kSwap), {0}).status(),
+               "layers has a key x of type str");
+  expect_error(parse(release_file(i1(4), {i1(0)}, {0}, kSize2, kStride2, 4, kSwap), {0}).status(),
+               "format_version 4 is not supported");
+  expect_error(parse(release_file(str("1"), {i1(0)}, {0}, kSize2, kStride2, 4, kSwap), {0}).status(),
+               "no int format_version");
+  expect_error(parse(release_file(i1(1), {i1(0)}, {3}, kSize2, kStride2, 4, kSwap), {0}).status(),
+               "layer 0: layer_id is 3");
+  // A per-layer key outside the version's schema.
+  expect_error(parse(release_file(i1(1), {i1(0)}, {0}, kSize2, kStride2, 4, kSwap,
+                                  str("bits") + i1(2)), {0}).status(),
+               "unexpected key 'bits' in a format_version 1 K file");
+  expect_error(parse(release_file(i1(2), {i1(0)}, {0}, kSize2, kStride2, 4, kSwap,
+                                  str("q_rotation") + i1(2)), {0}).status(),
+               "unexpected key 'q_rotation' in a format_version 2");
+}
+
+TEST(RotationZooSynthetic, HeadAxisMustBeConsistentAndMatchTheModel) {
+  using format::i1;
+  // Layer 0 per head [2, 2, 2], layer 1 shared [2, 2]: refused.
+  const std::string per_head = i1(2) + i1(2) + i1(2) + "\x87";
+  const std::string per_head_stride = i1(4) + i1(2) + i1(1) + "\x87";
+  const std::vector<float> two = {0, 1, 1, 0, 1, 0, 0, 1};
+  using format::kProto;
+  using format::str;
+  const std::string pkl =
+      kProto + "}(" + str("format_version") + i1(2) + str("layers") + "}(" + i1(0) + "}(" +
+      str("rotation") + format::tensor_pkl("0", 8, 0, per_head, per_head_stride) + "u" + i1(1) +
+      "}(" + str("rotation") + format::tensor_pkl("0", 8, 0, kSize2, kStride2) + "uuu.";
+  const std::vector<uint8_t> z = format::torch_zip(pkl, {{"0", format::floats(two)}});
+  auto ok = parse(z, {0}, 2);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->n_heads, 2);
+  expect_error(parse(z, {0, 1}, 2).status(), "layer 1 rotation shape [2, 2], but layer 0's rotation has a head axis");
+  expect_error(parse(z, {0}, 4).status(), "expected [2, 2] or [4, 2, 2]");
 }
 
 }  // namespace
