@@ -267,6 +267,11 @@ TEST(TorchPickle, StructuralErrors) {
   expect_error(parse_pkl(kProto + "X\xff\xff\xff\xff"), "truncated");
   expect_error(parse_pkl(kProto + "\x8a\x09" + std::string(9, '\x01') + "."), "LONG1 of 9 bytes");
   expect_error(parse_pkl(kProto + "NN}s."), "SETITEM into a None");
+  // The arena is bounded whatever the input.
+  const std::string many = kProto + "(" + std::string(100, 'N') + "t.";
+  EXPECT_TRUE(parse_torch_pickle({reinterpret_cast<const uint8_t*>(many.data()), many.size()}, "p", 101).ok());
+  expect_error(parse_torch_pickle({reinterpret_cast<const uint8_t*>(many.data()), many.size()}, "p", 100)
+                   .status(), "more than 100 values");
   EXPECT_TRUE(parse_pkl(kProto + "(N\x85t.").ok());  // balanced marks
 }
 
