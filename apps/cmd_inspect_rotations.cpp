@@ -16,12 +16,6 @@ namespace {
 using format::PyKind;
 using format::PyValue;
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 // A pickle value in one short line: scalars as Python prints them, containers by size.
 std::string brief(const format::PickleGraph& g, const PyValue& v, int depth = 0) {
   switch (v.kind) {
@@ -36,7 +30,7 @@ std::string brief(const format::PickleGraph& g, const PyValue& v, int depth = 0)
       return q;
     }
     case PyKind::kTensor:
-      return "float32 " + shape_str(v.sizes) + " (storage " + g.at(v.storage).s +
+      return "float32 " + format::shape_string(v.sizes) + " (storage " + g.at(v.storage).s +
              (v.storage_offset ? ", offset " + std::to_string(v.storage_offset) : "") + ")";
     case PyKind::kDict: {
       if (depth >= 1) return str_format("dict of %zu", v.items.size() / 2);

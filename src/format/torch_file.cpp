@@ -3,18 +3,14 @@
 
 #include <cstring>
 
+#include "format/safetensors.h"
+
 namespace oscar::format {
 namespace {
 
 // Largest tensor handed out, in elements (64 MiB of float32): far above any rotation tensor
 // ([n_kv_heads, d, d]), and a bound on what a stride-0 view could make us allocate.
 constexpr int64_t kMaxTensorElements = int64_t{1} << 24;
-
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 }  // namespace
 

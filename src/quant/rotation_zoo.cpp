@@ -7,23 +7,20 @@
 #include <map>
 
 #include "core/check.h"
+#include "format/safetensors.h"
 #include "format/sha256.h"
 #include "format/torch_file.h"
 #include "quant/hadamard.h"
+#include "quant/rotation.h"
 
 namespace oscar::quant {
 namespace {
 
 using format::FloatTensor;
+using format::shape_string;
 using format::PyKind;
 using format::PyValue;
 using format::TorchFile;
-
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 // A scalar of the pickle as text, for the provenance metadata.
 std::string scalar_text(const PyValue& v) {
@@ -49,19 +46,6 @@ double identity_error_xyt(const float* X, const float* Y, int d) {
     }
   return worst;
 }
-// max|RᵀR − I| and max|RRᵀ − I|.
-double gram_error_rtr(const float* R, int d) {
-  double worst = 0;
-  for (int i = 0; i < d; ++i)
-    for (int j = i; j < d; ++j) {
-      double dot = 0;
-      for (int k = 0; k < d; ++k)
-        dot += static_cast<double>(R[static_cast<size_t>(k) * d + i]) * R[static_cast<size_t>(k) * d + j];
-      worst = std::max(worst, std::fabs(dot - (i == j ? 1.0 : 0.0)));
-    }
-  return worst;
-}
-
 // B = H·P_br as double [d, d]: column bitrev(j) of B is column j of H.
 std::vector<double> hadamard_bitrev(int d) {
   const std::vector<double> H = hadamard_matrix(d);
@@ -213,7 +197,7 @@ class Reader {
           std::vector<float> Rt(dd);
           for (int a = 0; a < d_; ++a)
             for (int b = 0; b < d_; ++b) Rt[static_cast<size_t>(b) * d_ + a] = R[static_cast<size_t>(a) * d_ + b];
-          const double e1 = gram_error_rtr(R, d_), e2 = gram_error_rtr(Rt.data(), d_);
+          const double e1 = orthogonality_error(R, d_), e2 = orthogonality_error(Rt.data(), d_);
           const double e = std::max(e1, e2);
           z.orthogonality_error = std::max(z.orthogonality_error, e);
           if (!(e < kRotationOrthogonalityTol))
