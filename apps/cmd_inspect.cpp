@@ -1,9 +1,12 @@
 // `oscar inspect DIR`: the validated config, the tensor table (bound to the checkpoint when one
-// is present) and the memory the model and its KV cache need.
+// is present) and the memory the model and its KV cache need. `oscar inspect FILE.safetensors`
+// (a rotation file) and `oscar inspect FILE.pt` (a release rotation file) show a rotation file's
+// provenance instead (apps/inspect_rotations.h).
 #include <cstdio>
 #include <filesystem>
 
 #include "apps/commands.h"
+#include "apps/inspect_rotations.h"
 #include "core/mmap_file.h"
 #include "format/model_config.h"
 #include "format/safetensors.h"
@@ -36,10 +39,18 @@ std::string shape_str(const std::vector<int64_t>& s) {
 Command add_inspect(CLI::App& app) {
   auto dir = std::make_shared<std::string>();
   auto tensors = std::make_shared<bool>(true);
-  app.add_option("dir", *dir, "Model directory, or a config.json")->required();
+  app.add_option("dir", *dir,
+                 "Model directory, a config.json, a rotation file (.safetensors: its provenance) or "
+                 "a release rotation file (.pt)")
+      ->required();
   app.add_flag("!--no-tensors", *tensors, "Skip the tensor table");
   return [=]() -> int {
     std::string model_dir = *dir;
+    const std::string ext = std::filesystem::path(model_dir).extension().string();
+    if (std::filesystem::is_regular_file(model_dir) && ext == ".safetensors")
+      return inspect_rotation_file(model_dir);
+    if (std::filesystem::is_regular_file(model_dir) && ext == ".pt")
+      return inspect_torch_file(model_dir);
     Result<format::ModelConfig> config = invalid_argument("unread");
     if (std::filesystem::is_regular_file(model_dir)) {  // a bare config.json (no weights)
       model_dir = std::filesystem::path(model_dir).parent_path().string();
@@ -65,6 +76,7 @@ Command add_inspect(CLI::App& app) {
     std::printf("tied embeddings     %s\n", c.tie_word_embeddings ? "yes" : "no");
     std::printf("parameters          %lld\n", static_cast<long long>(c.n_params()));
     std::printf("config sha256       %s\n", c.sha256.c_str());
+    print_default_rotations_line(model_dir);
 
     const double params = static_cast<double>(c.n_params());
     std::printf("\nmemory\n");

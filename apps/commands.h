@@ -15,5 +15,6 @@ Command add_inspect(CLI::App& app);
 Command add_serve(CLI::App& app);
 Command add_calibrate(CLI::App& app);
 Command add_eval(CLI::App& app);
+Command add_import_rotations(CLI::App& app);
 
 }  // namespace oscar::apps

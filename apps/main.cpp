@@ -24,6 +24,9 @@ int main(int argc, char** argv) {
       oscar::apps::add_calibrate);
   add("eval", "Perplexity, attention fidelity, NIAH and bits per element of KV-cache modes",
       oscar::apps::add_eval);
+  add("import-rotations",
+      "Convert a K/V pair of the OSCAR release's published rotations (RotationZoo .pt) into a "
+      "rotation file", oscar::apps::add_import_rotations);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

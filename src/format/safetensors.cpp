@@ -316,6 +316,12 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   return file;
 }
 
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 const TensorView* SafetensorsFile::find(const std::string& name) const {
   for (const TensorView& t : tensors_) {
     if (t.name == name) return &t;

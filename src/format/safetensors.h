@@ -29,6 +29,9 @@ size_t dtype_size(DType dtype);
 // strings that are no safetensors dtype at all are InvalidArgument; both name the string.
 Result<DType> dtype_from_name(const std::string& name);
 
+// "[2, 128, 128]": a shape as error messages and tools print it.
+std::string shape_string(const std::vector<int64_t>& shape);
+
 // A view of one tensor inside a mapped file. Valid while the owning SafetensorsFile lives.
 struct TensorView {
   std::string name;

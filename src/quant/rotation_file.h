@@ -4,8 +4,9 @@
 // Goals: one safetensors file, mmap-read and copied once into a RotationSet; every check that
 // protects a run from a wrong file (format tag, version, model fingerprint, head_dim / n_layers /
 // n_kv_heads, tensor names, shapes and dtypes, finite values, orthogonality), each failure a
-// Status whose message names the file, the tensor and both values. Non-goals: converting the
-// published RotationZoo torch pickles (a Python script's job); choosing or applying rotations.
+// Status whose message names the file, the tensor and both values. Non-goals: reading the
+// published RotationZoo torch files (quant/rotation_zoo.h converts them into this format);
+// choosing or applying rotations.
 //
 // Layout, for each layer l and kind c in {k, v}:
 //   layers.{l}.{c}.rotation     F32 [n_kv_heads, d, d]  (or [d, d]: one per layer, broadcast)
