@@ -43,7 +43,6 @@ Status prefill_attn(const PrefillAttnParams& p) {
     if (t->n_seqs != p.n_seqs)
       return invalid_argument("prefill_attn: a page table has %d sequences, the batch %d",
                               t->n_seqs, p.n_seqs);
-  const bool kivi = p.codec.quantizer == quant::HistQuantizer::kKivi;
   constexpr int kBlock = quant::kKiviKeyBlockTokens;
   Scratch s;
   for (int32_t seq = 0; seq < p.n_seqs; ++seq) {
