@@ -99,13 +99,17 @@ json usage_chunk(const ResponseMeta& meta, const Usage& usage) {
 }
 
 json models_body(const std::string& model, int64_t created, int max_model_len) {
+  return json{{"object", "list"}, {"data", json::array({model_json(model, created, max_model_len)})}};
+}
+
+json model_json(const std::string& model, int64_t created, int max_model_len) {
   json m = json::object();
   m["id"] = model;
   m["object"] = "model";
   m["created"] = created;
   m["owned_by"] = "oscar";
   m["max_model_len"] = max_model_len;
-  return json{{"object", "list"}, {"data", json::array({m})}};
+  return m;
 }
 
 std::string dump_json(const json& j) {

@@ -48,7 +48,9 @@ nlohmann::ordered_json stream_chunk(const ResponseMeta& meta, const std::string&
 // The final chunk of stream_options.include_usage: choices is empty and usage is set.
 nlohmann::ordered_json usage_chunk(const ResponseMeta& meta, const Usage& usage);
 
-// GET /v1/models.
+// GET /v1/models/{id}: one model object.
+nlohmann::ordered_json model_json(const std::string& model, int64_t created, int max_model_len);
+// GET /v1/models: {"object": "list", "data": [model_json(...)]}.
 nlohmann::ordered_json models_body(const std::string& model, int64_t created, int max_model_len);
 
 // JSON text for the wire: invalid UTF-8 is replaced, never thrown.
