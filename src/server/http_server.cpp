@@ -642,6 +642,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     res->keep_alive(keep_alive_ && !st_->shutting_down);
     res->prepare_payload();
+    res->erase(http::field::content_length);  // a 204 carries none (RFC 9110 §8.6)
     write_response(res, 204, keep_alive_);
   }
 

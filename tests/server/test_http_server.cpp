@@ -626,6 +626,7 @@ TEST_F(HttpServerTest, CorsPreflightAndHeaders) {
   EXPECT_EQ(pre.headers["Access-Control-Allow-Methods"], "POST, OPTIONS");
   EXPECT_EQ(pre.headers["Access-Control-Allow-Headers"], "authorization, content-type");
   EXPECT_EQ(pre.headers["Vary"], "Origin");
+  EXPECT_EQ(pre.headers.count("Content-Length"), 0u);
   // Another origin gets no CORS headers (the browser then refuses).
   Reply other = Client(server_->port())
                     .request(http::verb::options, "/v1/chat/completions", "",
