@@ -103,6 +103,9 @@ Command add_serve(CLI::App& app) {
   app.add_option("--allowed-origins", http->allowed_origins,
                  "Origins browsers may call from (CORS), e.g. http://localhost:3000, or '*'")
       ->delimiter(',');
+  app.add_option("--reasoning-parser", http->reasoning_parser,
+                 "Report a leading <think>...</think> as reasoning_content (qwen3)")
+      ->check(CLI::IsMember({"qwen3"}));
   return [=]() -> int {
     engine::RuntimeOptions o = *rt;
     o.kv_budget_bytes = static_cast<size_t>(*budget_mib * 1024 * 1024);

@@ -28,6 +28,7 @@
 #include "core/log.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
+#include "server/output_parser.h"
 
 namespace oscar::server {
 
@@ -432,6 +433,15 @@ class Session : public std::enable_shared_from_this<Session> {
     streaming_ = req.stream;
     include_usage_ = req.include_usage;
     text_.clear();
+    chat_out_ = ChatOutput{};
+    calls_sent_ = 0;
+    out_parser_.reset();
+    if (endpoint == Endpoint::kChatCompletions) {
+      const bool tools = req.tools.is_array() && req.tool_choice != "none";
+      const bool reasoning = st_->options.reasoning_parser == "qwen3";
+      out_parser_.emplace(tools, reasoning);
+      chat_out_.with_reasoning = reasoning;
+    }
     usage_ = Usage{static_cast<int>(prompt_ids.size()), 0, 0};
 
     engine::GenerationRequest greq;
@@ -486,7 +496,9 @@ class Session : public std::enable_shared_from_this<Session> {
     usage_.cached_tokens = ev.cached_tokens;
     switch (ev.kind) {
       case engine::GenerationEvent::kToken:
-        if (streaming_) {
+        if (out_parser_) {
+          relay(out_parser_->push(ev.text_delta), "");
+        } else if (streaming_) {
           if (!ev.text_delta.empty() && !client_gone_) {
             queue_event(sse_event(stream_chunk(meta_, ev.text_delta, false, "")));
             flush();
@@ -495,20 +507,35 @@ class Session : public std::enable_shared_from_this<Session> {
           text_ += ev.text_delta;
         }
         return;
-      case engine::GenerationEvent::kFinished:
+      case engine::GenerationEvent::kFinished: {
         generating_ = false;
         self_hold_.reset();
         if (client_gone_) return;
+        std::string reason = ev.finish_reason;
+        if (out_parser_) {
+          OutputDelta last = out_parser_->finish();
+          if (out_parser_->tool_calls_seen() > 0 && reason == "stop") reason = "tool_calls";
+          if (streaming_) {
+            relay(std::move(last), reason);
+          } else {
+            relay(std::move(last), "");
+            stop_watching();
+            send(200, dump_json(chat_completion_body(meta_, chat_out_, reason, usage_)),
+                 "application/json");
+            return;
+          }
+        } else if (streaming_) {
+          queue_event(sse_event(stream_chunk(meta_, "", false, reason)));
+        }
         if (streaming_) {
-          queue_event(sse_event(stream_chunk(meta_, "", false, ev.finish_reason)));
           if (include_usage_) queue_event(sse_event(usage_chunk(meta_, usage_)));
           end_stream();
         } else {
           stop_watching();
-          send(200, dump_json(completion_body(meta_, text_, ev.finish_reason, usage_)),
-               "application/json");
+          send(200, dump_json(completion_body(meta_, text_, reason, usage_)), "application/json");
         }
         return;
+      }
       case engine::GenerationEvent::kError: {
         generating_ = false;
         self_hold_.reset();
@@ -524,6 +551,21 @@ class Session : public std::enable_shared_from_this<Session> {
         return;
       }
     }
+  }
+
+  // A parsed chat delta: streamed as one chunk (with finish_reason when given, even if the delta
+  // is empty), or added to the whole answer.
+  void relay(OutputDelta d, const std::string& finish_reason) {
+    if (!streaming_) {
+      chat_out_.content += d.content;
+      chat_out_.reasoning += d.reasoning;
+      for (ToolCall& c : d.tool_calls) chat_out_.tool_calls.push_back(std::move(c));
+      return;
+    }
+    if (client_gone_ || (d.empty() && finish_reason.empty())) return;
+    queue_event(sse_event(chat_delta_chunk(meta_, d, calls_sent_, finish_reason)));
+    calls_sent_ += static_cast<int>(d.tool_calls.size());
+    flush();
   }
 
   // A readable socket while we are answering means the client closed it (or pipelined the next
@@ -766,7 +808,10 @@ class Session : public std::enable_shared_from_this<Session> {
   bool include_usage_ = false;
   bool chunked_ = true;
   ResponseMeta meta_;
-  std::string text_;  // non-streaming: the completion so far
+  std::string text_;  // non-streaming completions: the text so far
+  std::optional<OutputParser> out_parser_;  // chat: tool calls and reasoning out of the text
+  ChatOutput chat_out_;                     // non-streaming chat: the answer so far
+  int calls_sent_ = 0;                      // streaming chat: tool calls sent (their index)
   Usage usage_;
   uint64_t watch_gen_ = 0;
 
@@ -907,6 +952,10 @@ Status HttpServer::start() {
   if (st.options.max_connections < 0) {
     return invalid_argument("server: max_connections must be >= 0, got %d",
                             st.options.max_connections);
+  }
+  if (!st.options.reasoning_parser.empty() && st.options.reasoning_parser != "qwen3") {
+    return invalid_argument("server: unknown reasoning parser '%s' (supported: qwen3)",
+                            st.options.reasoning_parser.c_str());
   }
   if (!st.engine->has_chat_template()) {
     OSCAR_LOG_WARN("server: the model has no chat template; /v1/chat/completions answers 500");

@@ -19,7 +19,11 @@
 // that disconnects while its request runs (streaming or not) has its engine request cancelled;
 // beyond max_connections a new connection gets 503 and is closed; when accept() fails (out of
 // file descriptors) the acceptor backs off (10 ms doubling to 1 s) instead of spinning.
-// Not here: TLS, HTTP/2, rate limiting, n > 1, logprobs, tool-call parsing of the output.
+// Chat output: when the request has tools (and tool_choice is not "none"), <tool_call> blocks
+// become tool_calls with finish_reason "tool_calls"; with reasoning_parser "qwen3", <think>
+// becomes reasoning_content (output_parser.h), streamed as deltas too.
+// Not here: TLS, HTTP/2, rate limiting, n > 1, logprobs, constrained decoding (tool_choice
+// "required" or named).
 #pragma once
 
 #include <chrono>
@@ -53,6 +57,8 @@ struct ServerOptions {
   // Origins allowed to call from a browser (CORS): exact origins such as
   // "http://localhost:3000", or "*" for any. Empty: no CORS headers (browsers refuse).
   std::vector<std::string> allowed_origins;
+  // "qwen3": a leading <think>…</think> of a chat answer becomes reasoning_content. "": off.
+  std::string reasoning_parser;
 };
 
 class HttpServer {

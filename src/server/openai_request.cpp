@@ -345,6 +345,9 @@ std::optional<ApiError> parse_messages(const json& body, OpenAIRequest* req) {
     }
     if (!t->empty()) req->tools = *t;
   }
+  if (const json* tc = field(body, "tool_choice"); tc && tc->is_string()) {
+    req->tool_choice = tc->get<std::string>();  // refuse_unsupported let only auto/none through
+  }
   if (const json* k = field(body, "chat_template_kwargs")) {
     if (!k->is_object()) return wrong_type("chat_template_kwargs", "an object", *k);
     req->chat_template_kwargs = *k;

@@ -82,6 +82,7 @@ struct OpenAIRequest {
   nlohmann::ordered_json messages;
   nlohmann::ordered_json tools;                 // array or null
   nlohmann::ordered_json chat_template_kwargs;  // object or null
+  std::string tool_choice;                      // "auto", "none" or "" (not given: auto)
 
   // /v1/completions: either text or ids.
   bool prompt_is_ids = false;

@@ -72,6 +72,69 @@ json completion_body(const ResponseMeta& meta, const std::string& text,
   return j;
 }
 
+namespace {
+
+json tool_call_json(const ToolCall& c) {
+  return json{{"id", c.id},
+              {"type", "function"},
+              {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+}
+
+}  // namespace
+
+json chat_completion_body(const ResponseMeta& meta, const ChatOutput& out,
+                          const std::string& finish_reason, const Usage& usage) {
+  json j = header(meta, "chat.completion");
+  json msg = json::object();
+  msg["role"] = "assistant";
+  msg["content"] = out.content.empty() && !out.tool_calls.empty() ? json(nullptr)
+                                                                  : json(out.content);
+  if (out.with_reasoning) {
+    msg["reasoning_content"] = out.reasoning.empty() ? json(nullptr) : json(out.reasoning);
+  }
+  if (!out.tool_calls.empty()) {
+    json calls = json::array();
+    for (const ToolCall& c : out.tool_calls) calls.push_back(tool_call_json(c));
+    msg["tool_calls"] = std::move(calls);
+  }
+  json choice = json::object();
+  choice["index"] = 0;
+  choice["message"] = std::move(msg);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_json(finish_reason);
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(usage);
+  return j;
+}
+
+json chat_delta_chunk(const ResponseMeta& meta, const OutputDelta& d, int first_call_index,
+                      const std::string& finish_reason) {
+  json j = header(meta, "chat.completion.chunk");
+  json delta = json::object();
+  if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+  if (!d.content.empty()) delta["content"] = d.content;
+  if (!d.tool_calls.empty()) {
+    json calls = json::array();
+    for (size_t i = 0; i < d.tool_calls.size(); ++i) {
+      json c = json::object();
+      c["index"] = first_call_index + static_cast<int>(i);
+      const ToolCall& t = d.tool_calls[i];
+      c["id"] = t.id;
+      c["type"] = "function";
+      c["function"] = json{{"name", t.name}, {"arguments", t.arguments}};
+      calls.push_back(std::move(c));
+    }
+    delta["tool_calls"] = std::move(calls);
+  }
+  json choice = json::object();
+  choice["index"] = 0;
+  choice["delta"] = std::move(delta);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_json(finish_reason);
+  j["choices"] = json::array({choice});
+  return j;
+}
+
 json stream_chunk(const ResponseMeta& meta, const std::string& text_delta, bool role_first,
                   const std::string& finish_reason) {
   json j = header(meta, "chat.completion.chunk");

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/openai_request.h"
+#include "server/output_parser.h"
 
 namespace oscar::server {
 
@@ -47,6 +48,24 @@ nlohmann::ordered_json stream_chunk(const ResponseMeta& meta, const std::string&
                                     bool role_first, const std::string& finish_reason);
 // The final chunk of stream_options.include_usage: choices is empty and usage is set.
 nlohmann::ordered_json usage_chunk(const ResponseMeta& meta, const Usage& usage);
+
+// A chat answer as OutputParser split it.
+struct ChatOutput {
+  std::string content;
+  bool with_reasoning = false;  // the reasoning parser is on: reasoning_content is reported
+  std::string reasoning;
+  std::vector<ToolCall> tool_calls;
+};
+
+// Non-streaming chat body whose message carries content (null when empty and there are tool
+// calls), reasoning_content (with_reasoning; null when empty) and tool_calls (when any).
+nlohmann::ordered_json chat_completion_body(const ResponseMeta& meta, const ChatOutput& out,
+                                            const std::string& finish_reason, const Usage& usage);
+
+// One streaming chat chunk for a parsed delta: delta.content / delta.reasoning_content /
+// delta.tool_calls (each call whole, with "index" = first_call_index + its position).
+nlohmann::ordered_json chat_delta_chunk(const ResponseMeta& meta, const OutputDelta& delta,
+                                        int first_call_index, const std::string& finish_reason);
 
 // GET /v1/models/{id}: one model object.
 nlohmann::ordered_json model_json(const std::string& model, int64_t created, int max_model_len);

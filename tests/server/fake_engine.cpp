@@ -193,6 +193,10 @@ Result<std::vector<int32_t>> FakeEngine::tokenize_chat(const nlohmann::ordered_j
   }
   OSCAR_ASSIGN_OR_RETURN(std::string text,
                          apply_chat_template(messages, tools, add_generation_prompt, kwargs));
+  if (opt_.chat_prompt_is_last_content && !messages.empty() &&
+      messages.back().value("content", nlohmann::ordered_json()).is_string()) {
+    text = messages.back()["content"].get<std::string>();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     last_chat_ = messages;

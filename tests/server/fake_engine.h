@@ -38,6 +38,9 @@ class FakeEngine : public engine::Engine {
     int64_t pages_total = 4096;
     bool ready = true;
     bool has_chat_template = true;  // false: tokenize_chat fails as a model without one does
+    // true: a chat prompt is only the last message's content, so the echo is exactly that text
+    // (tests of tool-call and reasoning parsing script the "model output" this way).
+    bool chat_prompt_is_last_content = false;
   };
 
   explicit FakeEngine(Options options);

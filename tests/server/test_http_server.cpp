@@ -814,6 +814,99 @@ TEST_F(HttpServerTest, ShutdownEndsOpenStreamsWithAnErrorAndDone) {
   EXPECT_EQ(engine_->pages_used(), 0);
 }
 
+// The fake echoes the last message's content, which plays the model's output here.
+std::string chat_body(const std::string& output, bool stream, const std::string& extra = "") {
+  json body = {{"model", "fake-model"},
+               {"stream", stream},
+               {"messages", json::array({{{"role", "user"}, {"content", output}}})},
+               {"tools", json::array({{{"type", "function"},
+                                       {"function", {{"name", "get_weather"}}}}})}};
+  std::string s = body.dump();
+  if (!extra.empty()) s = s.substr(0, s.size() - 1) + "," + extra + "}";
+  return s;
+}
+
+const char* kCallOutput =
+    "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+    "</tool_call>";
+
+TEST_F(HttpServerTest, ToolCallsAreParsed) {
+  start(FakeEngine::Options{.max_context_tokens = 4096, .chat_prompt_is_last_content = true});
+  Reply r = post("/v1/chat/completions", chat_body(kCallOutput, false));
+  ASSERT_EQ(r.status, 200) << r.body;
+  json choice = json::parse(r.body)["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["content"], "Checking.\n");
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+  json call = choice["message"]["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>()),
+            json({{"city", "Paris"}}));
+  // tool_choice "none": the text is left alone.
+  Reply none = post("/v1/chat/completions", chat_body(kCallOutput, false, R"("tool_choice":"none")"));
+  json m = json::parse(none.body)["choices"][0];
+  EXPECT_EQ(m["finish_reason"], "stop");
+  EXPECT_EQ(m["message"]["content"], kCallOutput);
+  EXPECT_FALSE(m["message"].contains("tool_calls"));
+}
+
+TEST_F(HttpServerTest, ToolCallsAreStreamedAsDeltas) {
+  start(FakeEngine::Options{.max_context_tokens = 4096, .chat_prompt_is_last_content = true});
+  Reply r = post("/v1/chat/completions", chat_body(kCallOutput, true));
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::string content;
+  std::vector<json> calls;
+  std::string finish;
+  for (const std::string& ev : sse_payloads(r.body)) {
+    if (ev == "[DONE]") continue;
+    json c = json::parse(ev)["choices"][0];
+    if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+    if (c["delta"].contains("tool_calls"))
+      for (const json& t : c["delta"]["tool_calls"]) calls.push_back(t);
+    if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+  }
+  EXPECT_EQ(content, "Checking.\n");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(calls[0]["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(finish, "tool_calls");
+}
+
+TEST_F(HttpServerTest, ReasoningParser) {
+  ServerOptions sopt;
+  sopt.reasoning_parser = "qwen3";
+  start(FakeEngine::Options{.max_context_tokens = 4096, .chat_prompt_is_last_content = true},
+        sopt);
+  const std::string out = "<think>\nhmm\n</think>\n\nAnswer.";
+  json body = {{"model", "fake-model"},
+               {"messages", json::array({{{"role", "user"}, {"content", out}}})}};
+  Reply r = post("/v1/chat/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  json msg = json::parse(r.body)["choices"][0]["message"];
+  EXPECT_EQ(msg["reasoning_content"], "\nhmm\n");
+  EXPECT_EQ(msg["content"], "Answer.");
+  body["stream"] = true;
+  Reply s = post("/v1/chat/completions", body.dump());
+  std::string reasoning, content;
+  for (const std::string& ev : sse_payloads(s.body)) {
+    if (ev == "[DONE]") continue;
+    json d = json::parse(ev)["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, "\nhmm\n");
+  EXPECT_EQ(content, "Answer.");
+  // An unknown parser is a start-up error.
+  FakeEngine e;
+  ServerOptions bad;
+  bad.port = 0;
+  bad.reasoning_parser = "deepseek";
+  EXPECT_FALSE(HttpServer(&e, bad).start().ok());
+}
+
 TEST(HttpServerStart, HostNamesResolve) {
   FakeEngine engine;
   ServerOptions opt;
