@@ -178,7 +178,10 @@ const char* route_methods(std::string_view target, std::string_view model_prefix
       (target.size() > model_prefix.size() && target.substr(0, model_prefix.size()) == model_prefix)) {
     return "GET, HEAD, OPTIONS";
   }
-  if (target == "/v1/chat/completions" || target == "/v1/completions") return "POST, OPTIONS";
+  if (target == "/v1/chat/completions" || target == "/v1/completions" ||
+      target == "/v1/responses") {
+    return "POST, OPTIONS";
+  }
   return nullptr;
 }
 
@@ -232,10 +235,7 @@ class Session : public std::enable_shared_from_this<Session> {
                                      503);
         e.type = "server_error";
         e.code = "server_shutting_down";
-        if (streaming_) {
-          queue_event("data: " + e.to_json() + "\n\n");
-          return end_stream();
-        }
+        if (streaming_) return stream_error(e);
         stop_watching();
         return send_error(e, /*keep_alive=*/false);
       }
@@ -393,7 +393,8 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (!post) return send_method_not_allowed();
     start_generation(target == "/v1/chat/completions" ? Endpoint::kChatCompletions
-                                                       : Endpoint::kCompletions,
+                     : target == "/v1/responses"     ? Endpoint::kResponses
+                                                     : Endpoint::kCompletions,
                      req.body());
   }
 
@@ -412,7 +413,7 @@ class Session : public std::enable_shared_from_this<Session> {
     OpenAIRequest& req = std::get<OpenAIRequest>(parsed);
 
     std::vector<int32_t> prompt_ids;
-    if (endpoint == Endpoint::kChatCompletions) {
+    if (endpoint == Endpoint::kChatCompletions || endpoint == Endpoint::kResponses) {
       Result<std::vector<int32_t>> ids = st_->engine->tokenize_chat(
           req.messages, req.tools, /*add_generation_prompt=*/true, req.chat_template_kwargs);
       if (!ids.ok()) return send_error(error_from_status(ids.status(), "chat template"), keep_alive_);
@@ -429,6 +430,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (auto* e = std::get_if<ApiError>(&fit)) return send_error(*e, keep_alive_);
 
     meta_ = ResponseMeta{endpoint, make_response_id(endpoint), unix_now(), st_->model_name};
+    item_id_ = "msg_" + make_response_id(Endpoint::kCompletions).substr(5);
+    seq_ = 0;
     request_id_ = meta_.id;
     streaming_ = req.stream;
     include_usage_ = req.include_usage;
@@ -485,6 +488,22 @@ class Session : public std::enable_shared_from_this<Session> {
       if (endpoint == Endpoint::kChatCompletions) {
         queue_event(sse_event(stream_chunk(meta_, "", /*role_first=*/true, "")));
       }
+      if (endpoint == Endpoint::kResponses) {
+        using json = nlohmann::ordered_json;
+        const json r = response_object(meta_, "in_progress", item_id_, "", usage_);
+        queue_event(response_event("response.created", json{{"response", r}}, &seq_));
+        queue_event(response_event("response.in_progress", json{{"response", r}}, &seq_));
+        queue_event(response_event(
+            "response.output_item.added",
+            json{{"output_index", 0}, {"item", response_message_item(item_id_, "in_progress", nullptr)}},
+            &seq_));
+        queue_event(response_event("response.content_part.added",
+                                   json{{"item_id", item_id_},
+                                        {"output_index", 0},
+                                        {"content_index", 0},
+                                        {"part", output_text_part("")}},
+                                   &seq_));
+      }
       flush();
     }
   }
@@ -496,7 +515,18 @@ class Session : public std::enable_shared_from_this<Session> {
     usage_.cached_tokens = ev.cached_tokens;
     switch (ev.kind) {
       case engine::GenerationEvent::kToken:
-        if (out_parser_) {
+        if (meta_.endpoint == Endpoint::kResponses) {
+          text_ += ev.text_delta;
+          if (streaming_ && !ev.text_delta.empty() && !client_gone_) {
+            queue_event(response_event("response.output_text.delta",
+                                       {{"item_id", item_id_},
+                                        {"output_index", 0},
+                                        {"content_index", 0},
+                                        {"delta", ev.text_delta}},
+                                       &seq_));
+            flush();
+          }
+        } else if (out_parser_) {
           relay(out_parser_->push(ev.text_delta), "");
         } else if (streaming_) {
           if (!ev.text_delta.empty() && !client_gone_) {
@@ -512,6 +542,7 @@ class Session : public std::enable_shared_from_this<Session> {
         self_hold_.reset();
         if (client_gone_) return;
         std::string reason = ev.finish_reason;
+        if (meta_.endpoint == Endpoint::kResponses) return finish_response(reason);
         if (out_parser_) {
           OutputDelta last = out_parser_->finish();
           if (out_parser_->tool_calls_seen() > 0 && reason == "stop") reason = "tool_calls";
@@ -542,8 +573,7 @@ class Session : public std::enable_shared_from_this<Session> {
         if (client_gone_) return;
         ApiError e = error_from_status(ev.error, "generation failed");
         if (streaming_) {
-          queue_event("data: " + e.to_json() + "\n\n");
-          end_stream();
+          stream_error(e);
         } else {
           stop_watching();
           send_error(e, keep_alive_);
@@ -622,8 +652,55 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
+  // /v1/responses: the closing events, or the whole Response object.
+  void finish_response(const std::string& reason) {
+    using json = nlohmann::ordered_json;
+    const std::string status = response_status(reason);
+    json r = response_object(meta_, status, item_id_, text_, usage_);
+    if (!streaming_) {
+      stop_watching();
+      return send(200, dump_json(r), "application/json");
+    }
+    queue_event(response_event("response.output_text.done",
+                               json{{"item_id", item_id_},
+                                    {"output_index", 0},
+                                    {"content_index", 0},
+                                    {"text", text_}},
+                               &seq_));
+    queue_event(response_event("response.content_part.done",
+                               json{{"item_id", item_id_},
+                                    {"output_index", 0},
+                                    {"content_index", 0},
+                                    {"part", output_text_part(text_)}},
+                               &seq_));
+    queue_event(response_event(
+        "response.output_item.done",
+        json{{"output_index", 0}, {"item", response_message_item(item_id_, "completed", &text_)}},
+        &seq_));
+    queue_event(response_event(status == "completed" ? "response.completed" : "response.incomplete",
+                               json{{"response", r}}, &seq_));
+    end_stream();
+  }
+
+  // An error in an open stream: an error event (chat/completions: a data line with the OpenAI
+  // error body; responses: an "error" event), then the end of the stream.
+  void stream_error(const ApiError& e) {
+    if (meta_.endpoint == Endpoint::kResponses) {
+      queue_event(response_event("error",
+                                 {{"code", e.code.empty() ? nlohmann::ordered_json(nullptr)
+                                                          : nlohmann::ordered_json(e.code)},
+                                  {"message", e.message},
+                                  {"param", nullptr}},
+                                 &seq_));
+    } else {
+      queue_event("data: " + e.to_json() + "\n\n");
+    }
+    end_stream();
+  }
+
+  // [DONE] (not for /v1/responses, whose stream ends with its last event), then the last chunk.
   void end_stream() {
-    queue_event(std::string(kSseDone));
+    if (meta_.endpoint != Endpoint::kResponses) queue_event(std::string(kSseDone));
     if (chunked_) pending_ += "0\r\n\r\n";
     end_after_flush_ = true;
     flush();
@@ -812,6 +889,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<OutputParser> out_parser_;  // chat: tool calls and reasoning out of the text
   ChatOutput chat_out_;                     // non-streaming chat: the answer so far
   int calls_sent_ = 0;                      // streaming chat: tool calls sent (their index)
+  std::string item_id_;                     // responses: the output message item's id
+  int seq_ = 0;                             // responses: the next event's sequence_number
   Usage usage_;
   uint64_t watch_gen_ = 0;
 

@@ -3,7 +3,8 @@
 // chat template and tokenizer, submits GenerationRequests to an engine::Engine and relays their
 // events, as one JSON body or as Server-Sent Events flushed event by event.
 //
-// Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET
+// Endpoints: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (text or message
+// input, text output; streamed as response.* events without [DONE]), GET /v1/models, GET
 // /v1/models/{id}, GET /health (503 until the engine is ready), GET /metrics (Prometheus text).
 // With an API key, /v1/* needs "Authorization: Bearer <key>" (401 otherwise); /health, /metrics
 // and CORS preflights stay open. Chat prompts go through Engine::tokenize_chat (special-token

@@ -1,6 +1,7 @@
 #include "server/openai_request.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <utility>
 
@@ -204,7 +205,7 @@ std::optional<ApiError> content_text(const json& content, const std::string& nam
     if (!type) return invalid_request("'" + pname + ".type' is required", pname + ".type");
     if (!type->is_string()) return wrong_type(pname + ".type", "a string", *type);
     const std::string t = type->get<std::string>();
-    if (t == "text" || t == "input_text" || t == "refusal") {
+    if (t == "text" || t == "input_text" || t == "output_text" || t == "refusal") {
       const char* key = t == "refusal" ? "refusal" : "text";
       const json* v = field(part, key);
       if (!v) {
@@ -355,6 +356,42 @@ std::optional<ApiError> parse_messages(const json& body, OpenAIRequest* req) {
   return std::nullopt;
 }
 
+// /v1/responses input -> the messages of a chat body ({"messages": [...]}, for parse_messages).
+std::optional<ApiError> responses_input(const json& body, json* chat) {
+  json messages = json::array();
+  if (const json* ins = field(body, "instructions")) {
+    if (!ins->is_string()) return wrong_type("instructions", "a string", *ins);
+    messages.push_back(json{{"role", "system"}, {"content", *ins}});
+  }
+  const json* input = field(body, "input");
+  if (!input) return invalid_request("'input' is required", "input");
+  if (input->is_string()) {
+    messages.push_back(json{{"role", "user"}, {"content", *input}});
+  } else if (input->is_array()) {
+    if (input->empty()) return invalid_request("'input' must not be empty", "input");
+    for (size_t i = 0; i < input->size(); ++i) {
+      const json& item = (*input)[i];
+      const std::string name = str_format("input[%zu]", i);
+      if (!item.is_object()) return wrong_type(name, "an object", item);
+      const json* type = field(item, "type");
+      if (type && *type != "message") {
+        return invalid_request(
+            str_format("%s is an item of type %s; this server takes message items only",
+                       name.c_str(), type->dump().c_str()),
+            name + ".type");
+      }
+      json m = json::object();
+      if (const json* role = field(item, "role")) m["role"] = *role;
+      if (const json* content = field(item, "content")) m["content"] = *content;
+      messages.push_back(std::move(m));
+    }
+  } else {
+    return wrong_type("input", "a string or an array of message items", *input);
+  }
+  (*chat)["messages"] = std::move(messages);
+  return std::nullopt;
+}
+
 // Parameters OpenAI clients send that this server does not implement: refused with a 400 naming
 // them when set to anything but their no-op value, never silently ignored.
 std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) {
@@ -406,6 +443,19 @@ std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) 
     }
     if (k == "modalities" && !(v.is_array() && v.size() == 1 && v[0] == "text")) {
       return refuse(k, v, "text output only");
+    }
+    if (endpoint == Endpoint::kResponses) {
+      if (k == "tools" && !(v.is_array() && v.empty())) {
+        return refuse(k, v, "use /v1/chat/completions for tools");
+      }
+      if (k == "previous_response_id" || k == "conversation") {
+        return refuse(k, v, "responses are not stored; send the whole conversation as input");
+      }
+      if (k == "background" && v != false) return refuse(k, v, "");
+      if (k == "text" && v.is_object() && v.contains("format") &&
+          !(v["format"].is_object() && v["format"].value("type", "") == "text")) {
+        return refuse(k, v, "only text output");
+      }
     }
     if (k == "audio" || k == "prediction" || k == "guided_json" || k == "guided_regex" ||
         k == "guided_choice" || k == "guided_grammar" || k == "structured_outputs") {
@@ -464,6 +514,28 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
   if (auto e = refuse_unsupported(body, req->endpoint)) return e;
   if (req->endpoint == Endpoint::kChatCompletions) {
     if (auto e = parse_messages(body, req)) return e;
+  } else if (req->endpoint == Endpoint::kResponses) {
+    json chat = json::object();
+    if (auto e = responses_input(body, &chat)) return e;
+    if (auto e = parse_messages(chat, req)) {
+      // Name the field as the client sent it: input[i] (after instructions, if any).
+      const bool ins = field(body, "instructions") != nullptr;
+      for (std::string* s : {&e->param, &e->message}) {
+        size_t p = s->find("messages[");
+        while (p != std::string::npos) {
+          const size_t close = s->find(']', p);
+          const int idx = std::atoi(s->c_str() + p + 9) - (ins ? 1 : 0);
+          s->replace(p, close + 1 - p, str_format("input[%d]", idx < 0 ? 0 : idx));
+          p = s->find("messages[", p);
+        }
+      }
+      return e;
+    }
+    std::optional<int64_t> mot;
+    if (auto e = get_int(body, "max_output_tokens", 1, std::numeric_limits<int32_t>::max(), &mot)) {
+      return e;
+    }
+    if (mot) req->max_tokens = static_cast<int>(*mot);
   } else {
     if (auto e = parse_prompt(body, limits, req)) return e;
   }

@@ -15,6 +15,11 @@
 // tool_choice other than "auto"/"none", audio output, guided decoding) get a 400 naming them
 // unless set to their no-op value.
 //
+// /v1/responses: input (a string, or message items {role, content} whose content is a string or
+// input_text/output_text parts), instructions (a system message first), max_output_tokens,
+// temperature, top_p, stream; tools, previous_response_id, background, conversation and
+// non-text output formats get a 400.
+//
 // Chat messages are normalized for the chat template (the validator accepts exactly what the
 // template is given): roles system, developer (sent as system), user, assistant, tool, anything
 // else a 400 naming it; content a string or an array of content parts, whose text parts are
@@ -63,7 +68,9 @@ struct ApiError {
 
 ApiError invalid_request(std::string message, std::string param = "", int http_status = 400);
 
-enum class Endpoint { kChatCompletions, kCompletions };
+// kResponses: POST /v1/responses (text or message input, text output), parsed into the same
+// chat messages as kChatCompletions.
+enum class Endpoint { kChatCompletions, kCompletions, kResponses };
 
 // What the parser needs to know about the served model (from engine::EngineInfo).
 struct ModelLimits {

@@ -25,7 +25,7 @@ struct Usage {
 // Fixed per response: every chunk of a stream repeats them.
 struct ResponseMeta {
   Endpoint endpoint = Endpoint::kChatCompletions;
-  std::string id;        // "chatcmpl-..." or "cmpl-..."
+  std::string id;        // "chatcmpl-...", "cmpl-..." or "resp_..."
   int64_t created = 0;   // Unix seconds
   std::string model;
 };
@@ -66,6 +66,22 @@ nlohmann::ordered_json chat_completion_body(const ResponseMeta& meta, const Chat
 // delta.tool_calls (each call whole, with "index" = first_call_index + its position).
 nlohmann::ordered_json chat_delta_chunk(const ResponseMeta& meta, const OutputDelta& delta,
                                         int first_call_index, const std::string& finish_reason);
+
+// ---- /v1/responses ----
+// The Response object: status "in_progress" (no output yet), "completed" or "incomplete" (cut by
+// max_output_tokens: incomplete_details.reason "max_output_tokens"); output is one assistant
+// message item `item_id` with one output_text part when the status is not in_progress.
+nlohmann::ordered_json response_object(const ResponseMeta& meta, const std::string& status,
+                                       const std::string& item_id, const std::string& text,
+                                       const Usage& usage);
+// The status of a finished response for an engine finish_reason.
+std::string response_status(const std::string& finish_reason);
+// A Responses streaming event: "event: <type>\ndata: <json with type and sequence_number>\n\n".
+std::string response_event(const std::string& type, nlohmann::ordered_json payload, int* sequence);
+// The output message item ("in_progress" with no content, or "completed" with its text).
+nlohmann::ordered_json response_message_item(const std::string& item_id, const std::string& status,
+                                             const std::string* text);
+nlohmann::ordered_json output_text_part(const std::string& text);
 
 // GET /v1/models/{id}: one model object.
 nlohmann::ordered_json model_json(const std::string& model, int64_t created, int max_model_len);

@@ -907,6 +907,102 @@ TEST_F(HttpServerTest, ReasoningParser) {
   EXPECT_FALSE(HttpServer(&e, bad).start().ok());
 }
 
+// "event: X\ndata: Y\n\n" events of a Responses stream: (type, payload).
+std::vector<std::pair<std::string, json>> response_events(const std::string& body) {
+  std::vector<std::pair<std::string, json>> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    EXPECT_NE(end, std::string::npos);
+    if (end == std::string::npos) break;
+    std::string ev = body.substr(pos, end - pos);
+    EXPECT_EQ(ev.rfind("event: ", 0), 0u) << ev;
+    size_t nl = ev.find('\n');
+    std::string type = ev.substr(7, nl - 7);
+    EXPECT_EQ(ev.compare(nl + 1, 6, "data: "), 0) << ev;
+    json data = json::parse(ev.substr(nl + 7));
+    EXPECT_EQ(data["type"], type);
+    out.emplace_back(type, data);
+    pos = end + 2;
+  }
+  return out;
+}
+
+TEST_F(HttpServerTest, ResponsesEndpoint) {
+  start();
+  Reply r = post("/v1/responses",
+                 R"({"model":"fake-model","instructions":"be brief","input":"abc","max_output_tokens":50})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "response");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("resp_", 0), 0u);
+  EXPECT_EQ(j["status"], "completed");
+  ASSERT_EQ(j["output"].size(), 1u);
+  EXPECT_EQ(j["output"][0]["type"], "message");
+  EXPECT_EQ(j["output"][0]["role"], "assistant");
+  EXPECT_EQ(j["output"][0]["content"][0]["type"], "output_text");
+  const std::string text = j["output"][0]["content"][0]["text"];
+  EXPECT_FALSE(text.empty());
+  EXPECT_EQ(j["usage"]["total_tokens"],
+            j["usage"]["input_tokens"].get<int>() + j["usage"]["output_tokens"].get<int>());
+  json chat = engine_->last_chat();
+  ASSERT_EQ(chat.size(), 2u);
+  EXPECT_EQ(chat[0]["role"], "system");
+  EXPECT_EQ(chat[1]["content"], "abc");
+  // Cut by max_output_tokens: incomplete.
+  Reply cut = post("/v1/responses", R"({"model":"fake-model","input":"abcdef","max_output_tokens":2})");
+  json c = json::parse(cut.body);
+  EXPECT_EQ(c["status"], "incomplete");
+  EXPECT_EQ(c["incomplete_details"]["reason"], "max_output_tokens");
+  // Message items with content parts.
+  Reply items = post("/v1/responses", R"({"model":"fake-model","max_output_tokens":3,"input":[
+      {"role":"user","content":[{"type":"input_text","text":"q"}]},
+      {"type":"message","role":"assistant","content":[{"type":"output_text","text":"a"}]},
+      {"role":"user","content":"again"}]})");
+  EXPECT_EQ(items.status, 200) << items.body;
+  EXPECT_EQ(engine_->last_chat()[1]["content"], "a");
+  // Streamed: the event sequence the official client expects; the deltas add up to the text.
+  Reply s = post("/v1/responses", R"({"model":"fake-model","input":"abc","stream":true})");
+  ASSERT_EQ(s.status, 200);
+  EXPECT_EQ(s.body.find("[DONE]"), std::string::npos);
+  auto ev = response_events(s.body);
+  ASSERT_GE(ev.size(), 8u);
+  std::vector<std::string> head, tail;
+  std::string deltas;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    EXPECT_EQ(ev[i].second["sequence_number"], static_cast<int>(i));
+    if (ev[i].first == "response.output_text.delta") {
+      deltas += ev[i].second["delta"].get<std::string>();
+    } else if (deltas.empty()) {
+      head.push_back(ev[i].first);
+    } else {
+      tail.push_back(ev[i].first);
+    }
+  }
+  EXPECT_EQ(head, (std::vector<std::string>{"response.created", "response.in_progress",
+                                            "response.output_item.added",
+                                            "response.content_part.added"}));
+  EXPECT_EQ(tail, (std::vector<std::string>{"response.output_text.done",
+                                            "response.content_part.done",
+                                            "response.output_item.done", "response.completed"}));
+  EXPECT_EQ(ev.back().second["response"]["output"][0]["content"][0]["text"], deltas);
+  EXPECT_EQ(ev[ev.size() - 4].second["text"], deltas);
+  // Bad input names the field as sent.
+  Reply bad = post("/v1/responses", R"({"model":"fake-model","input":[{"role":"robot","content":"x"}]})");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(json::parse(bad.body)["error"]["param"], "input[0].role");
+  Reply fc = post("/v1/responses",
+                  R"({"model":"fake-model","input":[{"type":"function_call_output","output":"x"}]})");
+  EXPECT_EQ(fc.status, 400);
+  EXPECT_EQ(json::parse(fc.body)["error"]["param"], "input[0].type");
+  Reply prev = post("/v1/responses",
+                    R"({"model":"fake-model","input":"x","previous_response_id":"resp_1"})");
+  EXPECT_EQ(prev.status, 400);
+  EXPECT_EQ(json::parse(prev.body)["error"]["param"], "previous_response_id");
+  EXPECT_EQ(post("/v1/responses", R"({"model":"fake-model"})").status, 400);
+  EXPECT_EQ(get("/v1/responses").status, 405);
+}
+
 TEST(HttpServerStart, HostNamesResolve) {
   FakeEngine engine;
   ServerOptions opt;

@@ -280,6 +280,35 @@ TEST(OpenAIRequest, NormalizesChatInput) {
   EXPECT_TRUE(q.tools.is_null());  // no tools: the template renders none
 }
 
+TEST(OpenAIRequest, ResponsesInput) {
+  auto r = parse_openai_request(Endpoint::kResponses,
+                                R"({"model":"m","instructions":"i","input":"hello",
+                                    "max_output_tokens":9,"temperature":0.5})",
+                                kLimits);
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(r)) << std::get<ApiError>(r).message;
+  const OpenAIRequest& q = std::get<OpenAIRequest>(r);
+  ASSERT_EQ(q.messages.size(), 2u);
+  EXPECT_EQ(q.messages[0]["role"], "system");
+  EXPECT_EQ(q.messages[0]["content"], "i");
+  EXPECT_EQ(q.messages[1]["role"], "user");
+  EXPECT_EQ(q.messages[1]["content"], "hello");
+  EXPECT_EQ(q.max_tokens, 9);
+  auto bad = parse_openai_request(Endpoint::kResponses,
+                                  R"({"model":"m","instructions":"i","input":[{"role":"user",
+                                      "content":[{"type":"input_image","image_url":"x"}]}]})",
+                                  kLimits);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(bad));
+  EXPECT_EQ(std::get<ApiError>(bad).param, "input[0].content[0].type");
+  EXPECT_NE(std::get<ApiError>(bad).message.find("input[0].content[0] is a content part"),
+            std::string::npos)
+      << std::get<ApiError>(bad).message;
+  auto tools = parse_openai_request(
+      Endpoint::kResponses, R"({"model":"m","input":"x","tools":[{"type":"web_search"}]})",
+      kLimits);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(tools));
+  EXPECT_EQ(std::get<ApiError>(tools).param, "tools");
+}
+
 TEST(OpenAIRequest, DefaultsAndNulls) {
   ParseResult r = chat(R"({"model":"m","temperature":null,"stop":null,"n":null,)" + kMsgs + "}");
   ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(r)) << std::get<ApiError>(r).message;
