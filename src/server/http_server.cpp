@@ -175,7 +175,8 @@ std::string cors_allow_origin(const ServerOptions& o, std::string_view origin) {
 // The methods a route answers, for Allow and 405; nullptr for no route.
 const char* route_methods(std::string_view target, std::string_view model_prefix) {
   if (target == "/health" || target == "/metrics" || target == "/v1/models" ||
-      (target.size() > model_prefix.size() && target.substr(0, model_prefix.size()) == model_prefix)) {
+      (target.size() > model_prefix.size() &&
+       target.substr(0, model_prefix.size()) == model_prefix)) {
     return "GET, HEAD, OPTIONS";
   }
   if (target == "/v1/chat/completions" || target == "/v1/completions" ||
@@ -416,7 +417,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (endpoint == Endpoint::kChatCompletions || endpoint == Endpoint::kResponses) {
       Result<std::vector<int32_t>> ids = st_->engine->tokenize_chat(
           req.messages, req.tools, /*add_generation_prompt=*/true, req.chat_template_kwargs);
-      if (!ids.ok()) return send_error(error_from_status(ids.status(), "chat template"), keep_alive_);
+      if (!ids.ok()) {
+        return send_error(error_from_status(ids.status(), "chat template"), keep_alive_);
+      }
       prompt_ids = std::move(ids).value();
     } else if (req.prompt_is_ids) {
       prompt_ids = std::move(req.prompt_ids);
@@ -495,7 +498,8 @@ class Session : public std::enable_shared_from_this<Session> {
         queue_event(response_event("response.in_progress", json{{"response", r}}, &seq_));
         queue_event(response_event(
             "response.output_item.added",
-            json{{"output_index", 0}, {"item", response_message_item(item_id_, "in_progress", nullptr)}},
+            json{{"output_index", 0},
+                 {"item", response_message_item(item_id_, "in_progress", nullptr)}},
             &seq_));
         queue_event(response_event("response.content_part.added",
                                    json{{"item_id", item_id_},
@@ -1071,7 +1075,9 @@ Status HttpServer::start() {
   }
   st.started = true;
   std::string origins;
-  for (const std::string& o : st.options.allowed_origins) origins += (origins.empty() ? "" : ",") + o;
+  for (const std::string& o : st.options.allowed_origins) {
+    origins += (origins.empty() ? "" : ",") + o;
+  }
   OSCAR_LOG_INFO("server: listening host=%s port=%u model=%s threads=%d auth=%s "
                  "max_connections=%d cors=%s",
                  st.options.host.c_str(), st.bound_port, st.model_name.c_str(),

@@ -341,7 +341,9 @@ std::optional<ApiError> parse_messages(const json& body, OpenAIRequest* req) {
       if (!fn) return invalid_request("'" + tp + ".function' is required", tp + ".function");
       if (!fn->is_object()) return wrong_type(tp + ".function", "an object", *fn);
       const json* fname = field(*fn, "name");
-      if (!fname) return invalid_request("'" + tp + ".function.name' is required", tp + ".function.name");
+      if (!fname) {
+        return invalid_request("'" + tp + ".function.name' is required", tp + ".function.name");
+      }
       if (!fname->is_string()) return wrong_type(tp + ".function.name", "a string", *fname);
     }
     if (!t->empty()) req->tools = *t;
@@ -396,9 +398,9 @@ std::optional<ApiError> responses_input(const json& body, json* chat) {
 // them when set to anything but their no-op value, never silently ignored.
 std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) {
   auto refuse = [](const std::string& key, const json& v, const char* why) {
+    const std::string value = v.dump(-1, ' ', false, json::error_handler_t::replace);
     return invalid_request(str_format("'%s' = %s is not supported by this server%s%s", key.c_str(),
-                                      v.dump(-1, ' ', false, json::error_handler_t::replace).c_str(),
-                                      *why ? ": " : "", why),
+                                      value.c_str(), *why ? ": " : "", why),
                            key);
   };
   auto number_is = [](const json& v, double x) { return v.is_number() && v.get<double>() == x; };

@@ -165,7 +165,8 @@ json usage_chunk(const ResponseMeta& meta, const Usage& usage) {
 }
 
 json models_body(const std::string& model, int64_t created, int max_model_len) {
-  return json{{"object", "list"}, {"data", json::array({model_json(model, created, max_model_len)})}};
+  return json{{"object", "list"},
+              {"data", json::array({model_json(model, created, max_model_len)})}};
 }
 
 json output_text_part(const std::string& text) {

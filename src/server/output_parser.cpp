@@ -79,8 +79,7 @@ OutputDelta OutputParser::finish() {
   return out;
 }
 
-void OutputParser::emit_content(OutputDelta& out, std::string text, bool final) {
-  (void)final;
+void OutputParser::emit_content(OutputDelta& out, std::string text) {
   if (text.empty()) return;
   if (n_calls_ == 0) {
     out.content += text;
@@ -102,7 +101,8 @@ void OutputParser::run(OutputDelta& out, bool final) {
           mode_ = Mode::kReasoning;
           continue;
         }
-        if (!final && buf_.size() < kThinkOpen.size() && kThinkOpen.substr(0, buf_.size()) == buf_) {
+        if (!final && buf_.size() < kThinkOpen.size() &&
+            kThinkOpen.substr(0, buf_.size()) == buf_) {
           return;  // may still become <think>
         }
         mode_ = Mode::kContent;
@@ -130,20 +130,20 @@ void OutputParser::run(OutputDelta& out, bool final) {
           after_think_ = false;
         }
         if (!tools_) {
-          emit_content(out, std::move(buf_), final);
+          emit_content(out, std::move(buf_));
           buf_.clear();
           return;
         }
         const size_t pos = buf_.find(kCallOpen);
         if (pos != std::string::npos) {
-          emit_content(out, buf_.substr(0, pos), final);
+          emit_content(out, buf_.substr(0, pos));
           buf_.erase(0, pos + kCallOpen.size());
           call_.clear();
           mode_ = Mode::kCall;
           continue;
         }
         const size_t hold = final ? 0 : partial_tag_suffix(buf_, kCallOpen);
-        emit_content(out, buf_.substr(0, buf_.size() - hold), final);
+        emit_content(out, buf_.substr(0, buf_.size() - hold));
         buf_.erase(0, buf_.size() - hold);
         return;
       }
@@ -160,8 +160,7 @@ void OutputParser::run(OutputDelta& out, bool final) {
         } else {
           emit_content(out,
                        std::string(kCallOpen) + body +
-                           (pos == std::string::npos ? "" : std::string(kCallClose)),
-                       final);
+                           (pos == std::string::npos ? "" : std::string(kCallClose)));
         }
         if (pos != std::string::npos) buf_ = call_.substr(pos + kCallClose.size());
         call_.clear();

@@ -42,7 +42,7 @@ class OutputParser {
  private:
   enum class Mode { kStart, kReasoning, kContent, kCall };
   void run(OutputDelta& out, bool final);
-  void emit_content(OutputDelta& out, std::string text, bool final);
+  void emit_content(OutputDelta& out, std::string text);
 
   bool tools_;
   Mode mode_;

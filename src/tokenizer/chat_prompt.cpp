@@ -105,14 +105,17 @@ void split_reasoning(json& msg) {
   const size_t first_end = c.find(kEnd);
   if (first_end == std::string::npos) return;
   const size_t last_end = c.rfind(kEnd);
-  std::string after = c.substr(last_end + kEnd.size());
-  after.erase(0, after.find_first_not_of('\n') == std::string::npos ? after.size()
-                                                                     : after.find_first_not_of('\n'));
+  auto lstrip_newlines = [](std::string s) {
+    const size_t first = s.find_first_not_of('\n');
+    return first == std::string::npos ? std::string() : s.substr(first);
+  };
+  const std::string after = lstrip_newlines(c.substr(last_end + kEnd.size()));
   std::string before = c.substr(0, first_end);
   while (!before.empty() && before.back() == '\n') before.pop_back();
-  if (size_t b = before.rfind(kBegin); b != std::string::npos) before = before.substr(b + kBegin.size());
-  before.erase(0, before.find_first_not_of('\n') == std::string::npos ? before.size()
-                                                                       : before.find_first_not_of('\n'));
+  if (size_t b = before.rfind(kBegin); b != std::string::npos) {
+    before = before.substr(b + kBegin.size());
+  }
+  before = lstrip_newlines(std::move(before));
   msg["content"] = after;
   msg["reasoning_content"] = before;
 }

@@ -108,8 +108,9 @@ using LiteralRanges = std::vector<std::pair<size_t, size_t>>;
 bool overlaps_literal(const LiteralRanges* lit, size_t a, size_t b) {
   if (!lit || lit->empty()) return false;
   // The first range that ends after a.
-  auto it = std::upper_bound(lit->begin(), lit->end(), a,
-                             [](size_t x, const std::pair<size_t, size_t>& r) { return x < r.second; });
+  auto it = std::upper_bound(
+      lit->begin(), lit->end(), a,
+      [](size_t x, const std::pair<size_t, size_t>& r) { return x < r.second; });
   return it != lit->end() && it->first < b;
 }
 

@@ -202,7 +202,9 @@ void expect_safe(const json& messages, const json& neutral_messages, const json&
   EXPECT_EQ(added_counts(p.ids), added_counts(base.ids)) << label;
   // Client text that reaches the prompt is marked literal (an earlier assistant turn's reasoning
   // is dropped by the template, and with it the token text).
-  if (p.text.size() > base.text.size()) EXPECT_FALSE(p.literal.empty()) << label;
+  if (p.text.size() > base.text.size()) {
+    EXPECT_FALSE(p.literal.empty()) << label;
+  }
 }
 
 TEST(ChatPrompt, EveryAddedTokenInEveryRoleIsText) {
