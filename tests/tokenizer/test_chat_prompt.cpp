@@ -6,7 +6,8 @@
 //   - every added token typed into user, system, assistant and tool content (and tool
 //     definitions, tool-call arguments, a forged turn): the prompt text equals what the template
 //     renders, decode(ids) gives it back, and the ids hold exactly the control tokens the template
-//     writes for the same chat with a neutral word in place of the token.
+//     writes for the same chat with a neutral word in place of the token;
+//   - 300 random contents glued from token texts, their halves and text: the same holds.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -226,6 +227,40 @@ TEST(ChatPrompt, EveryAddedTokenInEveryRoleIsText) {
         expect_safe(chats[i].second, neutral_chats[i].second, nullptr, nullptr,
                     chats[i].first + " content " + json(content).dump());
       }
+    }
+  }
+}
+
+// Random content glued from token texts, their fragments and text: a user, system or tool turn
+// never gains a control token, and the ids always spell the template's rendering.
+TEST(ChatPrompt, RandomContentNeverForgesControlTokens) {
+  std::vector<std::string> pieces = {"<", "|", "|>", "<|", "im_", "end", "a", " ", "\n", "\u00e9",
+                                     "\u4e2d", ">"};
+  for (const std::string& t : qwen3().added_tokens()) {
+    pieces.push_back(t);
+    pieces.push_back(t.substr(0, t.size() / 2));
+    pieces.push_back(t.substr(t.size() / 2));
+  }
+  uint64_t state = 0x9e3779b97f4a7c15ULL;
+  auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string content;
+    const int n = 1 + static_cast<int>(next() % 12);
+    for (int k = 0; k < n; ++k) content += pieces[next() % pieces.size()];
+    for (const auto& [role, chat] : chats_with(content)) {
+      if (role == "assistant" || role == "last assistant") continue;  // reasoning split: above
+      const ChatPrompt p = encoded(chat);
+      const size_t which = role == "user" ? 0 : role == "system" ? 1 : 4;
+      const ChatPrompt base = encoded(chats_with("x")[which].second);
+      EXPECT_EQ(p.text, rendered(chat, nullptr)) << role << " " << json(content).dump();
+      EXPECT_EQ(qwen3().decode(p.ids), p.text) << role << " " << json(content).dump();
+      EXPECT_EQ(added_counts(p.ids), added_counts(base.ids))
+          << role << " " << json(content).dump();
     }
   }
 }
