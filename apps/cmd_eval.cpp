@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -69,11 +70,30 @@ std::string git_commit() {
   return c;
 }
 
+// The default output prefix: oscar-eval-<UTC time> in the current directory, with -2, -3, ...
+// appended while <prefix>.json or <prefix>.svg exists, so that a run never overwrites a report
+// (the committed docs/results/eval.json included) unless --out names it.
+std::string fresh_out_prefix() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm);
+  const std::string base = std::string("oscar-eval-") + stamp;
+  std::string prefix = base;
+  for (int i = 2; std::filesystem::exists(prefix + ".json") ||
+                  std::filesystem::exists(prefix + ".svg");
+       ++i) {
+    prefix = base + "-" + std::to_string(i);
+  }
+  return prefix;
+}
+
 }  // namespace
 
 Command add_eval(CLI::App& app) {
   auto cfg = std::make_shared<eval::EvalConfig>();
-  auto out = std::make_shared<std::string>("docs/results/eval");
+  auto out = std::make_shared<std::string>();  // "": fresh_out_prefix()
   auto no_progress = std::make_shared<bool>(false);
   auto merge = std::make_shared<std::vector<std::string>>();
   add_runtime_options(app, cfg->runtime);
@@ -119,8 +139,9 @@ Command add_eval(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--dev-text", cfg->dev_text, "Perplexity text (default DIR/data/dev_eval.txt)");
   app.add_option("--niah-file", cfg->niah_file, "NIAH prompts (default DIR/data/niah_dev.jsonl)");
-  app.add_option("-o,--out", *out, "Output prefix: writes <out>.json and <out>.svg")
-      ->capture_default_str();
+  app.add_option("-o,--out", *out,
+                 "Output prefix: writes <out>.json and <out>.svg (default: a fresh "
+                 "oscar-eval-<UTC time> in the current directory; never overwrites)");
   app.add_flag("--no-progress", *no_progress, "No progress bars");
   app.add_option("--merge", *merge,
                  "Run nothing: merge these eval JSON reports (shards by mode, ppl windows or NIAH "
@@ -129,6 +150,7 @@ Command add_eval(CLI::App& app) {
       ->expected(1, -1);
 
   return [=]() -> int {
+    if (out->empty()) *out = fresh_out_prefix();
     if (!merge->empty()) {
       std::vector<eval::EvalReport> parts;
       for (const std::string& arg : *merge) {

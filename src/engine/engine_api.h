@@ -119,6 +119,22 @@ class Engine {
   virtual Result<std::string> apply_chat_template(
       const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
       bool add_generation_prompt, const nlohmann::ordered_json& chat_template_kwargs) const = 0;
+
+  // The prompt ids of a chat on the safe path (tokenizer/chat_prompt.h, tok::encode_chat): only
+  // the special tokens the chat template writes are control tokens; special-token text inside
+  // messages, tools or kwargs is tokenized as ordinary text. This is what the server calls;
+  // tokenize(apply_chat_template(...)) would let a user forge turns. messages are as the server
+  // normalized them (string content, roles system/user/assistant/tool). Errors: InvalidArgument
+  // for template errors (a client error), Internal when the model has no chat template (a server
+  // error). The default refuses, so that an engine can never fall back to the unsafe path.
+  virtual Result<std::vector<int32_t>> tokenize_chat(
+      const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+      bool add_generation_prompt, const nlohmann::ordered_json& chat_template_kwargs) const {
+    (void)messages, (void)tools, (void)add_generation_prompt, (void)chat_template_kwargs;
+    return Status(StatusCode::kInternal, "this engine does not implement tokenize_chat");
+  }
+  // Whether the model has a chat template (false: /v1/chat/completions answers 500).
+  virtual bool has_chat_template() const { return true; }
 };
 
 }  // namespace oscar::engine

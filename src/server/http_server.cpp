@@ -8,8 +8,11 @@
 // can touch a Session once the io_context is gone.
 #include "server/http_server.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <condition_variable>
+#include <ctime>
 #include <csignal>
 #include <mutex>
 #include <optional>
@@ -25,6 +28,7 @@
 #include "core/log.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
+#include "server/output_parser.h"
 
 namespace oscar::server {
 
@@ -51,6 +55,9 @@ struct HttpServer::State {
   net::io_context ioc;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   std::optional<tcp::acceptor> acceptor;
+  // accept() failures (EMFILE...): wait this long before the next try; 0 after a success.
+  std::optional<net::steady_timer> accept_timer;
+  std::chrono::milliseconds accept_backoff{0};
   std::vector<std::thread> threads;
   uint16_t bound_port = 0;
   std::atomic<bool> shutting_down{false};
@@ -76,6 +83,16 @@ struct HttpServer::State {
   void count_disconnect() {
     std::lock_guard<std::mutex> lock(counters_mu);
     ++counters.client_disconnects;
+  }
+  // Returns the new total.
+  uint64_t count_accept_error() {
+    std::lock_guard<std::mutex> lock(counters_mu);
+    return ++counters.accept_errors;
+  }
+  uint64_t count_rejected_connection() {
+    std::lock_guard<std::mutex> lock(counters_mu);
+    ++counters.responses_by_status[503];
+    return ++counters.connections_rejected;
   }
 };
 
@@ -105,6 +122,71 @@ ApiError error_from_status(const Status& s, const char* context) {
   if (e.http_status >= 500) e.type = "server_error";
   return e;
 }
+
+// RFC 9110 IMF-fixdate: "Tue, 01 Dec 2026 09:35:27 GMT".
+std::string http_date() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  static const char* kDays[] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+  static const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                  "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+  return str_format("%s, %02d %s %04d %02d:%02d:%02d GMT", kDays[tm.tm_wday], tm.tm_mday,
+                    kMonths[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+}
+
+// A client's X-Request-Id is echoed when it is 1..128 visible ASCII characters; else a fresh id.
+std::string request_id_for(std::string_view client_id) {
+  bool sane = !client_id.empty() && client_id.size() <= 128;
+  for (char c : client_id) sane = sane && c > 0x20 && c < 0x7f;
+  if (sane) return std::string(client_id);
+  std::string id = make_response_id(Endpoint::kCompletions);  // "cmpl-<24 hex>"
+  return "req-" + id.substr(5);
+}
+
+// %XX decoding of a path segment; nullopt on a malformed escape.
+std::optional<std::string> percent_decode(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out += s[i];
+      continue;
+    }
+    if (i + 2 >= s.size() || !std::isxdigit(static_cast<unsigned char>(s[i + 1])) ||
+        !std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      return std::nullopt;
+    }
+    out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
+    i += 2;
+  }
+  return out;
+}
+
+// The Access-Control-Allow-Origin value for `origin`, or "" when it is not allowed.
+std::string cors_allow_origin(const ServerOptions& o, std::string_view origin) {
+  if (origin.empty()) return "";
+  for (const std::string& a : o.allowed_origins) {
+    if (a == "*") return "*";
+    if (a == origin) return std::string(origin);
+  }
+  return "";
+}
+
+// The methods a route answers, for Allow and 405; nullptr for no route.
+const char* route_methods(std::string_view target, std::string_view model_prefix) {
+  if (target == "/health" || target == "/metrics" || target == "/v1/models" ||
+      (target.size() > model_prefix.size() &&
+       target.substr(0, model_prefix.size()) == model_prefix)) {
+    return "GET, HEAD, OPTIONS";
+  }
+  if (target == "/v1/chat/completions" || target == "/v1/completions" ||
+      target == "/v1/responses") {
+    return "POST, OPTIONS";
+  }
+  return nullptr;
+}
+
+constexpr std::string_view kModelPrefix = "/v1/models/";
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -142,9 +224,23 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!busy_) close();
   }
 
-  // stop(), phase 2: cancel whatever still runs and drop the connection.
+  // stop(), phase 2: cancel whatever still runs. An open stream ends with an error event and
+  // [DONE], a request waiting for its whole answer gets a 503; then the connection closes.
   void force_close() {
-    if (generating_) st_->engine->cancel(request_id_);
+    if (generating_) {
+      st_->engine->cancel(request_id_);
+      generating_ = false;
+      self_hold_.reset();  // the pending write keeps the session alive until it is done
+      if (!client_gone_ && !closed_) {
+        ApiError e = invalid_request("the server is shutting down; the request was cancelled", "",
+                                     503);
+        e.type = "server_error";
+        e.code = "server_shutting_down";
+        if (streaming_) return stream_error(e);
+        stop_watching();
+        return send_error(e, /*keep_alive=*/false);
+      }
+    }
     close();
     self_hold_.reset();
   }
@@ -191,6 +287,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_read(beast::error_code ec) {
+    head_ = false;
+    origin_.clear();
+    req_id_ = request_id_for("");
     if (ec == http::error::end_of_stream || ec == net::error::operation_aborted ||
         ec == beast::error::timeout || ec == net::error::connection_reset || ec == net::error::eof) {
       return close();
@@ -215,6 +314,13 @@ class Session : public std::enable_shared_from_this<Session> {
     http::request<http::string_body> req = parser_->release();
     version_ = req.version();
     keep_alive_ = req.keep_alive();
+    head_ = req.method() == http::verb::head;
+    if (auto o = req.find(http::field::origin); o != req.end()) {
+      origin_ = std::string(o->value().data(), o->value().size());
+    }
+    if (auto id = req.find("X-Request-Id"); id != req.end()) {
+      req_id_ = request_id_for(std::string_view(id->value().data(), id->value().size()));
+    }
     handle(req);
   }
 
@@ -223,8 +329,16 @@ class Session : public std::enable_shared_from_this<Session> {
   void handle(const http::request<http::string_body>& req) {
     std::string_view target(req.target().data(), req.target().size());
     if (size_t q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
-    const bool get = req.method() == http::verb::get;
+    const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
     const bool post = req.method() == http::verb::post;
+    const char* methods = route_methods(target, kModelPrefix);
+    if (!methods) {
+      ApiError e = invalid_request("no route for " + std::string(target), "", 404);
+      e.code = "not_found";
+      return send_error(e, keep_alive_);
+    }
+    allow_ = methods;
+    if (req.method() == http::verb::options) return send_options(req);
 
     if (target == "/health") {
       if (!get) return send_method_not_allowed();
@@ -241,13 +355,6 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       return send(200, render_prometheus(st_->engine->metrics(), counters),
                   "text/plain; version=0.0.4; charset=utf-8");
-    }
-    const bool v1 = target == "/v1/models" || target == "/v1/chat/completions" ||
-                    target == "/v1/completions";
-    if (!v1) {
-      ApiError e = invalid_request("no route for " + std::string(target), "", 404);
-      e.code = "not_found";
-      return send_error(e, keep_alive_);
     }
     if (!st_->options.api_key.empty()) {
       auto it = req.find(http::field::authorization);
@@ -268,9 +375,27 @@ class Session : public std::enable_shared_from_this<Session> {
                                         st_->engine->info().max_context_tokens)),
                   "application/json");
     }
+    if (target.substr(0, kModelPrefix.size()) == kModelPrefix) {
+      if (!get) return send_method_not_allowed();
+      std::optional<std::string> id = percent_decode(target.substr(kModelPrefix.size()));
+      if (!id || *id != st_->model_name) {
+        ApiError e = invalid_request(
+            str_format("The model '%s' does not exist; this server serves '%s'",
+                       id ? id->c_str() : std::string(target.substr(kModelPrefix.size())).c_str(),
+                       st_->model_name.c_str()),
+            "model", 404);
+        e.code = "model_not_found";
+        return send_error(e, keep_alive_);
+      }
+      return send(200,
+                  dump_json(model_json(st_->model_name, st_->created,
+                                       st_->engine->info().max_context_tokens)),
+                  "application/json");
+    }
     if (!post) return send_method_not_allowed();
     start_generation(target == "/v1/chat/completions" ? Endpoint::kChatCompletions
-                                                       : Endpoint::kCompletions,
+                     : target == "/v1/responses"     ? Endpoint::kResponses
+                                                     : Endpoint::kCompletions,
                      req.body());
   }
 
@@ -289,12 +414,12 @@ class Session : public std::enable_shared_from_this<Session> {
     OpenAIRequest& req = std::get<OpenAIRequest>(parsed);
 
     std::vector<int32_t> prompt_ids;
-    if (endpoint == Endpoint::kChatCompletions) {
-      Result<std::string> text = st_->engine->apply_chat_template(
+    if (endpoint == Endpoint::kChatCompletions || endpoint == Endpoint::kResponses) {
+      Result<std::vector<int32_t>> ids = st_->engine->tokenize_chat(
           req.messages, req.tools, /*add_generation_prompt=*/true, req.chat_template_kwargs);
-      if (!text.ok()) return send_error(error_from_status(text.status(), "chat template"), keep_alive_);
-      Result<std::vector<int32_t>> ids = st_->engine->tokenize(*text);
-      if (!ids.ok()) return send_error(error_from_status(ids.status(), "tokenizer"), keep_alive_);
+      if (!ids.ok()) {
+        return send_error(error_from_status(ids.status(), "chat template"), keep_alive_);
+      }
       prompt_ids = std::move(ids).value();
     } else if (req.prompt_is_ids) {
       prompt_ids = std::move(req.prompt_ids);
@@ -308,10 +433,21 @@ class Session : public std::enable_shared_from_this<Session> {
     if (auto* e = std::get_if<ApiError>(&fit)) return send_error(*e, keep_alive_);
 
     meta_ = ResponseMeta{endpoint, make_response_id(endpoint), unix_now(), st_->model_name};
+    item_id_ = "msg_" + make_response_id(Endpoint::kCompletions).substr(5);
+    seq_ = 0;
     request_id_ = meta_.id;
     streaming_ = req.stream;
     include_usage_ = req.include_usage;
     text_.clear();
+    chat_out_ = ChatOutput{};
+    calls_sent_ = 0;
+    out_parser_.reset();
+    if (endpoint == Endpoint::kChatCompletions) {
+      const bool tools = req.tools.is_array() && req.tool_choice != "none";
+      const bool reasoning = st_->options.reasoning_parser == "qwen3";
+      out_parser_.emplace(tools, reasoning);
+      chat_out_.with_reasoning = reasoning;
+    }
     usage_ = Usage{static_cast<int>(prompt_ids.size()), 0, 0};
 
     engine::GenerationRequest greq;
@@ -343,12 +479,34 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!chunked_) keep_alive_ = false;
       std::string head = "HTTP/1.1 200 OK\r\nServer: oscar\r\nContent-Type: text/event-stream\r\n"
                          "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n";
+      head += "Date: " + http_date() + "\r\nX-Request-Id: " + req_id_ + "\r\n";
+      if (std::string acao = cors_allow_origin(st_->options, origin_); !acao.empty()) {
+        head += "Access-Control-Allow-Origin: " + acao +
+                "\r\nAccess-Control-Expose-Headers: X-Request-Id\r\nVary: Origin\r\n";
+      }
       head += chunked_ ? "Transfer-Encoding: chunked\r\n" : "";
       head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
       pending_ += head;
       st_->count_response(200);
       if (endpoint == Endpoint::kChatCompletions) {
         queue_event(sse_event(stream_chunk(meta_, "", /*role_first=*/true, "")));
+      }
+      if (endpoint == Endpoint::kResponses) {
+        using json = nlohmann::ordered_json;
+        const json r = response_object(meta_, "in_progress", item_id_, "", usage_);
+        queue_event(response_event("response.created", json{{"response", r}}, &seq_));
+        queue_event(response_event("response.in_progress", json{{"response", r}}, &seq_));
+        queue_event(response_event(
+            "response.output_item.added",
+            json{{"output_index", 0},
+                 {"item", response_message_item(item_id_, "in_progress", nullptr)}},
+            &seq_));
+        queue_event(response_event("response.content_part.added",
+                                   json{{"item_id", item_id_},
+                                        {"output_index", 0},
+                                        {"content_index", 0},
+                                        {"part", output_text_part("")}},
+                                   &seq_));
       }
       flush();
     }
@@ -361,7 +519,20 @@ class Session : public std::enable_shared_from_this<Session> {
     usage_.cached_tokens = ev.cached_tokens;
     switch (ev.kind) {
       case engine::GenerationEvent::kToken:
-        if (streaming_) {
+        if (meta_.endpoint == Endpoint::kResponses) {
+          text_ += ev.text_delta;
+          if (streaming_ && !ev.text_delta.empty() && !client_gone_) {
+            queue_event(response_event("response.output_text.delta",
+                                       {{"item_id", item_id_},
+                                        {"output_index", 0},
+                                        {"content_index", 0},
+                                        {"delta", ev.text_delta}},
+                                       &seq_));
+            flush();
+          }
+        } else if (out_parser_) {
+          relay(out_parser_->push(ev.text_delta), "");
+        } else if (streaming_) {
           if (!ev.text_delta.empty() && !client_gone_) {
             queue_event(sse_event(stream_chunk(meta_, ev.text_delta, false, "")));
             flush();
@@ -370,28 +541,43 @@ class Session : public std::enable_shared_from_this<Session> {
           text_ += ev.text_delta;
         }
         return;
-      case engine::GenerationEvent::kFinished:
+      case engine::GenerationEvent::kFinished: {
         generating_ = false;
         self_hold_.reset();
         if (client_gone_) return;
+        std::string reason = ev.finish_reason;
+        if (meta_.endpoint == Endpoint::kResponses) return finish_response(reason);
+        if (out_parser_) {
+          OutputDelta last = out_parser_->finish();
+          if (out_parser_->tool_calls_seen() > 0 && reason == "stop") reason = "tool_calls";
+          if (streaming_) {
+            relay(std::move(last), reason);
+          } else {
+            relay(std::move(last), "");
+            stop_watching();
+            send(200, dump_json(chat_completion_body(meta_, chat_out_, reason, usage_)),
+                 "application/json");
+            return;
+          }
+        } else if (streaming_) {
+          queue_event(sse_event(stream_chunk(meta_, "", false, reason)));
+        }
         if (streaming_) {
-          queue_event(sse_event(stream_chunk(meta_, "", false, ev.finish_reason)));
           if (include_usage_) queue_event(sse_event(usage_chunk(meta_, usage_)));
           end_stream();
         } else {
           stop_watching();
-          send(200, dump_json(completion_body(meta_, text_, ev.finish_reason, usage_)),
-               "application/json");
+          send(200, dump_json(completion_body(meta_, text_, reason, usage_)), "application/json");
         }
         return;
+      }
       case engine::GenerationEvent::kError: {
         generating_ = false;
         self_hold_.reset();
         if (client_gone_) return;
         ApiError e = error_from_status(ev.error, "generation failed");
         if (streaming_) {
-          queue_event("data: " + e.to_json() + "\n\n");
-          end_stream();
+          stream_error(e);
         } else {
           stop_watching();
           send_error(e, keep_alive_);
@@ -399,6 +585,21 @@ class Session : public std::enable_shared_from_this<Session> {
         return;
       }
     }
+  }
+
+  // A parsed chat delta: streamed as one chunk (with finish_reason when given, even if the delta
+  // is empty), or added to the whole answer.
+  void relay(OutputDelta d, const std::string& finish_reason) {
+    if (!streaming_) {
+      chat_out_.content += d.content;
+      chat_out_.reasoning += d.reasoning;
+      for (ToolCall& c : d.tool_calls) chat_out_.tool_calls.push_back(std::move(c));
+      return;
+    }
+    if (client_gone_ || (d.empty() && finish_reason.empty())) return;
+    queue_event(sse_event(chat_delta_chunk(meta_, d, calls_sent_, finish_reason)));
+    calls_sent_ += static_cast<int>(d.tool_calls.size());
+    flush();
   }
 
   // A readable socket while we are answering means the client closed it (or pipelined the next
@@ -455,8 +656,55 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
+  // /v1/responses: the closing events, or the whole Response object.
+  void finish_response(const std::string& reason) {
+    using json = nlohmann::ordered_json;
+    const std::string status = response_status(reason);
+    json r = response_object(meta_, status, item_id_, text_, usage_);
+    if (!streaming_) {
+      stop_watching();
+      return send(200, dump_json(r), "application/json");
+    }
+    queue_event(response_event("response.output_text.done",
+                               json{{"item_id", item_id_},
+                                    {"output_index", 0},
+                                    {"content_index", 0},
+                                    {"text", text_}},
+                               &seq_));
+    queue_event(response_event("response.content_part.done",
+                               json{{"item_id", item_id_},
+                                    {"output_index", 0},
+                                    {"content_index", 0},
+                                    {"part", output_text_part(text_)}},
+                               &seq_));
+    queue_event(response_event(
+        "response.output_item.done",
+        json{{"output_index", 0}, {"item", response_message_item(item_id_, "completed", &text_)}},
+        &seq_));
+    queue_event(response_event(status == "completed" ? "response.completed" : "response.incomplete",
+                               json{{"response", r}}, &seq_));
+    end_stream();
+  }
+
+  // An error in an open stream: an error event (chat/completions: a data line with the OpenAI
+  // error body; responses: an "error" event), then the end of the stream.
+  void stream_error(const ApiError& e) {
+    if (meta_.endpoint == Endpoint::kResponses) {
+      queue_event(response_event("error",
+                                 {{"code", e.code.empty() ? nlohmann::ordered_json(nullptr)
+                                                          : nlohmann::ordered_json(e.code)},
+                                  {"message", e.message},
+                                  {"param", nullptr}},
+                                 &seq_));
+    } else {
+      queue_event("data: " + e.to_json() + "\n\n");
+    }
+    end_stream();
+  }
+
+  // [DONE] (not for /v1/responses, whose stream ends with its last event), then the last chunk.
   void end_stream() {
-    queue_event(std::string(kSseDone));
+    if (meta_.endpoint != Endpoint::kResponses) queue_event(std::string(kSseDone));
     if (chunked_) pending_ += "0\r\n\r\n";
     end_after_flush_ = true;
     flush();
@@ -488,10 +736,43 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // ---- whole responses ----
 
+  // Headers every response carries.
+  void decorate(http::response<http::string_body>& res) const {
+    res.set(http::field::server, "oscar");
+    res.set(http::field::date, http_date());
+    res.set("X-Request-Id", req_id_);
+    if (std::string acao = cors_allow_origin(st_->options, origin_); !acao.empty()) {
+      res.set(http::field::access_control_allow_origin, acao);
+      res.set(http::field::access_control_expose_headers, "X-Request-Id");
+      res.set(http::field::vary, "Origin");
+    }
+  }
+
+  // OPTIONS: 204 with Allow; a CORS preflight from an allowed origin also gets what it asks for.
+  void send_options(const http::request<http::string_body>& req) {
+    auto res = std::make_shared<http::response<http::string_body>>(http::status::no_content,
+                                                                     version_);
+    decorate(*res);
+    res->set(http::field::allow, allow_);
+    if (!cors_allow_origin(st_->options, origin_).empty() &&
+        req.find(http::field::access_control_request_method) != req.end()) {
+      res->set(http::field::access_control_allow_methods, allow_);
+      auto h = req.find(http::field::access_control_request_headers);
+      res->set(http::field::access_control_allow_headers,
+               h != req.end() ? std::string(h->value().data(), h->value().size())
+                              : std::string("Authorization, Content-Type, X-Request-Id"));
+      res->set(http::field::access_control_max_age, "600");
+    }
+    res->keep_alive(keep_alive_ && !st_->shutting_down);
+    res->prepare_payload();
+    res->erase(http::field::content_length);  // a 204 carries none (RFC 9110 §8.6)
+    write_response(res, 204, keep_alive_);
+  }
+
   void send(int status, std::string body, const char* content_type) {
     auto res = std::make_shared<http::response<http::string_body>>(
         static_cast<http::status>(status), version_);
-    res->set(http::field::server, "oscar");
+    decorate(*res);
     res->set(http::field::content_type, content_type);
     res->keep_alive(keep_alive_ && !st_->shutting_down);
     res->body() = std::move(body);
@@ -502,9 +783,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void send_error(const ApiError& e, bool keep_alive) {
     auto res = std::make_shared<http::response<http::string_body>>(
         static_cast<http::status>(e.http_status), version_);
-    res->set(http::field::server, "oscar");
+    decorate(*res);
     res->set(http::field::content_type, "application/json");
     if (e.http_status == 401) res->set(http::field::www_authenticate, "Bearer");
+    if (e.http_status == 405) res->set(http::field::allow, allow_);
+    if (e.http_status >= 500) {
+      OSCAR_LOG_WARN("server: status=%d request_id=%s message=%s", e.http_status, req_id_.c_str(),
+                     e.message.c_str());
+    }
     res->keep_alive(keep_alive && !st_->shutting_down);
     res->body() = e.to_json();
     res->prepare_payload();
@@ -512,13 +798,19 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void send_method_not_allowed() {
-    ApiError e = invalid_request("method not allowed", "", 405);
+    ApiError e = invalid_request(str_format("method not allowed; this route answers %s", allow_),
+                                 "", 405);
+    e.code = "method_not_allowed";
     send_error(e, keep_alive_);
   }
 
   void write_response(std::shared_ptr<http::response<http::string_body>> res, int status,
                       bool keep_alive) {
     st_->count_response(status);
+    if (head_) {  // HEAD: the headers of the answer (its Content-Length too), never a body
+      res->content_length(res->body().size());
+      res->body().clear();
+    }
     writing_ = true;
     stream_.expires_after(st_->options.write_timeout);
     http::async_write(stream_, *res,
@@ -541,7 +833,8 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     if (ec) return close();
-    stream_.expires_after(std::chrono::seconds(1));
+    stream_.expires_after(st_->shutting_down ? std::chrono::milliseconds(200)
+                                             : std::chrono::milliseconds(1000));
     drain_buf_.resize(16 * 1024);
     drain();
   }
@@ -580,6 +873,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // The request being answered.
   unsigned version_ = 11;
   bool keep_alive_ = true;
+  bool head_ = false;          // a HEAD request: headers only
+  std::string origin_;         // its Origin header ("" when none)
+  std::string req_id_;         // X-Request-Id of the answer
+  const char* allow_ = "GET, HEAD, OPTIONS";  // methods of the route, for Allow
   bool busy_ = false;     // from a request read to its response written (guarded by sessions_mu)
   bool closed_ = false;
   bool client_gone_ = false;
@@ -592,7 +889,12 @@ class Session : public std::enable_shared_from_this<Session> {
   bool include_usage_ = false;
   bool chunked_ = true;
   ResponseMeta meta_;
-  std::string text_;  // non-streaming: the completion so far
+  std::string text_;  // non-streaming completions: the text so far
+  std::optional<OutputParser> out_parser_;  // chat: tool calls and reasoning out of the text
+  ChatOutput chat_out_;                     // non-streaming chat: the answer so far
+  int calls_sent_ = 0;                      // streaming chat: tool calls sent (their index)
+  std::string item_id_;                     // responses: the output message item's id
+  int seq_ = 0;                             // responses: the next event's sequence_number
   Usage usage_;
   uint64_t watch_gen_ = 0;
 
@@ -605,12 +907,95 @@ class Session : public std::enable_shared_from_this<Session> {
 
 namespace {
 
+// A connection beyond max_connections: a 503 (Retry-After), then a lingering close so the
+// client reads it. Owns only its socket; its handlers keep it alive.
+class Rejecter : public std::enable_shared_from_this<Rejecter> {
+ public:
+  Rejecter(tcp::socket socket, std::string response)
+      : stream_(std::move(socket)), response_(std::move(response)) {}
+  void run() {
+    stream_.expires_after(std::chrono::seconds(2));
+    net::async_write(stream_, net::buffer(response_),
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       if (ec) return self->close();
+                       self->stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+                       self->drain();
+                     });
+  }
+
+ private:
+  void drain() {
+    stream_.async_read_some(net::buffer(buf_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) return self->close();
+                              self->drain();
+                            });
+  }
+  void close() {
+    beast::error_code ec;
+    stream_.socket().close(ec);
+  }
+  beast::tcp_stream stream_;
+  std::string response_;
+  char buf_[4096];
+};
+
+void reject_connection(const std::shared_ptr<HttpServer::State>& st, tcp::socket socket,
+                       size_t open) {
+  const uint64_t n = st->count_rejected_connection();
+  if ((n & (n - 1)) == 0) {  // 1st, 2nd, 4th, ...: the log stays short under a flood
+    OSCAR_LOG_WARN("server: connection refused, open=%zu max_connections=%d rejected_total=%llu",
+                   open, st->options.max_connections, static_cast<unsigned long long>(n));
+  }
+  ApiError e = invalid_request(
+      str_format("the server has %zu open connections, its limit (--max-connections %d); retry "
+                 "later",
+                 open, st->options.max_connections),
+      "", 503);
+  e.type = "server_error";
+  e.code = "too_many_connections";
+  const std::string body = e.to_json();
+  std::string res = "HTTP/1.1 503 Service Unavailable\r\nServer: oscar\r\nDate: " + http_date() +
+                    "\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\n"
+                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::make_shared<Rejecter>(std::move(socket), std::move(res))->run();
+}
+
 void do_accept(std::shared_ptr<HttpServer::State> st) {
   st->acceptor->async_accept(net::make_strand(st->ioc), [st](beast::error_code ec,
                                                              tcp::socket socket) {
     if (ec == net::error::operation_aborted || !st->acceptor->is_open()) return;
-    if (!ec && !st->shutting_down) {
-      std::make_shared<Session>(std::move(socket), st)->start();
+    if (ec) {
+      // Out of file descriptors (EMFILE/ENFILE) or memory: the connection stays queued in the
+      // kernel, so retrying at once would spin. Back off, doubling from 10 ms to 1 s.
+      using std::chrono::milliseconds;
+      st->accept_backoff = std::clamp(st->accept_backoff * 2, milliseconds(10), milliseconds(1000));
+      const uint64_t n = st->count_accept_error();
+      if ((n & (n - 1)) == 0) {
+        OSCAR_LOG_WARN("server: accept failed: %s; retrying in %lld ms (errors_total=%llu)",
+                       ec.message().c_str(), static_cast<long long>(st->accept_backoff.count()),
+                       static_cast<unsigned long long>(n));
+      }
+      st->accept_timer->expires_after(st->accept_backoff);
+      st->accept_timer->async_wait([st](beast::error_code wec) {
+        if (wec || st->shutting_down || !st->acceptor->is_open()) return;
+        do_accept(st);
+      });
+      return;
+    }
+    st->accept_backoff = std::chrono::milliseconds(0);
+    if (!st->shutting_down) {
+      size_t open = 0;
+      {
+        std::lock_guard<std::mutex> lock(st->sessions_mu);
+        open = st->sessions.size();
+      }
+      if (st->options.max_connections > 0 &&
+          open >= static_cast<size_t>(st->options.max_connections)) {
+        reject_connection(st, std::move(socket), open);
+      } else {
+        std::make_shared<Session>(std::move(socket), st)->start();
+      }
     }
     do_accept(st);
   });
@@ -647,10 +1032,29 @@ Status HttpServer::start() {
                                                        : st.options.served_model_name;
   st.created = unix_now();
 
+  if (st.options.max_connections < 0) {
+    return invalid_argument("server: max_connections must be >= 0, got %d",
+                            st.options.max_connections);
+  }
+  if (!st.options.reasoning_parser.empty() && st.options.reasoning_parser != "qwen3") {
+    return invalid_argument("server: unknown reasoning parser '%s' (supported: qwen3)",
+                            st.options.reasoning_parser.c_str());
+  }
+  if (!st.engine->has_chat_template()) {
+    OSCAR_LOG_WARN("server: the model has no chat template; /v1/chat/completions answers 500");
+  }
   beast::error_code ec;
   net::ip::address addr = net::ip::make_address(st.options.host, ec);
-  if (ec) return invalid_argument("server: bad host '%s': %s", st.options.host.c_str(),
-                                  ec.message().c_str());
+  if (ec) {
+    // A host name ("localhost"): the first address it resolves to.
+    tcp::resolver resolver(st.ioc);
+    auto results = resolver.resolve(st.options.host, "", net::ip::resolver_base::passive, ec);
+    if (ec || results.empty()) {
+      return invalid_argument("server: bad host '%s': %s", st.options.host.c_str(),
+                              ec ? ec.message().c_str() : "no address");
+    }
+    addr = results.begin()->endpoint().address();
+  }
   tcp::endpoint endpoint(addr, st.options.port);
   st.acceptor.emplace(st.ioc);
   st.acceptor->open(endpoint.protocol(), ec);
@@ -663,15 +1067,22 @@ Status HttpServer::start() {
                          st.options.port, ec.message().c_str()));
   }
   st.bound_port = st.acceptor->local_endpoint().port();
+  st.accept_timer.emplace(st.ioc);
   st.work.emplace(st.ioc.get_executor());
   do_accept(state_);
   for (int i = 0; i < st.options.n_threads; ++i) {
     st.threads.emplace_back([s = state_.get()] { s->ioc.run(); });
   }
   st.started = true;
-  OSCAR_LOG_INFO("server: listening host=%s port=%u model=%s threads=%d auth=%s",
+  std::string origins;
+  for (const std::string& o : st.options.allowed_origins) {
+    origins += (origins.empty() ? "" : ",") + o;
+  }
+  OSCAR_LOG_INFO("server: listening host=%s port=%u model=%s threads=%d auth=%s "
+                 "max_connections=%d cors=%s",
                  st.options.host.c_str(), st.bound_port, st.model_name.c_str(),
-                 st.options.n_threads, st.options.api_key.empty() ? "off" : "bearer");
+                 st.options.n_threads, st.options.api_key.empty() ? "off" : "bearer",
+                 st.options.max_connections, origins.empty() ? "off" : origins.c_str());
   return Status();
 }
 
@@ -688,6 +1099,7 @@ void HttpServer::stop() {
   net::post(st.ioc, [s = state_] {
     beast::error_code ec;
     s->acceptor->close(ec);
+    s->accept_timer->cancel();
   });
   for (auto& s : live_sessions(st)) {
     net::post(s->get_executor_for_shutdown(), [s] { s->on_shutdown(); });

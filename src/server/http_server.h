@@ -3,20 +3,35 @@
 // chat template and tokenizer, submits GenerationRequests to an engine::Engine and relays their
 // events, as one JSON body or as Server-Sent Events flushed event by event.
 //
-// Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health (503
-// until the engine is ready), GET /metrics (Prometheus text). With an API key, /v1/* needs
-// "Authorization: Bearer <key>" (401 otherwise); /health and /metrics stay open.
+// Endpoints: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (text or message
+// input, text output; streamed as response.* events without [DONE]), GET /v1/models, GET
+// /v1/models/{id}, GET /health (503 until the engine is ready), GET /metrics (Prometheus text).
+// With an API key, /v1/* needs "Authorization: Bearer <key>" (401 otherwise); /health, /metrics
+// and CORS preflights stay open. Chat prompts go through Engine::tokenize_chat (special-token
+// text in messages stays text).
+//
+// HTTP: every GET route also answers HEAD (the GET headers, no body); OPTIONS answers 204 with
+// Allow, and a CORS preflight from an allowed origin (ServerOptions::allowed_origins) gets the
+// Access-Control-* headers; a wrong method gets 405 with Allow. Every response carries Date and
+// X-Request-Id (the client's own X-Request-Id when it sent a sane one, else a fresh id).
 //
 // Robustness: headers over kMaxHeaderBytes get 431, bodies over kMaxBodyBytes 413, both then close
 // the connection; a request must arrive within read_timeout; keep-alive between requests; a client
-// that disconnects while its request runs (streaming or not) has its engine request cancelled.
-// Not here: TLS, HTTP/2, CORS, rate limiting, n > 1, logprobs, tool-call parsing of the output.
+// that disconnects while its request runs (streaming or not) has its engine request cancelled;
+// beyond max_connections a new connection gets 503 and is closed; when accept() fails (out of
+// file descriptors) the acceptor backs off (10 ms doubling to 1 s) instead of spinning.
+// Chat output: when the request has tools (and tool_choice is not "none"), <tool_call> blocks
+// become tool_calls with finish_reason "tool_calls"; with reasoning_parser "qwen3", <think>
+// becomes reasoning_content (output_parser.h), streamed as deltas too.
+// Not here: TLS, HTTP/2, rate limiting, n > 1, logprobs, constrained decoding (tool_choice
+// "required" or named).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "engine/engine_api.h"
@@ -35,8 +50,16 @@ struct ServerOptions {
   std::chrono::milliseconds read_timeout{30'000};
   // Time for one write to the client to complete (a stalled reader is disconnected).
   std::chrono::milliseconds write_timeout{30'000};
-  // stop() lets running requests finish for this long, then cancels them.
+  // stop() lets running requests finish for this long, then cancels them: an open stream gets an
+  // error event and [DONE], a waiting non-streaming request a 503.
   std::chrono::milliseconds shutdown_grace{5'000};
+  // Open connections at most; one more is answered 503 (Retry-After) and closed. 0: no cap.
+  int max_connections = 512;
+  // Origins allowed to call from a browser (CORS): exact origins such as
+  // "http://localhost:3000", or "*" for any. Empty: no CORS headers (browsers refuse).
+  std::vector<std::string> allowed_origins;
+  // "qwen3": a leading <think>…</think> of a chat answer becomes reasoning_content. "": off.
+  std::string reasoning_parser;
 };
 
 class HttpServer {

@@ -1,6 +1,7 @@
 #include "server/openai_request.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <utility>
 
@@ -186,32 +187,282 @@ std::optional<ApiError> parse_prompt(const json& body, const ModelLimits& limits
   return wrong_type("prompt[0]", "a string, a token id or an array of token ids", first);
 }
 
+// Content as the chat template wants it: a string. OpenAI content parts of type "text" are
+// joined with "\n" (as vLLM does); media parts are refused, naming what this model takes.
+std::optional<ApiError> content_text(const json& content, const std::string& name,
+                                     std::string* out) {
+  if (content.is_string()) {
+    *out = content.get<std::string>();
+    return std::nullopt;
+  }
+  // An array (the caller checked the type).
+  std::string text;
+  for (size_t j = 0; j < content.size(); ++j) {
+    const json& part = content[j];
+    const std::string pname = str_format("%s.content[%zu]", name.c_str(), j);
+    if (!part.is_object()) return wrong_type(pname, "an object (a content part)", part);
+    const json* type = field(part, "type");
+    if (!type) return invalid_request("'" + pname + ".type' is required", pname + ".type");
+    if (!type->is_string()) return wrong_type(pname + ".type", "a string", *type);
+    const std::string t = type->get<std::string>();
+    if (t == "text" || t == "input_text" || t == "output_text" || t == "refusal") {
+      const char* key = t == "refusal" ? "refusal" : "text";
+      const json* v = field(part, key);
+      if (!v) {
+        return invalid_request(str_format("'%s.%s' is required", pname.c_str(), key),
+                               pname + "." + key);
+      }
+      if (!v->is_string()) return wrong_type(pname + "." + key, "a string", *v);
+      if (j > 0) text += "\n";
+      text += v->get<std::string>();
+      continue;
+    }
+    const bool media = t == "image_url" || t == "input_image" || t == "image" ||
+                       t == "input_audio" || t == "audio_url" || t == "audio" ||
+                       t == "video_url" || t == "video" || t == "file" || t == "input_file";
+    return invalid_request(
+        str_format("%s is a content part of type '%s'; %sthis model accepts text only (content "
+                   "parts of type 'text')",
+                   pname.c_str(), t.c_str(), media ? "" : "that type is unknown; "),
+        pname + ".type");
+  }
+  *out = std::move(text);
+  return std::nullopt;
+}
+
+// tool_calls of an assistant message: [{"id"?, "type"?: "function", "function": {"name": string,
+// "arguments": string or object}}], as the template reads them.
+std::optional<ApiError> check_tool_calls(const json& calls, const std::string& name) {
+  const std::string p = name + ".tool_calls";
+  if (!calls.is_array()) return wrong_type(p, "an array", calls);
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const json& c = calls[k];
+    const std::string cp = str_format("%s[%zu]", p.c_str(), k);
+    if (!c.is_object()) return wrong_type(cp, "an object", c);
+    if (const json* type = field(c, "type"); type && *type != "function") {
+      return invalid_request(
+          str_format("'%s.type' must be \"function\", got %s", cp.c_str(), type->dump().c_str()),
+          cp + ".type");
+    }
+    const json* fn = field(c, "function");
+    if (!fn) return invalid_request("'" + cp + ".function' is required", cp + ".function");
+    if (!fn->is_object()) return wrong_type(cp + ".function", "an object", *fn);
+    const json* fname = field(*fn, "name");
+    if (!fname) {
+      return invalid_request("'" + cp + ".function.name' is required", cp + ".function.name");
+    }
+    if (!fname->is_string()) return wrong_type(cp + ".function.name", "a string", *fname);
+    const json* args = field(*fn, "arguments");
+    if (args && !args->is_string() && !args->is_object()) {
+      return wrong_type(cp + ".function.arguments", "a string (JSON) or an object", *args);
+    }
+  }
+  return std::nullopt;
+}
+
+// The roles the chat template is given. "developer" (OpenAI's newer name) becomes "system".
+constexpr const char* kRoles = "system, developer, user, assistant, tool";
+
 std::optional<ApiError> parse_messages(const json& body, OpenAIRequest* req) {
   const json* m = field(body, "messages");
   if (!m) return invalid_request("'messages' is required", "messages");
   if (!m->is_array()) return wrong_type("messages", "an array", *m);
   if (m->empty()) return invalid_request("'messages' must not be empty", "messages");
+  json out = json::array();
   for (size_t i = 0; i < m->size(); ++i) {
     const json& msg = (*m)[i];
     std::string name = str_format("messages[%zu]", i);
     if (!msg.is_object()) return wrong_type(name, "an object", msg);
-    auto role = msg.find("role");
-    if (role == msg.end()) return invalid_request("'" + name + ".role' is required", name + ".role");
-    if (!role->is_string()) return wrong_type(name + ".role", "a string", *role);
-    auto content = msg.find("content");
-    if (content != msg.end() && !content->is_string() && !content->is_null() &&
-        !content->is_array()) {
-      return wrong_type(name + ".content", "a string, an array or null", *content);
+    auto role_it = msg.find("role");
+    if (role_it == msg.end()) {
+      return invalid_request("'" + name + ".role' is required", name + ".role");
     }
+    if (!role_it->is_string()) return wrong_type(name + ".role", "a string", *role_it);
+    std::string role = role_it->get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+      return invalid_request(str_format("%s has role '%s'; supported roles: %s", name.c_str(),
+                                        role_it->get<std::string>().c_str(), kRoles),
+                             name + ".role");
+    }
+    json norm = msg;
+    norm["role"] = role;
+    const json* content = field(msg, "content");
+    if (content && !content->is_string() && !content->is_array()) {
+      return wrong_type(name + ".content", "a string, an array of content parts or null",
+                        *content);
+    }
+    const json* calls = field(msg, "tool_calls");
+    if (calls && role != "assistant") {
+      return invalid_request(str_format("%s has tool_calls, but only assistant messages may",
+                                        name.c_str()),
+                             name + ".tool_calls");
+    }
+    if (calls) {
+      if (auto e = check_tool_calls(*calls, name)) return e;
+      if (calls->empty()) norm.erase("tool_calls");
+    }
+    if (content) {
+      std::string text;
+      if (auto e = content_text(*content, name, &text)) return e;
+      norm["content"] = std::move(text);
+    } else if (role == "assistant" && calls && !calls->empty()) {
+      norm["content"] = nullptr;  // a turn that only calls tools
+    } else {
+      return invalid_request(
+          str_format("%s (role '%s') has no content%s", name.c_str(), role.c_str(),
+                     role == "assistant" ? " and no tool_calls" : ""),
+          name + ".content");
+    }
+    if (const json* rc = field(msg, "reasoning_content"); rc && !rc->is_string()) {
+      return wrong_type(name + ".reasoning_content", "a string", *rc);
+    }
+    if (const json* n = field(msg, "name"); n && !n->is_string()) {
+      return wrong_type(name + ".name", "a string", *n);
+    }
+    if (const json* id = field(msg, "tool_call_id"); id && !id->is_string()) {
+      return wrong_type(name + ".tool_call_id", "a string", *id);
+    }
+    out.push_back(std::move(norm));
   }
-  req->messages = *m;
+  req->messages = std::move(out);
   if (const json* t = field(body, "tools")) {
     if (!t->is_array()) return wrong_type("tools", "an array", *t);
-    req->tools = *t;
+    for (size_t i = 0; i < t->size(); ++i) {
+      const json& tool = (*t)[i];
+      const std::string tp = str_format("tools[%zu]", i);
+      if (!tool.is_object()) return wrong_type(tp, "an object", tool);
+      if (const json* type = field(tool, "type"); type && *type != "function") {
+        return invalid_request(str_format("'%s.type' must be \"function\", got %s", tp.c_str(),
+                                          type->dump().c_str()),
+                               tp + ".type");
+      }
+      const json* fn = field(tool, "function");
+      if (!fn) return invalid_request("'" + tp + ".function' is required", tp + ".function");
+      if (!fn->is_object()) return wrong_type(tp + ".function", "an object", *fn);
+      const json* fname = field(*fn, "name");
+      if (!fname) {
+        return invalid_request("'" + tp + ".function.name' is required", tp + ".function.name");
+      }
+      if (!fname->is_string()) return wrong_type(tp + ".function.name", "a string", *fname);
+    }
+    if (!t->empty()) req->tools = *t;
+  }
+  if (const json* tc = field(body, "tool_choice"); tc && tc->is_string()) {
+    req->tool_choice = tc->get<std::string>();  // refuse_unsupported let only auto/none through
   }
   if (const json* k = field(body, "chat_template_kwargs")) {
     if (!k->is_object()) return wrong_type("chat_template_kwargs", "an object", *k);
     req->chat_template_kwargs = *k;
+  }
+  return std::nullopt;
+}
+
+// /v1/responses input -> the messages of a chat body ({"messages": [...]}, for parse_messages).
+std::optional<ApiError> responses_input(const json& body, json* chat) {
+  json messages = json::array();
+  if (const json* ins = field(body, "instructions")) {
+    if (!ins->is_string()) return wrong_type("instructions", "a string", *ins);
+    messages.push_back(json{{"role", "system"}, {"content", *ins}});
+  }
+  const json* input = field(body, "input");
+  if (!input) return invalid_request("'input' is required", "input");
+  if (input->is_string()) {
+    messages.push_back(json{{"role", "user"}, {"content", *input}});
+  } else if (input->is_array()) {
+    if (input->empty()) return invalid_request("'input' must not be empty", "input");
+    for (size_t i = 0; i < input->size(); ++i) {
+      const json& item = (*input)[i];
+      const std::string name = str_format("input[%zu]", i);
+      if (!item.is_object()) return wrong_type(name, "an object", item);
+      const json* type = field(item, "type");
+      if (type && *type != "message") {
+        return invalid_request(
+            str_format("%s is an item of type %s; this server takes message items only",
+                       name.c_str(), type->dump().c_str()),
+            name + ".type");
+      }
+      json m = json::object();
+      if (const json* role = field(item, "role")) m["role"] = *role;
+      if (const json* content = field(item, "content")) m["content"] = *content;
+      messages.push_back(std::move(m));
+    }
+  } else {
+    return wrong_type("input", "a string or an array of message items", *input);
+  }
+  (*chat)["messages"] = std::move(messages);
+  return std::nullopt;
+}
+
+// Parameters OpenAI clients send that this server does not implement: refused with a 400 naming
+// them when set to anything but their no-op value, never silently ignored.
+std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) {
+  auto refuse = [](const std::string& key, const json& v, const char* why) {
+    const std::string value = v.dump(-1, ' ', false, json::error_handler_t::replace);
+    return invalid_request(str_format("'%s' = %s is not supported by this server%s%s", key.c_str(),
+                                      value.c_str(), *why ? ": " : "", why),
+                           key);
+  };
+  auto number_is = [](const json& v, double x) { return v.is_number() && v.get<double>() == x; };
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& k = it.key();
+    const json& v = it.value();
+    if (v.is_null()) continue;
+    if (k == "logprobs") {
+      if (endpoint == Endpoint::kChatCompletions ? v == false : number_is(v, 0)) continue;
+      return refuse(k, v, "log probabilities are not returned");
+    }
+    if (k == "top_logprobs" && !number_is(v, 0)) {
+      return refuse(k, v, "log probabilities are not returned");
+    }
+    if ((k == "presence_penalty" || k == "frequency_penalty") && !number_is(v, 0)) {
+      return refuse(k, v, "penalties are not implemented (use 0)");
+    }
+    if (k == "repetition_penalty" && !number_is(v, 1)) {
+      return refuse(k, v, "penalties are not implemented (use 1)");
+    }
+    if (k == "min_p" && !number_is(v, 0)) return refuse(k, v, "");
+    if (k == "logit_bias" && !(v.is_object() && v.empty())) return refuse(k, v, "");
+    if (k == "best_of" && !number_is(v, 1)) return refuse(k, v, "one sequence per request");
+    if (k == "echo" && v != false) return refuse(k, v, "");
+    if (k == "suffix" && !(v.is_string() && v.get<std::string>().empty())) {
+      return refuse(k, v, "");
+    }
+    if (k == "use_beam_search" && v != false) return refuse(k, v, "");
+    if (k == "stop_token_ids" && !(v.is_array() && v.empty())) {
+      return refuse(k, v, "use 'stop' strings");
+    }
+    if (k == "response_format" &&
+        !(v.is_object() && v.contains("type") && v["type"] == "text")) {
+      return refuse(k, v, "structured output is not implemented; only {\"type\": \"text\"}");
+    }
+    if (k == "functions" || k == "function_call") {
+      return refuse(k, v, "use 'tools' (the legacy function-calling fields are not supported)");
+    }
+    if (k == "tool_choice") {
+      if (v == "auto" || v == "none") continue;
+      return refuse(k, v, "only \"auto\" and \"none\" (tool calls are returned as text)");
+    }
+    if (k == "modalities" && !(v.is_array() && v.size() == 1 && v[0] == "text")) {
+      return refuse(k, v, "text output only");
+    }
+    if (endpoint == Endpoint::kResponses) {
+      if (k == "tools" && !(v.is_array() && v.empty())) {
+        return refuse(k, v, "use /v1/chat/completions for tools");
+      }
+      if (k == "previous_response_id" || k == "conversation") {
+        return refuse(k, v, "responses are not stored; send the whole conversation as input");
+      }
+      if (k == "background" && v != false) return refuse(k, v, "");
+      if (k == "text" && v.is_object() && v.contains("format") &&
+          !(v["format"].is_object() && v["format"].value("type", "") == "text")) {
+        return refuse(k, v, "only text output");
+      }
+    }
+    if (k == "audio" || k == "prediction" || k == "guided_json" || k == "guided_regex" ||
+        k == "guided_choice" || k == "guided_grammar" || k == "structured_outputs") {
+      return refuse(k, v, "");
+    }
   }
   return std::nullopt;
 }
@@ -262,8 +513,31 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
     return e;
   }
 
+  if (auto e = refuse_unsupported(body, req->endpoint)) return e;
   if (req->endpoint == Endpoint::kChatCompletions) {
     if (auto e = parse_messages(body, req)) return e;
+  } else if (req->endpoint == Endpoint::kResponses) {
+    json chat = json::object();
+    if (auto e = responses_input(body, &chat)) return e;
+    if (auto e = parse_messages(chat, req)) {
+      // Name the field as the client sent it: input[i] (after instructions, if any).
+      const bool ins = field(body, "instructions") != nullptr;
+      for (std::string* s : {&e->param, &e->message}) {
+        size_t p = s->find("messages[");
+        while (p != std::string::npos) {
+          const size_t close = s->find(']', p);
+          const int idx = std::atoi(s->c_str() + p + 9) - (ins ? 1 : 0);
+          s->replace(p, close + 1 - p, str_format("input[%d]", idx < 0 ? 0 : idx));
+          p = s->find("messages[", p);
+        }
+      }
+      return e;
+    }
+    std::optional<int64_t> mot;
+    if (auto e = get_int(body, "max_output_tokens", 1, std::numeric_limits<int32_t>::max(), &mot)) {
+      return e;
+    }
+    if (mot) req->max_tokens = static_cast<int>(*mot);
   } else {
     if (auto e = parse_prompt(body, limits, req)) return e;
   }
@@ -296,7 +570,13 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
   if (temperature) req->sampling.temperature = static_cast<float>(*temperature);
   if (auto e = get_number(body, "top_p", 0.0, 1.0, &top_p)) return e;
   if (top_p) {
-    if (*top_p <= 0.0) return invalid_request("'top_p' must be in (0, 1], got 0", "top_p");
+    // The sampler works in 32-bit floats: a value that rounds to 0 there would keep no token.
+    if (*top_p <= 0.0 || static_cast<float>(*top_p) <= 0.0f) {
+      return invalid_request(
+          str_format("'top_p' must be in (0, 1], got %.17g%s", *top_p,
+                     *top_p > 0.0 ? ", which rounds to 0 in the sampler's 32-bit floats" : ""),
+          "top_p");
+    }
     req->sampling.top_p = static_cast<float>(*top_p);
   }
   // top_k: 0 or -1 (vLLM's spelling) mean off.

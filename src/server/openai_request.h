@@ -9,7 +9,23 @@
 // max_completion_tokens, temperature, top_p, top_k (extension), seed, stop (string or list), n
 // (only 1), stream, stream_options.include_usage, tools and chat_template_kwargs (chat,
 // extensions passed to the template), ignore_eos (extension). A null value means "not given".
-// Unknown fields are ignored, as OpenAI clients expect.
+// Unknown fields are ignored, as OpenAI clients expect; known ones this server does not implement
+// (logprobs, top_logprobs, presence/frequency/repetition penalties, min_p, logit_bias, best_of,
+// echo, suffix, beam search, stop_token_ids, response_format other than text, functions,
+// tool_choice other than "auto"/"none", audio output, guided decoding) get a 400 naming them
+// unless set to their no-op value.
+//
+// /v1/responses: input (a string, or message items {role, content} whose content is a string or
+// input_text/output_text parts), instructions (a system message first), max_output_tokens,
+// temperature, top_p, stream; tools, previous_response_id, background, conversation and
+// non-text output formats get a 400.
+//
+// Chat messages are normalized for the chat template (the validator accepts exactly what the
+// template is given): roles system, developer (sent as system), user, assistant, tool, anything
+// else a 400 naming it; content a string or an array of content parts, whose text parts are
+// joined with "\n" and whose image/audio/file parts get a 400 saying the model takes text only;
+// a message without content is refused, except an assistant turn with tool_calls (content null);
+// tool_calls and tools are checked for the fields the template reads (function.name).
 #pragma once
 
 #include <cstddef>
@@ -52,7 +68,9 @@ struct ApiError {
 
 ApiError invalid_request(std::string message, std::string param = "", int http_status = 400);
 
-enum class Endpoint { kChatCompletions, kCompletions };
+// kResponses: POST /v1/responses (text or message input, text output), parsed into the same
+// chat messages as kChatCompletions.
+enum class Endpoint { kChatCompletions, kCompletions, kResponses };
 
 // What the parser needs to know about the served model (from engine::EngineInfo).
 struct ModelLimits {
@@ -66,9 +84,12 @@ struct OpenAIRequest {
   std::string model;
 
   // /v1/chat/completions
-  nlohmann::ordered_json messages;              // non-empty array of objects with string "role"
+  // Normalized: every message has role system/user/assistant/tool and content a string (null only
+  // for an assistant turn with tool_calls).
+  nlohmann::ordered_json messages;
   nlohmann::ordered_json tools;                 // array or null
   nlohmann::ordered_json chat_template_kwargs;  // object or null
+  std::string tool_choice;                      // "auto", "none" or "" (not given: auto)
 
   // /v1/completions: either text or ids.
   bool prompt_is_ids = false;

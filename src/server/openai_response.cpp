@@ -20,7 +20,10 @@ std::string make_response_id(Endpoint endpoint) {
   char hex[25];
   std::snprintf(hex, sizeof(hex), "%016llx%08llx", static_cast<unsigned long long>(a),
                 static_cast<unsigned long long>(b & 0xffffffffULL));
-  return std::string(endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + hex;
+  const char* prefix = endpoint == Endpoint::kChatCompletions ? "chatcmpl-"
+                       : endpoint == Endpoint::kResponses     ? "resp_"
+                                                              : "cmpl-";
+  return std::string(prefix) + hex;
 }
 
 std::string openai_finish_reason(const std::string& engine_reason) {
@@ -72,6 +75,69 @@ json completion_body(const ResponseMeta& meta, const std::string& text,
   return j;
 }
 
+namespace {
+
+json tool_call_json(const ToolCall& c) {
+  return json{{"id", c.id},
+              {"type", "function"},
+              {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+}
+
+}  // namespace
+
+json chat_completion_body(const ResponseMeta& meta, const ChatOutput& out,
+                          const std::string& finish_reason, const Usage& usage) {
+  json j = header(meta, "chat.completion");
+  json msg = json::object();
+  msg["role"] = "assistant";
+  msg["content"] = out.content.empty() && !out.tool_calls.empty() ? json(nullptr)
+                                                                  : json(out.content);
+  if (out.with_reasoning) {
+    msg["reasoning_content"] = out.reasoning.empty() ? json(nullptr) : json(out.reasoning);
+  }
+  if (!out.tool_calls.empty()) {
+    json calls = json::array();
+    for (const ToolCall& c : out.tool_calls) calls.push_back(tool_call_json(c));
+    msg["tool_calls"] = std::move(calls);
+  }
+  json choice = json::object();
+  choice["index"] = 0;
+  choice["message"] = std::move(msg);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_json(finish_reason);
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(usage);
+  return j;
+}
+
+json chat_delta_chunk(const ResponseMeta& meta, const OutputDelta& d, int first_call_index,
+                      const std::string& finish_reason) {
+  json j = header(meta, "chat.completion.chunk");
+  json delta = json::object();
+  if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+  if (!d.content.empty()) delta["content"] = d.content;
+  if (!d.tool_calls.empty()) {
+    json calls = json::array();
+    for (size_t i = 0; i < d.tool_calls.size(); ++i) {
+      json c = json::object();
+      c["index"] = first_call_index + static_cast<int>(i);
+      const ToolCall& t = d.tool_calls[i];
+      c["id"] = t.id;
+      c["type"] = "function";
+      c["function"] = json{{"name", t.name}, {"arguments", t.arguments}};
+      calls.push_back(std::move(c));
+    }
+    delta["tool_calls"] = std::move(calls);
+  }
+  json choice = json::object();
+  choice["index"] = 0;
+  choice["delta"] = std::move(delta);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_json(finish_reason);
+  j["choices"] = json::array({choice});
+  return j;
+}
+
 json stream_chunk(const ResponseMeta& meta, const std::string& text_delta, bool role_first,
                   const std::string& finish_reason) {
   json j = header(meta, "chat.completion.chunk");
@@ -99,13 +165,73 @@ json usage_chunk(const ResponseMeta& meta, const Usage& usage) {
 }
 
 json models_body(const std::string& model, int64_t created, int max_model_len) {
+  return json{{"object", "list"},
+              {"data", json::array({model_json(model, created, max_model_len)})}};
+}
+
+json output_text_part(const std::string& text) {
+  return json{{"type", "output_text"}, {"text", text}, {"annotations", json::array()}};
+}
+
+json response_message_item(const std::string& item_id, const std::string& status,
+                           const std::string* text) {
+  json item = json::object();
+  item["id"] = item_id;
+  item["type"] = "message";
+  item["status"] = status;
+  item["role"] = "assistant";
+  item["content"] = text ? json::array({output_text_part(*text)}) : json::array();
+  return item;
+}
+
+std::string response_status(const std::string& finish_reason) {
+  return finish_reason == "length" || finish_reason == "cancelled" ? "incomplete" : "completed";
+}
+
+json response_object(const ResponseMeta& meta, const std::string& status,
+                     const std::string& item_id, const std::string& text, const Usage& usage) {
+  json r = json::object();
+  r["id"] = meta.id;
+  r["object"] = "response";
+  r["created_at"] = meta.created;
+  r["status"] = status;
+  r["error"] = nullptr;
+  r["incomplete_details"] =
+      status == "incomplete" ? json{{"reason", "max_output_tokens"}} : json(nullptr);
+  r["model"] = meta.model;
+  r["output"] = status == "in_progress"
+                    ? json::array()
+                    : json::array({response_message_item(item_id, "completed", &text)});
+  r["parallel_tool_calls"] = false;
+  r["tool_choice"] = "none";
+  r["tools"] = json::array();
+  r["text"] = json{{"format", {{"type", "text"}}}};
+  json u = json::object();
+  u["input_tokens"] = usage.prompt_tokens;
+  u["input_tokens_details"] = json{{"cached_tokens", usage.cached_tokens}};
+  u["output_tokens"] = usage.completion_tokens;
+  u["output_tokens_details"] = json{{"reasoning_tokens", 0}};
+  u["total_tokens"] = usage.prompt_tokens + usage.completion_tokens;
+  r["usage"] = status == "in_progress" ? json(nullptr) : std::move(u);
+  return r;
+}
+
+std::string response_event(const std::string& type, json payload, int* sequence) {
+  json j = json::object();
+  j["type"] = type;
+  j["sequence_number"] = (*sequence)++;
+  for (auto it = payload.begin(); it != payload.end(); ++it) j[it.key()] = it.value();
+  return "event: " + type + "\ndata: " + dump_json(j) + "\n\n";
+}
+
+json model_json(const std::string& model, int64_t created, int max_model_len) {
   json m = json::object();
   m["id"] = model;
   m["object"] = "model";
   m["created"] = created;
   m["owned_by"] = "oscar";
   m["max_model_len"] = max_model_len;
-  return json{{"object", "list"}, {"data", json::array({m})}};
+  return m;
 }
 
 std::string dump_json(const json& j) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/openai_request.h"
+#include "server/output_parser.h"
 
 namespace oscar::server {
 
@@ -24,7 +25,7 @@ struct Usage {
 // Fixed per response: every chunk of a stream repeats them.
 struct ResponseMeta {
   Endpoint endpoint = Endpoint::kChatCompletions;
-  std::string id;        // "chatcmpl-..." or "cmpl-..."
+  std::string id;        // "chatcmpl-...", "cmpl-..." or "resp_..."
   int64_t created = 0;   // Unix seconds
   std::string model;
 };
@@ -48,7 +49,43 @@ nlohmann::ordered_json stream_chunk(const ResponseMeta& meta, const std::string&
 // The final chunk of stream_options.include_usage: choices is empty and usage is set.
 nlohmann::ordered_json usage_chunk(const ResponseMeta& meta, const Usage& usage);
 
-// GET /v1/models.
+// A chat answer as OutputParser split it.
+struct ChatOutput {
+  std::string content;
+  bool with_reasoning = false;  // the reasoning parser is on: reasoning_content is reported
+  std::string reasoning;
+  std::vector<ToolCall> tool_calls;
+};
+
+// Non-streaming chat body whose message carries content (null when empty and there are tool
+// calls), reasoning_content (with_reasoning; null when empty) and tool_calls (when any).
+nlohmann::ordered_json chat_completion_body(const ResponseMeta& meta, const ChatOutput& out,
+                                            const std::string& finish_reason, const Usage& usage);
+
+// One streaming chat chunk for a parsed delta: delta.content / delta.reasoning_content /
+// delta.tool_calls (each call whole, with "index" = first_call_index + its position).
+nlohmann::ordered_json chat_delta_chunk(const ResponseMeta& meta, const OutputDelta& delta,
+                                        int first_call_index, const std::string& finish_reason);
+
+// ---- /v1/responses ----
+// The Response object: status "in_progress" (no output yet), "completed" or "incomplete" (cut by
+// max_output_tokens: incomplete_details.reason "max_output_tokens"); output is one assistant
+// message item `item_id` with one output_text part when the status is not in_progress.
+nlohmann::ordered_json response_object(const ResponseMeta& meta, const std::string& status,
+                                       const std::string& item_id, const std::string& text,
+                                       const Usage& usage);
+// The status of a finished response for an engine finish_reason.
+std::string response_status(const std::string& finish_reason);
+// A Responses streaming event: "event: <type>\ndata: <json with type and sequence_number>\n\n".
+std::string response_event(const std::string& type, nlohmann::ordered_json payload, int* sequence);
+// The output message item ("in_progress" with no content, or "completed" with its text).
+nlohmann::ordered_json response_message_item(const std::string& item_id, const std::string& status,
+                                             const std::string* text);
+nlohmann::ordered_json output_text_part(const std::string& text);
+
+// GET /v1/models/{id}: one model object.
+nlohmann::ordered_json model_json(const std::string& model, int64_t created, int max_model_len);
+// GET /v1/models: {"object": "list", "data": [model_json(...)]}.
 nlohmann::ordered_json models_body(const std::string& model, int64_t created, int max_model_len);
 
 // JSON text for the wire: invalid UTF-8 is replaced, never thrown.

@@ -94,6 +94,12 @@ std::string render_prometheus(const engine::EngineMetrics& m, const ServerCounte
   scalar(&out, "oscar_client_disconnects_total", "counter",
          "Requests cancelled because the client went away.",
          static_cast<double>(c.client_disconnects));
+  scalar(&out, "oscar_http_accept_errors_total", "counter",
+         "accept() failures (e.g. out of file descriptors); each one backs off before retrying.",
+         static_cast<double>(c.accept_errors));
+  scalar(&out, "oscar_http_connections_rejected_total", "counter",
+         "Connections beyond --max-connections, answered 503 and closed.",
+         static_cast<double>(c.connections_rejected));
   return out;
 }
 

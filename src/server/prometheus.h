@@ -15,6 +15,8 @@ namespace oscar::server {
 struct ServerCounters {
   std::map<int, uint64_t> responses_by_status;  // HTTP status -> responses sent
   uint64_t client_disconnects = 0;              // streams/requests cancelled by a disconnect
+  uint64_t accept_errors = 0;                   // accept() failures (EMFILE, ...), each backed off
+  uint64_t connections_rejected = 0;            // beyond max_connections: 503 and closed
 };
 
 // Emits, with HELP and TYPE lines:
@@ -23,7 +25,8 @@ struct ServerCounters {
 //   oscar_time_to_first_token_seconds, oscar_time_per_output_token_seconds (histograms)
 //   oscar_kv_pages_used{pool=...}, oscar_kv_pages_total{pool=...} (gauges)
 //   oscar_prefix_cache_hit_rate, oscar_kv_effective_bits_per_element (gauges)
-//   oscar_http_responses_total{status=...}, oscar_client_disconnects_total (counters)
+//   oscar_http_responses_total{status=...}, oscar_client_disconnects_total,
+//   oscar_http_accept_errors_total, oscar_http_connections_rejected_total (counters)
 std::string render_prometheus(const engine::EngineMetrics& m, const ServerCounters& c);
 
 }  // namespace oscar::server

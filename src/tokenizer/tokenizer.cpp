@@ -100,6 +100,20 @@ bool is_word_char(uint32_t cp) {
          (cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO);
 }
 
+// Byte ranges [first, second) of a text in which no added token may be recognised; sorted and
+// disjoint (Tokenizer::encode(pieces)).
+using LiteralRanges = std::vector<std::pair<size_t, size_t>>;
+
+// True when [a, b) intersects one of `lit`.
+bool overlaps_literal(const LiteralRanges* lit, size_t a, size_t b) {
+  if (!lit || lit->empty()) return false;
+  // The first range that ends after a.
+  auto it = std::upper_bound(
+      lit->begin(), lit->end(), a,
+      [](size_t x, const std::pair<size_t, size_t>& r) { return x < r.second; });
+  return it != lit->end() && it->first < b;
+}
+
 // Leftmost-longest matching of a set of added tokens in a text (what HF does with an
 // Aho-Corasick automaton in LeftmostLongest mode). Candidates are bucketed by first byte and
 // tried longest first; the token sets are small (tens), so this is fast on ordinary text.
@@ -116,8 +130,10 @@ class AddedMatcher {
   }
   bool empty() const { return !any_; }
 
-  // Splits `text` into segments, appending to `out`.
-  void split(std::string_view text, std::vector<Segment>& out) const {
+  // Splits `text` into segments, appending to `out`. A match that overlaps `literal` (byte ranges
+  // of `text`) is not taken; scanning resumes one byte after its start.
+  void split(std::string_view text, std::vector<Segment>& out,
+             const LiteralRanges* literal = nullptr) const {
     if (!any_) {
       if (!text.empty()) out.push_back({text, -1});
       return;
@@ -139,6 +155,10 @@ class AddedMatcher {
         continue;
       }
       size_t start = pos, stop = pos + hit->content.size();
+      if (overlaps_literal(literal, start, stop)) {
+        ++pos;
+        continue;
+      }
       pos = stop;  // matches never overlap, even when rejected below
       if (hit->single_word) {
         const bool left_ok = start == 0 || !ends_with_word(text.substr(0, start));
@@ -240,8 +260,11 @@ struct TokenizerImpl {
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
   void bpe_uncached(std::string_view piece, std::vector<int32_t>& out) const;
   // Added tokens split out, the rest normalized: the segments encode() tokenizes.
-  void segments(std::string_view text, std::vector<Segment>& out,
-                std::deque<std::string>& arena) const;
+  // With `literal` (byte ranges of text), added tokens overlapping them are not split out, and
+  // normalized added tokens are not matched in a run that overlaps them.
+  void segments(std::string_view text, std::vector<Segment>& out, std::deque<std::string>& arena,
+                const LiteralRanges* literal = nullptr) const;
+  std::vector<int32_t> encode_segments(std::string_view text, const LiteralRanges* literal) const;
 };
 
 std::string TokenizerImpl::normalize_segment(std::string_view s) const {
@@ -267,9 +290,9 @@ std::string TokenizerImpl::normalize_segment(std::string_view s) const {
 }
 
 void TokenizerImpl::segments(std::string_view text, std::vector<Segment>& out,
-                             std::deque<std::string>& arena) const {
+                             std::deque<std::string>& arena, const LiteralRanges* literal) const {
   std::vector<Segment> raw;
-  raw_matcher.split(text, raw);
+  raw_matcher.split(text, raw, literal);
   for (const Segment& seg : raw) {
     if (seg.added_id >= 0) {
       out.push_back(seg);
@@ -280,8 +303,32 @@ void TokenizerImpl::segments(std::string_view text, std::vector<Segment>& out,
       std::string n = normalize_segment(seg.text);
       if (n != seg.text) norm = arena.emplace_back(std::move(n));
     }
-    norm_matcher.split(norm, out);
+    const size_t begin = static_cast<size_t>(seg.text.data() - text.data());
+    if (overlaps_literal(literal, begin, begin + seg.text.size())) {
+      if (!norm.empty()) out.push_back({norm, -1});
+    } else {
+      norm_matcher.split(norm, out);
+    }
   }
+}
+
+std::vector<int32_t> TokenizerImpl::encode_segments(std::string_view text,
+                                                    const LiteralRanges* literal) const {
+  std::deque<std::string> arena;  // owns normalized text and prefixed pieces
+  std::vector<Segment> segs;
+  segments(text, segs, arena, literal);
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  std::vector<std::string_view> pieces;
+  for (const Segment& seg : segs) {
+    if (seg.added_id >= 0) {
+      ids.push_back(seg.added_id);
+      continue;
+    }
+    pretokenize(seg.text, pieces, arena);
+    for (std::string_view p : pieces) bpe(p, ids);
+  }
+  return ids;
 }
 
 void TokenizerImpl::pretokenize(std::string_view s, std::vector<std::string_view>& pieces,
@@ -856,21 +903,38 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
     repaired = bl::utf8_repair(text);
     text = repaired;
   }
-  std::deque<std::string> arena;  // owns normalized text and prefixed pieces
-  std::vector<Segment> segs;
-  impl_->segments(text, segs, arena);
-  std::vector<int32_t> ids;
-  ids.reserve(text.size() / 3 + 4);
-  std::vector<std::string_view> pieces;
-  for (const Segment& seg : segs) {
-    if (seg.added_id >= 0) {
-      ids.push_back(seg.added_id);
-      continue;
+  return impl_->encode_segments(text, nullptr);
+}
+
+std::vector<int32_t> Tokenizer::encode(std::span<const TextPiece> pieces) const {
+  std::string text;
+  LiteralRanges literal;
+  for (const TextPiece& p : pieces) {
+    const size_t begin = text.size();
+    if (bl::utf8_valid(p.text)) {
+      text.append(p.text);
+    } else {
+      text += bl::utf8_repair(p.text);
     }
-    impl_->pretokenize(seg.text, pieces, arena);
-    for (std::string_view p : pieces) impl_->bpe(p, ids);
+    if (p.literal && text.size() > begin) {
+      if (!literal.empty() && literal.back().second == begin) {
+        literal.back().second = text.size();
+      } else {
+        literal.emplace_back(begin, text.size());
+      }
+    }
   }
-  return ids;
+  return impl_->encode_segments(text, &literal);
+}
+
+std::vector<std::string> Tokenizer::added_tokens() const {
+  std::vector<const AddedToken*> sorted;
+  for (const AddedToken& t : impl_->added) sorted.push_back(&t);
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const AddedToken* a, const AddedToken* b) { return a->id < b->id; });
+  std::vector<std::string> out;
+  for (const AddedToken* t : sorted) out.push_back(t->content);
+  return out;
 }
 
 std::string Tokenizer::normalize(std::string_view text) const {

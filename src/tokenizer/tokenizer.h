@@ -51,6 +51,22 @@ class Tokenizer {
   // client decoding bytes with errors="replace" would do.
   std::vector<int32_t> encode(std::string_view text) const;
 
+  // One piece of a text assembled from trusted and untrusted parts (tokenizer/chat_prompt.h).
+  struct TextPiece {
+    std::string_view text;
+    bool literal = false;  // true: no added token is recognised in it (ordinary text)
+  };
+  // encode() of the concatenated pieces, except that an added token is recognised only where it
+  // lies wholly outside the literal pieces: "<|im_end|>" inside a literal piece becomes the ids of
+  // that text (as HF's split_special_tokens=True would give), tokenized together with its
+  // neighbours as one ordinary text. Each piece is UTF-8-repaired on its own. Added tokens marked
+  // `normalized: true` are not recognised in a text run that touches a literal piece (Qwen's
+  // added tokens are all `normalized: false`).
+  std::vector<int32_t> encode(std::span<const TextPiece> pieces) const;
+
+  // The text of every added token (special or not), in id order.
+  std::vector<std::string> added_tokens() const;
+
   // Ids -> UTF-8 text. Added tokens decode to their content; `skip_special` drops tokens marked
   // special. Ids that name no token (negative, >= vocab_size(), or a hole in the id range) are
   // skipped, as HF does; call validate_ids() first where such ids must be rejected instead.

@@ -184,6 +184,31 @@ Result<std::string> FakeEngine::apply_chat_template(const nlohmann::ordered_json
   return out;
 }
 
+Result<std::vector<int32_t>> FakeEngine::tokenize_chat(const nlohmann::ordered_json& messages,
+                                                      const nlohmann::ordered_json& tools,
+                                                      bool add_generation_prompt,
+                                                      const nlohmann::ordered_json& kwargs) const {
+  if (!opt_.has_chat_template) {
+    return Status(StatusCode::kInternal, "the model has no chat template");
+  }
+  OSCAR_ASSIGN_OR_RETURN(std::string text,
+                         apply_chat_template(messages, tools, add_generation_prompt, kwargs));
+  if (opt_.chat_prompt_is_last_content && !messages.empty() &&
+      messages.back().value("content", nlohmann::ordered_json()).is_string()) {
+    text = messages.back()["content"].get<std::string>();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_chat_ = messages;
+  }
+  return tokenize(text);
+}
+
+nlohmann::ordered_json FakeEngine::last_chat() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_chat_;
+}
+
 int64_t FakeEngine::pages_used() const {
   std::lock_guard<std::mutex> lock(mu_);
   return pages_used_;

@@ -37,6 +37,10 @@ class FakeEngine : public engine::Engine {
     int page_size_tokens = 16;
     int64_t pages_total = 4096;
     bool ready = true;
+    bool has_chat_template = true;  // false: tokenize_chat fails as a model without one does
+    // true: a chat prompt is only the last message's content, so the echo is exactly that text
+    // (tests of tool-call and reasoning parsing script the "model output" this way).
+    bool chat_prompt_is_last_content = false;
   };
 
   explicit FakeEngine(Options options);
@@ -53,6 +57,12 @@ class FakeEngine : public engine::Engine {
                                           const nlohmann::ordered_json& tools,
                                           bool add_generation_prompt,
                                           const nlohmann::ordered_json& kwargs) const override;
+  // apply_chat_template() then tokenize() (the fake has no special tokens to guard).
+  Result<std::vector<int32_t>> tokenize_chat(const nlohmann::ordered_json& messages,
+                                             const nlohmann::ordered_json& tools,
+                                             bool add_generation_prompt,
+                                             const nlohmann::ordered_json& kwargs) const override;
+  bool has_chat_template() const override { return opt_.has_chat_template; }
 
   // Test hooks. All thread-safe.
   void set_ready(bool ready) { ready_ = ready; }
@@ -62,6 +72,8 @@ class FakeEngine : public engine::Engine {
   uint64_t cancelled_requests() const { return cancelled_requests_; }
   // Copies of every request submitted so far, in order.
   std::vector<engine::GenerationRequest> submitted() const;
+  // The messages of the last tokenize_chat() call, as the server normalized them.
+  nlohmann::ordered_json last_chat() const;
 
  private:
   struct Live;
@@ -77,6 +89,7 @@ class FakeEngine : public engine::Engine {
   bool quit_ = false;
   std::vector<std::unique_ptr<Live>> live_;
   std::vector<engine::GenerationRequest> submitted_;
+  mutable nlohmann::ordered_json last_chat_;  // guarded by mu_
   int64_t pages_used_ = 0;
   uint64_t prompt_tokens_total_ = 0;
   uint64_t generation_tokens_total_ = 0;

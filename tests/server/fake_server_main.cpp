@@ -1,7 +1,10 @@
 // oscar_fake_server: serves the FakeEngine (tests/server/fake_engine.h) through the real
 // HttpServer, for the OpenAI conformance tests in tests/e2e/openai_conformance/. Test-only.
 //   oscar_fake_server [--port N] [--host H] [--api-key KEY] [--token-delay-ms D]
-//                     [--ready-after-ms T] [--max-context N]
+//                     [--ready-after-ms T] [--max-context N] [--echo-last-content]
+//                     [--reasoning-parser qwen3]
+// --echo-last-content: a chat's "output" is its last message's content, so a client test can
+// script what the model says (tool calls included) and drive a whole tool loop.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +35,8 @@ int main(int argc, char** argv) {
       eopt.token_delay = std::chrono::milliseconds(std::atoi(next("--token-delay-ms")));
     else if (!std::strcmp(argv[i], "--ready-after-ms")) ready_after_ms = std::atoi(next("--ready-after-ms"));
     else if (!std::strcmp(argv[i], "--max-context")) eopt.max_context_tokens = std::atoi(next("--max-context"));
+    else if (!std::strcmp(argv[i], "--echo-last-content")) eopt.chat_prompt_is_last_content = true;
+    else if (!std::strcmp(argv[i], "--reasoning-parser")) opt.reasoning_parser = next("--reasoning-parser");
     else {
       std::fprintf(stderr, "oscar_fake_server: unknown argument %s\n", argv[i]);
       return 2;

@@ -3,8 +3,10 @@
 // 10 s receive timeout so a server bug fails the test instead of hanging it.
 #include "server/http_server.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <map>
@@ -73,6 +75,27 @@ class Client {
     r.body = res.body();
     r.keep_alive = res.keep_alive();
     for (const auto& f : res) r.headers[std::string(f.name_string())] = std::string(f.value());
+    return r;
+  }
+
+  // HEAD: a response without body bytes, whatever its Content-Length says.
+  Reply head(const std::string& target) {
+    http::request<http::empty_body> req(http::verb::head, target, 11);
+    req.set(http::field::host, "127.0.0.1");
+    http::write(socket_, req);
+    http::response_parser<http::empty_body> parser;
+    parser.skip(true);
+    beast::error_code ec;
+    http::read(socket_, buffer_, parser, ec);
+    Reply r;
+    if (ec) {
+      r.status = -1;
+      r.body = ec.message();
+      return r;
+    }
+    r.status = static_cast<int>(parser.get().result_int());
+    r.keep_alive = parser.get().keep_alive();
+    for (const auto& f : parser.get()) r.headers[std::string(f.name_string())] = std::string(f.value());
     return r;
   }
 
@@ -526,6 +549,473 @@ TEST_F(HttpServerTest, StopLetsShortRequestsFinish) {
   client.join();
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], "abcdefghij");
+}
+
+// ---- The OpenAI surface and HTTP details of issue #11 ----
+
+TEST_F(HttpServerTest, ModelById) {
+  ServerOptions sopt;
+  sopt.api_key = "k";
+  start({}, sopt);
+  const std::map<std::string, std::string> auth = {{"Authorization", "Bearer k"}};
+  Reply r = get("/v1/models/fake-model", auth);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["id"], "fake-model");
+  EXPECT_EQ(j["object"], "model");
+  EXPECT_EQ(get("/v1/models/fake%2Dmodel", auth).status, 200);  // percent-encoded
+  Reply missing = get("/v1/models/gpt-4o", auth);
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(json::parse(missing.body)["error"]["code"], "model_not_found");
+  EXPECT_NE(missing.body.find("gpt-4o"), std::string::npos);
+  EXPECT_EQ(get("/v1/models/fake-model").status, 401);  // behind the key like /v1/models
+  EXPECT_EQ(post("/v1/models/fake-model", "{}", auth).status, 405);
+}
+
+TEST_F(HttpServerTest, HeadAnswersWithHeadersOnlyAndKeepsTheConnection) {
+  start();
+  Client c(server_->port());
+  Reply full = c.request(http::verb::get, "/v1/models");
+  ASSERT_EQ(full.status, 200);
+  Reply h = c.head("/v1/models");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(h.headers["Content-Length"], std::to_string(full.body.size()));
+  EXPECT_EQ(h.headers["Content-Type"], "application/json");
+  EXPECT_TRUE(h.keep_alive);
+  // HEAD on a POST route: 405 naming the methods, still no body bytes on the wire.
+  Reply h405 = c.head("/v1/chat/completions");
+  EXPECT_EQ(h405.status, 405);
+  EXPECT_EQ(h405.headers["Allow"], "POST, OPTIONS");
+  EXPECT_TRUE(h405.keep_alive);
+  // The connection is still in sync: the next answer parses.
+  Reply after = c.request(http::verb::get, "/health");
+  EXPECT_EQ(after.status, 200);
+  EXPECT_EQ(after.body, "{\"status\":\"ok\"}");
+  EXPECT_EQ(c.head("/health").status, 200);
+  EXPECT_EQ(c.head("/metrics").status, 200);
+}
+
+TEST_F(HttpServerTest, WrongMethodNamesTheAllowedOnes) {
+  start();
+  Reply r = get("/v1/completions");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_EQ(r.headers["Allow"], "POST, OPTIONS");
+  EXPECT_EQ(json::parse(r.body)["error"]["code"], "method_not_allowed");
+  Reply d = Client(server_->port()).request(http::verb::delete_, "/health");
+  EXPECT_EQ(d.status, 405);
+  EXPECT_EQ(d.headers["Allow"], "GET, HEAD, OPTIONS");
+  Reply o = Client(server_->port()).request(http::verb::options, "/v1/chat/completions");
+  EXPECT_EQ(o.status, 204);
+  EXPECT_EQ(o.headers["Allow"], "POST, OPTIONS");
+  EXPECT_EQ(o.headers.count("Access-Control-Allow-Origin"), 0u);  // CORS is off by default
+}
+
+TEST_F(HttpServerTest, CorsPreflightAndHeaders) {
+  ServerOptions sopt;
+  sopt.api_key = "k";
+  sopt.allowed_origins = {"http://localhost:3000"};
+  start({}, sopt);
+  // A preflight carries no credentials and must pass without the key.
+  Reply pre = Client(server_->port())
+                  .request(http::verb::options, "/v1/chat/completions", "",
+                           {{"Origin", "http://localhost:3000"},
+                            {"Access-Control-Request-Method", "POST"},
+                            {"Access-Control-Request-Headers", "authorization, content-type"}});
+  EXPECT_EQ(pre.status, 204);
+  EXPECT_EQ(pre.headers["Access-Control-Allow-Origin"], "http://localhost:3000");
+  EXPECT_EQ(pre.headers["Access-Control-Allow-Methods"], "POST, OPTIONS");
+  EXPECT_EQ(pre.headers["Access-Control-Allow-Headers"], "authorization, content-type");
+  EXPECT_EQ(pre.headers["Vary"], "Origin");
+  EXPECT_EQ(pre.headers.count("Content-Length"), 0u);
+  // Another origin gets no CORS headers (the browser then refuses).
+  Reply other = Client(server_->port())
+                    .request(http::verb::options, "/v1/chat/completions", "",
+                             {{"Origin", "http://evil.example"},
+                              {"Access-Control-Request-Method", "POST"}});
+  EXPECT_EQ(other.status, 204);
+  EXPECT_EQ(other.headers.count("Access-Control-Allow-Origin"), 0u);
+  // The actual request from the allowed origin, errors included, carries the header.
+  Reply err = post("/v1/chat/completions", "{}", {{"Origin", "http://localhost:3000"}});
+  EXPECT_EQ(err.status, 401);
+  EXPECT_EQ(err.headers["Access-Control-Allow-Origin"], "http://localhost:3000");
+  Reply stream = post("/v1/chat/completions",
+                      R"({"model":"fake-model","stream":true,"messages":[{"role":"user","content":"hi"}]})",
+                      {{"Origin", "http://localhost:3000"}, {"Authorization", "Bearer k"}});
+  EXPECT_EQ(stream.status, 200);
+  EXPECT_EQ(stream.headers["Access-Control-Allow-Origin"], "http://localhost:3000");
+  EXPECT_EQ(stream.headers["Access-Control-Expose-Headers"], "X-Request-Id");
+}
+
+TEST_F(HttpServerTest, CorsWildcard) {
+  ServerOptions sopt;
+  sopt.allowed_origins = {"*"};
+  start({}, sopt);
+  Reply r = get("/v1/models", {{"Origin", "https://app.example"}});
+  EXPECT_EQ(r.headers["Access-Control-Allow-Origin"], "*");
+  EXPECT_EQ(get("/v1/models").headers.count("Access-Control-Allow-Origin"), 0u);  // no Origin
+}
+
+TEST_F(HttpServerTest, DateAndRequestIdHeaders) {
+  start();
+  Reply r = get("/health");
+  // IMF-fixdate: "Tue, 01 Dec 2026 09:35:27 GMT".
+  ASSERT_EQ(r.headers["Date"].size(), 29u) << r.headers["Date"];
+  EXPECT_EQ(r.headers["Date"].substr(25), " GMT");
+  EXPECT_EQ(r.headers["X-Request-Id"].rfind("req-", 0), 0u);
+  EXPECT_NE(get("/health").headers["X-Request-Id"], r.headers["X-Request-Id"]);
+  // The client's own id is echoed, on errors and streams too; a hostile one is replaced.
+  EXPECT_EQ(get("/nowhere", {{"X-Request-Id", "abc-123"}}).headers["X-Request-Id"], "abc-123");
+  Reply s = post("/v1/completions", R"({"model":"fake-model","prompt":"ab","stream":true})",
+                 {{"X-Request-Id", "mine"}});
+  EXPECT_EQ(s.headers["X-Request-Id"], "mine");
+  EXPECT_FALSE(s.headers["Date"].empty());
+  EXPECT_EQ(get("/health", {{"X-Request-Id", std::string(200, 'x')}})
+                .headers["X-Request-Id"]
+                .rfind("req-", 0),
+            0u);
+}
+
+TEST_F(HttpServerTest, ChatInputIsNormalizedBeforeTheTemplate) {
+  start();
+  Reply r = post("/v1/chat/completions", R"({"model":"fake-model","max_tokens":2,"messages":[
+      {"role":"developer","content":"d"},
+      {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json chat = engine_->last_chat();
+  ASSERT_EQ(chat.size(), 2u);
+  EXPECT_EQ(chat[0]["role"], "system");
+  EXPECT_EQ(chat[1]["content"], "a\nb");
+  Reply img = post("/v1/chat/completions", R"({"model":"fake-model","messages":[{"role":"user",
+      "content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]})");
+  EXPECT_EQ(img.status, 400);
+  json e = json::parse(img.body)["error"];
+  EXPECT_EQ(e["param"], "messages[0].content[0].type");
+  EXPECT_NE(e["message"].get<std::string>().find("text only"), std::string::npos);
+  Reply role = post("/v1/chat/completions",
+                    R"({"model":"fake-model","messages":[{"role":"narrator","content":"x"}]})");
+  EXPECT_EQ(role.status, 400);
+  EXPECT_NE(role.body.find("narrator"), std::string::npos);
+  Reply pen = post("/v1/chat/completions",
+                   R"({"model":"fake-model","presence_penalty":1,"messages":[{"role":"user","content":"x"}]})");
+  EXPECT_EQ(pen.status, 400);
+  EXPECT_EQ(json::parse(pen.body)["error"]["param"], "presence_penalty");
+  EXPECT_EQ(engine_->submitted().size(), 1u);
+}
+
+TEST_F(HttpServerTest, MissingChatTemplateIsAServerError) {
+  start(FakeEngine::Options{.has_chat_template = false});
+  Reply r = post("/v1/chat/completions",
+                 R"({"model":"fake-model","messages":[{"role":"user","content":"x"}]})");
+  EXPECT_EQ(r.status, 500);
+  json e = json::parse(r.body)["error"];
+  EXPECT_EQ(e["type"], "server_error");
+  EXPECT_NE(e["message"].get<std::string>().find("no chat template"), std::string::npos);
+  // Completions do not need one.
+  EXPECT_EQ(post("/v1/completions", R"({"model":"fake-model","prompt":"x","max_tokens":1})").status,
+            200);
+}
+
+TEST_F(HttpServerTest, ConnectionCapAnswers503AndCloses) {
+  ServerOptions sopt;
+  sopt.max_connections = 2;
+  start({}, sopt);
+  Client a(server_->port()), b(server_->port());
+  ASSERT_EQ(a.request(http::verb::get, "/health").status, 200);
+  ASSERT_EQ(b.request(http::verb::get, "/health").status, 200);
+  Client c(server_->port());
+  Reply r = c.request(http::verb::get, "/health");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.headers["Retry-After"], "1");
+  EXPECT_FALSE(r.keep_alive);
+  EXPECT_EQ(json::parse(r.body)["error"]["code"], "too_many_connections");
+  EXPECT_EQ(server_->counters().connections_rejected, 1u);
+  // The two admitted connections still work; once one closes, a new one is admitted.
+  EXPECT_EQ(a.request(http::verb::get, "/health").status, 200);
+  beast::error_code ec;
+  b.socket().shutdown(tcp::socket::shutdown_both, ec);
+  b.socket().close(ec);
+  ASSERT_TRUE(wait_until([&] { return Client(server_->port()).request(http::verb::get, "/health").status == 200; }));
+}
+
+// Out of file descriptors: accept() fails with EMFILE while the connection waits in the kernel's
+// queue. The server must back off (little CPU) and accept it once descriptors are free again.
+TEST_F(HttpServerTest, AcceptBacksOffWhenOutOfFileDescriptors) {
+  start();
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  // The client socket exists before the limit drops; connect() needs no new descriptor.
+  net::io_context ioc;
+  tcp::socket s(ioc);
+  s.open(tcp::v4());
+  int top = dup(0);  // the lowest free descriptor
+  ASSERT_GE(top, 0);
+  close(top);
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(top);  // no descriptor can be created any more
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), server_->port()));
+  rusage r0{}, r1{};
+  getrusage(RUSAGE_SELF, &r0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  getrusage(RUSAGE_SELF, &r1);
+  const uint64_t errors = server_->counters().accept_errors;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  auto cpu_us = [](const rusage& u) {
+    return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1000000LL + u.ru_utime.tv_usec +
+           u.ru_stime.tv_usec;
+  };
+  EXPECT_GE(errors, 1u);
+  EXPECT_LE(errors, 20u);  // 10, 20, 40, 80, 160 ms ...: a handful in 400 ms, not millions
+  EXPECT_LT(cpu_us(r1) - cpu_us(r0), 100000) << "accept loop spun";
+  // Descriptors are back: the queued connection is served.
+  timeval tv{10, 0};
+  setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  net::write(s, net::buffer(req));
+  std::string got;
+  beast::error_code ec;
+  char buf[1024];
+  for (;;) {
+    size_t n = s.read_some(net::buffer(buf), ec);
+    if (ec) break;
+    got.append(buf, n);
+  }
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+}
+
+TEST_F(HttpServerTest, ShutdownEndsOpenStreamsWithAnErrorAndDone) {
+  ServerOptions sopt;
+  sopt.shutdown_grace = std::chrono::milliseconds(100);
+  start(FakeEngine::Options{.token_delay = std::chrono::milliseconds(5)}, sopt);
+  Reply chat, plain;
+  std::thread c1([&] {
+    chat = post("/v1/chat/completions",
+                R"({"model":"fake-model","stream":true,"max_tokens":400,"ignore_eos":true,
+                    "messages":[{"role":"user","content":"abc"}]})");
+  });
+  std::thread c2([&] {
+    plain = post("/v1/completions",
+                 R"({"model":"fake-model","prompt":"abc","max_tokens":400,"ignore_eos":true})");
+  });
+  ASSERT_TRUE(wait_until([&] { return engine_->live_requests() == 2; }));
+  server_->stop();
+  c1.join();
+  c2.join();
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  std::vector<std::string> ev = sse_payloads(chat.body);
+  ASSERT_GE(ev.size(), 2u);
+  EXPECT_EQ(ev.back(), "[DONE]");
+  json err = json::parse(ev[ev.size() - 2]);
+  EXPECT_EQ(err["error"]["code"], "server_shutting_down");
+  EXPECT_EQ(err["error"]["type"], "server_error");
+  EXPECT_EQ(plain.status, 503) << plain.body;
+  EXPECT_EQ(json::parse(plain.body)["error"]["code"], "server_shutting_down");
+  EXPECT_TRUE(wait_until([&] { return engine_->live_requests() == 0; }));
+  EXPECT_EQ(engine_->pages_used(), 0);
+}
+
+// The fake echoes the last message's content, which plays the model's output here.
+std::string chat_body(const std::string& output, bool stream, const std::string& extra = "") {
+  json body = {{"model", "fake-model"},
+               {"stream", stream},
+               {"messages", json::array({{{"role", "user"}, {"content", output}}})},
+               {"tools", json::array({{{"type", "function"},
+                                       {"function", {{"name", "get_weather"}}}}})}};
+  std::string s = body.dump();
+  if (!extra.empty()) s = s.substr(0, s.size() - 1) + "," + extra + "}";
+  return s;
+}
+
+const char* kCallOutput =
+    "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+    "</tool_call>";
+
+TEST_F(HttpServerTest, ToolCallsAreParsed) {
+  start(FakeEngine::Options{.max_context_tokens = 4096, .chat_prompt_is_last_content = true});
+  Reply r = post("/v1/chat/completions", chat_body(kCallOutput, false));
+  ASSERT_EQ(r.status, 200) << r.body;
+  json choice = json::parse(r.body)["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["content"], "Checking.\n");
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+  json call = choice["message"]["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>()),
+            json({{"city", "Paris"}}));
+  // tool_choice "none": the text is left alone.
+  Reply none = post("/v1/chat/completions", chat_body(kCallOutput, false, R"("tool_choice":"none")"));
+  json m = json::parse(none.body)["choices"][0];
+  EXPECT_EQ(m["finish_reason"], "stop");
+  EXPECT_EQ(m["message"]["content"], kCallOutput);
+  EXPECT_FALSE(m["message"].contains("tool_calls"));
+}
+
+TEST_F(HttpServerTest, ToolCallsAreStreamedAsDeltas) {
+  start(FakeEngine::Options{.max_context_tokens = 4096, .chat_prompt_is_last_content = true});
+  Reply r = post("/v1/chat/completions", chat_body(kCallOutput, true));
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::string content;
+  std::vector<json> calls;
+  std::string finish;
+  for (const std::string& ev : sse_payloads(r.body)) {
+    if (ev == "[DONE]") continue;
+    json c = json::parse(ev)["choices"][0];
+    if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+    if (c["delta"].contains("tool_calls"))
+      for (const json& t : c["delta"]["tool_calls"]) calls.push_back(t);
+    if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+  }
+  EXPECT_EQ(content, "Checking.\n");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(calls[0]["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(finish, "tool_calls");
+}
+
+TEST_F(HttpServerTest, ReasoningParser) {
+  ServerOptions sopt;
+  sopt.reasoning_parser = "qwen3";
+  start(FakeEngine::Options{.max_context_tokens = 4096, .chat_prompt_is_last_content = true},
+        sopt);
+  const std::string out = "<think>\nhmm\n</think>\n\nAnswer.";
+  json body = {{"model", "fake-model"},
+               {"messages", json::array({{{"role", "user"}, {"content", out}}})}};
+  Reply r = post("/v1/chat/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  json msg = json::parse(r.body)["choices"][0]["message"];
+  EXPECT_EQ(msg["reasoning_content"], "\nhmm\n");
+  EXPECT_EQ(msg["content"], "Answer.");
+  body["stream"] = true;
+  Reply s = post("/v1/chat/completions", body.dump());
+  std::string reasoning, content;
+  for (const std::string& ev : sse_payloads(s.body)) {
+    if (ev == "[DONE]") continue;
+    json d = json::parse(ev)["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, "\nhmm\n");
+  EXPECT_EQ(content, "Answer.");
+  // An unknown parser is a start-up error.
+  FakeEngine e;
+  ServerOptions bad;
+  bad.port = 0;
+  bad.reasoning_parser = "deepseek";
+  EXPECT_FALSE(HttpServer(&e, bad).start().ok());
+}
+
+// "event: X\ndata: Y\n\n" events of a Responses stream: (type, payload).
+std::vector<std::pair<std::string, json>> response_events(const std::string& body) {
+  std::vector<std::pair<std::string, json>> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    EXPECT_NE(end, std::string::npos);
+    if (end == std::string::npos) break;
+    std::string ev = body.substr(pos, end - pos);
+    EXPECT_EQ(ev.rfind("event: ", 0), 0u) << ev;
+    size_t nl = ev.find('\n');
+    std::string type = ev.substr(7, nl - 7);
+    EXPECT_EQ(ev.compare(nl + 1, 6, "data: "), 0) << ev;
+    json data = json::parse(ev.substr(nl + 7));
+    EXPECT_EQ(data["type"], type);
+    out.emplace_back(type, data);
+    pos = end + 2;
+  }
+  return out;
+}
+
+TEST_F(HttpServerTest, ResponsesEndpoint) {
+  start();
+  Reply r = post("/v1/responses",
+                 R"({"model":"fake-model","instructions":"be brief","input":"abc","max_output_tokens":50})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "response");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("resp_", 0), 0u);
+  EXPECT_EQ(j["status"], "completed");
+  ASSERT_EQ(j["output"].size(), 1u);
+  EXPECT_EQ(j["output"][0]["type"], "message");
+  EXPECT_EQ(j["output"][0]["role"], "assistant");
+  EXPECT_EQ(j["output"][0]["content"][0]["type"], "output_text");
+  const std::string text = j["output"][0]["content"][0]["text"];
+  EXPECT_FALSE(text.empty());
+  EXPECT_EQ(j["usage"]["total_tokens"],
+            j["usage"]["input_tokens"].get<int>() + j["usage"]["output_tokens"].get<int>());
+  json chat = engine_->last_chat();
+  ASSERT_EQ(chat.size(), 2u);
+  EXPECT_EQ(chat[0]["role"], "system");
+  EXPECT_EQ(chat[1]["content"], "abc");
+  // Cut by max_output_tokens: incomplete.
+  Reply cut = post("/v1/responses", R"({"model":"fake-model","input":"abcdef","max_output_tokens":2})");
+  json c = json::parse(cut.body);
+  EXPECT_EQ(c["status"], "incomplete");
+  EXPECT_EQ(c["incomplete_details"]["reason"], "max_output_tokens");
+  // Message items with content parts.
+  Reply items = post("/v1/responses", R"({"model":"fake-model","max_output_tokens":3,"input":[
+      {"role":"user","content":[{"type":"input_text","text":"q"}]},
+      {"type":"message","role":"assistant","content":[{"type":"output_text","text":"a"}]},
+      {"role":"user","content":"again"}]})");
+  EXPECT_EQ(items.status, 200) << items.body;
+  EXPECT_EQ(engine_->last_chat()[1]["content"], "a");
+  // Streamed: the event sequence the official client expects; the deltas add up to the text.
+  Reply s = post("/v1/responses", R"({"model":"fake-model","input":"abc","stream":true})");
+  ASSERT_EQ(s.status, 200);
+  EXPECT_EQ(s.body.find("[DONE]"), std::string::npos);
+  auto ev = response_events(s.body);
+  ASSERT_GE(ev.size(), 8u);
+  std::vector<std::string> head, tail;
+  std::string deltas;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    EXPECT_EQ(ev[i].second["sequence_number"], static_cast<int>(i));
+    if (ev[i].first == "response.output_text.delta") {
+      deltas += ev[i].second["delta"].get<std::string>();
+    } else if (deltas.empty()) {
+      head.push_back(ev[i].first);
+    } else {
+      tail.push_back(ev[i].first);
+    }
+  }
+  EXPECT_EQ(head, (std::vector<std::string>{"response.created", "response.in_progress",
+                                            "response.output_item.added",
+                                            "response.content_part.added"}));
+  EXPECT_EQ(tail, (std::vector<std::string>{"response.output_text.done",
+                                            "response.content_part.done",
+                                            "response.output_item.done", "response.completed"}));
+  EXPECT_EQ(ev.back().second["response"]["output"][0]["content"][0]["text"], deltas);
+  EXPECT_EQ(ev[ev.size() - 4].second["text"], deltas);
+  // Bad input names the field as sent.
+  Reply bad = post("/v1/responses", R"({"model":"fake-model","input":[{"role":"robot","content":"x"}]})");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(json::parse(bad.body)["error"]["param"], "input[0].role");
+  Reply fc = post("/v1/responses",
+                  R"({"model":"fake-model","input":[{"type":"function_call_output","output":"x"}]})");
+  EXPECT_EQ(fc.status, 400);
+  EXPECT_EQ(json::parse(fc.body)["error"]["param"], "input[0].type");
+  Reply prev = post("/v1/responses",
+                    R"({"model":"fake-model","input":"x","previous_response_id":"resp_1"})");
+  EXPECT_EQ(prev.status, 400);
+  EXPECT_EQ(json::parse(prev.body)["error"]["param"], "previous_response_id");
+  EXPECT_EQ(post("/v1/responses", R"({"model":"fake-model"})").status, 400);
+  EXPECT_EQ(get("/v1/responses").status, 405);
+}
+
+TEST(HttpServerStart, HostNamesResolve) {
+  FakeEngine engine;
+  ServerOptions opt;
+  opt.host = "localhost";
+  opt.port = 0;
+  HttpServer a(&engine, opt);
+  Status st = a.start();
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  opt.host = "no-such-host.invalid";
+  HttpServer b(&engine, opt);
+  Status bad = b.start();
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("no-such-host.invalid"), std::string::npos);
 }
 
 TEST(HttpServerStart, BusyPortIsAnError) {

@@ -101,6 +101,97 @@ std::vector<BadCase> bad_cases() {
       {"prompt_id_mixed", P, R"({"model":"m","prompt":[1,"a"]})", 400, "prompt[1]", "integer"},
       {"prompt_nested_ids_bad", P, R"({"model":"m","prompt":[[3,99]]})", 400, "prompt[0]",
        "99"},
+      // Chat input as OpenAI clients send it (issue #11, item 2).
+      {"role_unknown", C, R"({"model":"m","messages":[{"role":"bot","content":"x"}]})", 400,
+       "messages[0].role", "role 'bot'; supported roles: system, developer, user, assistant, tool"},
+      {"role_function", C, R"({"model":"m","messages":[{"role":"function","content":"x"}]})",
+       400, "messages[0].role", "'function'"},
+      {"content_missing", C, R"({"model":"m","messages":[{"role":"user"}]})", 400,
+       "messages[0].content", "messages[0] (role 'user') has no content"},
+      {"content_null_user", C, R"({"model":"m","messages":[{"role":"system","content":null},)"
+                                   R"({"role":"user","content":"x"}]})",
+       400, "messages[0].content", "no content"},
+      {"assistant_without_content_or_calls", C,
+       R"({"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant"}]})", 400,
+       "messages[1].content", "has no content and no tool_calls"},
+      {"image_part", C,
+       R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},)"
+       R"({"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]})",
+       400, "messages[0].content[1].type", "type 'image_url'; this model accepts text only"},
+      {"audio_part", C,
+       R"({"model":"m","messages":[{"role":"user","content":[{"type":"input_audio",)"
+       R"("input_audio":{"data":"","format":"wav"}}]}]})",
+       400, "messages[0].content[0].type", "'input_audio'; this model accepts text only"},
+      {"unknown_part", C,
+       R"({"model":"m","messages":[{"role":"user","content":[{"type":"blob"}]}]})", 400,
+       "messages[0].content[0].type", "that type is unknown"},
+      {"part_not_object", C, R"({"model":"m","messages":[{"role":"user","content":["hi"]}]})",
+       400, "messages[0].content[0]", "an object"},
+      {"part_without_type", C,
+       R"({"model":"m","messages":[{"role":"user","content":[{"text":"hi"}]}]})", 400,
+       "messages[0].content[0].type", "required"},
+      {"text_part_without_text", C,
+       R"({"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]})", 400,
+       "messages[0].content[0].text", "required"},
+      {"text_part_text_type", C,
+       R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":3}]}]})",
+       400, "messages[0].content[0].text", "string"},
+      {"tool_calls_on_user", C,
+       R"({"model":"m","messages":[{"role":"user","content":"x","tool_calls":[]}]})", 400,
+       "messages[0].tool_calls", "only assistant"},
+      {"tool_call_without_function", C,
+       R"({"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"a"}]}]})",
+       400, "messages[0].tool_calls[0].function", "required"},
+      {"tool_call_without_name", C,
+       R"({"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{}}]}]})", 400,
+       "messages[0].tool_calls[0].function.name", "required"},
+      {"tool_call_arguments_type", C,
+       R"({"model":"m","messages":[{"role":"assistant","tool_calls":)"
+       R"([{"function":{"name":"f","arguments":3}}]}]})",
+       400, "messages[0].tool_calls[0].function.arguments", "a string (JSON) or an object"},
+      {"tool_without_name", C, R"({"model":"m","tools":[{"type":"function","function":{}}],)" +
+                                   kMsgs + "}",
+       400, "tools[0].function.name", "required"},
+      {"tool_wrong_type", C, R"({"model":"m","tools":[{"type":"web_search"}],)" + kMsgs + "}",
+       400, "tools[0].type", "web_search"},
+      {"reasoning_content_type", C,
+       R"({"model":"m","messages":[{"role":"assistant","content":"x","reasoning_content":1}]})",
+       400, "messages[0].reasoning_content", "string"},
+      // Parameters that stay unsupported are named (item 5).
+      {"logprobs", C, R"({"model":"m","logprobs":true,)" + kMsgs + "}", 400, "logprobs",
+       "'logprobs' = true is not supported"},
+      {"top_logprobs", C, R"({"model":"m","top_logprobs":3,)" + kMsgs + "}", 400,
+       "top_logprobs", "not supported"},
+      {"completion_logprobs", P, R"({"model":"m","prompt":"x","logprobs":2})", 400, "logprobs",
+       "'logprobs' = 2"},
+      {"presence_penalty", C, R"({"model":"m","presence_penalty":1.5,)" + kMsgs + "}", 400,
+       "presence_penalty", "penalties"},
+      {"frequency_penalty", C, R"({"model":"m","frequency_penalty":0.5,)" + kMsgs + "}", 400,
+       "frequency_penalty", "0.5"},
+      {"repetition_penalty", C, R"({"model":"m","repetition_penalty":1.1,)" + kMsgs + "}", 400,
+       "repetition_penalty", "1.1"},
+      {"logit_bias", C, R"({"model":"m","logit_bias":{"5":-100},)" + kMsgs + "}", 400,
+       "logit_bias", "not supported"},
+      {"response_format", C, R"({"model":"m","response_format":{"type":"json_object"},)" +
+                                 kMsgs + "}",
+       400, "response_format", "structured output"},
+      {"tool_choice_required", C, R"({"model":"m","tool_choice":"required",)" + kMsgs + "}",
+       400, "tool_choice", "\"required\""},
+      {"tool_choice_named", C,
+       R"({"model":"m","tool_choice":{"type":"function","function":{"name":"f"}},)" + kMsgs +
+           "}",
+       400, "tool_choice", "only \"auto\" and \"none\""},
+      {"functions", C, R"({"model":"m","functions":[{"name":"f"}],)" + kMsgs + "}", 400,
+       "functions", "use 'tools'"},
+      {"best_of", P, R"({"model":"m","prompt":"x","best_of":3})", 400, "best_of", "3"},
+      {"echo", P, R"({"model":"m","prompt":"x","echo":true})", 400, "echo", "not supported"},
+      {"suffix", P, R"({"model":"m","prompt":"x","suffix":"end"})", 400, "suffix", "\"end\""},
+      {"min_p", C, R"({"model":"m","min_p":0.1,)" + kMsgs + "}", 400, "min_p", "0.1"},
+      {"stop_token_ids", C, R"({"model":"m","stop_token_ids":[7],)" + kMsgs + "}", 400,
+       "stop_token_ids", "use 'stop'"},
+      // Item 7: a top_p that is 0 for the sampler is refused with the value sent.
+      {"top_p_underflow", C, R"({"model":"m","top_p":1e-50,)" + kMsgs + "}", 400, "top_p",
+       "got 1e-50, which rounds to 0 in the sampler's 32-bit floats"},
   };
 }
 
@@ -146,11 +237,14 @@ TEST(OpenAIRequest, DepthLimitIsExactAndIgnoresStrings) {
 
 TEST(OpenAIRequest, AcceptsFullChatRequest) {
   ParseResult r = chat(R"({"model":"m","messages":[{"role":"system","content":"s"},
-      {"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":null}],
+      {"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":null,
+      "tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}],
       "max_tokens":5,"max_completion_tokens":7,"temperature":0,"top_p":0.9,"top_k":40,"seed":-3,
       "stop":"END","stream":true,"stream_options":{"include_usage":true},"n":1,"ignore_eos":true,
-      "tools":[{"type":"function"}],"chat_template_kwargs":{"enable_thinking":false},
-      "frequency_penalty":0.5,"user":"ignored","logit_bias":null})");
+      "tools":[{"type":"function","function":{"name":"f"}}],
+      "chat_template_kwargs":{"enable_thinking":false},
+      "frequency_penalty":0,"presence_penalty":0.0,"logprobs":false,"tool_choice":"auto",
+      "response_format":{"type":"text"},"user":"ignored","logit_bias":null})");
   ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(r)) << std::get<ApiError>(r).message;
   const OpenAIRequest& q = std::get<OpenAIRequest>(r);
   EXPECT_EQ(q.messages.size(), 3u);
@@ -166,6 +260,53 @@ TEST(OpenAIRequest, AcceptsFullChatRequest) {
   EXPECT_TRUE(q.ignore_eos);
   EXPECT_TRUE(q.tools.is_array());
   EXPECT_FALSE(q.chat_template_kwargs.at("enable_thinking").get<bool>());
+}
+
+TEST(OpenAIRequest, NormalizesChatInput) {
+  ParseResult r = chat(R"({"model":"m","messages":[
+      {"role":"developer","content":"be brief"},
+      {"role":"user","content":[{"type":"text","text":"line 1"},{"type":"text","text":"line 2"}]},
+      {"role":"assistant","content":[{"type":"text","text":"ok"}],"tool_calls":[]},
+      {"role":"user","content":""}],"tools":[]})");
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(r)) << std::get<ApiError>(r).message;
+  const OpenAIRequest& q = std::get<OpenAIRequest>(r);
+  ASSERT_EQ(q.messages.size(), 4u);
+  EXPECT_EQ(q.messages[0]["role"], "system");
+  EXPECT_EQ(q.messages[0]["content"], "be brief");
+  EXPECT_EQ(q.messages[1]["content"], "line 1\nline 2");
+  EXPECT_EQ(q.messages[2]["content"], "ok");
+  EXPECT_FALSE(q.messages[2].contains("tool_calls"));  // an empty list is no calls
+  EXPECT_EQ(q.messages[3]["content"], "");
+  EXPECT_TRUE(q.tools.is_null());  // no tools: the template renders none
+}
+
+TEST(OpenAIRequest, ResponsesInput) {
+  auto r = parse_openai_request(Endpoint::kResponses,
+                                R"({"model":"m","instructions":"i","input":"hello",
+                                    "max_output_tokens":9,"temperature":0.5})",
+                                kLimits);
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(r)) << std::get<ApiError>(r).message;
+  const OpenAIRequest& q = std::get<OpenAIRequest>(r);
+  ASSERT_EQ(q.messages.size(), 2u);
+  EXPECT_EQ(q.messages[0]["role"], "system");
+  EXPECT_EQ(q.messages[0]["content"], "i");
+  EXPECT_EQ(q.messages[1]["role"], "user");
+  EXPECT_EQ(q.messages[1]["content"], "hello");
+  EXPECT_EQ(q.max_tokens, 9);
+  auto bad = parse_openai_request(Endpoint::kResponses,
+                                  R"({"model":"m","instructions":"i","input":[{"role":"user",
+                                      "content":[{"type":"input_image","image_url":"x"}]}]})",
+                                  kLimits);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(bad));
+  EXPECT_EQ(std::get<ApiError>(bad).param, "input[0].content[0].type");
+  EXPECT_NE(std::get<ApiError>(bad).message.find("input[0].content[0] is a content part"),
+            std::string::npos)
+      << std::get<ApiError>(bad).message;
+  auto tools = parse_openai_request(
+      Endpoint::kResponses, R"({"model":"m","input":"x","tools":[{"type":"web_search"}]})",
+      kLimits);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(tools));
+  EXPECT_EQ(std::get<ApiError>(tools).param, "tools");
 }
 
 TEST(OpenAIRequest, DefaultsAndNulls) {

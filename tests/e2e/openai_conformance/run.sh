@@ -8,7 +8,8 @@
 # 120), tested with `node --test`, then stopped with SIGTERM. Installs the npm packages when
 # node_modules is missing. Exits with the tests' status.
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
+# OSCAR_E2E_DIR: another test directory (its package.json and test/) run the same way.
+here="${OSCAR_E2E_DIR:-$(cd "$(dirname "$0")" && pwd)}"
 if [ $# -lt 1 ]; then
   echo "usage: $0 SERVER_BINARY [SERVER_ARGS...]" >&2
   exit 2
@@ -17,7 +18,7 @@ server="$1"
 shift
 
 command -v node >/dev/null || { echo "run.sh: node is not installed" >&2; exit 1; }
-if [ ! -d "$here/node_modules/openai" ]; then
+if [ ! -f "$here/node_modules/.package-lock.json" ]; then
   (cd "$here" && npm install --no-audit --no-fund --silent)
 fi
 

@@ -134,6 +134,40 @@ test('text completion, non-streaming and streaming agree', async () => {
   assert.equal(text, r.choices[0].text);
 });
 
+test('responses: text input, non-streaming and streaming agree', async () => {
+  const params = { model, instructions: 'Be brief.', input: 'Say hello.', max_output_tokens: 6, temperature: 0 };
+  const r = await client.responses.create(params);
+  assert.match(r.id, /^resp_/);
+  assert.equal(r.object, 'response');
+  assert.ok(['completed', 'incomplete'].includes(r.status));
+  assert.equal(typeof r.output_text, 'string');  // the client's own accessor over output
+  assert.ok(r.usage.output_tokens <= 6);
+  assert.equal(r.usage.total_tokens, r.usage.input_tokens + r.usage.output_tokens);
+
+  const stream = await client.responses.create({ ...params, stream: true });
+  let text = '';
+  let done;
+  for await (const ev of stream) {
+    if (ev.type === 'response.output_text.delta') text += ev.delta;
+    if (ev.type === 'response.completed' || ev.type === 'response.incomplete') done = ev.response;
+  }
+  assert.equal(text, r.output_text);
+  assert.equal(done.output[0].content[0].text, text);
+});
+
+test('responses: message input with content parts', async () => {
+  const r = await client.responses.create({
+    model,
+    max_output_tokens: 4,
+    input: [
+      { role: 'developer', content: 'Be brief.' },
+      { role: 'user', content: [{ type: 'input_text', text: 'Say hello.' }] },
+    ],
+  });
+  assert.equal(r.output[0].type, 'message');
+  assert.equal(r.output[0].content[0].type, 'output_text');
+});
+
 test('text completion from token ids', async () => {
   const r = await client.completions.create({ model, prompt: [1, 2, 3], max_tokens: 2, temperature: 0 });
   assert.equal(r.usage.prompt_tokens, 3);
