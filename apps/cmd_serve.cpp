@@ -1,76 +1,15 @@
 // `oscar serve`: the OpenAI-compatible HTTP server over the continuous-batching scheduler.
 #include <cstdio>
 #include <filesystem>
-#include <optional>
 
 #include "apps/commands.h"
 #include "apps/runtime_options.h"
 #include "core/log.h"
-#include "core/check.h"
 #include "engine/scheduler.h"
 #include "server/http_server.h"
-#include "tokenizer/chat_prompt.h"
+#include "server/kv_event_publisher.h"
 
 namespace oscar::apps {
-
-namespace {
-
-// The scheduler plus the safe chat path (Engine::tokenize_chat). Until Scheduler implements
-// tokenize_chat and has_chat_template itself (with its own tokenizer and parsed template), this
-// forwards every other call to it. `tokenizer` belongs to the scheduler's runtime.
-class ServeEngine final : public engine::Engine {
- public:
-  ServeEngine(engine::Scheduler* scheduler, const tok::Tokenizer* tokenizer)
-      : scheduler_(scheduler), tokenizer_(tokenizer) {
-    const std::string& source = tokenizer_->chat_template();
-    if (source.empty()) return;
-    auto parsed = tok::ChatTemplate::parse(source);
-    // The scheduler has parsed the same source successfully already.
-    OSCAR_CHECK(parsed.ok(), "chat template: %s", parsed.status().message().c_str());
-    template_.emplace(std::move(parsed).value());
-    split_reasoning_ = tok::template_reads_reasoning(source);
-  }
-
-  Status submit(engine::GenerationRequest req,
-                std::function<void(const engine::GenerationEvent&)> on_event) override {
-    return scheduler_->submit(std::move(req), std::move(on_event));
-  }
-  void cancel(const std::string& request_id) override { scheduler_->cancel(request_id); }
-  engine::EngineInfo info() const override { return scheduler_->info(); }
-  engine::EngineMetrics metrics() const override { return scheduler_->metrics(); }
-  Result<std::vector<int32_t>> tokenize(std::string_view text) const override {
-    return scheduler_->tokenize(text);
-  }
-  Result<std::string> apply_chat_template(const nlohmann::ordered_json& messages,
-                                          const nlohmann::ordered_json& tools, bool agp,
-                                          const nlohmann::ordered_json& kwargs) const override {
-    return scheduler_->apply_chat_template(messages, tools, agp, kwargs);
-  }
-  Result<std::vector<int32_t>> tokenize_chat(const nlohmann::ordered_json& messages,
-                                             const nlohmann::ordered_json& tools, bool agp,
-                                             const nlohmann::ordered_json& kwargs) const override {
-    if (!template_) {
-      return Status(StatusCode::kInternal,
-                    "the model has no chat template (tokenizer_config.json has no chat_template); "
-                    "use /v1/completions");
-    }
-    tok::ChatPromptOptions o;
-    o.add_generation_prompt = agp;
-    o.split_reasoning = split_reasoning_;
-    OSCAR_ASSIGN_OR_RETURN(tok::ChatPrompt p,
-                           tok::encode_chat(*tokenizer_, *template_, messages, tools, kwargs, o));
-    return std::move(p.ids);
-  }
-  bool has_chat_template() const override { return template_.has_value(); }
-
- private:
-  engine::Scheduler* scheduler_;
-  const tok::Tokenizer* tokenizer_;
-  std::optional<tok::ChatTemplate> template_;
-  bool split_reasoning_ = false;
-};
-
-}  // namespace
 
 Command add_serve(CLI::App& app) {
   auto rt = std::make_shared<engine::RuntimeOptions>();
@@ -106,6 +45,23 @@ Command add_serve(CLI::App& app) {
   app.add_option("--reasoning-parser", http->reasoning_parser,
                  "Report a leading <think>...</think> as reasoning_content (qwen3)")
       ->check(CLI::IsMember({"qwen3"}));
+  // KV-cache events for KV-aware routers (docs/formats/kv_events.md).
+  auto events = std::make_shared<server::KvEventPublisherOptions>();
+  events->endpoint.clear();
+  auto events_encoding = std::make_shared<std::string>("map");
+  app.add_option("--kv-events-endpoint", events->endpoint,
+                 "Publish KV-cache events in vLLM's format over ZMQ PUB, e.g. tcp://*:5557 "
+                 "(binds; any other host connects, as vLLM); off when empty");
+  app.add_option("--kv-events-replay-endpoint", events->replay_endpoint,
+                 "ZMQ ROUTER endpoint answering replay requests from a starting sequence number");
+  app.add_option("--kv-events-topic", events->topic,
+                 "Topic frame of every batch (llm-d expects kv@<pod>@<model>)");
+  app.add_option("--kv-events-encoding", *events_encoding,
+                 "Event encoding: map (vLLM since mid-2026) or array (older vLLM)")
+      ->capture_default_str()->check(CLI::IsMember({"map", "array"}));
+  app.add_option("--data-parallel-rank", events->data_parallel_rank,
+                 "Data-parallel rank carried in every event batch (tcp ports are offset by it)")
+      ->capture_default_str();
   return [=]() -> int {
     engine::RuntimeOptions o = *rt;
     o.kv_budget_bytes = static_cast<size_t>(*budget_mib * 1024 * 1024);
@@ -119,12 +75,24 @@ Command add_serve(CLI::App& app) {
                         ? std::filesystem::path(o.model_dir).filename().string()
                         : http->served_model_name;
     if (so.model_name.empty()) so.model_name = "model";
-    // The tokenizer lives on the heap inside the runtime, which the scheduler then owns.
-    const tok::Tokenizer* tokenizer = &runtime.value()->tokenizer();
-    if (tokenizer->chat_template().empty()) {
+    if (runtime.value()->tokenizer().chat_template().empty()) {
       OSCAR_LOG_WARN("serve: the model has no chat template (no chat_template in %s/"
                      "tokenizer_config.json): /v1/chat/completions will answer 500; "
                      "/v1/completions works", o.model_dir.c_str());
+    }
+    std::unique_ptr<server::KvEventPublisher> publisher;
+    if (!events->endpoint.empty()) {
+      server::KvEventPublisherOptions eo = *events;
+      eo.encoding = *events_encoding == "array" ? server::KvEventEncoding::kArray
+                                                : server::KvEventEncoding::kMap;
+      auto made = server::KvEventPublisher::create(eo);
+      if (!made.ok()) {
+        std::fprintf(stderr, "error: %s\n", made.status().message().c_str());
+        return 1;
+      }
+      publisher = std::move(made).value();
+      so.kv_event_sink = publisher.get();
+      OSCAR_LOG_INFO("serve: kv events endpoint=%s", publisher->endpoint().c_str());
     }
     auto scheduler = engine::Scheduler::create(std::move(runtime).value(), so);
     if (!scheduler.ok()) {
@@ -135,8 +103,7 @@ Command add_serve(CLI::App& app) {
     ho.served_model_name = so.model_name;
     OSCAR_LOG_INFO("serve: model_name=%s host=%s port=%u kv_budget_mib=%.0f max_running=%d",
                    so.model_name.c_str(), ho.host.c_str(), ho.port, *budget_mib, so.max_running);
-    ServeEngine serve_engine(scheduler.value().get(), tokenizer);
-    Status st = server::serve_until_signal(&serve_engine, ho);
+    Status st = server::serve_until_signal(scheduler.value().get(), ho);
     scheduler.value()->shutdown();
     if (!st.ok()) {
       std::fprintf(stderr, "error: %s\n", st.message().c_str());

@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "kv/admission.h"
 #include "kernels/sample.h"
+#include "tokenizer/chat_prompt.h"
 
 namespace oscar::engine {
 
@@ -89,6 +90,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(std::unique_ptr<Runtime> ru
     auto tmpl = tok::ChatTemplate::parse(source);
     if (!tmpl.ok()) return tmpl.status().with_context("chat template of the model");
     s->chat_template_ = std::make_unique<tok::ChatTemplate>(std::move(tmpl).value());
+    s->template_reads_reasoning_ = tok::template_reads_reasoning(source);
   }
   if (options.prefix_cache) {
     std::vector<kv::PagePool*> pools = {&s->runtime_->exact_pool()};
@@ -211,7 +213,9 @@ Result<std::string> Scheduler::apply_chat_template(const nlohmann::ordered_json&
                                                    const nlohmann::ordered_json& tools,
                                                    bool add_generation_prompt,
                                                    const nlohmann::ordered_json& kwargs) const {
-  if (!chat_template_) return invalid_argument("the model has no chat template");
+  if (!chat_template_)
+    return internal_error("the model has no chat template (tokenizer_config.json has no "
+                          "chat_template); use /v1/completions");
   const tok::Tokenizer& t = runtime_->tokenizer();
   // OpenAI clients send "content": null on assistant turns that only carry tool calls; the
   // templates (Qwen3's among them) expect a string.
@@ -221,6 +225,24 @@ Result<std::string> Scheduler::apply_chat_template(const nlohmann::ordered_json&
   return tok::render_chat(*chat_template_, msgs, tools, add_generation_prompt,
                           kwargs.is_null() ? nlohmann::ordered_json::object() : kwargs,
                           t.bos_token(), t.eos_token());
+}
+
+Result<std::vector<int32_t>> Scheduler::tokenize_chat(const nlohmann::ordered_json& messages,
+                                                      const nlohmann::ordered_json& tools,
+                                                      bool add_generation_prompt,
+                                                      const nlohmann::ordered_json& kwargs) const {
+  if (!chat_template_)
+    return internal_error("the model has no chat template (tokenizer_config.json has no "
+                          "chat_template); use /v1/completions");
+  tok::ChatPromptOptions o;
+  o.add_generation_prompt = add_generation_prompt;
+  o.split_reasoning = template_reads_reasoning_;
+  OSCAR_ASSIGN_OR_RETURN(tok::ChatPrompt p,
+                         tok::encode_chat(runtime_->tokenizer(), *chat_template_, messages, tools,
+                                          kwargs.is_null() ? nlohmann::ordered_json::object()
+                                                           : kwargs,
+                                          o));
+  return std::move(p.ids);
 }
 
 void Scheduler::release(Sequence& s) {

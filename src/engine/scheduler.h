@@ -65,6 +65,13 @@ class Scheduler : public Engine {
   Result<std::string> apply_chat_template(
       const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
       bool add_generation_prompt, const nlohmann::ordered_json& chat_template_kwargs) const override;
+  // The safe chat path (tokenizer/chat_prompt.h): special-token text inside client strings is
+  // tokenized as text; only the template's own special tokens are control tokens.
+  Result<std::vector<int32_t>> tokenize_chat(const nlohmann::ordered_json& messages,
+                                             const nlohmann::ordered_json& tools,
+                                             bool add_generation_prompt,
+                                             const nlohmann::ordered_json& kwargs) const override;
+  bool has_chat_template() const override { return chat_template_ != nullptr; }
 
   // Stops the loop; pending requests finish as "cancelled".
   void shutdown();
@@ -91,6 +98,7 @@ class Scheduler : public Engine {
   std::unique_ptr<Runtime> runtime_;
   SchedulerOptions options_;
   std::unique_ptr<tok::ChatTemplate> chat_template_;
+  bool template_reads_reasoning_ = false;  // tok::template_reads_reasoning of its source
   std::unique_ptr<kv::RadixCache> radix_;  // null when prefix caching is off
   kv::KvEventCollector kv_events_;          // the radix cache's listener when events are on
   int64_t kv_events_dropped_seen_ = 0;
