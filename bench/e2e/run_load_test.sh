@@ -5,6 +5,9 @@
 #   bash bench/e2e/run_load_test.sh [BUDGET_MIB=128] [REQUESTS=64] [MAX_TOKENS=32]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/lib/need.sh
+need curl curl
+need node nodejs
 budget="${1:-128}"; requests="${2:-64}"; max_tokens="${3:-32}"
 oscar_mode=oscar
 [ -f models/tiny-qwen3/oscar_rotations.safetensors ] || oscar_mode=int2-hadamard
