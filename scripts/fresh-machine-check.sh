@@ -20,6 +20,11 @@
 # Run it before resolving an issue that changes dependencies, and record the result in
 # docs/results/fresh_machine.md. The host needs root, debootstrap, util-linux (unshare), git, the
 # Debian mirror, the npm registry and ~15 GB free; nothing is installed on or removed from the host.
+# The host's network site settings are carried into the chroot, as a fresh machine on the same
+# network has them: its DNS (resolv.conf), the local CA certificates in
+# /usr/local/share/ca-certificates/ (a TLS-intercepting egress proxy's CA; installed with
+# update-ca-certificates before the steps) and the *_proxy / CA-bundle environment variables
+# (NODE_EXTRA_CA_CERTS, SSL_CERT_FILE, SSL_CERT_DIR, REQUESTS_CA_BUNDLE) that are set.
 # Environment (defaults in brackets):
 #   FRESH_DIR       where the temporary folder is made [build-fresh-check/ in the repository]
 #   FRESH_MIRROR    Debian mirror [http://deb.debian.org/debian]
@@ -61,6 +66,12 @@ logs="${work}/logs"
 mkdir -p "${root}" "${logs}"
 
 step_pid=""
+# Site settings passed into the chroot (only those set on the host).
+site_env=()
+for v in http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY \
+         NODE_EXTRA_CA_CERTS SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE; do
+  [ -n "${!v:-}" ] && site_env+=("${v}=${!v}")
+done
 # Processes whose root directory is the chroot: only this script's steps (and what they started).
 chroot_pids() {
   local p r
@@ -154,7 +165,7 @@ in_chroot() {
       set +e
       chroot "$r" /usr/bin/env -i HOME=/root USER=root LOGNAME=root SHELL=/bin/bash \
         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin TERM=dumb "$@" </dev/null
-    ' _ "${root}" "$@"
+    ' _ "${root}" "${site_env[@]}" "$@"
 }
 
 # --- 1. debootstrap ----------------------------------------------------------------------------
@@ -178,6 +189,13 @@ EOF
   # No package may start a service in the chroot (a real machine would; here it would be the host's).
   printf '#!/bin/sh\nexit 101\n' >"${root}/usr/sbin/policy-rc.d"
   chmod +x "${root}/usr/sbin/policy-rc.d"
+  local cas=(/usr/local/share/ca-certificates/*.crt)
+  if [ -e "${cas[0]}" ]; then
+    mkdir -p "${root}/usr/local/share/ca-certificates"
+    cp "${cas[@]}" "${root}/usr/local/share/ca-certificates/"
+    echo "site: local CA certificates carried over: ${cas[*]##*/}"
+  fi
+  echo "site: environment carried over: ${site_env[*]:-none}"
   echo "debootstrap: $(grep -c '^Status: install ok installed' "${root}/var/lib/dpkg/status") packages," \
        "$(du -sm --one-file-system "${root}" | cut -f1) MB"
 }
@@ -318,6 +336,9 @@ fi
 step debootstrap bootstrap || exit 1
 step clone clone || exit 1
 step steps write_steps || exit 1
+if [ -n "$(ls "${root}/usr/local/share/ca-certificates/" 2>/dev/null)" ]; then
+  step site-ca in_chroot /usr/sbin/update-ca-certificates || exit 1
+fi
 for s in main tests ci cuda; do
   case ",${steps}," in *",${s},"*) step "${s}" in_chroot /bin/bash "/root/fresh-steps/${s}.sh" ;; esac
 done

@@ -29,6 +29,11 @@ if [ ! -d "$here/node_modules/openai" ]; then
   if ! (cd "$here" && npm install --no-audit --no-fund --loglevel=error) >"$npm_log" 2>&1; then
     echo "run.sh: 'npm install' in $here failed; npm said:" >&2
     tail -n 30 "$npm_log" >&2
+    if grep -qiE 'CERT|certificate' "$npm_log"; then
+      echo "run.sh: npm does not trust the registry's TLS certificate: behind a TLS-intercepting proxy, add" \
+           "its CA to /usr/local/share/ca-certificates/, run update-ca-certificates, and set" \
+           "NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt (or npm config set cafile to that file)" >&2
+    fi
     echo "run.sh: this test needs the npm package openai (package.json) from the registry $(npm config get registry 2>/dev/null):" \
          "is this machine offline, behind a proxy (npm config set proxy/https-proxy, or HTTPS_PROXY)," \
          "or pointed at a registry that is down or lacks it (npm config get registry)?" \
