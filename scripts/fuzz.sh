@@ -11,6 +11,26 @@ secs="${1:-20}"
 filter="${2:-}"
 jobs="$(nproc)"
 
+source scripts/lib/need.sh
+need cmake cmake
+need clang clang
+need clang++ clang
+# The libraries are built with -fopenmp, and the fuzzers link libFuzzer: with clang these need
+# clang's OpenMP (libomp-dev) and its runtime libraries (libclang-rt-dev). Two small probes, so a
+# missing one is named here rather than as "Could NOT find OpenMP_C" at configure time.
+probe="$(mktemp -d)"
+trap 'rm -rf "${probe}"' EXIT
+printf '#include <omp.h>\nint main(void) { return omp_get_max_threads() > 0 ? 0 : 1; }\n' >"${probe}/omp.c"
+clang -fopenmp "${probe}/omp.c" -o "${probe}/omp" 2>"${probe}/omp.log" || {
+  echo "fuzz.sh: clang cannot build with -fopenmp: install the Debian package libomp-dev (bash scripts/setup.sh installs every dependency); clang said: $(head -n 1 "${probe}/omp.log")" >&2
+  exit 1
+}
+printf 'int LLVMFuzzerTestOneInput(const unsigned char* d, unsigned long n) { return 0; }\n' >"${probe}/fuzz.c"
+clang -fsanitize=fuzzer,address,undefined "${probe}/fuzz.c" -o "${probe}/fuzz" 2>"${probe}/fuzz.log" || {
+  echo "fuzz.sh: clang cannot link -fsanitize=fuzzer,address,undefined: install the Debian package libclang-rt-dev (bash scripts/setup.sh installs every dependency); clang said: $(head -n 1 "${probe}/fuzz.log")" >&2
+  exit 1
+}
+
 sanitize="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)

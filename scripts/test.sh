@@ -3,5 +3,12 @@
 # arguments go to cmake (CI adds -DOSCAR_WERROR=ON).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/need.sh
+need ctest cmake
+# The OpenAI-client conformance test (tests/e2e, label model) needs these; without node it would
+# not even be registered, so check up front rather than pass with one test fewer.
+need node nodejs
+need npm npm
+need curl curl
 bash scripts/build.sh "$@"
 ctest --test-dir build --output-on-failure -L "unit|model" -j 2

@@ -5,6 +5,9 @@
 #   bash bench/e2e/run_load_test.sh [BUDGET_MIB=128] [REQUESTS=64] [MAX_TOKENS=32]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/lib/need.sh
+need curl curl
+need node nodejs
 budget="${1:-128}"; requests="${2:-64}"; max_tokens="${3:-32}"
 oscar_mode=oscar
 [ -f models/tiny-qwen3/oscar_rotations.safetensors ] || oscar_mode=int2-hadamard
@@ -36,9 +39,9 @@ const md = [
   "| cache | ok | max running | req/s | out tok/s | TTFT p50/p99 s | TPOT p50/p99 ms | prefix hit | pools after |",
   "|---|---|---|---|---|---|---|---|---|", row(oscarMode, a), row("bf16", b), "",
   `Ratios ${oscarMode}/bf16: concurrent sequences ${(a.max_running / b.max_running).toFixed(2)}x, requests/s ${(a.requests_per_s / b.requests_per_s).toFixed(2)}x, output tokens/s ${(a.output_tokens_per_s / b.output_tokens_per_s).toFixed(2)}x.`, "",
-  "- \"max running\" is the most requests decoded at once (sampled from /metrics every 100 ms): admission reserves each request's peak pages, so it is what the budget allows.",
-  "- \"pools after\" is read once every request has finished: the pages left in use are the prefix cache's copy of the shared system prompt (sinks + INT2 history, or BF16 pages), nothing else; no request failed.",
-  "- The prefix hit rate is lower with OSCAR because more requests are admitted in the first wave, before the first prompt's prefill has been inserted.",
+  "- \"max running\" is the most requests decoded at once (sampled from /metrics every 100 ms): admission reserves each request\x27s peak pages, so it is what the budget allows.",
+  "- \"pools after\" is read once every request has finished: the pages left in use are the prefix cache\x27s copy of the shared system prompt (sinks + INT2 history, or BF16 pages), nothing else; no request failed.",
+  "- The prefix hit rate is lower with OSCAR because more requests are admitted in the first wave, before the first prompt\x27s prefill has been inserted.",
   "- CPU only, 2 cores: absolute latencies are those of a 10 M-parameter model on a small VM; the ratios are the point.", ""];
 fs.writeFileSync("docs/results/load_test.md", md.join("\n"));
 fs.writeFileSync("docs/results/load_test.json", JSON.stringify({ [oscarMode]: a, bf16: b }, null, 2));

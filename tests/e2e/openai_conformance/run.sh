@@ -17,9 +17,32 @@ fi
 server="$1"
 shift
 
-command -v node >/dev/null || { echo "run.sh: node is not installed" >&2; exit 1; }
+# One line naming the Debian package for each tool this needs (scripts/setup.sh installs them all).
+for tool in node:nodejs npm:npm curl:curl; do
+  command -v "${tool%%:*}" >/dev/null || {
+    echo "run.sh: '${tool%%:*}' not found: install the Debian package ${tool#*:} (bash scripts/setup.sh installs every dependency)" >&2
+    exit 1
+  }
+done
 if [ ! -f "$here/node_modules/.package-lock.json" ]; then
-  (cd "$here" && npm install --no-audit --no-fund --silent)
+  # Quiet when it works; on failure npm's own error and what to check, rather than a silent exit.
+  npm_log="$(mktemp -t oscar_e2e_npm.XXXXXX.log)"
+  if ! (cd "$here" && npm install --no-audit --no-fund --loglevel=error) >"$npm_log" 2>&1; then
+    echo "run.sh: 'npm install' in $here failed; npm said:" >&2
+    tail -n 30 "$npm_log" >&2
+    if grep -qiE 'CERT|certificate' "$npm_log"; then
+      echo "run.sh: npm does not trust the registry's TLS certificate: behind a TLS-intercepting proxy, add" \
+           "its CA to /usr/local/share/ca-certificates/, run update-ca-certificates, and set" \
+           "NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt (or npm config set cafile to that file)" >&2
+    fi
+    echo "run.sh: this test needs the npm packages of $here/package.json from the registry $(npm config get registry 2>/dev/null):" \
+         "is this machine offline, behind a proxy (npm config set proxy/https-proxy, or HTTPS_PROXY)," \
+         "or pointed at a registry that is down or lacks it (npm config get registry)?" \
+         "Installing them once by hand (cd $here && npm install) also does." >&2
+    rm -f "$npm_log"
+    exit 1
+  fi
+  rm -f "$npm_log"
 fi
 
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
