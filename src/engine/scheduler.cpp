@@ -31,6 +31,11 @@ void observe(Histogram& h, double seconds) {
   h.sum += seconds;
 }
 
+Status no_chat_template() {
+  return internal_error("the model has no chat template (tokenizer_config.json has no "
+                        "chat_template); use /v1/completions");
+}
+
 // total += sign · need, region by region.
 void add_pages(kv::PageNeed& total, const kv::PageNeed& need, int sign) {
   total.sink_pages += sign * need.sink_pages;
@@ -213,9 +218,7 @@ Result<std::string> Scheduler::apply_chat_template(const nlohmann::ordered_json&
                                                    const nlohmann::ordered_json& tools,
                                                    bool add_generation_prompt,
                                                    const nlohmann::ordered_json& kwargs) const {
-  if (!chat_template_)
-    return internal_error("the model has no chat template (tokenizer_config.json has no "
-                          "chat_template); use /v1/completions");
+  if (!chat_template_) return no_chat_template();
   const tok::Tokenizer& t = runtime_->tokenizer();
   // OpenAI clients send "content": null on assistant turns that only carry tool calls; the
   // templates (Qwen3's among them) expect a string.
@@ -231,9 +234,7 @@ Result<std::vector<int32_t>> Scheduler::tokenize_chat(const nlohmann::ordered_js
                                                       const nlohmann::ordered_json& tools,
                                                       bool add_generation_prompt,
                                                       const nlohmann::ordered_json& kwargs) const {
-  if (!chat_template_)
-    return internal_error("the model has no chat template (tokenizer_config.json has no "
-                          "chat_template); use /v1/completions");
+  if (!chat_template_) return no_chat_template();
   tok::ChatPromptOptions o;
   o.add_generation_prompt = add_generation_prompt;
   o.split_reasoning = template_reads_reasoning_;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/bf16.h"
+#include "kernels/exact_row.h"
 #include "core/check.h"
 #include "kernels/decode_attn.h"
 #include "kernels/demote_pages.h"
@@ -332,19 +333,6 @@ void SequenceCache::write(int layer, const float* k, const float* v, int64_t n) 
   OSCAR_CHECK(st.ok(), "%s", st.to_string().c_str());
 }
 
-namespace {
-
-void load_exact(const uint8_t* src, int elem_bytes, int d, float* out) {
-  if (elem_bytes == 4) {
-    std::memcpy(out, src, sizeof(float) * d);
-  } else {
-    const bf16_t* h = reinterpret_cast<const bf16_t*>(src);
-    for (int c = 0; c < d; ++c) out[c] = bf16_to_f32(h[c]);
-  }
-}
-
-}  // namespace
-
 void SequenceCache::read_row(int layer, int kv, int head, int64_t pos, float* out) const {
   OSCAR_CHECK(pos >= 0 && pos < n_tokens_ + n_staged_);
   const RegionConfig& r = spec_->regions;
@@ -364,7 +352,7 @@ void SequenceCache::read_row(int layer, int kv, int head, int64_t pos, float* ou
     return;
   }
   const int64_t s = exact_slot(pos);
-  load_exact(exact_pool_->data(static_cast<PageId>(s / r.page_size)) +
+  kernels::load_exact_row(exact_pool_->data(static_cast<PageId>(s / r.page_size)) +
                  layout_.exact_row_offset(layer, kv, head, static_cast<int>(s % r.page_size)),
              layout_.exact_elem_bytes, spec_->head_dim, out);
 }

@@ -5,22 +5,10 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "kernels/exact_row.h"
 #include "quant/kivi.h"
 
 namespace oscar::kernels {
-
-namespace {
-
-void load_exact(const uint8_t* src, int elem_bytes, int d, float* out) {
-  if (elem_bytes == 4) {
-    std::memcpy(out, src, sizeof(float) * d);
-  } else {
-    const bf16_t* h = reinterpret_cast<const bf16_t*>(src);
-    for (int c = 0; c < d; ++c) out[c] = bf16_to_f32(h[c]);
-  }
-}
-
-}  // namespace
 
 Status demote_pages(const DemotePagesParams& p) {
   const KvPageLayout& L = p.layout;
@@ -54,7 +42,7 @@ Status demote_pages(const DemotePagesParams& p) {
             // KIVI keys: per channel over each 32-token block of the page (kernels/kv_layout.h).
             for (int b = 0; b < P / kBlock && ok; ++b) {
               for (int t = 0; t < kBlock; ++t)
-                load_exact(src + L.exact_row_offset(layer, 0, h, b * kBlock + t),
+                load_exact_row(src + L.exact_row_offset(layer, 0, h, b * kBlock + t),
                            L.exact_elem_bytes, d, x.data() + static_cast<size_t>(t) * d);
               ok = quant::quantize_kivi_key_block_ref(x.data(), d,
                                                       dst + L.kivi_key_block_offset(layer, h, b))
@@ -65,7 +53,7 @@ Status demote_pages(const DemotePagesParams& p) {
           const quant::RowCodec& codec = quant::row_codec(f);
           const float clip = p.codec.clip(kv, layer, h, H);
           for (int slot = 0; slot < P && ok; ++slot) {
-            load_exact(src + L.exact_row_offset(layer, kv, h, slot), L.exact_elem_bytes, d,
+            load_exact_row(src + L.exact_row_offset(layer, kv, h, slot), L.exact_elem_bytes, d,
                        x.data());
             ok = codec.quantize(x.data(), d, G, clip, dst + L.int2_row_offset(layer, kv, h, slot))
                      .ok();

@@ -7,21 +7,13 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "kernels/exact_row.h"
 #include "kernels/chunk_attn.h"
 #include "quant/kivi.h"
 
 namespace oscar::kernels {
 
 namespace {
-
-void load_exact(const uint8_t* src, int elem_bytes, int d, float* out) {
-  if (elem_bytes == 4) {
-    std::memcpy(out, src, sizeof(float) * d);
-  } else {
-    const bf16_t* h = reinterpret_cast<const bf16_t*>(src);
-    for (int c = 0; c < d; ++c) out[c] = bf16_to_f32(h[c]);
-  }
-}
 
 // One sequence's scratch: [n_heads_kv, n_keys, head_dim] floats per matrix.
 struct Scratch {
@@ -91,9 +83,9 @@ Status prefill_attn(const PrefillAttnParams& p) {
         float* ex = (kv == 0 ? s.k_exact : s.v_exact).data() + h * plane;
         float* dq = has_deq ? (kv == 0 ? s.k_deq : s.v_deq).data() + h * plane : nullptr;
         for (int64_t j = 0; j < std::min<int64_t>(n_sink_tok, n_keys); ++j)
-          load_exact(exact_row(kv, h, j), L.exact_elem_bytes, d, ex + j * d);
+          load_exact_row(exact_row(kv, h, j), L.exact_elem_bytes, d, ex + j * d);
         for (int64_t j = hist_end; j < n_keys; ++j)
-          load_exact(exact_row(kv, h, j), L.exact_elem_bytes, d, ex + j * d);
+          load_exact_row(exact_row(kv, h, j), L.exact_elem_bytes, d, ex + j * d);
         if (!has_deq) continue;
         const quant::RowFormat f = p.codec.format(L, p.layer, kv, h);
         if (f == quant::RowFormat::kKiviKeyBlock) {
