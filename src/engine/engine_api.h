@@ -91,6 +91,10 @@ struct EngineMetrics {
   std::vector<KvPoolUsage> kv_pools;
   double prefix_cache_hit_rate = 0.0;          // [0, 1]
   int64_t prefix_cache_pages = 0;              // pages the prefix cache references (all pools)
+  uint64_t prefix_cache_query_tokens = 0;      // prompt tokens looked up in the prefix cache
+  uint64_t prefix_cache_hit_tokens = 0;        // of those, tokens found
+  std::string model_name;                      // the served model (metric labels)
+  int32_t kv_page_size = 0;                    // tokens per KV page (routers' block size)
   double kv_effective_bits_per_element = 0.0;  // averaged over the stored KV cache
   Histogram time_to_first_token_seconds;
   Histogram time_per_output_token_seconds;

@@ -566,7 +566,11 @@ void Scheduler::loop() {
     if (radix_) {
       metrics_.prefix_cache_pages = 0;
       for (int64_t n : radix_->stats().cached_pages) metrics_.prefix_cache_pages += n;
+      metrics_.prefix_cache_query_tokens = static_cast<uint64_t>(radix_->stats().lookup_tokens);
+      metrics_.prefix_cache_hit_tokens = static_cast<uint64_t>(radix_->stats().matched_tokens);
     }
+    metrics_.model_name = options_.model_name;
+    metrics_.kv_page_size = runtime_->spec().regions.page_size;
     if (radix_ && radix_->stats().lookup_tokens > 0)
       metrics_.prefix_cache_hit_rate = static_cast<double>(radix_->stats().matched_tokens) /
                                        static_cast<double>(radix_->stats().lookup_tokens);

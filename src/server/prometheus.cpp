@@ -1,5 +1,6 @@
 #include "server/prometheus.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +60,58 @@ void histogram(std::string* out, const char* name, const char* help, const engin
 
 }  // namespace
 
+// The families a router that scrapes vLLM reads (vLLM v1 names and units), labelled with the
+// model as vLLM labels them.
+void vllm_families(std::string* out, const engine::EngineMetrics& m) {
+  const std::string l = "{model_name=\"" + label(m.model_name) + "\"}";
+  auto sample = [&](const char* name, const char* type, const char* help, double v) {
+    head(out, name, type, help);
+    *out += str_format("%s%s %s\n", name, l.c_str(), num(v).c_str());
+  };
+  sample("vllm:num_requests_running", "gauge", "Requests in the running batch (oscar).",
+         m.requests_running);
+  sample("vllm:num_requests_waiting", "gauge", "Requests waiting for admission (oscar).",
+         m.requests_waiting);
+  // One fraction for several pools: the fullest pool is the one that stops admission.
+  double usage = 0;
+  for (const engine::KvPoolUsage& p : m.kv_pools)
+    if (p.pages_total > 0)
+      usage = std::max(usage, static_cast<double>(p.pages_used) / static_cast<double>(p.pages_total));
+  sample("vllm:kv_cache_usage_perc", "gauge",
+         "KV-cache usage, 0 to 1: the fullest of oscar's page pools.", usage);
+  sample("vllm:prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache.",
+         static_cast<double>(m.prefix_cache_query_tokens));
+  sample("vllm:prefix_cache_hits", "counter", "Prompt tokens found in the prefix cache.",
+         static_cast<double>(m.prefix_cache_hit_tokens));
+  auto hist = [&](const char* name, const char* help, const engine::Histogram& h) {
+    std::string body;
+    histogram(&body, name, help, h);
+    // Label every sample line (not the HELP/TYPE lines) with the model.
+    std::string labelled;
+    size_t at = 0;
+    while (at < body.size()) {
+      size_t end = body.find('\n', at);
+      std::string line = body.substr(at, end - at);
+      at = end + 1;
+      if (line.rfind("#", 0) != 0) {
+        const size_t brace = line.find('{'), space = line.find(' ');
+        if (brace != std::string::npos && brace < space)
+          line.insert(brace + 1, "model_name=\"" + label(m.model_name) + "\",");
+        else
+          line.insert(space, l);
+      }
+      labelled += line + "\n";
+    }
+    *out += labelled;
+  };
+  hist("vllm:time_to_first_token_seconds", "Time to first token.", m.time_to_first_token_seconds);
+  hist("vllm:time_per_output_token_seconds", "Time per output token.",
+       m.time_per_output_token_seconds);
+  head(out, "vllm:cache_config_info", "gauge", "KV-cache configuration (value 1).");
+  *out += str_format("vllm:cache_config_info{block_size=\"%d\",model_name=\"%s\"} 1\n",
+                     m.kv_page_size, label(m.model_name).c_str());
+}
+
 std::string render_prometheus(const engine::EngineMetrics& m, const ServerCounters& c) {
   std::string out;
   scalar(&out, "oscar_requests_running", "gauge", "Requests being decoded.", m.requests_running);
@@ -100,6 +153,7 @@ std::string render_prometheus(const engine::EngineMetrics& m, const ServerCounte
   scalar(&out, "oscar_http_connections_rejected_total", "counter",
          "Connections beyond --max-connections, answered 503 and closed.",
          static_cast<double>(c.connections_rejected));
+  vllm_families(&out, m);
   return out;
 }
 

@@ -337,9 +337,10 @@ TEST(Scheduler, KvEventsFollowThePrefixCache) {
   other[400] = (other[400] + 1) % 8000;  // diverges inside the history
   std::vector<int32_t> longer = shared;
   longer.insert(longer.end(), shared.begin(), shared.end());
+  int n = 0;
   for (auto prompt : {shared, other, shared}) {
     Collector c;
-    ASSERT_TRUE(sched.submit(greedy("r" + std::to_string(c.events), prompt, 8), c.callback()).ok());
+    ASSERT_TRUE(sched.submit(greedy("r" + std::to_string(n++), prompt, 8), c.callback()).ok());
     ASSERT_TRUE(c.wait());
   }
   Collector cancelled;
