@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <variant>
@@ -49,20 +50,38 @@ struct Collector {
   }
 };
 
-std::unique_ptr<Scheduler> make_scheduler(const std::string& mode, size_t budget_mib = 64,
-                                          int prefill_chunk = 256, bool prefix_cache = false) {
+// A scheduler over the embedded model; `prepare` may change the runtime (fault injection) first.
+std::unique_ptr<Scheduler> make_scheduler_with(const std::string& mode, const SchedulerOptions& so,
+                                               const std::function<void(Runtime&)>& prepare = {},
+                                               size_t budget_mib = 64) {
   RuntimeOptions o;
   o.model_dir = kModel;
   o.cache_mode = mode;
   o.kv_budget_bytes = budget_mib << 20;
   auto rt = Runtime::create(o);
   EXPECT_TRUE(rt.ok()) << rt.status().to_string();
-  SchedulerOptions so;
-  so.prefill_chunk = prefill_chunk;
-  so.prefix_cache = prefix_cache;
+  if (prepare) prepare(*rt.value());
   auto s = Scheduler::create(std::move(rt).value(), so);
   EXPECT_TRUE(s.ok()) << s.status().to_string();
   return std::move(s).value();
+}
+
+std::unique_ptr<Scheduler> make_scheduler(const std::string& mode, size_t budget_mib = 64,
+                                          int prefill_chunk = 256, bool prefix_cache = false) {
+  SchedulerOptions so;
+  so.prefill_chunk = prefill_chunk;
+  so.prefix_cache = prefix_cache;
+  return make_scheduler_with(mode, so, {}, budget_mib);
+}
+
+// `text` tokenized and repeated until the prompt holds at least n tokens.
+std::vector<int32_t> repeated(const Scheduler& s, const std::string& text, size_t n) {
+  std::vector<int32_t> ids;
+  while (ids.size() < n) {
+    auto more = s.tokenize(text).value();
+    ids.insert(ids.end(), more.begin(), more.end());
+  }
+  return ids;
 }
 
 GenerationRequest greedy(const std::string& id, std::vector<int32_t> prompt, int max_tokens) {
@@ -240,30 +259,19 @@ TEST(Scheduler, RefusesImpossibleRequests) {
 // end of a short prompt, the logits are non-finite. Both requests get an error naming the cause,
 // every page comes back, and a request running beside them keeps its greedy output.
 TEST(Scheduler, NonFiniteKvFailsOnlyItsRequest) {
-  RuntimeOptions o;
-  o.model_dir = kModel;
-  o.cache_mode = "int2-hadamard";
-  o.kv_budget_bytes = size_t{64} << 20;
-  auto rt = Runtime::create(o);
-  ASSERT_TRUE(rt.ok()) << rt.status().to_string();
-  const int hidden = rt.value()->model().config().hidden_size;
-  const int32_t poison = rt.value()->model().config().vocab_size - 3;
-  ASSERT_TRUE(rt.value()
-                  ->model()
-                  .set_embedding_row(poison, std::vector<float>(hidden, std::nanf("")))
-                  .ok());
+  int32_t poison = 0;
   SchedulerOptions so;
   so.prefill_chunk = 256;
   so.prefix_cache = false;
-  auto made = Scheduler::create(std::move(rt).value(), so);
-  ASSERT_TRUE(made.ok()) << made.status().to_string();
-  Scheduler& sched = *made.value();
-
-  std::vector<int32_t> good;
-  while (good.size() < 700) {
-    auto more = sched.tokenize("def add(a, b):\n    return a + b\n\n").value();
-    good.insert(good.end(), more.begin(), more.end());
-  }
+  auto made = make_scheduler_with("int2-hadamard", so, [&](Runtime& rt) {
+    const auto& c = rt.model().config();
+    poison = c.vocab_size - 3;
+    EXPECT_TRUE(rt.model()
+                    .set_embedding_row(poison, std::vector<float>(c.hidden_size, std::nanf("")))
+                    .ok());
+  });
+  Scheduler& sched = *made;
+  const std::vector<int32_t> good = repeated(sched, "def add(a, b):\n    return a + b\n\n", 700);
   ASSERT_EQ(std::count(good.begin(), good.end(), poison), 0);
   Collector alone;
   ASSERT_TRUE(sched.submit(greedy("alone", good, 40), alone.callback()).ok());
@@ -316,23 +324,13 @@ TEST(Scheduler, KvEventsFollowThePrefixCache) {
       if (status.ok()) status = mirror.apply_all(events);
     }
   } sink;
-  RuntimeOptions o;
-  o.model_dir = kModel;
-  o.cache_mode = "int2-hadamard";
-  o.kv_budget_bytes = size_t{64} << 20;
-  auto rt = Runtime::create(o);
-  ASSERT_TRUE(rt.ok()) << rt.status().to_string();
   SchedulerOptions so;
   so.prefill_chunk = 64;
   so.kv_event_sink = &sink;
-  auto made = Scheduler::create(std::move(rt).value(), so);
-  ASSERT_TRUE(made.ok()) << made.status().to_string();
-  Scheduler& sched = *made.value();
-  std::vector<int32_t> shared;
-  while (shared.size() < 600) {
-    auto more = sched.tokenize("def add(a, b):\n    return a + b\n\n").value();
-    shared.insert(shared.end(), more.begin(), more.end());
-  }
+  auto made = make_scheduler_with("int2-hadamard", so);
+  Scheduler& sched = *made;
+  const std::vector<int32_t> shared =
+      repeated(sched, "def add(a, b):\n    return a + b\n\n", 600);
   std::vector<int32_t> other = shared;
   other[400] = (other[400] + 1) % 8000;  // diverges inside the history
   std::vector<int32_t> longer = shared;
