@@ -372,6 +372,9 @@ TEST(KvEventPublisher, ScriptedWorkloadOverZmqRebuildsTheCacheAfterEveryStep) {
   ASSERT_EQ(tail.size(), 2u);
   EXPECT_EQ(tail[0].first, seq - 1);
   EXPECT_TRUE(sub.request_replay(seq + 5).empty());
+  // The sender thread counts a request after answering it: wait for the count, briefly.
+  for (int i = 0; i < 200 && p.stats().replay_requests < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_GE(p.stats().replay_requests, 3);
 }
 
