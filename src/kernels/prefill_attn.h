@@ -34,7 +34,9 @@ struct PrefillAttnParams {
   int32_t n_recent = 0;
   bool quantized = false;  // the cache has a history region (INT2 / KIVI modes)
   bool decode_equivalent = false;
-  const int32_t* cu_seqlens = nullptr;  // [n_seqs + 1] query rows of sequence s: [cu[s], cu[s+1])
+  // [n_seqs + 1] query rows of sequence s: [cu[s], cu[s+1]) of q / out; cu[0] need not be 0
+  // (a slice of a step's rows).
+  const int32_t* cu_seqlens = nullptr;
   const int64_t* pos0 = nullptr;        // [n_seqs] position of each sequence's first query
   const float* q = nullptr;             // [cu[n_seqs], n_heads_q, head_dim], rotated (R_Q)
   const uint8_t* exact_pool = nullptr;

@@ -20,7 +20,6 @@ StepPlan StepPlan::make(std::span<const StepChunk> chunks, AttendMode mode) {
       if (is_decode(chunks[i]) == (pass == 0)) p.chunk.push_back(static_cast<int32_t>(i));
   p.cu_seqlens.push_back(0);
   p.cu_logits.push_back(0);
-  p.pre_cu_seqlens.push_back(0);
   for (int32_t s = 0; s < p.n_seqs(); ++s) {
     const StepChunk& c = chunks[p.chunk[s]];
     SequenceCache& cache = *c.cache;
@@ -45,8 +44,6 @@ StepPlan StepPlan::make(std::span<const StepChunk> chunks, AttendMode mode) {
       cache.bind_tables(p.dec_sinks, p.dec_hist, p.dec_recent);
     } else {
       cache.bind_tables(p.pre_sinks, p.pre_hist, p.pre_recent);
-      p.pre_cu_seqlens.push_back(p.n_rows() - p.cu_seqlens[p.n_decode]);
-      p.pre_pos0.push_back(cache.n_tokens());
     }
     cache.pending_demotions(&p.demote_src, &p.demote_dst);
     p.demote_seq.resize(p.demote_src.size(), s);

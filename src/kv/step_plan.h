@@ -58,10 +58,9 @@ class StepPlan {
   std::vector<int32_t> cu_logits;        // [n_seqs + 1] seq s's rows of the logits output
   // Decode sequences [0, n_decode): three tables over n_decode sequences.
   PageTableBuilder dec_sinks{1}, dec_hist{1}, dec_recent{1};
-  // Prefill sequences [n_decode, n_seqs): three tables, and rows relative to row cu[n_decode].
+  // Prefill sequences [n_decode, n_seqs): three tables over them (their rows and positions are
+  // cu_seqlens / pos0 from n_decode on).
   PageTableBuilder pre_sinks{1}, pre_hist{1}, pre_recent{1};
-  std::vector<int32_t> pre_cu_seqlens;   // [n_prefill + 1]
-  std::vector<int64_t> pre_pos0;         // [n_prefill]
   // Demotions after the forward pass: history page dst[i] gets exact page src[i] of seq[i].
   std::vector<int32_t> demote_src, demote_dst, demote_seq;
 };

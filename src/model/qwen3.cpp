@@ -143,15 +143,6 @@ kernels::WeightView Qwen3Model::Matrix::view() const {
                              dtype, rows, cols};
 }
 
-void Qwen3Model::Matrix::row_to_f32(int64_t r, float* out) const {
-  if (dtype == kernels::DType::kF32) {
-    std::copy_n(f32.data() + r * cols, cols, out);
-    return;
-  }
-  const bf16_t* src = bf16.data() + r * cols;
-  for (int64_t c = 0; c < cols; ++c) out[c] = bf16_to_f32(src[c]);
-}
-
 void Qwen3Model::Matrix::to_f32() {
   if (dtype == kernels::DType::kF32) return;
   f32.resize(bf16.size());
@@ -366,12 +357,12 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
   dec.history = plan.dec_hist.view();
   dec.recent = plan.dec_recent.view();
   kernels::PrefillAttnParams pre = cache0.prefill_params(0, Hq, plan.mode);
-  const int64_t dec_rows = plan.cu_seqlens[plan.n_decode];
   pre.n_seqs = plan.n_seqs() - plan.n_decode;
-  pre.cu_seqlens = plan.pre_cu_seqlens.data();
-  pre.pos0 = plan.pre_pos0.data();
-  pre.q = qr + dec_rows * c.q_dim;
-  pre.out = attn + dec_rows * c.q_dim;
+  // The prefill sequences' slice of the plan: their rows keep their step-wide numbering.
+  pre.cu_seqlens = plan.cu_seqlens.data() + plan.n_decode;
+  pre.pos0 = plan.pos0.data() + plan.n_decode;
+  pre.q = qr;
+  pre.out = attn;
   pre.sinks = plan.pre_sinks.view();
   pre.history = plan.pre_hist.view();
   pre.recent = plan.pre_recent.view();

@@ -64,7 +64,6 @@ class Qwen3Model {
     std::vector<float> f32;    // [rows, cols] when dtype == kF32
     kernels::WeightView view() const;
     size_t bytes() const { return bf16.size() * sizeof(bf16_t) + f32.size() * sizeof(float); }
-    void row_to_f32(int64_t r, float* out) const;  // one row, widened
     void to_f32();  // converts in place (exact)
   };
   // Loads config.json and the safetensors checkpoint of `dir`.

