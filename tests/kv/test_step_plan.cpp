@@ -80,5 +80,17 @@ TEST(StepPlan, OrdersRowsTablesSlotsAndDemotions) {
   EXPECT_EQ(b.n_staged(), 1);
 }
 
+// A page size that puts history planes off 16-byte boundaries is refused by name.
+TEST(StepPlan, SpecRefusesMisalignedHistoryPlanes) {
+  KvCacheSpec s = spec();
+  s.regions.page_size = 2;
+  s.regions.n_sink = 16;
+  s.regions.n_recent = 32;
+  const Status st = s.validate();
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.to_string().find("16-byte"), std::string::npos) << st.to_string();
+  EXPECT_TRUE(spec().validate().ok());
+}
+
 }  // namespace
 }  // namespace oscar::kv
