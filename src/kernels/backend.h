@@ -49,8 +49,14 @@ class Backend {
   virtual Status prefill_attn(const PrefillAttnParams& p) = 0;
   virtual Status silu_mul(float* gate, const float* up, int64_t n) = 0;
   virtual Status add(float* x, const float* y, int64_t n) = 0;
+  virtual Status gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t dim,
+                             float* dst) = 0;
   virtual Status demote_pages(const DemotePagesParams& p) = 0;
+  // logits in this backend's memory; config, step and ids in host memory (the backend stages
+  // them): only the ids come back.
   virtual Status sample(const SampleParams& p) = 0;
+  // Weights for --dummy-weights (elementwise.h: fill_normal_bf16), in this backend's memory.
+  virtual Status fill_normal_bf16(bf16_t* dst, int64_t n, float std, uint64_t seed) = 0;
 };
 
 // The process-wide CPU backend (stateless; its ops are thread-compatible).

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "core/bf16.h"
+#include "core/hd.h"
 #include "core/status.h"
 #include "kernels/linear.h"
 
@@ -35,5 +37,34 @@ void rope_tables(const int32_t* positions, int64_t n_rows, const float* inv_freq
 Status silu_mul(float* gate, const float* up, int64_t n);
 // x += y, n values.
 Status add(float* x, const float* y, int64_t n);
+// dst[i, :] = src[rows[i], :], n rows of dim values (the rows that produce logits).
+Status gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* dst);
+
+// Random weights for --dummy-weights, the same bits on every backend: value i is
+// (Σ of the four 16-bit lanes of SplitMix64(seed + i) − 2·65535) · std·√3 / 65536, rounded to
+// bf16 (an Irwin–Hall sum of four uniforms: mean 0, standard deviation ≈ std, |x| < 2√3·std).
+// Integer arithmetic and one float multiply, so host and device agree exactly.
+Status fill_normal_bf16(bf16_t* dst, int64_t n, float std, uint64_t seed);
+OSCAR_HD inline float dummy_weight(uint64_t seed, int64_t i, float std) {
+  uint64_t z = seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  const int32_t sum = static_cast<int32_t>(z & 0xFFFF) + static_cast<int32_t>((z >> 16) & 0xFFFF) +
+                      static_cast<int32_t>((z >> 32) & 0xFFFF) + static_cast<int32_t>(z >> 48);
+  return static_cast<float>(sum - 2 * 65535) * (std * 1.7320508f / 65536.0f);
+}
+
+// CUDA versions (kernels/cuda/elementwise.cu, built with OSCAR_CUDA): the same contracts over
+// device pointers, asynchronous on `stream` (a cudaStream_t), checked at launch.
+Status embed_cuda(const WeightView& table, const int32_t* ids, int64_t n, float* x, void* stream);
+Status rms_norm_cuda(const float* x, int64_t rows, int64_t dim, const float* w, float eps,
+                     float* y, void* stream);
+Status rope_cuda(const RopeParams& p, void* stream);
+Status silu_mul_cuda(float* gate, const float* up, int64_t n, void* stream);
+Status add_cuda(float* x, const float* y, int64_t n, void* stream);
+Status gather_rows_cuda(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* dst,
+                        void* stream);
+Status fill_normal_bf16_cuda(bf16_t* dst, int64_t n, float std, uint64_t seed, void* stream);
 
 }  // namespace oscar::kernels

@@ -41,5 +41,6 @@ struct RotateQueriesParams {
   float* out = nullptr;               // [n_rows, n_heads_q, head_dim]; may not alias q
 };
 Status rotate_queries(const RotateQueriesParams& p);
+Status rotate_queries_cuda(const RotateQueriesParams& p, void* stream);
 
 }  // namespace oscar::kernels

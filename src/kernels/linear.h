@@ -35,5 +35,10 @@ Status linear_ref(const LinearParams& p);
 // four rows of x, BF16 widened with a shift (AVX2+FMA when compiled for it). Many rows (prefill):
 // blocks of 64 weight rows widened to float in a per-thread buffer, then Eigen's GEMM.
 Status linear(const LinearParams& p);
+// CUDA (kernels/cuda/linear.cu): device pointers, asynchronous on `stream` (a cudaStream_t).
+// Few rows: a bandwidth-bound kernel that reads each weight once for all rows, float
+// activations and accumulation (as the CPU path). Many rows: x rounded to BF16 and a cuBLASLt
+// BF16 GEMM with float accumulation and output (F32 weights: float GEMM).
+Status linear_cuda(const LinearParams& p, void* stream);
 
 }  // namespace oscar::kernels

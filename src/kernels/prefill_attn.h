@@ -48,6 +48,9 @@ struct PrefillAttnParams {
 };
 
 Status prefill_attn(const PrefillAttnParams& p);
+// CUDA (kernels/cuda/prefill_attn.cu): the same params over device pointers (BF16 exact pages),
+// reading the pages in place; asynchronous on `stream` (a cudaStream_t).
+Status prefill_attn_cuda(const PrefillAttnParams& p, void* stream);
 
 // First token of the recent window once a sequence holds n_tokens tokens: full pages beyond the
 // sinks leave the recent window as soon as it would hold n_recent + page_size tokens, so it keeps

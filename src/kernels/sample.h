@@ -47,6 +47,9 @@ Status sample_ref(const SampleParams& p);
 // Selects without sorting the vocabulary: one pass for the max (greedy: done), nth_element for
 // top-k, and for top-p alone a prefix of the candidates that grows until it holds the mass.
 Status sample(const SampleParams& p);
+// CUDA (kernels/cuda/sample.cu): every pointer of `p` in device memory (logits, config, step,
+// ids); one block per row; asynchronous on `stream` (a cudaStream_t).
+Status sample_cuda(const SampleParams& p, void* stream);
 
 // One row (tools that decode one sequence): sample() on a batch of one. The config must be valid.
 int32_t sample_one(const float* logits, int32_t vocab, const SamplingConfig& config, uint64_t step);

@@ -50,8 +50,15 @@ class CpuBackend final : public Backend {
     return kernels::silu_mul(gate, up, n);
   }
   Status add(float* x, const float* y, int64_t n) override { return kernels::add(x, y, n); }
+  Status gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t dim,
+                     float* dst) override {
+    return kernels::gather_rows(src, rows, n, dim, dst);
+  }
   Status demote_pages(const DemotePagesParams& p) override { return kernels::demote_pages(p); }
   Status sample(const SampleParams& p) override { return kernels::sample(p); }
+  Status fill_normal_bf16(bf16_t* dst, int64_t n, float std, uint64_t seed) override {
+    return kernels::fill_normal_bf16(dst, n, std, seed);
+  }
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 // implements the same list.
 #include "kernels/elementwise.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -79,6 +80,17 @@ Status silu_mul(float* gate, const float* up, int64_t n) {
 
 Status add(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  return Status();
+}
+
+Status gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* dst) {
+  for (int64_t i = 0; i < n; ++i) std::copy_n(src + static_cast<int64_t>(rows[i]) * dim, dim, dst + i * dim);
+  return Status();
+}
+
+Status fill_normal_bf16(bf16_t* dst, int64_t n, float std, uint64_t seed) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(dummy_weight(seed, i, std));
   return Status();
 }
 
