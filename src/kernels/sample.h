@@ -31,6 +31,9 @@ struct SamplingConfig {
 Status validate_sampling(const SamplingConfig& c);
 
 inline constexpr int32_t kSampleNonFinite = -1;
+// sample_cuda only: a row the device does not sample (top_k > 0, top_p < 1, or an invalid
+// config, which it cannot report as a Status): the caller samples that row on the host.
+inline constexpr int32_t kSampleOnHost = -2;
 
 struct SampleParams {
   const float* logits = nullptr;          // [n_rows, vocab]
@@ -48,7 +51,8 @@ Status sample_ref(const SampleParams& p);
 // top-k, and for top-p alone a prefix of the candidates that grows until it holds the mass.
 Status sample(const SampleParams& p);
 // CUDA (kernels/cuda/sample.cu): every pointer of `p` in device memory (logits, config, step,
-// ids); one block per row; asynchronous on `stream` (a cudaStream_t).
+// ids); one block per row; asynchronous on `stream` (a cudaStream_t). Greedy and unfiltered
+// temperature rows on the device; rows with top-k / top-p get kSampleOnHost.
 Status sample_cuda(const SampleParams& p, void* stream);
 
 // One row (tools that decode one sequence): sample() on a batch of one. The config must be valid.

@@ -1,0 +1,343 @@
+// CUDA elementwise ops (kernels/elementwise.h: embed_cuda, rms_norm_cuda, rope_cuda,
+// silu_mul_cuda, add_cuda, gather_rows_cuda, fill_normal_bf16_cuda): device pointers, one launch
+// per call, asynchronous on the caller's stream, no allocation, no host synchronisation. The host
+// side checks shapes and null pointers only; it never reads device memory (so embed cannot
+// report an out-of-range id as the CPU does: the kernel writes a NaN row instead).
+//
+// Arithmetic follows cpu/elementwise.cpp operation for operation, spelled with the rounding
+// intrinsics (__fmul_rn, __fadd_rn, __fmaf_rn) so that nvcc contracts nothing on its own. GCC
+// builds the CPU code with its default -ffp-contract=fast; for an FMA target (x86-64-v3,
+// -march=native) it fuses rope into a·cos − b·sin = fma(a, cos, −(b·sin)) and
+// b·cos + a·sin = fma(b, cos, a·sin) and rms_norm's ss into fma(x, x, ss), and the kernels do the
+// same. embed, gather_rows, add and fill_normal_bf16 give the CPU's bits; rope does too for such
+// a build (the test allows the rounding of the other contraction choices); rms_norm sums x² in a
+// different order and silu_mul uses CUDA's expf (2 ulp): tolerances derived in
+// tests/kernels/test_ops_cuda.cpp. Not here: the linear layer
+// (linear.cu) and attention.
+#include <cstdint>
+
+#include "kernels/cuda/bf16.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/elementwise.h"
+
+namespace oscar::kernels {
+
+namespace {
+
+using cuda::bf16_to_f32_dev;
+using cuda::f32_to_bf16_dev;
+
+constexpr int kThreads = 256;
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Blocks for a grid-stride loop over n items, kThreads per block.
+inline unsigned grid_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : b > 65536 ? 65536 : b);
+}
+
+// ---- embed / gather_rows: one block per output row -----------------------------------------
+
+// kVec: table row, x row 16-byte aligned and cols % 8 == 0 (8 bf16 / 4 floats per step).
+template <bool kBf16, bool kVec>
+__global__ void embed_kernel(const void* __restrict__ table, int64_t vocab, int64_t cols,
+                             const int32_t* __restrict__ ids, float* __restrict__ x) {
+  const int64_t i = blockIdx.x;
+  const int32_t id = ids[i];
+  float* dst = x + i * cols;
+  if (id < 0 || id >= vocab) {  // the CPU returns InvalidArgument; here the row becomes NaN
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = __int_as_float(0x7fc00000);
+    return;
+  }
+  if constexpr (kBf16) {
+    const bf16_t* src = static_cast<const bf16_t*>(table) + static_cast<int64_t>(id) * cols;
+    if constexpr (kVec) {
+      for (int64_t c = threadIdx.x * 8; c < cols; c += blockDim.x * 8) {
+        const uint4 w = *reinterpret_cast<const uint4*>(src + c);
+        const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+        float4 lo, hi;
+        lo.x = __uint_as_float(u[0] << 16), lo.y = __uint_as_float(u[0] & 0xffff0000u);
+        lo.z = __uint_as_float(u[1] << 16), lo.w = __uint_as_float(u[1] & 0xffff0000u);
+        hi.x = __uint_as_float(u[2] << 16), hi.y = __uint_as_float(u[2] & 0xffff0000u);
+        hi.z = __uint_as_float(u[3] << 16), hi.w = __uint_as_float(u[3] & 0xffff0000u);
+        *reinterpret_cast<float4*>(dst + c) = lo;
+        *reinterpret_cast<float4*>(dst + c + 4) = hi;
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = bf16_to_f32_dev(src[c]);
+    }
+  } else {
+    const float* src = static_cast<const float*>(table) + static_cast<int64_t>(id) * cols;
+    if constexpr (kVec) {
+      for (int64_t c = threadIdx.x * 4; c < cols; c += blockDim.x * 4)
+        *reinterpret_cast<float4*>(dst + c) = *reinterpret_cast<const float4*>(src + c);
+    } else {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = src[c];
+    }
+  }
+}
+
+template <bool kVec>
+__global__ void gather_rows_kernel(const float* __restrict__ src, const int32_t* __restrict__ rows,
+                                   int64_t dim, float* __restrict__ dst) {
+  const int64_t i = blockIdx.x;
+  const float* s = src + static_cast<int64_t>(rows[i]) * dim;
+  float* d = dst + i * dim;
+  if constexpr (kVec) {
+    for (int64_t c = threadIdx.x * 4; c < dim; c += blockDim.x * 4)
+      *reinterpret_cast<float4*>(d + c) = *reinterpret_cast<const float4*>(s + c);
+  } else {
+    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) d[c] = s[c];
+  }
+}
+
+// ---- rms_norm --------------------------------------------------------------------------------
+
+// y = w ⊙ (x · inv), inv = 1 / sqrt(ss / dim + eps), the CPU's operations in the CPU's order
+// (only ss is summed in a different order). x and y may alias: every element is read and then
+// written by the same thread, after the whole row has been read for ss.
+__device__ __forceinline__ float rms_inv(float ss, int64_t dim, float eps) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(dim)), eps)));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// One warp per row (dim <= 1024: the per-head q_norm / k_norm rows); 8 rows per block.
+__global__ void rms_norm_warp_kernel(const float* x, int64_t rows, int64_t dim,
+                                     const float* __restrict__ w, float eps, float* y) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const float* xr = x + r * dim;
+  float* yr = y + r * dim;
+  float ss = 0.f;
+  for (int64_t c = lane; c < dim; c += 32) ss = __fmaf_rn(xr[c], xr[c], ss);
+  ss = warp_sum(ss);
+  const float inv = rms_inv(ss, dim, eps);
+  for (int64_t c = lane; c < dim; c += 32) yr[c] = __fmul_rn(w[c], __fmul_rn(xr[c], inv));
+}
+
+// One block per row (dim > 1024: the hidden-state norms).
+__global__ void rms_norm_block_kernel(const float* x, int64_t dim, const float* __restrict__ w,
+                                      float eps, float* y) {
+  __shared__ float part[kThreads / 32];
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
+  float ss = 0.f;
+  for (int64_t c = threadIdx.x; c < dim; c += kThreads) ss = __fmaf_rn(xr[c], xr[c], ss);
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float tot = 0.f;
+  for (int i = 0; i < kThreads / 32; ++i) tot += part[i];
+  const float inv = rms_inv(tot, dim, eps);
+  for (int64_t c = threadIdx.x; c < dim; c += kThreads)
+    yr[c] = __fmul_rn(w[c], __fmul_rn(xr[c], inv));
+}
+
+// ---- rope ------------------------------------------------------------------------------------
+
+// One thread per (row, head, i < half), q heads then k heads of each row.
+__global__ void rope_kernel(int64_t n_rows, int32_t n_heads_q, int32_t n_heads_kv, int32_t half,
+                            const float* __restrict__ cos, const float* __restrict__ sin,
+                            float* __restrict__ q, float* __restrict__ k) {
+  const int64_t heads = n_heads_q + n_heads_kv;
+  const int64_t total = n_rows * heads * half;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t i = static_cast<int32_t>(idx % half);
+    const int64_t rh = idx / half;
+    const int64_t row = rh / heads;
+    const int32_t hh = static_cast<int32_t>(rh % heads);
+    float* xh = hh < n_heads_q ? q + (row * n_heads_q + hh) * (2 * half)
+                               : k + (row * n_heads_kv + (hh - n_heads_q)) * (2 * half);
+    const float cs = cos[row * half + i], sn = sin[row * half + i];
+    const float a = xh[i], b = xh[i + half];
+    xh[i] = __fmaf_rn(a, cs, -__fmul_rn(b, sn));
+    xh[i + half] = __fmaf_rn(b, cs, __fmul_rn(a, sn));
+  }
+}
+
+// ---- silu_mul, add: float4 over the aligned body, scalars for the tail -----------------------
+
+__device__ __forceinline__ float silu_mul1(float g, float u) {
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+template <bool kVec>
+__global__ void silu_mul_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if constexpr (kVec) {
+    const int64_t n4 = n / 4;
+    for (int64_t j = i; j < n4; j += stride) {
+      float4 g = reinterpret_cast<float4*>(gate)[j];
+      const float4 u = reinterpret_cast<const float4*>(up)[j];
+      g.x = silu_mul1(g.x, u.x), g.y = silu_mul1(g.y, u.y);
+      g.z = silu_mul1(g.z, u.z), g.w = silu_mul1(g.w, u.w);
+      reinterpret_cast<float4*>(gate)[j] = g;
+    }
+    i += n4 * 4;
+  }
+  for (; i < n; i += stride) gate[i] = silu_mul1(gate[i], up[i]);
+}
+
+template <bool kVec>
+__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if constexpr (kVec) {
+    const int64_t n4 = n / 4;
+    for (int64_t j = i; j < n4; j += stride) {
+      float4 a = reinterpret_cast<float4*>(x)[j];
+      const float4 b = reinterpret_cast<const float4*>(y)[j];
+      a.x = __fadd_rn(a.x, b.x), a.y = __fadd_rn(a.y, b.y);
+      a.z = __fadd_rn(a.z, b.z), a.w = __fadd_rn(a.w, b.w);
+      reinterpret_cast<float4*>(x)[j] = a;
+    }
+    i += n4 * 4;
+  }
+  for (; i < n; i += stride) x[i] = __fadd_rn(x[i], y[i]);
+}
+
+// ---- fill_normal_bf16 ------------------------------------------------------------------------
+
+__global__ void fill_normal_bf16_kernel(bf16_t* __restrict__ dst, int64_t n, float std,
+                                        uint64_t seed) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = f32_to_bf16_dev(dummy_weight(seed, i, std));
+}
+
+}  // namespace
+
+Status embed_cuda(const WeightView& table, const int32_t* ids, int64_t n, float* x, void* stream) {
+  if (n < 0 || table.rows <= 0 || table.cols <= 0)
+    return invalid_argument("embed_cuda: bad shape (%lld ids, table [%lld, %lld])",
+                            static_cast<long long>(n), static_cast<long long>(table.rows),
+                            static_cast<long long>(table.cols));
+  if (table.dtype != DType::kF32 && table.dtype != DType::kBF16)
+    return invalid_argument("embed_cuda: table dtype %d (F32 or BF16)",
+                            static_cast<int>(table.dtype));
+  if (n == 0) return Status();
+  if (table.data == nullptr || ids == nullptr || x == nullptr)
+    return invalid_argument("embed_cuda: null table, ids or x");
+  if (n > 0x7fffffff) return invalid_argument("embed_cuda: %lld ids", static_cast<long long>(n));
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool bf = table.dtype == DType::kBF16;
+  const bool vec = aligned16(table.data) && aligned16(x) && table.cols % 8 == 0;
+  const dim3 grid(static_cast<unsigned>(n));
+  if (bf && vec)
+    embed_kernel<true, true><<<grid, kThreads, 0, s>>>(table.data, table.rows, table.cols, ids, x);
+  else if (bf)
+    embed_kernel<true, false><<<grid, kThreads, 0, s>>>(table.data, table.rows, table.cols, ids, x);
+  else if (vec)
+    embed_kernel<false, true><<<grid, kThreads, 0, s>>>(table.data, table.rows, table.cols, ids, x);
+  else
+    embed_kernel<false, false><<<grid, kThreads, 0, s>>>(table.data, table.rows, table.cols, ids, x);
+  OSCAR_CUDA_LAUNCH_CHECK("embed_kernel");
+  return Status();
+}
+
+Status rms_norm_cuda(const float* x, int64_t rows, int64_t dim, const float* w, float eps,
+                     float* y, void* stream) {
+  if (rows < 0 || dim <= 0)
+    return invalid_argument("rms_norm_cuda: bad shape (%lld rows, dim %lld)",
+                            static_cast<long long>(rows), static_cast<long long>(dim));
+  if (rows == 0) return Status();
+  if (x == nullptr || w == nullptr || y == nullptr)
+    return invalid_argument("rms_norm_cuda: null x, w or y");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (dim <= 1024) {
+    const int64_t rows_per_block = kThreads / 32;
+    const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+    if (blocks > 0x7fffffff) return invalid_argument("rms_norm_cuda: %lld rows",
+                                                     static_cast<long long>(rows));
+    rms_norm_warp_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(x, rows, dim, w, eps,
+                                                                             y);
+    OSCAR_CUDA_LAUNCH_CHECK("rms_norm_warp_kernel");
+  } else {
+    if (rows > 0x7fffffff) return invalid_argument("rms_norm_cuda: %lld rows",
+                                                   static_cast<long long>(rows));
+    rms_norm_block_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, dim, w, eps, y);
+    OSCAR_CUDA_LAUNCH_CHECK("rms_norm_block_kernel");
+  }
+  return Status();
+}
+
+Status rope_cuda(const RopeParams& p, void* stream) {
+  if (p.n_rows < 0 || p.n_heads_q < 0 || p.n_heads_kv < 0 || p.head_dim <= 0 ||
+      p.head_dim % 2 != 0)
+    return invalid_argument("rope_cuda: bad shape (%lld rows, %d q heads, %d kv heads, head_dim "
+                            "%d)", static_cast<long long>(p.n_rows), p.n_heads_q, p.n_heads_kv,
+                            p.head_dim);
+  const int64_t total = p.n_rows * (p.n_heads_q + p.n_heads_kv) * (p.head_dim / 2);
+  if (total == 0) return Status();
+  if (p.cos == nullptr || p.sin == nullptr || (p.n_heads_q > 0 && p.q == nullptr) ||
+      (p.n_heads_kv > 0 && p.k == nullptr))
+    return invalid_argument("rope_cuda: null cos, sin, q or k");
+  rope_kernel<<<grid_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      p.n_rows, p.n_heads_q, p.n_heads_kv, p.head_dim / 2, p.cos, p.sin, p.q, p.k);
+  OSCAR_CUDA_LAUNCH_CHECK("rope_kernel");
+  return Status();
+}
+
+Status silu_mul_cuda(float* gate, const float* up, int64_t n, void* stream) {
+  if (n < 0) return invalid_argument("silu_mul_cuda: n %lld", static_cast<long long>(n));
+  if (n == 0) return Status();
+  if (gate == nullptr || up == nullptr) return invalid_argument("silu_mul_cuda: null gate or up");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (aligned16(gate) && aligned16(up))
+    silu_mul_kernel<true><<<grid_for((n + 3) / 4), kThreads, 0, s>>>(gate, up, n);
+  else
+    silu_mul_kernel<false><<<grid_for(n), kThreads, 0, s>>>(gate, up, n);
+  OSCAR_CUDA_LAUNCH_CHECK("silu_mul_kernel");
+  return Status();
+}
+
+Status add_cuda(float* x, const float* y, int64_t n, void* stream) {
+  if (n < 0) return invalid_argument("add_cuda: n %lld", static_cast<long long>(n));
+  if (n == 0) return Status();
+  if (x == nullptr || y == nullptr) return invalid_argument("add_cuda: null x or y");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (aligned16(x) && aligned16(y))
+    add_kernel<true><<<grid_for((n + 3) / 4), kThreads, 0, s>>>(x, y, n);
+  else
+    add_kernel<false><<<grid_for(n), kThreads, 0, s>>>(x, y, n);
+  OSCAR_CUDA_LAUNCH_CHECK("add_kernel");
+  return Status();
+}
+
+Status gather_rows_cuda(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* dst,
+                        void* stream) {
+  if (n < 0 || dim <= 0 || n > 0x7fffffff)
+    return invalid_argument("gather_rows_cuda: bad shape (%lld rows, dim %lld)",
+                            static_cast<long long>(n), static_cast<long long>(dim));
+  if (n == 0) return Status();
+  if (src == nullptr || rows == nullptr || dst == nullptr)
+    return invalid_argument("gather_rows_cuda: null src, rows or dst");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const dim3 grid(static_cast<unsigned>(n));
+  if (aligned16(src) && aligned16(dst) && dim % 4 == 0)
+    gather_rows_kernel<true><<<grid, kThreads, 0, s>>>(src, rows, dim, dst);
+  else
+    gather_rows_kernel<false><<<grid, kThreads, 0, s>>>(src, rows, dim, dst);
+  OSCAR_CUDA_LAUNCH_CHECK("gather_rows_kernel");
+  return Status();
+}
+
+Status fill_normal_bf16_cuda(bf16_t* dst, int64_t n, float std, uint64_t seed, void* stream) {
+  if (n < 0) return invalid_argument("fill_normal_bf16_cuda: n %lld", static_cast<long long>(n));
+  if (n == 0) return Status();
+  if (dst == nullptr) return invalid_argument("fill_normal_bf16_cuda: null dst");
+  fill_normal_bf16_kernel<<<grid_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      dst, n, std, seed);
+  OSCAR_CUDA_LAUNCH_CHECK("fill_normal_bf16_kernel");
+  return Status();
+}
+
+}  // namespace oscar::kernels
