@@ -55,7 +55,10 @@ const char* path_name(LinearCudaPath p) {
   return p == LinearCudaPath::kAuto ? "auto" : p == LinearCudaPath::kStream ? "stream" : "gemm";
 }
 
-void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t seed) {
+// y_off: y starts y_off floats into its buffer (y needs no alignment; the GEMM's heuristic is
+// told the actual one).
+void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t seed,
+         int64_t y_off = 0) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<float> x(n * in), wf(out * in), b(out), y_ref(n * out);
@@ -82,7 +85,8 @@ void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t se
     }
 
   const size_t wbytes = static_cast<size_t>(out) * in * dtype_bytes(dtype);
-  Buf dx(x.size() * 4), dw(wbytes), db(b.size() * 4), dy(static_cast<size_t>(n) * out * 4);
+  Buf dx(x.size() * 4), dw(wbytes), db(b.size() * 4),
+      dy((static_cast<size_t>(n) * out + y_off) * 4);
   ASSERT_TRUE(dx.p && dw.p && db.p && dy.p);
   CUDA_OK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(dw.p, dtype == DType::kBF16 ? static_cast<const void*>(wb.data()) : wf.data(),
@@ -92,18 +96,19 @@ void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t se
   dp.x = static_cast<const float*>(dx.p);
   dp.w.data = dw.p;
   dp.bias = bias ? static_cast<const float*>(db.p) : nullptr;
-  dp.y = static_cast<float*>(dy.p);
+  float* y_dev = static_cast<float*>(dy.p) + y_off;
+  dp.y = y_dev;
 
   std::vector<float> got(n * out);
   for (LinearCudaPath path : {LinearCudaPath::kAuto, LinearCudaPath::kStream, LinearCudaPath::kGemm}) {
     const bool gemm = path == LinearCudaPath::kGemm ||
                       (path == LinearCudaPath::kAuto && n > kLinearCudaFewRows);
     const bool bf16_x = gemm && dtype == DType::kBF16;
-    CUDA_OK(cudaMemset(dy.p, 0xFF, got.size() * 4));
+    CUDA_OK(cudaMemset(y_dev, 0xFF, got.size() * 4));
     const Status st = linear_cuda_ex(dp, path, nullptr);
     ASSERT_TRUE(st.ok()) << path_name(path) << ": " << st.to_string();
     CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(got.data(), dy.p, got.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(got.data(), y_dev, got.size() * 4, cudaMemcpyDeviceToHost));
     double num = 0, den = 0, max_ratio = 0;
     for (int64_t i = 0; i < n; ++i)
       for (int64_t r = 0; r < out; ++r) {
@@ -157,6 +162,12 @@ TEST_F(LinearCuda, ModelShapesFewRows) {
   for (int64_t n : {1, 4, 8})
     for (DType dtype : {DType::kBF16, DType::kF32}) run(dtype, n, 4096, 1024, false, seed++);
   run(DType::kBF16, 16, 4096, 512, true, seed++);
+}
+
+TEST_F(LinearCuda, UnalignedOutput) {
+  uint32_t seed = 2000;
+  for (DType dtype : {DType::kBF16, DType::kF32})
+    for (int64_t n : {3, 17}) run(dtype, n, 64, 70, true, seed++, /*y_off=*/1);
 }
 
 TEST_F(LinearCuda, RefusesBadShapes) {

@@ -257,8 +257,8 @@ struct LtDevice {
   void* workspace = nullptr;
   void* xbf = nullptr;  // [cap] bytes: x as BF16
   size_t xbf_cap = 0;
-  // (dtype, out, n, in, bias) -> plan
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, bool>, Plan> plans;
+  // (dtype, out, n, in, bias, alignment of W, x, y) -> plan
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, bool, int, int, int>, Plan> plans;
 };
 
 std::mutex g_mu;
@@ -269,7 +269,7 @@ LtDevice g_dev[64];
 // y[n, out] = x · Wᵀ. Heuristic picks the first algorithm; with a bias it asks for the BIAS
 // epilogue first.
 Status make_plan(LtDevice& dv, DType dt, int64_t out, int64_t n, int64_t in, bool bias,
-                 Plan* plan) {
+                 const uint32_t (&align)[3], Plan* plan) {
   Plan pl;
   const cudaDataType_t ab = dt == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   OSCAR_LT_CHECK(cublasLtMatmulDescCreate(&pl.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -284,6 +284,15 @@ Status make_plan(LtDevice& dv, DType dt, int64_t out, int64_t n, int64_t in, boo
   const uint64_t ws = kLtWorkspaceBytes;
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                        sizeof ws);
+  // The heuristic assumes 256-byte aligned buffers unless told otherwise.
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0],
+                                       sizeof align[0]);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1],
+                                       sizeof align[1]);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2],
+                                       sizeof align[2]);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2],
+                                       sizeof align[2]);
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
   if (bias) {
@@ -316,6 +325,12 @@ Status make_plan(LtDevice& dv, DType dt, int64_t out, int64_t n, int64_t in, boo
   pl.algo = res.algo;
   *plan = pl;
   return Status();
+}
+
+// Largest power of two (<= 256) dividing the address.
+uint32_t alignment(const void* ptr) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(ptr);
+  return a == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(256, a & (~a + 1)));
 }
 
 Status gemm(const LinearParams& p, cudaStream_t stream) {
@@ -351,7 +366,10 @@ Status gemm(const LinearParams& p, cudaStream_t stream) {
     b_ptr = dv.xbf;
   }
   const bool bias = p.bias != nullptr;
-  const auto key = std::make_tuple(static_cast<int>(p.w.dtype), out, p.n, in, bias);
+  const uint32_t align[3] = {alignment(p.w.data), alignment(b_ptr), alignment(p.y)};
+  const auto key = std::make_tuple(static_cast<int>(p.w.dtype), out, p.n, in, bias,
+                                   static_cast<int>(align[0]), static_cast<int>(align[1]),
+                                   static_cast<int>(align[2]));
   auto it = dv.plans.find(key);
   if (it == dv.plans.end()) {
     if (dv.plans.size() >= kMaxPlans) {
@@ -359,7 +377,7 @@ Status gemm(const LinearParams& p, cudaStream_t stream) {
       dv.plans.clear();
     }
     Plan pl;
-    OSCAR_RETURN_IF_ERROR(make_plan(dv, p.w.dtype, out, p.n, in, bias, &pl));
+    OSCAR_RETURN_IF_ERROR(make_plan(dv, p.w.dtype, out, p.n, in, bias, align, &pl));
     it = dv.plans.emplace(key, pl).first;
   }
   Plan& pl = it->second;
