@@ -13,16 +13,20 @@
 // so the grid is one wave of resident blocks per KV head and each block walks the items
 // (item b, b + gridDim.x, ...; a sequence's tiles are numbered last-first, so the long ones
 // start first); the block finds its item's sequence by scanning cu_seqlens.
-// Per item: Q (times scale·log2 e) staged in shared memory as float; then for each tile of 32
-// keys: the 4 warps stage K and V rows as float (a warp per key: BF16 widened, history rows
-// through cuda_detail::dequant_element: uniform or Lloyd-Max INT2, 3- and 1-bit bit-plan rows),
-// S = Q Kᵀ on the FP32 units (thread: 4 rows x 4 keys), masked online softmax in float (log2
-// units, exp2f), P through shared memory, O += P V (thread: the same 4 rows x d/8 dims). FP32
-// throughout: results agree with the CPU's float computation to accumulation rounding.
+// Two kernels over the same items, key addressing (key_rows) and history unpacking
+// (cuda_detail::dequant_element: uniform or Lloyd-Max INT2, the bit plan's 3- and 1-bit rows):
+//   tensor cores (the default, prefill_attn_mma_kernel): 64-key tiles staged in shared memory as
+//     BF16, mma.sync m16n8k16 with FP32 accumulation for Q·Kᵀ and P·V, FlashAttention-2 layout
+//     (a warp per 16 rows, P kept in registers); q, P and dequantized history rounded to BF16.
+//   FP32 SIMT (PrefillAttnCudaPath::kSimt, prefill_attn_kernel): 32-key tiles staged as float,
+//     thread = 4 rows x 4 keys of S and the same 4 rows x d/8 dims of O, P through shared memory;
+//     agrees with the CPU's float computation to accumulation rounding (the test's tight check).
+// Both: Q pre-scaled by scale·log2 e, masked online softmax in float (exp2f).
 //
 // Not here (return Unimplemented): decode_equivalent on a quantized cache, KIVI history.
 // Refused (InvalidArgument): F32 exact pages, head_dim other than 64 / 128, gqa > 64.
-// Not yet: tensor cores (mma.sync) for QKᵀ and PV; a faster history unpack (staging raw rows).
+// Not yet: cp.async / ldmatrix staging, a vectorised history unpack (raw rows staged, several
+// codes per instruction as decode_attn.cuh does), splitting long sequences' keys across blocks.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -30,6 +34,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/hist_row.cuh"
+#include "kernels/cuda/prefill_attn_cuda.h"
 #include "kernels/prefill_attn.h"
 #include "quant/int2_layout.h"
 #include "quant/int2_quant.h"
@@ -69,6 +74,101 @@ constexpr size_t smem_bytes() {
                           kRowsM * (kKeys + 1));
 }
 
+// This KV head's planes: exact rows (byte offset inside a page) and history rows.
+struct Planes {
+  uint64_t eplane[2];  // exact_row_offset(layer, kv, head, 0)
+  uint64_t hoff[2];    // int2_row_offset(layer, kv, head, 0)
+  int hrb[2], hbits[2];
+  uint64_t hpb;        // history page bytes
+};
+
+__device__ __forceinline__ Planes make_planes(const Args& a, int kvh, int head_dim) {
+  Planes pl;
+  const int P = a.page_size;
+#pragma unroll
+  for (int kv = 0; kv < 2; ++kv) {
+    const int p = (a.layer * 2 + kv) * a.n_heads_kv + kvh;
+    pl.eplane[kv] = static_cast<uint64_t>(p) * P * head_dim * 2;
+    if (a.hist_row_prefix != nullptr) {
+      pl.hoff[kv] = static_cast<uint64_t>(P) * a.hist_row_prefix[p];
+      pl.hrb[kv] = static_cast<int>(a.hist_row_prefix[p + 1] - a.hist_row_prefix[p]);
+      pl.hbits[kv] = a.hist_bits[p];
+    } else {
+      pl.hoff[kv] = static_cast<uint64_t>(p) * P * a.int2_row_bytes;
+      pl.hrb[kv] = a.int2_row_bytes;
+      pl.hbits[kv] = 2;
+    }
+  }
+  pl.hpb = a.hist_row_prefix != nullptr ? static_cast<uint64_t>(P) * a.hist_row_prefix[a.n_planes]
+                                        : a.hist_page_bytes;
+  return pl;
+}
+
+// One work item: a tile of queries of one sequence.
+struct Item {
+  int seq, q0, nqt;
+  int64_t p0, n_sink_tok, hist_end;
+  int64_t kend;  // the tile reads keys [0, kend)
+  int64_t row0;  // step-wide row of query q0
+};
+
+// Item `item` in the order (sequence, tile last-first); false past the last one.
+__device__ __forceinline__ bool find_item(const Args& a, int item, Item& it) {
+  int acc = 0;
+  for (int s = 0; s < a.n_seqs; ++s) {
+    const int nq = a.cu[s + 1] - a.cu[s];
+    const int nt = nq > 0 ? (nq + a.qt - 1) / a.qt : 0;
+    if (item < acc + nt) {
+      const int tile = nt - 1 - (item - acc);
+      const int P = a.page_size;
+      it.seq = s;
+      it.q0 = tile * a.qt;
+      it.nqt = min(a.qt, nq - it.q0);
+      it.p0 = a.pos0[s];
+      it.n_sink_tok = a.sinks.seq_len(s, P);
+      it.hist_end = it.n_sink_tok + a.history.seq_len(s, P);
+      it.kend = it.p0 + it.q0 + it.nqt;
+      it.row0 = static_cast<int64_t>(a.cu[s]) + it.q0;
+      return true;
+    }
+    acc += nt;
+  }
+  return false;
+}
+
+// Where key j (< kend) of the item lives: its K and V rows, exact (BF16) or history.
+struct KeyRows {
+  const uint8_t* k;
+  const uint8_t* v;
+  bool hist;
+};
+
+__device__ __forceinline__ KeyRows key_rows(const Args& a, const Planes& pl, const Item& it,
+                                            int64_t j, int head_dim) {
+  const int P = a.page_size;
+  KeyRows r;
+  if (j < it.n_sink_tok || j >= it.hist_end) {
+    const bool sink = j < it.n_sink_tok;
+    const int64_t t = sink ? j : j - it.hist_end;
+    const PageTableView& pt = sink ? a.sinks : a.recent;
+    const int page = pt.page_ids[pt.indptr[it.seq] + static_cast<int>(t / P)];
+    const uint8_t* base = a.exact_pool + static_cast<uint64_t>(page) * a.exact_page_bytes +
+                          static_cast<uint64_t>(t % P) * head_dim * 2;
+    r.k = base + pl.eplane[0];
+    r.v = base + pl.eplane[1];
+    r.hist = false;
+  } else {
+    const int64_t t = j - it.n_sink_tok;
+    const int page = a.history.page_ids[a.history.indptr[it.seq] + static_cast<int>(t / P)];
+    const uint8_t* pg = a.hist_pool + static_cast<uint64_t>(page) * pl.hpb;
+    const uint64_t slot = static_cast<uint64_t>(t % P);
+    r.k = pg + pl.hoff[0] + slot * pl.hrb[0];
+    r.v = pg + pl.hoff[1] + slot * pl.hrb[1];
+    r.hist = true;
+  }
+  return r;
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_constant__ Args a) {
   extern __shared__ float smem[];
@@ -81,57 +181,15 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int tr = tid >> 3;  // rows 4tr .. 4tr+3 (S and PV)
   const int tk = tid & 7;   // keys tk + 8c (S), dims tk + 8jj (PV)
-  const int P = a.page_size;
   const int M = a.qt * a.gqa;
-
-  // This KV head's planes: exact rows (byte offset inside a page) and history rows.
-  const uint64_t row_bytes = static_cast<uint64_t>(D) * 2;
-  uint64_t eplane[2];
-  uint64_t hoff[2] = {0, 0};
-  int hrb[2] = {0, 0}, hbits[2] = {2, 2};
-#pragma unroll
-  for (int kv = 0; kv < 2; ++kv) {
-    const int p = (a.layer * 2 + kv) * a.n_heads_kv + kvh;
-    eplane[kv] = static_cast<uint64_t>(p) * P * row_bytes;
-    if (a.hist_row_prefix != nullptr) {
-      hoff[kv] = static_cast<uint64_t>(P) * a.hist_row_prefix[p];
-      hrb[kv] = static_cast<int>(a.hist_row_prefix[p + 1] - a.hist_row_prefix[p]);
-      hbits[kv] = a.hist_bits[p];
-    } else {
-      hoff[kv] = static_cast<uint64_t>(p) * P * a.int2_row_bytes;
-      hrb[kv] = a.int2_row_bytes;
-    }
-  }
-  const uint64_t hpb = a.hist_row_prefix != nullptr
-                           ? static_cast<uint64_t>(P) * a.hist_row_prefix[a.n_planes]
-                           : a.hist_page_bytes;
+  const Planes pl = make_planes(a, kvh, D);
 
 #pragma unroll 1
   for (int item = blockIdx.x;; item += gridDim.x) {
-    // ---- locate the item: sequence and query tile (tiles numbered last-first) ----------------
-    int seq = -1, tile = 0;
-    {
-      int acc = 0;
-      for (int s = 0; s < a.n_seqs; ++s) {
-        const int nq = a.cu[s + 1] - a.cu[s];
-        const int nt = nq > 0 ? (nq + a.qt - 1) / a.qt : 0;
-        if (item < acc + nt) {
-          seq = s;
-          tile = nt - 1 - (item - acc);
-          break;
-        }
-        acc += nt;
-      }
-    }
-    if (seq < 0) break;
-    const int nq = a.cu[seq + 1] - a.cu[seq];
-    const int q0 = tile * a.qt;
-    const int nqt = min(a.qt, nq - q0);
-    const int64_t p0 = a.pos0[seq];
-    const int64_t n_sink_tok = a.sinks.seq_len(seq, P);
-    const int64_t hist_end = n_sink_tok + a.history.seq_len(seq, P);
-    const int64_t kend = p0 + q0 + nqt;  // this tile reads keys [0, kend)
-    const int64_t row0 = static_cast<int64_t>(a.cu[seq]) + q0;  // step-wide query row
+    Item it;
+    if (!find_item(a, item, it)) break;
+    const int nqt = it.nqt;
+    const int64_t kend = it.kend, row0 = it.row0;
 
     __syncthreads();  // the previous item is done with Qs
     for (int idx = tid; idx < kRowsM * D; idx += kThreads) {
@@ -152,7 +210,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
     for (int i = 0; i < 4; ++i) {
       const int m = 4 * tr + i, qi = m / a.gqa;
       rvalid[i] = m < M && qi < nqt;
-      rpos[i] = p0 + q0 + qi;
+      rpos[i] = it.p0 + it.q0 + qi;
       mrow[i] = kNegInf;
       lrow[i] = 0.f;
 #pragma unroll
@@ -162,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
 #pragma unroll 1
     for (int64_t k0 = 0; k0 < kend; k0 += kKeys) {
       __syncthreads();  // Ks / Vs / Ps free; Qs staged
-      // ---- stage K and V of keys [k0, k0 + kKeys): a warp per key --------------------------
+      // ---- stage K and V of keys [k0, k0 + kKeys) as float: a warp per key ------------------
 #pragma unroll 1
       for (int kk = warp; kk < kKeys; kk += kWarps) {
         const int64_t j = k0 + kk;
@@ -170,30 +228,21 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
         float* vd = Vs + kk * LV;
         if (j >= kend) {
           for (int e = lane; e < D; e += 32) kd[e] = vd[e] = 0.f;
-        } else if (j < n_sink_tok || j >= hist_end) {
-          const bool sink = j < n_sink_tok;
-          const int64_t t = sink ? j : j - hist_end;
-          const PageTableView& pt = sink ? a.sinks : a.recent;
-          const int page = pt.page_ids[pt.indptr[seq] + static_cast<int>(t / P)];
-          const uint8_t* base = a.exact_pool + static_cast<uint64_t>(page) * a.exact_page_bytes +
-                                static_cast<uint64_t>(t % P) * row_bytes;
-          const __nv_bfloat16* kr = reinterpret_cast<const __nv_bfloat16*>(base + eplane[0]);
-          const __nv_bfloat16* vr = reinterpret_cast<const __nv_bfloat16*>(base + eplane[1]);
+          continue;
+        }
+        const KeyRows r = key_rows(a, pl, it, j, D);
+        if (!r.hist) {
+          const __nv_bfloat16* kr = reinterpret_cast<const __nv_bfloat16*>(r.k);
+          const __nv_bfloat16* vr = reinterpret_cast<const __nv_bfloat16*>(r.v);
           for (int e = lane; e < D; e += 32) {
             kd[e] = __bfloat162float(kr[e]);
             vd[e] = __bfloat162float(vr[e]);
           }
         } else {
-          const int64_t t = j - n_sink_tok;
-          const int page = a.history.page_ids[a.history.indptr[seq] + static_cast<int>(t / P)];
-          const uint8_t* pg = a.hist_pool + static_cast<uint64_t>(page) * hpb;
-          const uint64_t slot = static_cast<uint64_t>(t % P);
-          const uint8_t* rk = pg + hoff[0] + slot * hrb[0];
-          const uint8_t* rv = pg + hoff[1] + slot * hrb[1];
           for (int e = lane; e < D; e += 32) {
-            kd[e] = cuda_detail::dequant_element(rk, e, D, a.group_size, hbits[0], a.uniform,
+            kd[e] = cuda_detail::dequant_element(r.k, e, D, a.group_size, pl.hbits[0], a.uniform,
                                                  a.lloyd);
-            vd[e] = cuda_detail::dequant_element(rv, e, D, a.group_size, hbits[1], a.uniform,
+            vd[e] = cuda_detail::dequant_element(r.v, e, D, a.group_size, pl.hbits[1], a.uniform,
                                                  a.lloyd);
           }
         }
@@ -279,19 +328,210 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
   }
 }
 
-// Resident blocks per SM of each instantiation and the SM count, per device, read once.
-struct DeviceFacts {
-  int sms = 0;
-  int blocks64 = 0, blocks128 = 0;
-};
+// ---- tensor-core kernel -----------------------------------------------------------------------
+// Same items and staging as above, but 64-key tiles staged as BF16 (exact rows copied, history
+// rows dequantized then rounded) with K row-major [key][d] and V transposed [d][key], so that
+// every MMA operand is one 32-bit shared load. Warp w owns rows 16w .. 16w+15 of the item
+// (FlashAttention-2 layout): S[16 rows, 64 keys] = Q·Kᵀ with Q's A fragments in registers
+// (BF16, pre-scaled by scale·log2 e), the masked online softmax on the accumulator fragments
+// (lane (g, t) holds rows g and g+8, keys 2t, 2t+1 of each 8-key block: a row's max and sum
+// over its 4 lanes), P re-packed as BF16 A fragments straight from the S accumulators, and
+// O[16 rows, d] += P·V. FP32 accumulation; the operand rounding sets the tolerance (test).
+constexpr int kKeysT = 64;  // keys per tile of the tensor-core kernel
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
 
 template <int D>
-Status kernel_setup(int* blocks) {
-  const int smem = static_cast<int>(smem_bytes<D>());
-  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(prefill_attn_kernel<D>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  OSCAR_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, prefill_attn_kernel<D>, kThreads, smem));
+constexpr size_t mma_smem_bytes() {
+  return 2 * (static_cast<size_t>(kKeysT) * (D + 8) + static_cast<size_t>(D) * (kKeysT + 8));
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) prefill_attn_mma_kernel(const __grid_constant__ Args a) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  constexpr int LKS = D + 8;       // Ks row stride (bf16): 4-lane groups hit distinct banks
+  constexpr int LVT = kKeysT + 8;  // Vt row stride (bf16)
+  constexpr int NKS = D / 16;      // k-steps of S
+  constexpr int NB = kKeysT / 8;   // 8-key blocks of S
+  constexpr int NDB = D / 8;       // 8-dim blocks of O
+  constexpr int NKP = kKeysT / 16; // k-steps of PV
+  __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kKeysT][LKS]
+  __nv_bfloat16* Vt = Ks + kKeysT * LKS;                            // [D][LVT]
+  const int kvh = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int M = a.qt * a.gqa;
+  const Planes pl = make_planes(a, kvh, D);
+
+#pragma unroll 1
+  for (int item = blockIdx.x;; item += gridDim.x) {
+    Item it;
+    if (!find_item(a, item, it)) break;
+    const int64_t kend = it.kend;
+
+    // This lane's rows: r = 0 -> row 16w + g, r = 1 -> row 16w + g + 8.
+    bool rvalid[2];
+    int64_t rpos[2];
+    const float* qrow[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int m = 16 * warp + g + 8 * r, qi = m / a.gqa, hh = m % a.gqa;
+      rvalid[r] = m < M && qi < it.nqt;
+      rpos[r] = it.p0 + it.q0 + qi;
+      qrow[r] = rvalid[r] ? a.q + ((it.row0 + qi) * a.n_heads_q + kvh * a.gqa + hh) * D : nullptr;
+    }
+    uint32_t qa[NKS][4];
+#pragma unroll
+    for (int ks = 0; ks < NKS; ++ks)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)  // a0/a1: dims 16ks + 2t; a2/a3: + 8
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int d = 16 * ks + 2 * t + 8 * half;
+          qa[ks][2 * half + r] =
+              qrow[r] ? pack_bf16(qrow[r][d] * a.scale_log2, qrow[r][d + 1] * a.scale_log2) : 0u;
+        }
+    float o[NDB][4];
+#pragma unroll
+    for (int db = 0; db < NDB; ++db)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[db][c] = 0.f;
+    float mrow[2] = {kNegInf, kNegInf}, lrow[2] = {0.f, 0.f};  // l: this lane's partial sum
+
+#pragma unroll 1
+    for (int64_t k0 = 0; k0 < kend; k0 += kKeysT) {
+      __syncthreads();  // the previous tile (or item) is done with Ks / Vt
+#pragma unroll 1
+      for (int kk = warp; kk < kKeysT; kk += kWarps) {
+        const int64_t j = k0 + kk;
+        __nv_bfloat16* kd = Ks + kk * LKS;
+        if (j >= kend) {
+          for (int e = lane; e < D; e += 32) {
+            kd[e] = __float2bfloat16_rn(0.f);
+            Vt[e * LVT + kk] = __float2bfloat16_rn(0.f);
+          }
+          continue;
+        }
+        const KeyRows r = key_rows(a, pl, it, j, D);
+        if (!r.hist) {
+          const __nv_bfloat16* kr = reinterpret_cast<const __nv_bfloat16*>(r.k);
+          const __nv_bfloat16* vr = reinterpret_cast<const __nv_bfloat16*>(r.v);
+          for (int e = lane; e < D; e += 32) {
+            kd[e] = kr[e];
+            Vt[e * LVT + kk] = vr[e];
+          }
+        } else {
+          for (int e = lane; e < D; e += 32) {
+            kd[e] = __float2bfloat16_rn(cuda_detail::dequant_element(
+                r.k, e, D, a.group_size, pl.hbits[0], a.uniform, a.lloyd));
+            Vt[e * LVT + kk] = __float2bfloat16_rn(cuda_detail::dequant_element(
+                r.v, e, D, a.group_size, pl.hbits[1], a.uniform, a.lloyd));
+          }
+        }
+      }
+      __syncthreads();
+
+      // ---- S = Q·Kᵀ: block nb covers keys k0 + 8nb .. +7 -------------------------------------
+      float s[NB][4];
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[nb][c] = 0.f;
+        const __nv_bfloat16* kr = Ks + (8 * nb + g) * LKS + 2 * t;
+#pragma unroll
+        for (int ks = 0; ks < NKS; ++ks) {
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + 16 * ks);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 16 * ks + 8);
+          oscar::cuda::mma_bf16(s[nb], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1);
+        }
+      }
+      // ---- mask and online softmax (c0, c1: row g; c2, c3: row g + 8) ------------------------
+      float mx[2] = {kNegInf, kNegInf};
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int r = c >> 1;
+          const int64_t j = k0 + 8 * nb + 2 * t + (c & 1);
+          if (!rvalid[r] || j > rpos[r]) s[nb][c] = kNegInf;
+          mx[r] = fmaxf(mx[r], s[nb][c]);
+        }
+      float alpha[2], mnew[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mnew[r] = fmaxf(mrow[r], mx[r]);
+        alpha[r] = mnew[r] == kNegInf ? 1.f : exp2f(mrow[r] - mnew[r]);
+        mrow[r] = mnew[r];
+        lrow[r] *= alpha[r];
+      }
+#pragma unroll
+      for (int db = 0; db < NDB; ++db) {
+        o[db][0] *= alpha[0];
+        o[db][1] *= alpha[0];
+        o[db][2] *= alpha[1];
+        o[db][3] *= alpha[1];
+      }
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int r = c >> 1;
+          const float pv = s[nb][c] == kNegInf ? 0.f : exp2f(s[nb][c] - mnew[r]);
+          s[nb][c] = pv;
+          lrow[r] += pv;
+        }
+      // ---- O += P·V: k-step kp covers keys 16kp .. +15 = blocks 2kp, 2kp + 1 ----------------
+#pragma unroll
+      for (int kp = 0; kp < NKP; ++kp) {
+        const uint32_t a0 = pack_bf16(s[2 * kp][0], s[2 * kp][1]);
+        const uint32_t a1 = pack_bf16(s[2 * kp][2], s[2 * kp][3]);
+        const uint32_t a2 = pack_bf16(s[2 * kp + 1][0], s[2 * kp + 1][1]);
+        const uint32_t a3 = pack_bf16(s[2 * kp + 1][2], s[2 * kp + 1][3]);
+#pragma unroll
+        for (int db = 0; db < NDB; ++db) {
+          const __nv_bfloat16* vr = Vt + (8 * db + g) * LVT + 16 * kp + 2 * t;
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(vr);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(vr + 8);
+          oscar::cuda::mma_bf16(o[db], a0, a1, a2, a3, b0, b1);
+        }
+      }
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = lrow[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      if (!rvalid[r]) continue;
+      const int m = 16 * warp + g + 8 * r, qi = m / a.gqa, hh = m % a.gqa;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      float* dst = a.out + ((it.row0 + qi) * a.n_heads_q + kvh * a.gqa + hh) * D;
+#pragma unroll
+      for (int db = 0; db < NDB; ++db) {
+        dst[8 * db + 2 * t] = o[db][2 * r] * inv;
+        dst[8 * db + 2 * t + 1] = o[db][2 * r + 1] * inv;
+      }
+    }
+  }
+}
+
+// Resident blocks per SM of each kernel (0 SIMT, 1 tensor cores; head_dim 64, 128) and the SM
+// count, per device, read once.
+struct DeviceFacts {
+  int sms = 0;
+  int blocks[2][2] = {{0, 0}, {0, 0}};
+};
+
+template <typename K>
+Status kernel_setup(K kernel, size_t smem_size, int* blocks) {
+  const int smem = static_cast<int>(smem_size);
+  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem));
   *blocks = std::max(1, *blocks);
   return Status();
 }
@@ -307,8 +547,13 @@ Status device_facts(DeviceFacts* out) {
   if (!ready[dev]) {
     DeviceFacts f;
     OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev));
-    OSCAR_RETURN_IF_ERROR(kernel_setup<64>(&f.blocks64));
-    OSCAR_RETURN_IF_ERROR(kernel_setup<128>(&f.blocks128));
+    OSCAR_RETURN_IF_ERROR(kernel_setup(prefill_attn_kernel<64>, smem_bytes<64>(), &f.blocks[0][0]));
+    OSCAR_RETURN_IF_ERROR(
+        kernel_setup(prefill_attn_kernel<128>, smem_bytes<128>(), &f.blocks[0][1]));
+    OSCAR_RETURN_IF_ERROR(
+        kernel_setup(prefill_attn_mma_kernel<64>, mma_smem_bytes<64>(), &f.blocks[1][0]));
+    OSCAR_RETURN_IF_ERROR(
+        kernel_setup(prefill_attn_mma_kernel<128>, mma_smem_bytes<128>(), &f.blocks[1][1]));
     facts[dev] = f;
     ready[dev] = true;
   }
@@ -370,7 +615,8 @@ Status validate_cuda(const PrefillAttnParams& p) {
 
 }  // namespace
 
-Status prefill_attn_cuda(const PrefillAttnParams& p, void* stream_ptr) {
+Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path,
+                            void* stream_ptr) {
   OSCAR_RETURN_IF_ERROR(validate_cuda(p));
   if (p.n_seqs == 0) return Status();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
@@ -410,16 +656,30 @@ Status prefill_attn_cuda(const PrefillAttnParams& p, void* stream_ptr) {
   a.recent = p.recent;
 
   // One wave of resident blocks over all KV heads; each block walks its items.
-  const int per_sm = L.head_dim == 64 ? facts.blocks64 : facts.blocks128;
+  const bool mma = path != PrefillAttnCudaPath::kSimt;
+  const bool d64 = L.head_dim == 64;
+  const int per_sm = facts.blocks[mma ? 1 : 0][d64 ? 0 : 1];
   const int gx = std::max(1, (facts.sms * per_sm + L.n_heads_kv - 1) / L.n_heads_kv);
   if (L.n_heads_kv > 65535) return invalid_argument("prefill_attn_cuda: too many KV heads");
   const dim3 grid(gx, L.n_heads_kv);
-  if (L.head_dim == 64)
-    prefill_attn_kernel<64><<<grid, kThreads, smem_bytes<64>(), stream>>>(a);
-  else
-    prefill_attn_kernel<128><<<grid, kThreads, smem_bytes<128>(), stream>>>(a);
-  OSCAR_CUDA_LAUNCH_CHECK("prefill_attn_kernel");
+  if (mma) {
+    if (d64)
+      prefill_attn_mma_kernel<64><<<grid, kThreads, mma_smem_bytes<64>(), stream>>>(a);
+    else
+      prefill_attn_mma_kernel<128><<<grid, kThreads, mma_smem_bytes<128>(), stream>>>(a);
+    OSCAR_CUDA_LAUNCH_CHECK("prefill_attn_mma_kernel");
+  } else {
+    if (d64)
+      prefill_attn_kernel<64><<<grid, kThreads, smem_bytes<64>(), stream>>>(a);
+    else
+      prefill_attn_kernel<128><<<grid, kThreads, smem_bytes<128>(), stream>>>(a);
+    OSCAR_CUDA_LAUNCH_CHECK("prefill_attn_kernel");
+  }
   return Status();
+}
+
+Status prefill_attn_cuda(const PrefillAttnParams& p, void* stream) {
+  return prefill_attn_cuda_ex(p, PrefillAttnCudaPath::kAuto, stream);
 }
 
 }  // namespace oscar::kernels
