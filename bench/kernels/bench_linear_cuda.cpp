@@ -28,14 +28,13 @@ namespace {
 using namespace oscar;
 using namespace oscar::kernels;
 
-#define CK(expr)                                                                     \
-  do {                                                                               \
-    const cudaError_t e_ = (expr);                                                   \
-    if (e_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,             \
-                   cudaGetErrorString(e_));                                          \
-      std::exit(1);                                                                  \
-    }                                                                                \
+#define CK(expr)                                                                                  \
+  do {                                                                                            \
+    const cudaError_t e_ = (expr);                                                                \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
   } while (0)
 
 std::vector<int> parse_list(const char* s) {
@@ -65,12 +64,17 @@ int main(int argc, char** argv) {
   bool f32 = false;
   const char* csv = nullptr;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--n") && i + 1 < argc) ns = parse_list(argv[++i]);
-    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--f32") && i + 1 < argc) f32 = std::atoi(argv[++i]) != 0;
-    else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
+    if (!std::strcmp(argv[i], "--n") && i + 1 < argc)
+      ns = parse_list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
+      iters = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--f32") && i + 1 < argc)
+      f32 = std::atoi(argv[++i]) != 0;
+    else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc)
+      csv = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--n 1,4,16] [--iters n] [--f32 0|1] [--csv file]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n 1,4,16] [--iters n] [--f32 0|1] [--csv file]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -118,8 +122,10 @@ int main(int argc, char** argv) {
     const char* name;
     int64_t in, out;
   };
-  const Shape shapes[] = {{"q/o", 4096, 4096},      {"k/v", 4096, 1024},
-                          {"gate/up", 4096, 12288}, {"down", 12288, 4096},
+  const Shape shapes[] = {{"q/o", 4096, 4096},
+                          {"k/v", 4096, 1024},
+                          {"gate/up", 4096, 12288},
+                          {"down", 12288, 4096},
                           {"lm_head", 4096, 151936}};
   const DType dt = f32 ? DType::kF32 : DType::kBF16;
   int64_t max_w = 0, max_x = 0, max_y = 0;
@@ -141,11 +147,13 @@ int main(int argc, char** argv) {
   CK(cudaMemset(bias, 0, 151936 * 4));
 
   FILE* fcsv = csv ? std::fopen(csv, "w") : nullptr;
-  if (fcsv) std::fprintf(fcsv, "shape,in,out,n,path,median_us,p10_us,p90_us,weight_bytes,tbs,tflops\n");
+  if (fcsv)
+    std::fprintf(fcsv, "shape,in,out,n,path,median_us,p10_us,p90_us,weight_bytes,tbs,tflops\n");
   std::printf("weights %s; L2 flushed (256 MiB read) before each call; median of %d\n\n",
               f32 ? "F32" : "BF16", iters);
-  std::printf("| shape | in | out | n | path | median us | p10 | p90 | weight MB | TB/s | %% of copy "
-              "| TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| shape | in | out | n | path | median us | p10 | p90 | weight MB | TB/s | %% of copy "
+      "| TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes)
     for (int n : ns) {
       std::vector<LinearCudaPath> paths = {LinearCudaPath::kAuto};
@@ -179,10 +187,11 @@ int main(int argc, char** argv) {
         const double wbytes = static_cast<double>(s.in) * s.out * dtype_bytes(dt);
         const double tbs = wbytes / (med * 1e-6) / 1e12;
         const double tflops = 2.0 * n * s.in * s.out / (med * 1e-6) / 1e12;
-        std::printf("| %s | %lld | %lld | %d | %s | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f%% | "
-                    "%.1f |\n", s.name, static_cast<long long>(s.in),
-                    static_cast<long long>(s.out), n, path_name(path), med, p10, p90,
-                    wbytes / 1e6, tbs, 100.0 * tbs / copy_tbs, tflops);
+        std::printf(
+            "| %s | %lld | %lld | %d | %s | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f%% | "
+            "%.1f |\n",
+            s.name, static_cast<long long>(s.in), static_cast<long long>(s.out), n, path_name(path),
+            med, p10, p90, wbytes / 1e6, tbs, 100.0 * tbs / copy_tbs, tflops);
         if (fcsv)
           std::fprintf(fcsv, "%s,%lld,%lld,%d,%s,%.2f,%.2f,%.2f,%.0f,%.3f,%.3f\n", s.name,
                        static_cast<long long>(s.in), static_cast<long long>(s.out), n,

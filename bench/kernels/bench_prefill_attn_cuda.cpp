@@ -31,14 +31,13 @@ namespace {
 using namespace oscar;
 using namespace oscar::kernels;
 
-#define CK(expr)                                                                     \
-  do {                                                                               \
-    const cudaError_t e_ = (expr);                                                   \
-    if (e_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,             \
-                   cudaGetErrorString(e_));                                          \
-      std::exit(1);                                                                  \
-    }                                                                                \
+#define CK(expr)                                                                                  \
+  do {                                                                                            \
+    const cudaError_t e_ = (expr);                                                                \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
   } while (0)
 
 constexpr int kHq = 32, kHkv = 8, kD = 128, kP = 16, kG = 128;
@@ -62,7 +61,8 @@ T* upload(const std::vector<T>& v) {
 int main(int argc, char** argv) {
   int iters = 10;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
+      iters = std::max(1, std::atoi(argv[++i]));
     else {
       std::fprintf(stderr, "usage: %s [--iters n]\n", argv[0]);
       return 2;
@@ -97,8 +97,9 @@ int main(int argc, char** argv) {
   };
   const BenchCase cases[] = {{1, 0, 2048}, {1, 8192, 512}, {4, 4096, 256}, {1, 32768, 1024}};
   std::mt19937 rng(7);
-  std::printf("\n| batch | history | chunk | path | median us | p10 | p90 | TFLOP/s |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n| batch | history | chunk | path | median us | p10 | p90 | TFLOP/s |\n"
+      "|---|---|---|---|---|---|---|---|\n");
   for (const BenchCase& bc : cases) {
     const bool int2 = bc.hist > 0;
     std::vector<int32_t> indptr[3], ids[3], last[3], cu = {0};
@@ -119,7 +120,8 @@ int main(int argc, char** argv) {
       const int64_t p0 = kSink + bc.hist + recent - bc.chunk;
       pos0.push_back(p0);
       cu.push_back(cu.back() + static_cast<int32_t>(bc.chunk));
-      for (int64_t i = 0; i < bc.chunk; ++i) flops += 4.0 * kD * kHq * static_cast<double>(p0 + i + 1);
+      for (int64_t i = 0; i < bc.chunk; ++i)
+        flops += 4.0 * kD * kHq * static_cast<double>(p0 + i + 1);
     }
     // Shuffle the page ids of each pool.
     {
@@ -137,7 +139,8 @@ int main(int argc, char** argv) {
       const uint32_t w = static_cast<uint32_t>(rng()) & 0xBFFFBFFFu;
       std::memcpy(&exact[i], &w, 4);
     }
-    std::vector<uint8_t> hist(static_cast<size_t>(std::max<int64_t>(n_hist, 1)) * L.int2_page_bytes());
+    std::vector<uint8_t> hist(static_cast<size_t>(std::max<int64_t>(n_hist, 1)) *
+                              L.int2_page_bytes());
     for (size_t i = 0; i + 36 <= hist.size(); i += 36) {
       for (int b = 0; b < 32; b += 4) {
         const uint32_t w = static_cast<uint32_t>(rng());

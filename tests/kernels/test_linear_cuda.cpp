@@ -30,10 +30,10 @@
 namespace oscar::kernels {
 namespace {
 
-#define CUDA_OK(expr)                                                         \
-  do {                                                                        \
-    const cudaError_t e_ = (expr);                                            \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);    \
+#define CUDA_OK(expr)                                                      \
+  do {                                                                     \
+    const cudaError_t e_ = (expr);                                         \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
   } while (0)
 
 constexpr double kU = 1.0 / (1 << 24);
@@ -100,9 +100,10 @@ void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t se
   dp.y = y_dev;
 
   std::vector<float> got(n * out);
-  for (LinearCudaPath path : {LinearCudaPath::kAuto, LinearCudaPath::kStream, LinearCudaPath::kGemm}) {
-    const bool gemm = path == LinearCudaPath::kGemm ||
-                      (path == LinearCudaPath::kAuto && n > kLinearCudaFewRows);
+  for (LinearCudaPath path :
+       {LinearCudaPath::kAuto, LinearCudaPath::kStream, LinearCudaPath::kGemm}) {
+    const bool gemm =
+        path == LinearCudaPath::kGemm || (path == LinearCudaPath::kAuto && n > kLinearCudaFewRows);
     const bool bf16_x = gemm && dtype == DType::kBF16;
     CUDA_OK(cudaMemset(y_dev, 0xFF, got.size() * 4));
     const Status st = linear_cuda_ex(dp, path, nullptr);
@@ -116,13 +117,13 @@ void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t se
         const double m = mag[k];
         const double tol = (bf16_x ? m / 512 : 0.0) + 2.0 * in * kU * m + 1e-30;
         const double g = got[k], w = y_ref[k];
-        ASSERT_TRUE(std::isfinite(g)) << path_name(path) << " dtype " << static_cast<int>(dtype)
-                                      << " n " << n << " in " << in << " out " << out
-                                      << ": non-finite at row " << i << " col " << r;
+        ASSERT_TRUE(std::isfinite(g))
+            << path_name(path) << " dtype " << static_cast<int>(dtype) << " n " << n << " in " << in
+            << " out " << out << ": non-finite at row " << i << " col " << r;
         const double err = std::fabs(g - w);
         max_ratio = std::max(max_ratio, err / tol);
-        ASSERT_LE(err, tol) << path_name(path) << " dtype " << static_cast<int>(dtype) << " n "
-                            << n << " in " << in << " out " << out << " bias " << bias
+        ASSERT_LE(err, tol) << path_name(path) << " dtype " << static_cast<int>(dtype) << " n " << n
+                            << " in " << in << " out " << out << " bias " << bias
                             << ": first mismatch at row " << i << " col " << r << ": got " << g
                             << " want " << w;
         num += (g - w) * (g - w);
@@ -132,10 +133,10 @@ void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t se
     EXPECT_LE(rel, bf16_x ? 1.0 / 256 : 1e-5)
         << path_name(path) << " dtype " << static_cast<int>(dtype) << " n " << n;
     if (n == 1 || n == 9 || n == 40)
-      std::printf("  %-6s dtype=%d n=%-3lld in=%-5lld out=%-5lld bias=%d err/tol=%.3g rel_l2=%.3g\n",
-                  path_name(path), static_cast<int>(dtype), static_cast<long long>(n),
-                  static_cast<long long>(in), static_cast<long long>(out), bias ? 1 : 0, max_ratio,
-                  rel);
+      std::printf(
+          "  %-6s dtype=%d n=%-3lld in=%-5lld out=%-5lld bias=%d err/tol=%.3g rel_l2=%.3g\n",
+          path_name(path), static_cast<int>(dtype), static_cast<long long>(n),
+          static_cast<long long>(in), static_cast<long long>(out), bias ? 1 : 0, max_ratio, rel);
   }
 }
 
@@ -149,8 +150,12 @@ class LinearCuda : public ::testing::Test {
 TEST_F(LinearCuda, MatchesReference) {
   uint32_t seed = 1;
   for (DType dtype : {DType::kBF16, DType::kF32})
-    for (auto [in, out] : {std::pair<int64_t, int64_t>{256, 512}, {64, 70}, {136, 129},
-                           {1024, 33}, {8, 1}, {4104, 5}})
+    for (auto [in, out] : {std::pair<int64_t, int64_t>{256, 512},
+                           {64, 70},
+                           {136, 129},
+                           {1024, 33},
+                           {8, 1},
+                           {4104, 5}})
       for (bool bias : {false, true})
         for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 17, 23, 33, 40})
           run(dtype, n, in, out, bias, seed++);

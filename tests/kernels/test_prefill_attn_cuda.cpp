@@ -52,10 +52,10 @@
 namespace oscar::kernels {
 namespace {
 
-#define CUDA_OK(expr)                                                         \
-  do {                                                                        \
-    const cudaError_t e_ = (expr);                                            \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);    \
+#define CUDA_OK(expr)                                                      \
+  do {                                                                     \
+    const cudaError_t e_ = (expr);                                         \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
   } while (0)
 
 bool have_gpu() {
@@ -354,8 +354,8 @@ void run_case(const Case& c) {
         max_ratio = std::max(max_ratio, err / tol);
         if (err > tol && !reported) {
           ADD_FAILURE() << what << " " << c.name() << ": first mismatch at query row " << row / Hq
-                        << " head " << row % Hq << " dim " << i << ": got " << gv << " want "
-                        << wv << " err " << err << " > tol " << tol;
+                        << " head " << row % Hq << " dim " << i << ": got " << gv << " want " << wv
+                        << " err " << err << " > tol " << tol;
           reported = true;
         }
         num += (gv - wv) * (gv - wv);
@@ -387,9 +387,8 @@ class PrefillAttnCuda : public ::testing::Test {
 // a tiny first chunk (sinks only, partial page), one query after a long history, chunks of 70
 // and 33 in mid history, a chunk right after the sinks (no history yet), a partial last page.
 std::vector<SeqSpec> mixed_batch() {
-  return {{16, 0, 24, 40},       {5, 0, 0, 5},         {16, 32 * 16, 37, 1},
-          {16, 8 * 16, 70, 70},  {16, 4 * 16, 50, 33}, {16, 0, 17, 17},
-          {16, 16, 1, 1},        {16, 2 * 16, 64, 2}};
+  return {{16, 0, 24, 40},      {5, 0, 0, 5},    {16, 32 * 16, 37, 1}, {16, 8 * 16, 70, 70},
+          {16, 4 * 16, 50, 33}, {16, 0, 17, 17}, {16, 16, 1, 1},       {16, 2 * 16, 64, 2}};
 }
 
 TEST_F(PrefillAttnCuda, MixedBatchGqa2And4) {
@@ -476,7 +475,8 @@ TEST_F(PrefillAttnCuda, PageSizes) {
     Case c;
     c.page_size = P;
     c.n_sink = P;
-    c.seqs = {{P, 5 * int64_t(P), 2 * P + 1, P + 1}, {P, 0, P - 1, P - 1}, {int64_t(P) - 1, 0, 0, 4}};
+    c.seqs = {
+        {P, 5 * int64_t(P), 2 * P + 1, P + 1}, {P, 0, P - 1, P - 1}, {int64_t(P) - 1, 0, 0, 4}};
     c.seed = seed++;
     run_case(c);
   }

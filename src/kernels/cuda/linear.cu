@@ -107,7 +107,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int u = 0; u < kUnroll; ++u) {
       const int c = c0 + u * kThreads;
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) wv[u][r] = c < C ? ld_stream(wr[r] + c) : make_uint4(0, 0, 0, 0);
+      for (int r = 0; r < kRows; ++r)
+        wv[u][r] = c < C ? ld_stream(wr[r] + c) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -169,9 +170,9 @@ Status launch_stream(const LinearParams& p, cudaStream_t stream) {
     const int nx = static_cast<int>(std::min<int64_t>(kLinearCudaFewRows, p.n - i0));
     const float* x = p.x + i0 * p.w.cols;
     float* y = p.y + i0 * p.w.rows;
-#define OSCAR_LINEAR_CASE(NX)                                                                  \
-  case NX:                                                                                     \
-    linear_stream_kernel<T, NX><<<grid, kThreads, 0, stream>>>(x, w, p.bias, y, in, out);      \
+#define OSCAR_LINEAR_CASE(NX)                                                             \
+  case NX:                                                                                \
+    linear_stream_kernel<T, NX><<<grid, kThreads, 0, stream>>>(x, w, p.bias, y, in, out); \
     break;
     switch (nx) {
       OSCAR_LINEAR_CASE(1)
@@ -213,23 +214,31 @@ __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__
 
 const char* lt_error(cublasStatus_t s) {
   switch (s) {
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "not initialized";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "alloc failed";
-    case CUBLAS_STATUS_INVALID_VALUE: return "invalid value";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "arch mismatch";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "execution failed";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "internal error";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "not supported";
-    default: return "error";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "alloc failed";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "invalid value";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "arch mismatch";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "execution failed";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "internal error";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "not supported";
+    default:
+      return "error";
   }
 }
 
-#define OSCAR_LT_CHECK(expr)                                                                 \
-  do {                                                                                       \
-    const cublasStatus_t oscar_lt_st_ = (expr);                                              \
-    if (oscar_lt_st_ != CUBLAS_STATUS_SUCCESS)                                               \
+#define OSCAR_LT_CHECK(expr)                                                                   \
+  do {                                                                                         \
+    const cublasStatus_t oscar_lt_st_ = (expr);                                                \
+    if (oscar_lt_st_ != CUBLAS_STATUS_SUCCESS)                                                 \
       return ::oscar::internal_error("%s:%d: %s: cublasLt %s (%d)", __FILE__, __LINE__, #expr, \
-                                     lt_error(oscar_lt_st_), static_cast<int>(oscar_lt_st_)); \
+                                     lt_error(oscar_lt_st_), static_cast<int>(oscar_lt_st_));  \
   } while (0)
 
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // what NVIDIA recommends for Hopper
@@ -274,8 +283,10 @@ Status make_plan(LtDevice& dv, DType dt, int64_t out, int64_t n, int64_t in, boo
   const cudaDataType_t ab = dt == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   OSCAR_LT_CHECK(cublasLtMatmulDescCreate(&pl.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  OSCAR_LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  OSCAR_LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  OSCAR_LT_CHECK(
+      cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  OSCAR_LT_CHECK(
+      cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   OSCAR_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.a, ab, in, out, in));
   OSCAR_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.b, ab, in, n, in));
   OSCAR_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.c, CUDA_R_32F, out, n, out));
@@ -315,10 +326,10 @@ Status make_plan(LtDevice& dv, DType dt, int64_t out, int64_t n, int64_t in, boo
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
       cublasLtMatmulPreferenceDestroy(pref);
       destroy(pl);
-      return internal_error("linear_cuda: no cuBLASLt algorithm for %s [%lld x %lld] x [%lld x %lld]",
-                            dt == DType::kBF16 ? "bf16" : "f32", static_cast<long long>(n),
-                            static_cast<long long>(in), static_cast<long long>(out),
-                            static_cast<long long>(in));
+      return internal_error(
+          "linear_cuda: no cuBLASLt algorithm for %s [%lld x %lld] x [%lld x %lld]",
+          dt == DType::kBF16 ? "bf16" : "f32", static_cast<long long>(n),
+          static_cast<long long>(in), static_cast<long long>(out), static_cast<long long>(in));
     }
   }
   cublasLtMatmulPreferenceDestroy(pref);
@@ -367,9 +378,9 @@ Status gemm(const LinearParams& p, cudaStream_t stream) {
   }
   const bool bias = p.bias != nullptr;
   const uint32_t align[3] = {alignment(p.w.data), alignment(b_ptr), alignment(p.y)};
-  const auto key = std::make_tuple(static_cast<int>(p.w.dtype), out, p.n, in, bias,
-                                   static_cast<int>(align[0]), static_cast<int>(align[1]),
-                                   static_cast<int>(align[2]));
+  const auto key =
+      std::make_tuple(static_cast<int>(p.w.dtype), out, p.n, in, bias, static_cast<int>(align[0]),
+                      static_cast<int>(align[1]), static_cast<int>(align[2]));
   auto it = dv.plans.find(key);
   if (it == dv.plans.end()) {
     if (dv.plans.size() >= kMaxPlans) {
@@ -383,12 +394,12 @@ Status gemm(const LinearParams& p, cudaStream_t stream) {
   Plan& pl = it->second;
   if (pl.bias_epilogue) {
     const float* bp = p.bias;
-    OSCAR_LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
-                                                  sizeof bp));
+    OSCAR_LT_CHECK(
+        cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
   }
   const float alpha = 1.f, beta = 0.f;
-  OSCAR_LT_CHECK(cublasLtMatmul(dv.handle, pl.desc, &alpha, p.w.data, pl.a, b_ptr, pl.b, &beta,
-                                p.y, pl.c, p.y, pl.c, &pl.algo, dv.workspace, kLtWorkspaceBytes,
+  OSCAR_LT_CHECK(cublasLtMatmul(dv.handle, pl.desc, &alpha, p.w.data, pl.a, b_ptr, pl.b, &beta, p.y,
+                                pl.c, p.y, pl.c, &pl.algo, dv.workspace, kLtWorkspaceBytes,
                                 stream));
   if (bias && !pl.bias_epilogue) {
     const int blocks = static_cast<int>(std::min<int64_t>((p.n * out + 255) / 256, 4096));

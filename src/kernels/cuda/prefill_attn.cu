@@ -55,14 +55,14 @@ struct Args {
   int int2_row_bytes;
   float scale_log2;
   float lloyd[4];
-  const int32_t* cu;   // [n_seqs + 1]
-  const int64_t* pos0; // [n_seqs]
-  const float* q;      // [cu[n_seqs], n_heads_q, D]
-  float* out;          // [cu[n_seqs], n_heads_q, D]
+  const int32_t* cu;    // [n_seqs + 1]
+  const int64_t* pos0;  // [n_seqs]
+  const float* q;       // [cu[n_seqs], n_heads_q, D]
+  float* out;           // [cu[n_seqs], n_heads_q, D]
   const uint8_t* exact_pool;
   const uint8_t* hist_pool;
   uint64_t exact_page_bytes;
-  uint64_t hist_page_bytes;  // 0 with a bit plan: page_size · hist_row_prefix[n_planes]
+  uint64_t hist_page_bytes;         // 0 with a bit plan: page_size · hist_row_prefix[n_planes]
   const int8_t* hist_bits;          // bit plan or null
   const uint32_t* hist_row_prefix;  // bit plan or null
   PageTableView sinks, history, recent;
@@ -79,7 +79,7 @@ struct Planes {
   uint64_t eplane[2];  // exact_row_offset(layer, kv, head, 0)
   uint64_t hoff[2];    // int2_row_offset(layer, kv, head, 0)
   int hrb[2], hbits[2];
-  uint64_t hpb;        // history page bytes
+  uint64_t hpb;  // history page bytes
 };
 
 __device__ __forceinline__ Planes make_planes(const Args& a, int kvh, int head_dim) {
@@ -173,10 +173,10 @@ template <int D>
 __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_constant__ Args a) {
   extern __shared__ float smem[];
   constexpr int LQ = D + 1, LK = D + 1, LV = D, LP = kKeys + 1, ND = D / 8;
-  float* Qs = smem;                 // [kRowsM][LQ]
-  float* Ks = Qs + kRowsM * LQ;     // [kKeys][LK]
-  float* Vs = Ks + kKeys * LK;      // [kKeys][LV]
-  float* Ps = Vs + kKeys * LV;      // [kRowsM][LP]
+  float* Qs = smem;              // [kRowsM][LQ]
+  float* Ks = Qs + kRowsM * LQ;  // [kKeys][LK]
+  float* Vs = Ks + kKeys * LK;   // [kKeys][LV]
+  float* Ps = Vs + kKeys * LV;   // [kRowsM][LP]
   const int kvh = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int tr = tid >> 3;  // rows 4tr .. 4tr+3 (S and PV)
@@ -329,19 +329,46 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
 }
 
 // ---- tensor-core kernel -----------------------------------------------------------------------
-// Same items and staging as above, but 64-key tiles staged as BF16 (exact rows copied, history
-// rows dequantized then rounded) with K row-major [key][d] and V transposed [d][key], so that
-// every MMA operand is one 32-bit shared load. Warp w owns rows 16w .. 16w+15 of the item
-// (FlashAttention-2 layout): S[16 rows, 64 keys] = Q·Kᵀ with Q's A fragments in registers
-// (BF16, pre-scaled by scale·log2 e), the masked online softmax on the accumulator fragments
-// (lane (g, t) holds rows g and g+8, keys 2t, 2t+1 of each 8-key block: a row's max and sum
-// over its 4 lanes), P re-packed as BF16 A fragments straight from the S accumulators, and
-// O[16 rows, d] += P·V. FP32 accumulation; the operand rounding sets the tolerance (test).
+// Same items and key addressing as above, but 64-key tiles staged as BF16 with 16-byte loads
+// (exact rows copied, history rows dequantized 8 elements at a time, then rounded) with K row-major
+// [key][d] and V transposed [d][key], so that every MMA operand is one 32-bit shared load. Warp w
+// owns rows 16w .. 16w+15 of the item (FlashAttention-2 layout): S[16 rows, 64 keys] = Q·Kᵀ with
+// Q's A fragments in registers (BF16, pre-scaled by scale·log2 e), the masked online softmax on the
+// accumulator fragments (lane (g, t) holds rows g and g+8, keys 2t, 2t+1 of each 8-key block: a
+// row's max and sum over its 4 lanes), P re-packed as BF16 A fragments straight from the S
+// accumulators, and O[16 rows, d] += P·V. FP32 accumulation; the operand rounding sets the
+// tolerance (test).
 constexpr int kKeysT = 64;  // keys per tile of the tensor-core kernel
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Elements e0 .. e0+7 (e0 a multiple of 8) of a history row: cuda_detail::dequant_element's
+// arithmetic, with the group's metadata read once (8 divides G, so they share a group).
+__device__ __forceinline__ void dequant8(const uint8_t* row, int e0, int head_dim, int G, int bits,
+                                         int uniform, const float* lloyd, float (&out)[8]) {
+  const int gi = e0 / G, i0 = e0 % G;
+  const int meta_off = bits == 1   ? head_dim / 8 + 4 * gi
+                       : bits == 3 ? head_dim / 4 + head_dim / 8 + 4 * gi
+                                   : head_dim / 4 + 4 * gi;
+  const uint8_t* m = row + meta_off;
+  const uint32_t meta = m[0] | (m[1] << 8) | (m[2] << 16) | (m[3] << 24);
+  const float s0 = cuda_detail::fp16_bits_to_f32(meta);
+  const float s1 = cuda_detail::fp16_bits_to_f32(meta >> 16);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int i = i0 + k;
+    if (bits == 1) {
+      const int b = row[gi * (G / 8) + i % (G / 8)] >> (i / (G / 8)) & 1;
+      out[k] = b ? s1 : s0;
+      continue;
+    }
+    int q = row[gi * (G / 4) + i % (G / 4)] >> (2 * (i / (G / 4))) & 3;
+    if (bits == 3) q |= (row[head_dim / 4 + gi * (G / 8) + i % (G / 8)] >> (i / (G / 8)) & 1) << 2;
+    out[k] = (bits == 2 && !uniform) ? s1 + lloyd[q] * s0 : s1 + static_cast<float>(q) * s0;
+  }
 }
 
 template <int D>
@@ -350,19 +377,24 @@ constexpr size_t mma_smem_bytes() {
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads) prefill_attn_mma_kernel(const __grid_constant__ Args a) {
+__global__ void __launch_bounds__(kThreads)
+    prefill_attn_mma_kernel(const __grid_constant__ Args a) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  constexpr int LKS = D + 8;       // Ks row stride (bf16): 4-lane groups hit distinct banks
-  constexpr int LVT = kKeysT + 8;  // Vt row stride (bf16)
-  constexpr int NKS = D / 16;      // k-steps of S
-  constexpr int NB = kKeysT / 8;   // 8-key blocks of S
-  constexpr int NDB = D / 8;       // 8-dim blocks of O
-  constexpr int NKP = kKeysT / 16; // k-steps of PV
+  constexpr int LKS = D + 8;           // Ks row stride (bf16): 4-lane groups hit distinct banks
+  constexpr int LVT = kKeysT + 8;      // Vt row stride (bf16)
+  constexpr int NKS = D / 16;          // k-steps of S
+  constexpr int NB = kKeysT / 8;       // 8-key blocks of S
+  constexpr int NDB = D / 8;           // 8-dim blocks of O
+  constexpr int NKP = kKeysT / 16;     // k-steps of PV
+  constexpr int kLanesPerKey = D / 8;  // 16-byte chunks of a BF16 row
+  constexpr int kKeysPerIter = 32 / kLanesPerKey;  // keys a warp stages per step
+  static_assert(kKeysT % (kWarps * kKeysPerIter) == 0);
   __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kKeysT][LKS]
-  __nv_bfloat16* Vt = Ks + kKeysT * LKS;                            // [D][LVT]
+  __nv_bfloat16* Vt = Ks + kKeysT * LKS;                           // [D][LVT]
   const int kvh = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
+  const int sub = lane / kLanesPerKey, chunk = lane % kLanesPerKey;
   const int M = a.qt * a.gqa;
   const Planes pl = make_planes(a, kvh, D);
 
@@ -404,32 +436,36 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_mma_kernel(const __grid
 #pragma unroll 1
     for (int64_t k0 = 0; k0 < kend; k0 += kKeysT) {
       __syncthreads();  // the previous tile (or item) is done with Ks / Vt
+      // Stage: lane (sub, c) copies 16-byte chunk c (elements 8c .. 8c+7) of key kk0 + sub; K
+      // with one 16-byte store, V transposed with 8 two-byte stores.
 #pragma unroll 1
-      for (int kk = warp; kk < kKeysT; kk += kWarps) {
+      for (int kk0 = warp * kKeysPerIter; kk0 < kKeysT; kk0 += kWarps * kKeysPerIter) {
+        const int kk = kk0 + sub;
         const int64_t j = k0 + kk;
-        __nv_bfloat16* kd = Ks + kk * LKS;
-        if (j >= kend) {
-          for (int e = lane; e < D; e += 32) {
-            kd[e] = __float2bfloat16_rn(0.f);
-            Vt[e * LVT + kk] = __float2bfloat16_rn(0.f);
+        uint4 kq = make_uint4(0, 0, 0, 0), vq = make_uint4(0, 0, 0, 0);
+        if (j < kend) {
+          const KeyRows r = key_rows(a, pl, it, j, D);
+          if (!r.hist) {
+            kq = *reinterpret_cast<const uint4*>(r.k + 16 * chunk);
+            vq = *reinterpret_cast<const uint4*>(r.v + 16 * chunk);
+          } else {
+            float kf[8], vf[8];
+            dequant8(r.k, 8 * chunk, D, a.group_size, pl.hbits[0], a.uniform, a.lloyd, kf);
+            dequant8(r.v, 8 * chunk, D, a.group_size, pl.hbits[1], a.uniform, a.lloyd, vf);
+            kq = make_uint4(pack_bf16(kf[0], kf[1]), pack_bf16(kf[2], kf[3]),
+                            pack_bf16(kf[4], kf[5]), pack_bf16(kf[6], kf[7]));
+            vq = make_uint4(pack_bf16(vf[0], vf[1]), pack_bf16(vf[2], vf[3]),
+                            pack_bf16(vf[4], vf[5]), pack_bf16(vf[6], vf[7]));
           }
-          continue;
         }
-        const KeyRows r = key_rows(a, pl, it, j, D);
-        if (!r.hist) {
-          const __nv_bfloat16* kr = reinterpret_cast<const __nv_bfloat16*>(r.k);
-          const __nv_bfloat16* vr = reinterpret_cast<const __nv_bfloat16*>(r.v);
-          for (int e = lane; e < D; e += 32) {
-            kd[e] = kr[e];
-            Vt[e * LVT + kk] = vr[e];
-          }
-        } else {
-          for (int e = lane; e < D; e += 32) {
-            kd[e] = __float2bfloat16_rn(cuda_detail::dequant_element(
-                r.k, e, D, a.group_size, pl.hbits[0], a.uniform, a.lloyd));
-            Vt[e * LVT + kk] = __float2bfloat16_rn(cuda_detail::dequant_element(
-                r.v, e, D, a.group_size, pl.hbits[1], a.uniform, a.lloyd));
-          }
+        *reinterpret_cast<uint4*>(Ks + kk * LKS + 8 * chunk) = kq;
+        const uint32_t vw[4] = {vq.x, vq.y, vq.z, vq.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          Vt[(8 * chunk + 2 * i) * LVT + kk] =
+              __ushort_as_bfloat16(static_cast<unsigned short>(vw[i] & 0xffffu));
+          Vt[(8 * chunk + 2 * i + 1) * LVT + kk] =
+              __ushort_as_bfloat16(static_cast<unsigned short>(vw[i] >> 16));
         }
       }
       __syncthreads();
@@ -485,7 +521,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_mma_kernel(const __grid
           s[nb][c] = pv;
           lrow[r] += pv;
         }
-      // ---- O += P·V: k-step kp covers keys 16kp .. +15 = blocks 2kp, 2kp + 1 ----------------
+        // ---- O += P·V: k-step kp covers keys 16kp .. +15 = blocks 2kp, 2kp + 1 ----------------
 #pragma unroll
       for (int kp = 0; kp < NKP; ++kp) {
         const uint32_t a0 = pack_bf16(s[2 * kp][0], s[2 * kp][1]);
@@ -566,9 +602,10 @@ Status validate_cuda(const PrefillAttnParams& p) {
   const int H = L.n_heads_kv;
   if (p.n_seqs < 0 || p.n_heads_q <= 0 || H <= 0 || p.n_heads_q % H != 0 || p.layer < 0 ||
       p.layer >= L.n_layers || L.page_size <= 0)
-    return invalid_argument("prefill_attn_cuda: bad shape (%d seqs, %d q heads, %d kv heads, "
-                            "layer %d of %d, page_size %d)", p.n_seqs, p.n_heads_q, H, p.layer,
-                            L.n_layers, L.page_size);
+    return invalid_argument(
+        "prefill_attn_cuda: bad shape (%d seqs, %d q heads, %d kv heads, "
+        "layer %d of %d, page_size %d)",
+        p.n_seqs, p.n_heads_q, H, p.layer, L.n_layers, L.page_size);
   for (const PageTableView* t : {&p.sinks, &p.history, &p.recent}) {
     if (t->n_seqs != p.n_seqs)
       return invalid_argument("prefill_attn_cuda: a page table has %d sequences, the batch %d",
@@ -586,9 +623,12 @@ Status validate_cuda(const PrefillAttnParams& p) {
   if (p.n_seqs > 0 && (p.q == nullptr || p.out == nullptr || p.cu_seqlens == nullptr ||
                        p.pos0 == nullptr || p.exact_pool == nullptr))
     return invalid_argument("prefill_attn_cuda: null q, out, cu_seqlens, pos0 or exact_pool");
+  if (p.n_seqs > 0 && (reinterpret_cast<uintptr_t>(p.exact_pool) & 15) != 0)
+    return invalid_argument("prefill_attn_cuda: exact_pool must be 16-byte aligned");
   if (p.decode_equivalent && p.quantized)
-    return unimplemented("prefill_attn_cuda: decode_equivalent reading (on-the-fly quantization "
-                         "of recent rows) is not implemented on CUDA");
+    return unimplemented(
+        "prefill_attn_cuda: decode_equivalent reading (on-the-fly quantization "
+        "of recent rows) is not implemented on CUDA");
   if (p.quantized || p.hist_pool != nullptr) {
     if (p.codec.quantizer == quant::HistQuantizer::kKivi)
       return unimplemented("prefill_attn_cuda: KIVI history rows are not implemented on CUDA");
@@ -600,12 +640,12 @@ Status validate_cuda(const PrefillAttnParams& p) {
       return invalid_argument("prefill_attn_cuda: group_size %d invalid for head_dim %d",
                               p.codec.group_size, L.head_dim);
     if ((L.hist_bits == nullptr) != (L.hist_row_prefix == nullptr))
-      return invalid_argument("prefill_attn_cuda: a bit plan needs both hist_bits and "
-                              "hist_row_prefix");
+      return invalid_argument(
+          "prefill_attn_cuda: a bit plan needs both hist_bits and "
+          "hist_row_prefix");
     if (L.hist_bits == nullptr &&
         L.int2_row_bytes != quant::int2_row_bytes(L.head_dim, p.codec.group_size))
-      return invalid_argument("prefill_attn_cuda: layout int2_row_bytes %d != %d",
-                              L.int2_row_bytes,
+      return invalid_argument("prefill_attn_cuda: layout int2_row_bytes %d != %d", L.int2_row_bytes,
                               quant::int2_row_bytes(L.head_dim, p.codec.group_size));
     if (p.hist_pool == nullptr)
       return invalid_argument("prefill_attn_cuda: quantized cache without a history pool");
