@@ -1,0 +1,203 @@
+// Benchmark of the CUDA linear (kernels/linear.h: linear_cuda; forced paths in
+// kernels/cuda/linear_cuda.h) on Qwen3-8B's projection shapes (in -> out): 4096->4096 (q, o),
+// 4096->1024 (k, v), 4096->12288 (gate, up), 12288->4096 (down), 4096->151936 (lm_head), BF16
+// weights, at n = 1, 4, 16, 64, 512 rows of x (defaults). For each shape and n: the automatic
+// path, and for n <= 16 also the forced streaming kernel and the forced cuBLASLt GEMM (to check
+// the threshold kLinearCudaFewRows). Timing: CUDA events around one linear_cuda call, the L2
+// flushed before each call by reading 256 MiB (l2_flush_read_cuda); 3 warm-up calls, median and
+// p10/p90 of --iters calls (default 30). Reported: weight bytes / time (effective TB/s: the
+// weights dominate what a decode step reads), 2·n·in·out / time (TFLOP/s), and the
+// device-to-device copy bandwidth (read + write) measured in the same run.
+//
+// Run: bench_linear_cuda [--n 1,4,16,64,512] [--iters 30] [--f32 1] [--csv FILE]
+// Not Google Benchmark: a plain program, so that one device call prints one table.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cuda/device_util.h"
+#include "kernels/cuda/linear_cuda.h"
+#include "kernels/linear.h"
+
+namespace {
+
+using namespace oscar;
+using namespace oscar::kernels;
+
+#define CK(expr)                                                                                  \
+  do {                                                                                            \
+    const cudaError_t e_ = (expr);                                                                \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+std::vector<int> parse_list(const char* s) {
+  std::vector<int> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoi(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
+double pct(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * (v.size() - 1))];
+}
+
+const char* path_name(LinearCudaPath p) {
+  return p == LinearCudaPath::kAuto ? "auto" : p == LinearCudaPath::kStream ? "stream" : "gemm";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> ns = {1, 4, 16, 64, 512};
+  int iters = 30;
+  bool f32 = false;
+  const char* csv = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--n") && i + 1 < argc)
+      ns = parse_list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
+      iters = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--f32") && i + 1 < argc)
+      f32 = std::atoi(argv[++i]) != 0;
+    else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc)
+      csv = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--n 1,4,16] [--iters n] [--f32 0|1] [--csv file]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MiB, %.0f GiB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20, prop.totalGlobalMem / 1073741824.0);
+  cudaStream_t stream;
+  CK(cudaStreamCreate(&stream));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+
+  double copy_tbs = 0;
+  {
+    const size_t n = size_t{2} << 30;
+    void *a = nullptr, *b = nullptr;
+    CK(cudaMalloc(&a, n));
+    CK(cudaMalloc(&b, n));
+    CK(cudaMemset(a, 1, n));
+    std::vector<double> ts;
+    for (int i = 0; i < 13; ++i) {
+      CK(cudaEventRecord(e0, stream));
+      CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, stream));
+      CK(cudaEventRecord(e1, stream));
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (i >= 3) ts.push_back(ms);
+    }
+    copy_tbs = 2.0 * n / (pct(ts, 0.5) * 1e-3) / 1e12;
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+  }
+  std::printf("copy bandwidth (read + write, 2 GiB D2D): %.2f TB/s\n", copy_tbs);
+
+  const size_t flush_bytes = size_t{256} << 20;
+  void* flush = nullptr;
+  float* sink = nullptr;
+  CK(cudaMalloc(&flush, flush_bytes));
+  CK(cudaMalloc(&sink, sizeof(float)));
+  CK(cudaMemset(flush, 1, flush_bytes));
+
+  struct Shape {
+    const char* name;
+    int64_t in, out;
+  };
+  const Shape shapes[] = {{"q/o", 4096, 4096},
+                          {"k/v", 4096, 1024},
+                          {"gate/up", 4096, 12288},
+                          {"down", 12288, 4096},
+                          {"lm_head", 4096, 151936}};
+  const DType dt = f32 ? DType::kF32 : DType::kBF16;
+  int64_t max_w = 0, max_x = 0, max_y = 0;
+  const int max_n = *std::max_element(ns.begin(), ns.end());
+  for (const Shape& s : shapes) {
+    max_w = std::max(max_w, s.in * s.out);
+    max_x = std::max<int64_t>(max_x, max_n * s.in);
+    max_y = std::max<int64_t>(max_y, max_n * s.out);
+  }
+  void* w = nullptr;
+  float *x = nullptr, *y = nullptr, *bias = nullptr;
+  CK(cudaMalloc(&w, static_cast<size_t>(max_w) * dtype_bytes(dt)));
+  CK(cudaMalloc(&x, static_cast<size_t>(max_x) * 4));
+  CK(cudaMalloc(&y, static_cast<size_t>(max_y) * 4));
+  CK(cudaMalloc(&bias, 151936 * 4));
+  // Finite values: bf16 0x3C3C ~ 0.0115 (f32 0x3C3C3C3C ~ 0.0115), x 0x3F3F3F3F ~ 0.75.
+  CK(cudaMemset(w, 0x3C, static_cast<size_t>(max_w) * dtype_bytes(dt)));
+  CK(cudaMemset(x, 0x3F, static_cast<size_t>(max_x) * 4));
+  CK(cudaMemset(bias, 0, 151936 * 4));
+
+  FILE* fcsv = csv ? std::fopen(csv, "w") : nullptr;
+  if (fcsv)
+    std::fprintf(fcsv, "shape,in,out,n,path,median_us,p10_us,p90_us,weight_bytes,tbs,tflops\n");
+  std::printf("weights %s; L2 flushed (256 MiB read) before each call; median of %d\n\n",
+              f32 ? "F32" : "BF16", iters);
+  std::printf(
+      "| shape | in | out | n | path | median us | p10 | p90 | weight MB | TB/s | %% of copy "
+      "| TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Shape& s : shapes)
+    for (int n : ns) {
+      std::vector<LinearCudaPath> paths = {LinearCudaPath::kAuto};
+      if (n <= 16) {
+        paths.push_back(LinearCudaPath::kStream);
+        paths.push_back(LinearCudaPath::kGemm);
+      }
+      for (LinearCudaPath path : paths) {
+        LinearParams p;
+        p.x = x;
+        p.n = n;
+        p.w = WeightView{w, dt, s.out, s.in};
+        p.bias = nullptr;
+        p.y = y;
+        std::vector<double> ts;
+        for (int it = 0; it < iters + 3; ++it) {
+          if (!l2_flush_read_cuda(flush, flush_bytes, sink, stream).ok()) return 1;
+          CK(cudaEventRecord(e0, stream));
+          const Status st = linear_cuda_ex(p, path, stream);
+          if (!st.ok()) {
+            std::fprintf(stderr, "linear_cuda: %s\n", st.to_string().c_str());
+            return 1;
+          }
+          CK(cudaEventRecord(e1, stream));
+          CK(cudaEventSynchronize(e1));
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, e0, e1));
+          if (it >= 3) ts.push_back(ms * 1e3);
+        }
+        const double med = pct(ts, 0.5), p10 = pct(ts, 0.1), p90 = pct(ts, 0.9);
+        const double wbytes = static_cast<double>(s.in) * s.out * dtype_bytes(dt);
+        const double tbs = wbytes / (med * 1e-6) / 1e12;
+        const double tflops = 2.0 * n * s.in * s.out / (med * 1e-6) / 1e12;
+        std::printf(
+            "| %s | %lld | %lld | %d | %s | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f%% | "
+            "%.1f |\n",
+            s.name, static_cast<long long>(s.in), static_cast<long long>(s.out), n, path_name(path),
+            med, p10, p90, wbytes / 1e6, tbs, 100.0 * tbs / copy_tbs, tflops);
+        if (fcsv)
+          std::fprintf(fcsv, "%s,%lld,%lld,%d,%s,%.2f,%.2f,%.2f,%.0f,%.3f,%.3f\n", s.name,
+                       static_cast<long long>(s.in), static_cast<long long>(s.out), n,
+                       path_name(path), med, p10, p90, wbytes, tbs, tflops);
+      }
+    }
+  if (fcsv) std::fclose(fcsv);
+  return 0;
+}

@@ -1,0 +1,451 @@
+// CUDA linear (kernels/linear.h: linear_cuda; forced paths in kernels/cuda/linear_cuda.h):
+// y[n, out] = x[n, in] · Wᵀ (+ bias), x and y float32, W BF16 or F32 [out, in] row-major.
+//
+// Two paths, chosen by the number of rows of x:
+//   n <= kLinearCudaFewRows (8): the streaming kernel below. Float x, float accumulation (as the
+//     CPU path). Why 8: the kernel reads each weight once for all rows of x and does 2·n flops
+//     per weight on the FP32 units; at the H200's ~4.3 TB/s that is 2.15e12 BF16 weights/s, so
+//     n = 8 needs 34 TFLOP/s of FMA (plus one ALU op per weight for the BF16 widening and the
+//     x loads) out of ~67 peak: still memory-bound; n = 16 would need 69, more than the FP32
+//     peak. Larger n is done in passes of 8 when the streaming path is forced (tests, bench).
+//   n > 8: x rounded to BF16 into a per-device buffer, then one cuBLASLt BF16 x BF16 GEMM with
+//     FP32 compute and FP32 output (tensor cores), bias through the BIAS epilogue (or a small
+//     kernel where no algorithm offers the epilogue). F32 weights: cuBLASLt FP32 GEMM with
+//     CUBLAS_COMPUTE_32F (no TF32), x used as is.
+//
+// Streaming kernel: one block of 256 threads (8 warps) per 4 weight rows; thread t takes the
+// 16-byte chunks t, t + 256, ... of each of the 4 rows (8 BF16 or 4 F32 weights each), 2 chunks
+// per row per iteration, so 8 independent 16-byte loads per thread are in flight before any
+// arithmetic (128 B per thread; at 2-4 resident blocks per SM that is 64-128 KiB per SM, well
+// above the ~16 KiB that Little's law asks for at 16.5 B/clock/SM and ~1 µs latency). Weights are
+// loaded with ld.global.nc.L1::no_allocate (read once: they must not evict x from L1); x is read
+// with __ldg from L1 (all blocks of an SM walk the same columns; 16-48 KiB per row of x). Each
+// thread keeps n x 4 float accumulators; a warp-shuffle reduce, then one across the 8 warps in
+// shared memory, and the bias added in float. Preconditions (both paths): in % 8 == 0, x and W
+// 16-byte aligned.
+//
+// Not here: quantized weights, fused activations, split-K for very short outputs.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/linear_cuda.h"
+#include "kernels/linear.h"
+
+namespace oscar::kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / 32;
+constexpr int kRows = 4;    // weight rows per block
+constexpr int kUnroll = 2;  // chunks per row per thread per iteration
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// 16 bytes of weights as floats: 8 BF16 (widened by a shift / mask) or 4 F32.
+template <typename T>
+struct Chunk;
+template <>
+struct Chunk<__nv_bfloat16> {
+  static constexpr int kElems = 8;
+  __device__ __forceinline__ static void unpack(const uint4& v, float (&f)[8]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+};
+template <>
+struct Chunk<float> {
+  static constexpr int kElems = 4;
+  __device__ __forceinline__ static void unpack(const uint4& v, float (&f)[4]) {
+    f[0] = __uint_as_float(v.x);
+    f[1] = __uint_as_float(v.y);
+    f[2] = __uint_as_float(v.z);
+    f[3] = __uint_as_float(v.w);
+  }
+};
+
+// y[i, r] for NX rows of x (x: [NX, in], y: [NX, out] with row stride out) and the kRows weight
+// rows of this block. Grid: ceil(out / kRows) blocks of kThreads.
+template <typename T, int NX>
+__global__ void __launch_bounds__(kThreads)
+    linear_stream_kernel(const float* __restrict__ x, const T* __restrict__ w,
+                         const float* __restrict__ bias, float* __restrict__ y, int in, int out) {
+  constexpr int E = Chunk<T>::kElems;
+  __shared__ float red[kWarpsPerBlock][NX * kRows];
+  const int r0 = blockIdx.x * kRows;
+  const int C = in / E;  // 16-byte chunks per weight row
+  const uint4* wr[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    wr[r] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(min(r0 + r, out - 1)) * in);
+  float acc[NX][kRows];
+#pragma unroll
+  for (int i = 0; i < NX; ++i)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[i][r] = 0.f;
+
+#pragma unroll 1
+  for (int c0 = threadIdx.x; c0 < C; c0 += kThreads * kUnroll) {
+    uint4 wv[kUnroll][kRows];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * kThreads;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        wv[u][r] = c < C ? ld_stream(wr[r] + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * kThreads;
+      if (c >= C) break;
+      float wf[kRows][E];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) Chunk<T>::unpack(wv[u][r], wf[r]);
+#pragma unroll
+      for (int i = 0; i < NX; ++i) {
+        const float4* xp = reinterpret_cast<const float4*>(x + static_cast<int64_t>(i) * in +
+                                                           static_cast<int64_t>(c) * E);
+        float xv[E];
+#pragma unroll
+        for (int j = 0; j < E / 4; ++j) {
+          const float4 t = __ldg(xp + j);
+          xv[4 * j] = t.x;
+          xv[4 * j + 1] = t.y;
+          xv[4 * j + 2] = t.z;
+          xv[4 * j + 3] = t.w;
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+          for (int e = 0; e < E; ++e) acc[i][r] = fmaf(xv[e], wf[r][e], acc[i][r]);
+      }
+    }
+  }
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < NX; ++i)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float v = acc[i][r];
+#pragma unroll
+      for (int sh = 16; sh >= 1; sh >>= 1) v += __shfl_xor_sync(0xffffffffu, v, sh);
+      if (lane == 0) red[warp][i * kRows + r] = v;
+    }
+  __syncthreads();
+  if (threadIdx.x < NX * kRows) {
+    const int i = threadIdx.x / kRows, r = threadIdx.x % kRows;
+    if (r0 + r < out) {
+      float s = 0.f;
+#pragma unroll
+      for (int k = 0; k < kWarpsPerBlock; ++k) s += red[k][threadIdx.x];
+      if (bias != nullptr) s += bias[r0 + r];
+      y[static_cast<int64_t>(i) * out + r0 + r] = s;
+    }
+  }
+}
+
+template <typename T>
+Status launch_stream(const LinearParams& p, cudaStream_t stream) {
+  const int in = static_cast<int>(p.w.cols), out = static_cast<int>(p.w.rows);
+  const T* w = static_cast<const T*>(p.w.data);
+  const unsigned grid = static_cast<unsigned>((p.w.rows + kRows - 1) / kRows);
+  for (int64_t i0 = 0; i0 < p.n; i0 += kLinearCudaFewRows) {
+    const int nx = static_cast<int>(std::min<int64_t>(kLinearCudaFewRows, p.n - i0));
+    const float* x = p.x + i0 * p.w.cols;
+    float* y = p.y + i0 * p.w.rows;
+#define OSCAR_LINEAR_CASE(NX)                                                             \
+  case NX:                                                                                \
+    linear_stream_kernel<T, NX><<<grid, kThreads, 0, stream>>>(x, w, p.bias, y, in, out); \
+    break;
+    switch (nx) {
+      OSCAR_LINEAR_CASE(1)
+      OSCAR_LINEAR_CASE(2)
+      OSCAR_LINEAR_CASE(3)
+      OSCAR_LINEAR_CASE(4)
+      OSCAR_LINEAR_CASE(5)
+      OSCAR_LINEAR_CASE(6)
+      OSCAR_LINEAR_CASE(7)
+      default:
+        linear_stream_kernel<T, 8><<<grid, kThreads, 0, stream>>>(x, w, p.bias, y, in, out);
+    }
+#undef OSCAR_LINEAR_CASE
+    OSCAR_CUDA_LAUNCH_CHECK("linear_stream_kernel");
+  }
+  return Status();
+}
+
+// ---- GEMM path -------------------------------------------------------------------------------
+
+// x [n] floats -> BF16 (round to nearest even), 4 per thread per step (n % 4 == 0).
+__global__ void to_bf16_kernel(const float4* __restrict__ x, uint2* __restrict__ xb, int64_t n4) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = x[i];
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    xb[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
+                       *reinterpret_cast<const uint32_t*>(&hi));
+  }
+}
+
+// y[i, r] += bias[r]: the fallback when the chosen cuBLASLt algorithm has no bias epilogue.
+__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t n,
+                                int64_t out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * out;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += bias[i % out];
+}
+
+const char* lt_error(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "alloc failed";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "invalid value";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "arch mismatch";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "execution failed";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "internal error";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "not supported";
+    default:
+      return "error";
+  }
+}
+
+#define OSCAR_LT_CHECK(expr)                                                                   \
+  do {                                                                                         \
+    const cublasStatus_t oscar_lt_st_ = (expr);                                                \
+    if (oscar_lt_st_ != CUBLAS_STATUS_SUCCESS)                                                 \
+      return ::oscar::internal_error("%s:%d: %s: cublasLt %s (%d)", __FILE__, __LINE__, #expr, \
+                                     lt_error(oscar_lt_st_), static_cast<int>(oscar_lt_st_));  \
+  } while (0)
+
+constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // what NVIDIA recommends for Hopper
+constexpr size_t kMaxPlans = 1024;
+
+// One GEMM shape's descriptors and algorithm (the bias pointer is set per call).
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool bias_epilogue = false;
+};
+
+void destroy(Plan& pl) {
+  if (pl.desc) cublasLtMatmulDescDestroy(pl.desc);
+  if (pl.a) cublasLtMatrixLayoutDestroy(pl.a);
+  if (pl.b) cublasLtMatrixLayoutDestroy(pl.b);
+  if (pl.c) cublasLtMatrixLayoutDestroy(pl.c);
+  pl = Plan{};
+}
+
+// Per device: created on first use, never freed (the driver frees it at exit).
+struct LtDevice {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  void* xbf = nullptr;  // [cap] bytes: x as BF16
+  size_t xbf_cap = 0;
+  // (dtype, out, n, in, bias, alignment of W, x, y) -> plan
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, bool, int, int, int>, Plan> plans;
+};
+
+std::mutex g_mu;
+LtDevice g_dev[64];
+
+// Descriptors for D[out, n] (column-major, ld out) = op(A)·B with A = W as column-major
+// [in, out] (ld in), op(A) = Aᵀ, and B = x as column-major [in, n] (ld in): the row-major
+// y[n, out] = x · Wᵀ. Heuristic picks the first algorithm; with a bias it asks for the BIAS
+// epilogue first.
+Status make_plan(LtDevice& dv, DType dt, int64_t out, int64_t n, int64_t in, bool bias,
+                 const uint32_t (&align)[3], Plan* plan) {
+  Plan pl;
+  const cudaDataType_t ab = dt == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+  OSCAR_LT_CHECK(cublasLtMatmulDescCreate(&pl.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  OSCAR_LT_CHECK(
+      cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  OSCAR_LT_CHECK(
+      cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  OSCAR_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.a, ab, in, out, in));
+  OSCAR_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.b, ab, in, n, in));
+  OSCAR_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.c, CUDA_R_32F, out, n, out));
+  cublasLtMatmulPreference_t pref = nullptr;
+  OSCAR_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = kLtWorkspaceBytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof ws);
+  // The heuristic assumes 256-byte aligned buffers unless told otherwise.
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0],
+                                       sizeof align[0]);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1],
+                                       sizeof align[1]);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2],
+                                       sizeof align[2]);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2],
+                                       sizeof align[2]);
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  if (bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bt = CUDA_R_32F;
+    cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+    if (cublasLtMatmulAlgoGetHeuristic(dv.handle, pl.desc, pl.a, pl.b, pl.c, pl.c, pref, 1, &res,
+                                       &found) != CUBLAS_STATUS_SUCCESS)
+      found = 0;
+    pl.bias_epilogue = found > 0;
+    if (!pl.bias_epilogue) {
+      const cublasLtEpilogue_t none = CUBLASLT_EPILOGUE_DEFAULT;
+      cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &none, sizeof none);
+    }
+  }
+  if (found == 0) {
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(dv.handle, pl.desc, pl.a, pl.b, pl.c,
+                                                             pl.c, pref, 1, &res, &found);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+      cublasLtMatmulPreferenceDestroy(pref);
+      destroy(pl);
+      return internal_error(
+          "linear_cuda: no cuBLASLt algorithm for %s [%lld x %lld] x [%lld x %lld]",
+          dt == DType::kBF16 ? "bf16" : "f32", static_cast<long long>(n),
+          static_cast<long long>(in), static_cast<long long>(out), static_cast<long long>(in));
+    }
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  pl.algo = res.algo;
+  *plan = pl;
+  return Status();
+}
+
+// Largest power of two (<= 256) dividing the address.
+uint32_t alignment(const void* ptr) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(ptr);
+  return a == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(256, a & (~a + 1)));
+}
+
+Status gemm(const LinearParams& p, cudaStream_t stream) {
+  int dev = 0;
+  OSCAR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return internal_error("linear_cuda: device %d", dev);
+  std::lock_guard<std::mutex> lock(g_mu);
+  LtDevice& dv = g_dev[dev];
+  if (dv.handle == nullptr) {
+    OSCAR_LT_CHECK(cublasLtCreate(&dv.handle));
+    OSCAR_CUDA_CHECK(cudaMalloc(&dv.workspace, kLtWorkspaceBytes));
+  }
+  const int64_t in = p.w.cols, out = p.w.rows;
+  const void* b_ptr = p.x;
+  if (p.w.dtype == DType::kBF16) {
+    const size_t bytes = static_cast<size_t>(p.n) * in * 2;
+    if (bytes > dv.xbf_cap) {
+      if (dv.xbf != nullptr) {
+        OSCAR_CUDA_CHECK(cudaStreamSynchronize(stream));
+        OSCAR_CUDA_CHECK(cudaFree(dv.xbf));
+        dv.xbf = nullptr;
+        dv.xbf_cap = 0;
+      }
+      const size_t want = std::max<size_t>(bytes + bytes / 4, size_t{4} << 20);
+      OSCAR_CUDA_CHECK(cudaMalloc(&dv.xbf, want));
+      dv.xbf_cap = want;
+    }
+    const int64_t n4 = p.n * in / 4;
+    const int blocks = static_cast<int>(std::min<int64_t>((n4 + 255) / 256, 4096));
+    to_bf16_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const float4*>(p.x),
+                                               static_cast<uint2*>(dv.xbf), n4);
+    OSCAR_CUDA_LAUNCH_CHECK("linear to_bf16_kernel");
+    b_ptr = dv.xbf;
+  }
+  const bool bias = p.bias != nullptr;
+  const uint32_t align[3] = {alignment(p.w.data), alignment(b_ptr), alignment(p.y)};
+  const auto key =
+      std::make_tuple(static_cast<int>(p.w.dtype), out, p.n, in, bias, static_cast<int>(align[0]),
+                      static_cast<int>(align[1]), static_cast<int>(align[2]));
+  auto it = dv.plans.find(key);
+  if (it == dv.plans.end()) {
+    if (dv.plans.size() >= kMaxPlans) {
+      for (auto& kv : dv.plans) destroy(kv.second);
+      dv.plans.clear();
+    }
+    Plan pl;
+    OSCAR_RETURN_IF_ERROR(make_plan(dv, p.w.dtype, out, p.n, in, bias, align, &pl));
+    it = dv.plans.emplace(key, pl).first;
+  }
+  Plan& pl = it->second;
+  if (pl.bias_epilogue) {
+    const float* bp = p.bias;
+    OSCAR_LT_CHECK(
+        cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
+  }
+  const float alpha = 1.f, beta = 0.f;
+  OSCAR_LT_CHECK(cublasLtMatmul(dv.handle, pl.desc, &alpha, p.w.data, pl.a, b_ptr, pl.b, &beta, p.y,
+                                pl.c, p.y, pl.c, &pl.algo, dv.workspace, kLtWorkspaceBytes,
+                                stream));
+  if (bias && !pl.bias_epilogue) {
+    const int blocks = static_cast<int>(std::min<int64_t>((p.n * out + 255) / 256, 4096));
+    add_bias_kernel<<<blocks, 256, 0, stream>>>(p.y, p.bias, p.n, out);
+    OSCAR_CUDA_LAUNCH_CHECK("linear add_bias_kernel");
+  }
+  return Status();
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+Status check_cuda(const LinearParams& p) {
+  if (p.n < 0 || p.w.rows <= 0 || p.w.cols <= 0)
+    return invalid_argument("linear_cuda: bad shape (n %lld, weight %lld x %lld)",
+                            static_cast<long long>(p.n), static_cast<long long>(p.w.rows),
+                            static_cast<long long>(p.w.cols));
+  if (p.w.dtype != DType::kF32 && p.w.dtype != DType::kBF16)
+    return invalid_argument("linear_cuda: unknown weight dtype %d", static_cast<int>(p.w.dtype));
+  if (p.w.cols % 8 != 0)
+    return invalid_argument("linear_cuda: in %lld is not a multiple of 8 (16-byte weight loads)",
+                            static_cast<long long>(p.w.cols));
+  if (p.w.rows > (int64_t{1} << 31) - kRows || p.w.cols > (int64_t{1} << 30))
+    return invalid_argument("linear_cuda: weight %lld x %lld too large",
+                            static_cast<long long>(p.w.rows), static_cast<long long>(p.w.cols));
+  if (p.n > 0 && (p.x == nullptr || p.y == nullptr || p.w.data == nullptr))
+    return invalid_argument("linear_cuda: null x, y or weight");
+  if (p.n > 0 && (!aligned16(p.x) || !aligned16(p.w.data)))
+    return invalid_argument("linear_cuda: x and the weight must be 16-byte aligned");
+  return Status();
+}
+
+}  // namespace
+
+Status linear_cuda_ex(const LinearParams& p, LinearCudaPath path, void* stream_ptr) {
+  OSCAR_RETURN_IF_ERROR(check_cuda(p));
+  if (p.n == 0) return Status();
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const bool few = path == LinearCudaPath::kStream ||
+                   (path == LinearCudaPath::kAuto && p.n <= kLinearCudaFewRows);
+  if (!few) return gemm(p, stream);
+  return p.w.dtype == DType::kBF16 ? launch_stream<__nv_bfloat16>(p, stream)
+                                   : launch_stream<float>(p, stream);
+}
+
+Status linear_cuda(const LinearParams& p, void* stream) {
+  return linear_cuda_ex(p, LinearCudaPath::kAuto, stream);
+}
+
+}  // namespace oscar::kernels

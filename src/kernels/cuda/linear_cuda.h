@@ -1,0 +1,29 @@
+// Internal controls of the CUDA linear (kernels/linear.h: linear_cuda), for tests and
+// benchmarks: force the streaming (few-rows) kernel or the cuBLASLt GEMM. Plain C++: tests include
+// it without nvcc. Production code calls linear_cuda, which is linear_cuda_ex with kAuto.
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+#include "kernels/linear.h"
+
+namespace oscar::kernels {
+
+enum class LinearCudaPath : int32_t {
+  kAuto = 0,    // streaming kernel for n <= kLinearCudaFewRows, GEMM otherwise
+  kStream = 1,  // streaming kernel, in passes of kLinearCudaFewRows rows of x
+  kGemm = 2,    // x rounded to BF16 (BF16 weights) and cuBLASLt
+};
+
+// Up to this many rows of x: the streaming kernel (see linear.cu for the reasoning).
+inline constexpr int64_t kLinearCudaFewRows = 8;
+
+// Same contract as linear_cuda. Precondition of every path: w.cols % 8 == 0 and x, w, y (and
+// bias) 16-byte aligned (InvalidArgument otherwise). The GEMM path owns, per device, a cuBLASLt
+// handle, its workspace and a BF16 copy of x (grown, never shrunk; guarded by a mutex: calls from
+// several host threads are safe, but two calls in flight on different streams share the BF16
+// buffer, so use one stream per device).
+Status linear_cuda_ex(const LinearParams& p, LinearCudaPath path, void* stream);
+
+}  // namespace oscar::kernels

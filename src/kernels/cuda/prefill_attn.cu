@@ -1,0 +1,725 @@
+// CUDA prefill attention (kernels/prefill_attn.h: prefill_attn_cuda): causal attention of the
+// prefill chunks of a step over the paged three-region cache, reading the pages in place
+// (OSCAR.md §4-§5): key j of sequence s is a sink row (j < sinks.seq_len), a history row
+// (dequantized, up to the history's end) or a recent row (exact); query i of s sits at
+// pos0[s] + i and sees keys [0, pos0[s] + i]; query head h reads KV head h / gqa. This is the
+// serving-prefill reading (deq_end = the history's end, as kernels/cpu/prefill_attn.cpp with
+// decode_equivalent == false): in every valid cache state (history present only after full
+// sinks) it reads each key exactly as the CPU version does.
+//
+// Work: one item per (sequence, KV head, tile of qt = 64 / gqa queries), the tile's 64 rows
+// being its queries × the KV head's gqa query heads, so each K/V byte is read once per group.
+// The host knows neither the chunk sizes nor the sequence lengths (device memory; no host sync),
+// so the grid is one wave of resident blocks per KV head and each block walks the items
+// (item b, b + gridDim.x, ...; a sequence's tiles are numbered last-first, so the long ones
+// start first); the block finds its item's sequence by scanning cu_seqlens.
+// Two kernels over the same items, key addressing (key_rows) and history unpacking
+// (cuda_detail::dequant_element: uniform or Lloyd-Max INT2, the bit plan's 3- and 1-bit rows):
+//   tensor cores (the default, prefill_attn_mma_kernel): 64-key tiles staged in shared memory as
+//     BF16, mma.sync m16n8k16 with FP32 accumulation for Q·Kᵀ and P·V, FlashAttention-2 layout
+//     (a warp per 16 rows, P kept in registers); q, P and dequantized history rounded to BF16.
+//   FP32 SIMT (PrefillAttnCudaPath::kSimt, prefill_attn_kernel): 32-key tiles staged as float,
+//     thread = 4 rows x 4 keys of S and the same 4 rows x d/8 dims of O, P through shared memory;
+//     agrees with the CPU's float computation to accumulation rounding (the test's tight check).
+// Both: Q pre-scaled by scale·log2 e, masked online softmax in float (exp2f).
+//
+// Not here (return Unimplemented): decode_equivalent on a quantized cache, KIVI history.
+// Refused (InvalidArgument): F32 exact pages, head_dim other than 64 / 128, gqa > 64.
+// Not yet: cp.async / ldmatrix staging, a vectorised history unpack (raw rows staged, several
+// codes per instruction as decode_attn.cuh does), splitting long sequences' keys across blocks.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/hist_row.cuh"
+#include "kernels/cuda/prefill_attn_cuda.h"
+#include "kernels/prefill_attn.h"
+#include "quant/int2_layout.h"
+#include "quant/int2_quant.h"
+
+namespace oscar::kernels {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRowsM = 64;  // query-head rows per tile: queries x GQA heads
+constexpr int kKeys = 32;   // keys per K/V tile
+constexpr float kNegInf = -__builtin_inff();
+
+struct Args {
+  int n_seqs, n_heads_q, n_heads_kv, gqa, qt, layer, page_size, group_size, n_planes;
+  int uniform;  // 1 uniform INT2, 0 Lloyd-Max (2-bit rows)
+  int int2_row_bytes;
+  float scale_log2;
+  float lloyd[4];
+  const int32_t* cu;    // [n_seqs + 1]
+  const int64_t* pos0;  // [n_seqs]
+  const float* q;       // [cu[n_seqs], n_heads_q, D]
+  float* out;           // [cu[n_seqs], n_heads_q, D]
+  const uint8_t* exact_pool;
+  const uint8_t* hist_pool;
+  uint64_t exact_page_bytes;
+  uint64_t hist_page_bytes;         // 0 with a bit plan: page_size · hist_row_prefix[n_planes]
+  const int8_t* hist_bits;          // bit plan or null
+  const uint32_t* hist_row_prefix;  // bit plan or null
+  PageTableView sinks, history, recent;
+};
+
+template <int D>
+constexpr size_t smem_bytes() {
+  return sizeof(float) * (static_cast<size_t>(kRowsM) * (D + 1) + kKeys * (D + 1) + kKeys * D +
+                          kRowsM * (kKeys + 1));
+}
+
+// This KV head's planes: exact rows (byte offset inside a page) and history rows.
+struct Planes {
+  uint64_t eplane[2];  // exact_row_offset(layer, kv, head, 0)
+  uint64_t hoff[2];    // int2_row_offset(layer, kv, head, 0)
+  int hrb[2], hbits[2];
+  uint64_t hpb;  // history page bytes
+};
+
+__device__ __forceinline__ Planes make_planes(const Args& a, int kvh, int head_dim) {
+  Planes pl;
+  const int P = a.page_size;
+#pragma unroll
+  for (int kv = 0; kv < 2; ++kv) {
+    const int p = (a.layer * 2 + kv) * a.n_heads_kv + kvh;
+    pl.eplane[kv] = static_cast<uint64_t>(p) * P * head_dim * 2;
+    if (a.hist_row_prefix != nullptr) {
+      pl.hoff[kv] = static_cast<uint64_t>(P) * a.hist_row_prefix[p];
+      pl.hrb[kv] = static_cast<int>(a.hist_row_prefix[p + 1] - a.hist_row_prefix[p]);
+      pl.hbits[kv] = a.hist_bits[p];
+    } else {
+      pl.hoff[kv] = static_cast<uint64_t>(p) * P * a.int2_row_bytes;
+      pl.hrb[kv] = a.int2_row_bytes;
+      pl.hbits[kv] = 2;
+    }
+  }
+  pl.hpb = a.hist_row_prefix != nullptr ? static_cast<uint64_t>(P) * a.hist_row_prefix[a.n_planes]
+                                        : a.hist_page_bytes;
+  return pl;
+}
+
+// One work item: a tile of queries of one sequence.
+struct Item {
+  int seq, q0, nqt;
+  int64_t p0, n_sink_tok, hist_end;
+  int64_t kend;  // the tile reads keys [0, kend)
+  int64_t row0;  // step-wide row of query q0
+};
+
+// Item `item` in the order (sequence, tile last-first); false past the last one.
+__device__ __forceinline__ bool find_item(const Args& a, int item, Item& it) {
+  int acc = 0;
+  for (int s = 0; s < a.n_seqs; ++s) {
+    const int nq = a.cu[s + 1] - a.cu[s];
+    const int nt = nq > 0 ? (nq + a.qt - 1) / a.qt : 0;
+    if (item < acc + nt) {
+      const int tile = nt - 1 - (item - acc);
+      const int P = a.page_size;
+      it.seq = s;
+      it.q0 = tile * a.qt;
+      it.nqt = min(a.qt, nq - it.q0);
+      it.p0 = a.pos0[s];
+      it.n_sink_tok = a.sinks.seq_len(s, P);
+      it.hist_end = it.n_sink_tok + a.history.seq_len(s, P);
+      it.kend = it.p0 + it.q0 + it.nqt;
+      it.row0 = static_cast<int64_t>(a.cu[s]) + it.q0;
+      return true;
+    }
+    acc += nt;
+  }
+  return false;
+}
+
+// Where key j (< kend) of the item lives: its K and V rows, exact (BF16) or history.
+struct KeyRows {
+  const uint8_t* k;
+  const uint8_t* v;
+  bool hist;
+};
+
+__device__ __forceinline__ KeyRows key_rows(const Args& a, const Planes& pl, const Item& it,
+                                            int64_t j, int head_dim) {
+  const int P = a.page_size;
+  KeyRows r;
+  if (j < it.n_sink_tok || j >= it.hist_end) {
+    const bool sink = j < it.n_sink_tok;
+    const int64_t t = sink ? j : j - it.hist_end;
+    const PageTableView& pt = sink ? a.sinks : a.recent;
+    const int page = pt.page_ids[pt.indptr[it.seq] + static_cast<int>(t / P)];
+    const uint8_t* base = a.exact_pool + static_cast<uint64_t>(page) * a.exact_page_bytes +
+                          static_cast<uint64_t>(t % P) * head_dim * 2;
+    r.k = base + pl.eplane[0];
+    r.v = base + pl.eplane[1];
+    r.hist = false;
+  } else {
+    const int64_t t = j - it.n_sink_tok;
+    const int page = a.history.page_ids[a.history.indptr[it.seq] + static_cast<int>(t / P)];
+    const uint8_t* pg = a.hist_pool + static_cast<uint64_t>(page) * pl.hpb;
+    const uint64_t slot = static_cast<uint64_t>(t % P);
+    r.k = pg + pl.hoff[0] + slot * pl.hrb[0];
+    r.v = pg + pl.hoff[1] + slot * pl.hrb[1];
+    r.hist = true;
+  }
+  return r;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_constant__ Args a) {
+  extern __shared__ float smem[];
+  constexpr int LQ = D + 1, LK = D + 1, LV = D, LP = kKeys + 1, ND = D / 8;
+  float* Qs = smem;              // [kRowsM][LQ]
+  float* Ks = Qs + kRowsM * LQ;  // [kKeys][LK]
+  float* Vs = Ks + kKeys * LK;   // [kKeys][LV]
+  float* Ps = Vs + kKeys * LV;   // [kRowsM][LP]
+  const int kvh = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tr = tid >> 3;  // rows 4tr .. 4tr+3 (S and PV)
+  const int tk = tid & 7;   // keys tk + 8c (S), dims tk + 8jj (PV)
+  const int M = a.qt * a.gqa;
+  const Planes pl = make_planes(a, kvh, D);
+
+#pragma unroll 1
+  for (int item = blockIdx.x;; item += gridDim.x) {
+    Item it;
+    if (!find_item(a, item, it)) break;
+    const int nqt = it.nqt;
+    const int64_t kend = it.kend, row0 = it.row0;
+
+    __syncthreads();  // the previous item is done with Qs
+    for (int idx = tid; idx < kRowsM * D; idx += kThreads) {
+      const int m = idx / D, e = idx % D;
+      float v = 0.f;
+      if (m < M) {
+        const int qi = m / a.gqa, hh = m % a.gqa;
+        if (qi < nqt)
+          v = a.q[((row0 + qi) * a.n_heads_q + kvh * a.gqa + hh) * D + e] * a.scale_log2;
+      }
+      Qs[m * LQ + e] = v;
+    }
+
+    float mrow[4], lrow[4], o[4][ND];
+    int64_t rpos[4];
+    bool rvalid[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int m = 4 * tr + i, qi = m / a.gqa;
+      rvalid[i] = m < M && qi < nqt;
+      rpos[i] = it.p0 + it.q0 + qi;
+      mrow[i] = kNegInf;
+      lrow[i] = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < ND; ++jj) o[i][jj] = 0.f;
+    }
+
+#pragma unroll 1
+    for (int64_t k0 = 0; k0 < kend; k0 += kKeys) {
+      __syncthreads();  // Ks / Vs / Ps free; Qs staged
+      // ---- stage K and V of keys [k0, k0 + kKeys) as float: a warp per key ------------------
+#pragma unroll 1
+      for (int kk = warp; kk < kKeys; kk += kWarps) {
+        const int64_t j = k0 + kk;
+        float* kd = Ks + kk * LK;
+        float* vd = Vs + kk * LV;
+        if (j >= kend) {
+          for (int e = lane; e < D; e += 32) kd[e] = vd[e] = 0.f;
+          continue;
+        }
+        const KeyRows r = key_rows(a, pl, it, j, D);
+        if (!r.hist) {
+          const __nv_bfloat16* kr = reinterpret_cast<const __nv_bfloat16*>(r.k);
+          const __nv_bfloat16* vr = reinterpret_cast<const __nv_bfloat16*>(r.v);
+          for (int e = lane; e < D; e += 32) {
+            kd[e] = __bfloat162float(kr[e]);
+            vd[e] = __bfloat162float(vr[e]);
+          }
+        } else {
+          for (int e = lane; e < D; e += 32) {
+            kd[e] = cuda_detail::dequant_element(r.k, e, D, a.group_size, pl.hbits[0], a.uniform,
+                                                 a.lloyd);
+            vd[e] = cuda_detail::dequant_element(r.v, e, D, a.group_size, pl.hbits[1], a.uniform,
+                                                 a.lloyd);
+          }
+        }
+      }
+      __syncthreads();
+
+      // ---- S = Q Kᵀ (log2 units): rows 4tr + i, keys tk + 8c --------------------------------
+      float s[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[i][c] = 0.f;
+#pragma unroll 8
+      for (int e = 0; e < D; ++e) {
+        float qv[4], kv[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qv[i] = Qs[(4 * tr + i) * LQ + e];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) kv[c] = Ks[(tk + 8 * c) * LK + e];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) s[i][c] = fmaf(qv[i], kv[c], s[i][c]);
+      }
+
+      // ---- masked online softmax; a row's 32 keys live in 8 consecutive lanes --------------
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float mx = kNegInf;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int64_t j = k0 + tk + 8 * c;
+          if (!rvalid[i] || j > rpos[i]) s[i][c] = kNegInf;
+          mx = fmaxf(mx, s[i][c]);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        const float mnew = fmaxf(mrow[i], mx);
+        const float alpha = mnew == kNegInf ? 1.f : exp2f(mrow[i] - mnew);
+        float ls = 0.f;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float pv = s[i][c] == kNegInf ? 0.f : exp2f(s[i][c] - mnew);
+          Ps[(4 * tr + i) * LP + tk + 8 * c] = pv;
+          ls += pv;
+        }
+        ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+        ls += __shfl_xor_sync(0xffffffffu, ls, 2);
+        ls += __shfl_xor_sync(0xffffffffu, ls, 4);
+        lrow[i] = lrow[i] * alpha + ls;
+        mrow[i] = mnew;
+#pragma unroll
+        for (int jj = 0; jj < ND; ++jj) o[i][jj] *= alpha;
+      }
+      __syncwarp();  // P rows 4tr.. are written and read by this warp only
+
+      // ---- O += P V: rows 4tr + i, dims tk + 8jj ---------------------------------------------
+      const int kn = kend - k0 < kKeys ? static_cast<int>(kend - k0) : kKeys;
+#pragma unroll 4
+      for (int kk = 0; kk < kn; ++kk) {
+        float pv[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pv[i] = Ps[(4 * tr + i) * LP + kk];
+#pragma unroll
+        for (int jj = 0; jj < ND; ++jj) {
+          const float v = Vs[kk * LV + tk + 8 * jj];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[i][jj] = fmaf(pv[i], v, o[i][jj]);
+        }
+      }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (!rvalid[i]) continue;
+      const int m = 4 * tr + i, qi = m / a.gqa, hh = m % a.gqa;
+      const float inv = lrow[i] > 0.f ? 1.f / lrow[i] : 0.f;
+      float* dst = a.out + ((row0 + qi) * a.n_heads_q + kvh * a.gqa + hh) * D;
+#pragma unroll
+      for (int jj = 0; jj < ND; ++jj) dst[tk + 8 * jj] = o[i][jj] * inv;
+    }
+  }
+}
+
+// ---- tensor-core kernel -----------------------------------------------------------------------
+// Same items and key addressing as above, but 64-key tiles staged as BF16 with 16-byte loads
+// (exact rows copied, history rows dequantized 8 elements at a time, then rounded) with K row-major
+// [key][d] and V transposed [d][key], so that every MMA operand is one 32-bit shared load. Warp w
+// owns rows 16w .. 16w+15 of the item (FlashAttention-2 layout): S[16 rows, 64 keys] = Q·Kᵀ with
+// Q's A fragments in registers (BF16, pre-scaled by scale·log2 e), the masked online softmax on the
+// accumulator fragments (lane (g, t) holds rows g and g+8, keys 2t, 2t+1 of each 8-key block: a
+// row's max and sum over its 4 lanes), P re-packed as BF16 A fragments straight from the S
+// accumulators, and O[16 rows, d] += P·V. FP32 accumulation; the operand rounding sets the
+// tolerance (test).
+constexpr int kKeysT = 64;  // keys per tile of the tensor-core kernel
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Elements e0 .. e0+7 (e0 a multiple of 8) of a history row: cuda_detail::dequant_element's
+// arithmetic, with the group's metadata read once (8 divides G, so they share a group).
+__device__ __forceinline__ void dequant8(const uint8_t* row, int e0, int head_dim, int G, int bits,
+                                         int uniform, const float* lloyd, float (&out)[8]) {
+  const int gi = e0 / G, i0 = e0 % G;
+  const int meta_off = bits == 1   ? head_dim / 8 + 4 * gi
+                       : bits == 3 ? head_dim / 4 + head_dim / 8 + 4 * gi
+                                   : head_dim / 4 + 4 * gi;
+  const uint8_t* m = row + meta_off;
+  const uint32_t meta = m[0] | (m[1] << 8) | (m[2] << 16) | (m[3] << 24);
+  const float s0 = cuda_detail::fp16_bits_to_f32(meta);
+  const float s1 = cuda_detail::fp16_bits_to_f32(meta >> 16);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int i = i0 + k;
+    if (bits == 1) {
+      const int b = row[gi * (G / 8) + i % (G / 8)] >> (i / (G / 8)) & 1;
+      out[k] = b ? s1 : s0;
+      continue;
+    }
+    int q = row[gi * (G / 4) + i % (G / 4)] >> (2 * (i / (G / 4))) & 3;
+    if (bits == 3) q |= (row[head_dim / 4 + gi * (G / 8) + i % (G / 8)] >> (i / (G / 8)) & 1) << 2;
+    out[k] = (bits == 2 && !uniform) ? s1 + lloyd[q] * s0 : s1 + static_cast<float>(q) * s0;
+  }
+}
+
+template <int D>
+constexpr size_t mma_smem_bytes() {
+  return 2 * (static_cast<size_t>(kKeysT) * (D + 8) + static_cast<size_t>(D) * (kKeysT + 8));
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    prefill_attn_mma_kernel(const __grid_constant__ Args a) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  constexpr int LKS = D + 8;           // Ks row stride (bf16): 4-lane groups hit distinct banks
+  constexpr int LVT = kKeysT + 8;      // Vt row stride (bf16)
+  constexpr int NKS = D / 16;          // k-steps of S
+  constexpr int NB = kKeysT / 8;       // 8-key blocks of S
+  constexpr int NDB = D / 8;           // 8-dim blocks of O
+  constexpr int NKP = kKeysT / 16;     // k-steps of PV
+  constexpr int kLanesPerKey = D / 8;  // 16-byte chunks of a BF16 row
+  constexpr int kKeysPerIter = 32 / kLanesPerKey;  // keys a warp stages per step
+  static_assert(kKeysT % (kWarps * kKeysPerIter) == 0);
+  __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kKeysT][LKS]
+  __nv_bfloat16* Vt = Ks + kKeysT * LKS;                           // [D][LVT]
+  const int kvh = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int sub = lane / kLanesPerKey, chunk = lane % kLanesPerKey;
+  const int M = a.qt * a.gqa;
+  const Planes pl = make_planes(a, kvh, D);
+
+#pragma unroll 1
+  for (int item = blockIdx.x;; item += gridDim.x) {
+    Item it;
+    if (!find_item(a, item, it)) break;
+    const int64_t kend = it.kend;
+
+    // This lane's rows: r = 0 -> row 16w + g, r = 1 -> row 16w + g + 8.
+    bool rvalid[2];
+    int64_t rpos[2];
+    const float* qrow[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int m = 16 * warp + g + 8 * r, qi = m / a.gqa, hh = m % a.gqa;
+      rvalid[r] = m < M && qi < it.nqt;
+      rpos[r] = it.p0 + it.q0 + qi;
+      qrow[r] = rvalid[r] ? a.q + ((it.row0 + qi) * a.n_heads_q + kvh * a.gqa + hh) * D : nullptr;
+    }
+    uint32_t qa[NKS][4];
+#pragma unroll
+    for (int ks = 0; ks < NKS; ++ks)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)  // a0/a1: dims 16ks + 2t; a2/a3: + 8
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int d = 16 * ks + 2 * t + 8 * half;
+          qa[ks][2 * half + r] =
+              qrow[r] ? pack_bf16(qrow[r][d] * a.scale_log2, qrow[r][d + 1] * a.scale_log2) : 0u;
+        }
+    float o[NDB][4];
+#pragma unroll
+    for (int db = 0; db < NDB; ++db)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[db][c] = 0.f;
+    float mrow[2] = {kNegInf, kNegInf}, lrow[2] = {0.f, 0.f};  // l: this lane's partial sum
+
+#pragma unroll 1
+    for (int64_t k0 = 0; k0 < kend; k0 += kKeysT) {
+      __syncthreads();  // the previous tile (or item) is done with Ks / Vt
+      // Stage: lane (sub, c) copies 16-byte chunk c (elements 8c .. 8c+7) of key kk0 + sub; K
+      // with one 16-byte store, V transposed with 8 two-byte stores.
+#pragma unroll 1
+      for (int kk0 = warp * kKeysPerIter; kk0 < kKeysT; kk0 += kWarps * kKeysPerIter) {
+        const int kk = kk0 + sub;
+        const int64_t j = k0 + kk;
+        uint4 kq = make_uint4(0, 0, 0, 0), vq = make_uint4(0, 0, 0, 0);
+        if (j < kend) {
+          const KeyRows r = key_rows(a, pl, it, j, D);
+          if (!r.hist) {
+            kq = *reinterpret_cast<const uint4*>(r.k + 16 * chunk);
+            vq = *reinterpret_cast<const uint4*>(r.v + 16 * chunk);
+          } else {
+            float kf[8], vf[8];
+            dequant8(r.k, 8 * chunk, D, a.group_size, pl.hbits[0], a.uniform, a.lloyd, kf);
+            dequant8(r.v, 8 * chunk, D, a.group_size, pl.hbits[1], a.uniform, a.lloyd, vf);
+            kq = make_uint4(pack_bf16(kf[0], kf[1]), pack_bf16(kf[2], kf[3]),
+                            pack_bf16(kf[4], kf[5]), pack_bf16(kf[6], kf[7]));
+            vq = make_uint4(pack_bf16(vf[0], vf[1]), pack_bf16(vf[2], vf[3]),
+                            pack_bf16(vf[4], vf[5]), pack_bf16(vf[6], vf[7]));
+          }
+        }
+        *reinterpret_cast<uint4*>(Ks + kk * LKS + 8 * chunk) = kq;
+        const uint32_t vw[4] = {vq.x, vq.y, vq.z, vq.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          Vt[(8 * chunk + 2 * i) * LVT + kk] =
+              __ushort_as_bfloat16(static_cast<unsigned short>(vw[i] & 0xffffu));
+          Vt[(8 * chunk + 2 * i + 1) * LVT + kk] =
+              __ushort_as_bfloat16(static_cast<unsigned short>(vw[i] >> 16));
+        }
+      }
+      __syncthreads();
+
+      // ---- S = Q·Kᵀ: block nb covers keys k0 + 8nb .. +7 -------------------------------------
+      float s[NB][4];
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[nb][c] = 0.f;
+        const __nv_bfloat16* kr = Ks + (8 * nb + g) * LKS + 2 * t;
+#pragma unroll
+        for (int ks = 0; ks < NKS; ++ks) {
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + 16 * ks);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 16 * ks + 8);
+          oscar::cuda::mma_bf16(s[nb], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1);
+        }
+      }
+      // ---- mask and online softmax (c0, c1: row g; c2, c3: row g + 8) ------------------------
+      float mx[2] = {kNegInf, kNegInf};
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int r = c >> 1;
+          const int64_t j = k0 + 8 * nb + 2 * t + (c & 1);
+          if (!rvalid[r] || j > rpos[r]) s[nb][c] = kNegInf;
+          mx[r] = fmaxf(mx[r], s[nb][c]);
+        }
+      float alpha[2], mnew[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mnew[r] = fmaxf(mrow[r], mx[r]);
+        alpha[r] = mnew[r] == kNegInf ? 1.f : exp2f(mrow[r] - mnew[r]);
+        mrow[r] = mnew[r];
+        lrow[r] *= alpha[r];
+      }
+#pragma unroll
+      for (int db = 0; db < NDB; ++db) {
+        o[db][0] *= alpha[0];
+        o[db][1] *= alpha[0];
+        o[db][2] *= alpha[1];
+        o[db][3] *= alpha[1];
+      }
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int r = c >> 1;
+          const float pv = s[nb][c] == kNegInf ? 0.f : exp2f(s[nb][c] - mnew[r]);
+          s[nb][c] = pv;
+          lrow[r] += pv;
+        }
+        // ---- O += P·V: k-step kp covers keys 16kp .. +15 = blocks 2kp, 2kp + 1 ----------------
+#pragma unroll
+      for (int kp = 0; kp < NKP; ++kp) {
+        const uint32_t a0 = pack_bf16(s[2 * kp][0], s[2 * kp][1]);
+        const uint32_t a1 = pack_bf16(s[2 * kp][2], s[2 * kp][3]);
+        const uint32_t a2 = pack_bf16(s[2 * kp + 1][0], s[2 * kp + 1][1]);
+        const uint32_t a3 = pack_bf16(s[2 * kp + 1][2], s[2 * kp + 1][3]);
+#pragma unroll
+        for (int db = 0; db < NDB; ++db) {
+          const __nv_bfloat16* vr = Vt + (8 * db + g) * LVT + 16 * kp + 2 * t;
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(vr);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(vr + 8);
+          oscar::cuda::mma_bf16(o[db], a0, a1, a2, a3, b0, b1);
+        }
+      }
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = lrow[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      if (!rvalid[r]) continue;
+      const int m = 16 * warp + g + 8 * r, qi = m / a.gqa, hh = m % a.gqa;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      float* dst = a.out + ((it.row0 + qi) * a.n_heads_q + kvh * a.gqa + hh) * D;
+#pragma unroll
+      for (int db = 0; db < NDB; ++db) {
+        dst[8 * db + 2 * t] = o[db][2 * r] * inv;
+        dst[8 * db + 2 * t + 1] = o[db][2 * r + 1] * inv;
+      }
+    }
+  }
+}
+
+// Resident blocks per SM of each kernel (0 SIMT, 1 tensor cores; head_dim 64, 128) and the SM
+// count, per device, read once.
+struct DeviceFacts {
+  int sms = 0;
+  int blocks[2][2] = {{0, 0}, {0, 0}};
+};
+
+template <typename K>
+Status kernel_setup(K kernel, size_t smem_size, int* blocks) {
+  const int smem = static_cast<int>(smem_size);
+  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem));
+  *blocks = std::max(1, *blocks);
+  return Status();
+}
+
+Status device_facts(DeviceFacts* out) {
+  static std::mutex mu;
+  static DeviceFacts facts[64];
+  static bool ready[64] = {};
+  int dev = 0;
+  OSCAR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return internal_error("prefill_attn_cuda: device %d", dev);
+  std::lock_guard<std::mutex> lock(mu);
+  if (!ready[dev]) {
+    DeviceFacts f;
+    OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev));
+    OSCAR_RETURN_IF_ERROR(kernel_setup(prefill_attn_kernel<64>, smem_bytes<64>(), &f.blocks[0][0]));
+    OSCAR_RETURN_IF_ERROR(
+        kernel_setup(prefill_attn_kernel<128>, smem_bytes<128>(), &f.blocks[0][1]));
+    OSCAR_RETURN_IF_ERROR(
+        kernel_setup(prefill_attn_mma_kernel<64>, mma_smem_bytes<64>(), &f.blocks[1][0]));
+    OSCAR_RETURN_IF_ERROR(
+        kernel_setup(prefill_attn_mma_kernel<128>, mma_smem_bytes<128>(), &f.blocks[1][1]));
+    facts[dev] = f;
+    ready[dev] = true;
+  }
+  *out = facts[dev];
+  return Status();
+}
+
+Status validate_cuda(const PrefillAttnParams& p) {
+  const KvPageLayout& L = p.layout;
+  const int H = L.n_heads_kv;
+  if (p.n_seqs < 0 || p.n_heads_q <= 0 || H <= 0 || p.n_heads_q % H != 0 || p.layer < 0 ||
+      p.layer >= L.n_layers || L.page_size <= 0)
+    return invalid_argument(
+        "prefill_attn_cuda: bad shape (%d seqs, %d q heads, %d kv heads, "
+        "layer %d of %d, page_size %d)",
+        p.n_seqs, p.n_heads_q, H, p.layer, L.n_layers, L.page_size);
+  for (const PageTableView* t : {&p.sinks, &p.history, &p.recent}) {
+    if (t->n_seqs != p.n_seqs)
+      return invalid_argument("prefill_attn_cuda: a page table has %d sequences, the batch %d",
+                              t->n_seqs, p.n_seqs);
+    if (p.n_seqs > 0 && (t->indptr == nullptr || t->last_page_len == nullptr))
+      return invalid_argument("prefill_attn_cuda: a page table has no indptr or last_page_len");
+  }
+  if (L.exact_elem_bytes != 2)
+    return invalid_argument("prefill_attn_cuda: exact pages must be BF16 (exact_elem_bytes %d)",
+                            L.exact_elem_bytes);
+  if (L.head_dim != 64 && L.head_dim != 128)
+    return invalid_argument("prefill_attn_cuda: head_dim %d (64 or 128)", L.head_dim);
+  if (p.n_heads_q / H > kRowsM)
+    return invalid_argument("prefill_attn_cuda: gqa %d > %d", p.n_heads_q / H, kRowsM);
+  if (p.n_seqs > 0 && (p.q == nullptr || p.out == nullptr || p.cu_seqlens == nullptr ||
+                       p.pos0 == nullptr || p.exact_pool == nullptr))
+    return invalid_argument("prefill_attn_cuda: null q, out, cu_seqlens, pos0 or exact_pool");
+  if (p.n_seqs > 0 && (reinterpret_cast<uintptr_t>(p.exact_pool) & 15) != 0)
+    return invalid_argument("prefill_attn_cuda: exact_pool must be 16-byte aligned");
+  if (p.decode_equivalent && p.quantized)
+    return unimplemented(
+        "prefill_attn_cuda: decode_equivalent reading (on-the-fly quantization "
+        "of recent rows) is not implemented on CUDA");
+  if (p.quantized || p.hist_pool != nullptr) {
+    if (p.codec.quantizer == quant::HistQuantizer::kKivi)
+      return unimplemented("prefill_attn_cuda: KIVI history rows are not implemented on CUDA");
+    if (p.codec.quantizer != quant::HistQuantizer::kInt2Uniform &&
+        p.codec.quantizer != quant::HistQuantizer::kInt2Lloyd)
+      return invalid_argument("prefill_attn_cuda: unknown quantizer %d",
+                              static_cast<int>(p.codec.quantizer));
+    if (!quant::int2_valid_group(L.head_dim, p.codec.group_size))
+      return invalid_argument("prefill_attn_cuda: group_size %d invalid for head_dim %d",
+                              p.codec.group_size, L.head_dim);
+    if ((L.hist_bits == nullptr) != (L.hist_row_prefix == nullptr))
+      return invalid_argument(
+          "prefill_attn_cuda: a bit plan needs both hist_bits and "
+          "hist_row_prefix");
+    if (L.hist_bits == nullptr &&
+        L.int2_row_bytes != quant::int2_row_bytes(L.head_dim, p.codec.group_size))
+      return invalid_argument("prefill_attn_cuda: layout int2_row_bytes %d != %d", L.int2_row_bytes,
+                              quant::int2_row_bytes(L.head_dim, p.codec.group_size));
+    if (p.hist_pool == nullptr)
+      return invalid_argument("prefill_attn_cuda: quantized cache without a history pool");
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path,
+                            void* stream_ptr) {
+  OSCAR_RETURN_IF_ERROR(validate_cuda(p));
+  if (p.n_seqs == 0) return Status();
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const KvPageLayout& L = p.layout;
+  DeviceFacts facts;
+  OSCAR_RETURN_IF_ERROR(device_facts(&facts));
+
+  Args a{};
+  a.n_seqs = p.n_seqs;
+  a.n_heads_q = p.n_heads_q;
+  a.n_heads_kv = L.n_heads_kv;
+  a.gqa = p.n_heads_q / L.n_heads_kv;
+  a.qt = kRowsM / a.gqa;
+  a.layer = p.layer;
+  a.page_size = L.page_size;
+  a.group_size = p.codec.group_size;
+  a.n_planes = L.n_planes();
+  a.uniform = p.codec.quantizer == quant::HistQuantizer::kInt2Lloyd ? 0 : 1;
+  a.int2_row_bytes = L.int2_row_bytes;
+  a.scale_log2 = p.scale * 1.4426950408889634f;
+  for (int i = 0; i < 4; ++i) a.lloyd[i] = quant::kLloydDequantLevels[i];
+  a.cu = p.cu_seqlens;
+  a.pos0 = p.pos0;
+  a.q = p.q;
+  a.out = p.out;
+  a.exact_pool = p.exact_pool;
+  a.hist_pool = p.hist_pool;
+  a.exact_page_bytes = L.exact_page_bytes();
+  // With a bit plan, int2_page_bytes() would read hist_row_prefix (a device pointer) on the host.
+  a.hist_page_bytes = L.hist_row_prefix != nullptr
+                          ? 0
+                          : static_cast<uint64_t>(L.n_planes()) * L.page_size * L.int2_row_bytes;
+  a.hist_bits = L.hist_bits;
+  a.hist_row_prefix = L.hist_row_prefix;
+  a.sinks = p.sinks;
+  a.history = p.history;
+  a.recent = p.recent;
+
+  // One wave of resident blocks over all KV heads; each block walks its items.
+  const bool mma = path != PrefillAttnCudaPath::kSimt;
+  const bool d64 = L.head_dim == 64;
+  const int per_sm = facts.blocks[mma ? 1 : 0][d64 ? 0 : 1];
+  const int gx = std::max(1, (facts.sms * per_sm + L.n_heads_kv - 1) / L.n_heads_kv);
+  if (L.n_heads_kv > 65535) return invalid_argument("prefill_attn_cuda: too many KV heads");
+  const dim3 grid(gx, L.n_heads_kv);
+  if (mma) {
+    if (d64)
+      prefill_attn_mma_kernel<64><<<grid, kThreads, mma_smem_bytes<64>(), stream>>>(a);
+    else
+      prefill_attn_mma_kernel<128><<<grid, kThreads, mma_smem_bytes<128>(), stream>>>(a);
+    OSCAR_CUDA_LAUNCH_CHECK("prefill_attn_mma_kernel");
+  } else {
+    if (d64)
+      prefill_attn_kernel<64><<<grid, kThreads, smem_bytes<64>(), stream>>>(a);
+    else
+      prefill_attn_kernel<128><<<grid, kThreads, smem_bytes<128>(), stream>>>(a);
+    OSCAR_CUDA_LAUNCH_CHECK("prefill_attn_kernel");
+  }
+  return Status();
+}
+
+Status prefill_attn_cuda(const PrefillAttnParams& p, void* stream) {
+  return prefill_attn_cuda_ex(p, PrefillAttnCudaPath::kAuto, stream);
+}
+
+}  // namespace oscar::kernels

@@ -1,0 +1,201 @@
+// CUDA linear (kernels/linear.h: linear_cuda; forced paths in kernels/cuda/linear_cuda.h) against
+// the float64 CPU reference linear_ref, on fresh random inputs per case: n = 1..40 (odd ones
+// included, so the streaming kernel's passes of 8 end ragged), out not a multiple of the
+// kernel's 4 rows per block, in a multiple of 8 (the kernel's precondition; other values must
+// be refused), both weight dtypes, with and without bias; every case runs the automatic choice,
+// the forced streaming kernel and the forced GEMM. y is 0xFF (NaN) before each call, so an
+// unwritten output shows up.
+//
+// Tolerance per output element, with M = Σ_c |x_c w_c| (+ |bias|):
+//   streaming kernel (float x, float FMA accumulation in 4·8 partial sums, then a tree):
+//     |err| <= in · u · M with u = 2^-24 (the loose γ_in bound; test_linear.cpp's, doubled):
+//     tol_stream = 2 · in · u · M
+//   GEMM, BF16 weights: x rounded to BF16 moves each product by <= 2^-9 |x_c w_c|, products
+//     exact in FP32, FP32 accumulation as above: tol_gemm = 2^-9 · M + 2 · in · u · M
+//   GEMM, F32 weights (CUBLAS_COMPUTE_32F, no TF32): tol_stream. A TF32 GEMM (10-bit mantissa)
+//     would miss it by ~2^-11 · M / (2 in u) ≈ 100x for in = 64.
+// Plus: the relative L2 error per case below 2^-8 (GEMM with BF16 x) or 1e-5.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "core/bf16.h"
+#include "kernels/cuda/linear_cuda.h"
+#include "kernels/linear.h"
+
+namespace oscar::kernels {
+namespace {
+
+#define CUDA_OK(expr)                                                      \
+  do {                                                                     \
+    const cudaError_t e_ = (expr);                                         \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
+  } while (0)
+
+constexpr double kU = 1.0 / (1 << 24);
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+struct Buf {
+  void* p = nullptr;
+  explicit Buf(size_t bytes) {
+    if (cudaMalloc(&p, std::max<size_t>(bytes, 16)) != cudaSuccess) p = nullptr;
+  }
+  ~Buf() { cudaFree(p); }
+};
+
+const char* path_name(LinearCudaPath p) {
+  return p == LinearCudaPath::kAuto ? "auto" : p == LinearCudaPath::kStream ? "stream" : "gemm";
+}
+
+// y_off: y starts y_off floats into its buffer (y needs no alignment; the GEMM's heuristic is
+// told the actual one).
+void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t seed,
+         int64_t y_off = 0) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> x(n * in), wf(out * in), b(out), y_ref(n * out);
+  for (float& v : x) v = normal(rng) + 0.3f;  // a bias, so that sums do not cancel to ~0 only
+  for (float& v : wf) v = dtype == DType::kBF16 ? round_to_bf16(normal(rng)) : normal(rng);
+  for (float& v : b) v = normal(rng);
+  std::vector<bf16_t> wb(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+  LinearParams p;
+  p.x = x.data();
+  p.n = n;
+  p.w = WeightView{dtype == DType::kBF16 ? static_cast<const void*>(wb.data()) : wf.data(), dtype,
+                   out, in};
+  p.bias = bias ? b.data() : nullptr;
+  p.y = y_ref.data();
+  ASSERT_TRUE(linear_ref(p).ok());
+
+  std::vector<double> mag(n * out);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t r = 0; r < out; ++r) {
+      double m = bias ? std::fabs(b[r]) : 0.0;
+      for (int64_t c = 0; c < in; ++c) m += std::fabs(double(x[i * in + c]) * wf[r * in + c]);
+      mag[i * out + r] = m;
+    }
+
+  const size_t wbytes = static_cast<size_t>(out) * in * dtype_bytes(dtype);
+  Buf dx(x.size() * 4), dw(wbytes), db(b.size() * 4),
+      dy((static_cast<size_t>(n) * out + y_off) * 4);
+  ASSERT_TRUE(dx.p && dw.p && db.p && dy.p);
+  CUDA_OK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dw.p, dtype == DType::kBF16 ? static_cast<const void*>(wb.data()) : wf.data(),
+                     wbytes, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(db.p, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
+  LinearParams dp = p;
+  dp.x = static_cast<const float*>(dx.p);
+  dp.w.data = dw.p;
+  dp.bias = bias ? static_cast<const float*>(db.p) : nullptr;
+  float* y_dev = static_cast<float*>(dy.p) + y_off;
+  dp.y = y_dev;
+
+  std::vector<float> got(n * out);
+  for (LinearCudaPath path :
+       {LinearCudaPath::kAuto, LinearCudaPath::kStream, LinearCudaPath::kGemm}) {
+    const bool gemm =
+        path == LinearCudaPath::kGemm || (path == LinearCudaPath::kAuto && n > kLinearCudaFewRows);
+    const bool bf16_x = gemm && dtype == DType::kBF16;
+    CUDA_OK(cudaMemset(y_dev, 0xFF, got.size() * 4));
+    const Status st = linear_cuda_ex(dp, path, nullptr);
+    ASSERT_TRUE(st.ok()) << path_name(path) << ": " << st.to_string();
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(got.data(), y_dev, got.size() * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0, max_ratio = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t r = 0; r < out; ++r) {
+        const size_t k = i * out + r;
+        const double m = mag[k];
+        const double tol = (bf16_x ? m / 512 : 0.0) + 2.0 * in * kU * m + 1e-30;
+        const double g = got[k], w = y_ref[k];
+        ASSERT_TRUE(std::isfinite(g))
+            << path_name(path) << " dtype " << static_cast<int>(dtype) << " n " << n << " in " << in
+            << " out " << out << ": non-finite at row " << i << " col " << r;
+        const double err = std::fabs(g - w);
+        max_ratio = std::max(max_ratio, err / tol);
+        ASSERT_LE(err, tol) << path_name(path) << " dtype " << static_cast<int>(dtype) << " n " << n
+                            << " in " << in << " out " << out << " bias " << bias
+                            << ": first mismatch at row " << i << " col " << r << ": got " << g
+                            << " want " << w;
+        num += (g - w) * (g - w);
+        den += w * w;
+      }
+    const double rel = std::sqrt(num / std::max(den, 1e-300));
+    EXPECT_LE(rel, bf16_x ? 1.0 / 256 : 1e-5)
+        << path_name(path) << " dtype " << static_cast<int>(dtype) << " n " << n;
+    if (n == 1 || n == 9 || n == 40)
+      std::printf(
+          "  %-6s dtype=%d n=%-3lld in=%-5lld out=%-5lld bias=%d err/tol=%.3g rel_l2=%.3g\n",
+          path_name(path), static_cast<int>(dtype), static_cast<long long>(n),
+          static_cast<long long>(in), static_cast<long long>(out), bias ? 1 : 0, max_ratio, rel);
+  }
+}
+
+class LinearCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  }
+};
+
+TEST_F(LinearCuda, MatchesReference) {
+  uint32_t seed = 1;
+  for (DType dtype : {DType::kBF16, DType::kF32})
+    for (auto [in, out] : {std::pair<int64_t, int64_t>{256, 512},
+                           {64, 70},
+                           {136, 129},
+                           {1024, 33},
+                           {8, 1},
+                           {4104, 5}})
+      for (bool bias : {false, true})
+        for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 17, 23, 33, 40})
+          run(dtype, n, in, out, bias, seed++);
+}
+
+TEST_F(LinearCuda, ModelShapesFewRows) {
+  // Qwen3-8B's q/o projection shape at decode batch sizes (the streaming kernel's main use).
+  uint32_t seed = 1000;
+  for (int64_t n : {1, 4, 8})
+    for (DType dtype : {DType::kBF16, DType::kF32}) run(dtype, n, 4096, 1024, false, seed++);
+  run(DType::kBF16, 16, 4096, 512, true, seed++);
+}
+
+TEST_F(LinearCuda, UnalignedOutput) {
+  uint32_t seed = 2000;
+  for (DType dtype : {DType::kBF16, DType::kF32})
+    for (int64_t n : {3, 17}) run(dtype, n, 64, 70, true, seed++, /*y_off=*/1);
+}
+
+TEST_F(LinearCuda, RefusesBadShapes) {
+  Buf d(1 << 16);
+  LinearParams p;
+  p.x = static_cast<const float*>(d.p);
+  p.y = static_cast<float*>(d.p) + 1024;
+  p.n = 2;
+  p.w = WeightView{d.p, DType::kBF16, 16, 36};  // in not a multiple of 8
+  EXPECT_FALSE(linear_cuda(p, nullptr).ok());
+  p.w.cols = 32;
+  p.x = static_cast<const float*>(d.p) + 1;  // misaligned
+  EXPECT_FALSE(linear_cuda(p, nullptr).ok());
+  p.x = static_cast<const float*>(d.p);
+  p.w.dtype = static_cast<DType>(7);
+  EXPECT_FALSE(linear_cuda(p, nullptr).ok());
+  p.w.dtype = DType::kBF16;
+  p.w.rows = 0;
+  EXPECT_FALSE(linear_cuda(p, nullptr).ok());
+  p.w.rows = 16;
+  p.n = 0;  // nothing to do
+  EXPECT_TRUE(linear_cuda(p, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace oscar::kernels

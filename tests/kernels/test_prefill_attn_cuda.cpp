@@ -1,0 +1,537 @@
+// CUDA prefill attention (kernels/prefill_attn.h: prefill_attn_cuda) against the CPU
+// prefill_attn (exact float attention over the dequantized rows, kernels/chunk_attn.h), on the
+// same batched params filled once with host and once with device pointers. Fresh random inputs
+// per case: K with outlier channels, V Gaussian plus a bias; history rows quantized through the
+// row-format table (quant/row_codec.h: uniform or Lloyd-Max INT2, the bit plan's 3- and 1-bit
+// rows); page ids shuffled; several sequences per call with different pos0 (0, mid-history,
+// long), chunk sizes 1..70, sinks / history / recent present or absent; the step's rows start
+// at cu_seqlens[0] = 3 (rows keep step-wide numbering). Every byte no kernel may read (other
+// layers, spare pages, slots past a sequence's last token, the q rows before cu_seqlens[0]) is
+// 0xFF (NaN in bf16, fp16 and float), and the output is 0xFF before each call: a wrong address
+// or an unwritten output shows up as NaN, and the rows before cu_seqlens[0] must stay 0xFF.
+//
+// Every case runs both kernels: the tensor-core one (the default) and the FP32 SIMT one.
+//
+// Tolerance, per (query row, head), with Vmax the largest |v| it sees, S = scale · max_t Σ_c
+// |q_c k_tc| over the keys it sees (natural-log units), L its key count, u = 2^-24.
+// FP32 SIMT kernel: both sides compute in float over the same dequantized values (the GPU's
+// dequantization may contract min + q·s into one FMA: 1 ulp of each value, a score shift
+// <= u·S):
+//   scores: float accumulation of d products, the scale (and on the GPU log2 e) folded in:
+//     <= (d + 2)·u·S per side, so δ <= 2·(d + 2)·u·S + u·S between the two;
+//   perturbing the softmax weights by e^{±δ} moves a convex combination of values by at most
+//     2(e^{2δ} − 1)·Vmax ≈ 4δ·Vmax;
+//   the value sums: float accumulation over L keys, <= L·u·Vmax per side; normalisation 2u.
+//   tol_simt = Vmax·u·(4·(2d + 5)·S + 2·L + 64)
+// plus a relative L2 error per case below 1e-5 and a cosine similarity per head >= 1 - 1e-8.
+// Tensor-core kernel (BF16 operands; test_decode_attn_cuda.cpp's derivation): q and the
+// dequantized history K rounded to BF16 (2^-9 relative each; exact rows are BF16 already) move
+// every score by at most 2^-8·S, hence 4·2^-8·S·Vmax = 2^-6·S·Vmax; P and the history V rounded
+// to BF16: 2^-8·Vmax; FP32 accumulation: 2^-12·Vmax.
+//   tol_mma = Vmax·(2^-6·S + 2^-8 + 2^-12)        (first-order worst case)
+// plus a relative L2 error per case below 2e-2 and a cosine similarity per head >= 1 - 2e-3.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/bf16.h"
+#include "kernels/cuda/prefill_attn_cuda.h"
+#include "kernels/prefill_attn.h"
+#include "quant/bit_plan_layout.h"
+#include "quant/int2_layout.h"
+#include "quant/row_codec.h"
+
+namespace oscar::kernels {
+namespace {
+
+#define CUDA_OK(expr)                                                      \
+  do {                                                                     \
+    const cudaError_t e_ = (expr);                                         \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
+  } while (0)
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+constexpr int kRow0 = 3;  // cu_seqlens[0]
+
+// One sequence: tokens per region (sinks + history + recent = pos0 + n_q) and its chunk size
+// (n_q <= recent, or <= sinks + recent without history: the chunk's rows are the last ones).
+struct SeqSpec {
+  int64_t sink = 0, hist = 0, recent = 0, n_q = 0;
+};
+
+struct Case {
+  int n_heads_q = 8;
+  int n_heads_kv = 2;
+  int head_dim = 128;
+  int page_size = 16;
+  int group_size = 128;
+  int n_sink = 16;  // the sinks region of the cache (PrefillAttnParams::n_sink)
+  quant::HistQuantizer quantizer = quant::HistQuantizer::kInt2Uniform;
+  bool history = true;  // a history pool (quantized cache); false: the bf16 mode
+  int n_layers = 2;
+  int layer = 1;
+  bool bit_plan = false;
+  float q_gain = 1.f;
+  std::vector<SeqSpec> seqs;
+  uint32_t seed = 1;
+
+  std::string name() const {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "hq=%d hkv=%d d=%d P=%d G=%d n_sink=%d %s hist=%d plan=%d gain=%g seed=%u seqs=",
+                  n_heads_q, n_heads_kv, head_dim, page_size, group_size, n_sink,
+                  quantizer == quant::HistQuantizer::kInt2Lloyd ? "lloyd" : "uniform",
+                  history ? 1 : 0, bit_plan ? 1 : 0, q_gain, seed);
+    std::string s = buf;
+    for (const SeqSpec& q : seqs) {
+      std::snprintf(buf, sizeof buf, "(%lld,%lld,%lld;%lld)", static_cast<long long>(q.sink),
+                    static_cast<long long>(q.hist), static_cast<long long>(q.recent),
+                    static_cast<long long>(q.n_q));
+      s += buf;
+    }
+    return s;
+  }
+};
+
+struct Host {
+  KvPageLayout layout;
+  std::vector<int8_t> bits;
+  std::vector<uint32_t> prefix;
+  std::vector<uint8_t> exact_pool, hist_pool;
+  std::vector<int32_t> indptr[3], ids[3], last[3];
+  std::vector<int32_t> cu;
+  std::vector<int64_t> pos0;
+  std::vector<float> q;
+  // Per (query row, head): the tolerance's Vmax, S and L.
+  std::vector<double> vmax, S, L;
+  PrefillAttnParams params;
+};
+
+int64_t pages_for(int64_t n, int P) { return (n + P - 1) / P; }
+
+void build(const Case& c, Host& h) {
+  KvPageLayout& L = h.layout;
+  L.n_layers = c.n_layers;
+  L.n_heads_kv = c.n_heads_kv;
+  L.head_dim = c.head_dim;
+  L.page_size = c.page_size;
+  L.exact_elem_bytes = 2;
+  L.int2_row_bytes = quant::int2_row_bytes(c.head_dim, c.group_size);
+  const int d = c.head_dim, P = c.page_size, Hq = c.n_heads_q;
+  const int ns = static_cast<int>(c.seqs.size());
+  const int gqa = c.n_heads_q / c.n_heads_kv;
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  if (c.bit_plan) {
+    const int np = L.n_planes();
+    std::uniform_int_distribution<int> width(1, 3);
+    h.bits.resize(np);
+    for (int p = 0; p < np; ++p) h.bits[p] = static_cast<int8_t>(width(rng));
+    h.bits[L.plane(c.layer, 0, 0)] = 3;
+    h.bits[L.plane(c.layer, 1, c.n_heads_kv - 1)] = 1;
+    if (c.n_heads_kv > 1) h.bits[L.plane(c.layer, 0, 1)] = 2;
+    h.prefix.assign(np + 1, 0);
+    for (int p = 0; p < np; ++p)
+      h.prefix[p + 1] = h.prefix[p] + quant::bit_plan_row_bytes(h.bits[p], d, c.group_size);
+    L.hist_bits = h.bits.data();
+    L.hist_row_prefix = h.prefix.data();
+  }
+  int64_t n_exact = 2, n_hist = 2;
+  for (const SeqSpec& s : c.seqs) {
+    n_exact += pages_for(s.sink, P) + pages_for(s.recent, P);
+    n_hist += pages_for(s.hist, P);
+  }
+  h.exact_pool.assign(static_cast<size_t>(n_exact) * L.exact_page_bytes(), 0xFF);
+  if (c.history) h.hist_pool.assign(static_cast<size_t>(n_hist) * L.int2_page_bytes(), 0xFF);
+  std::vector<int32_t> eids(n_exact), hids(n_hist);
+  std::iota(eids.begin(), eids.end(), 0);
+  std::iota(hids.begin(), hids.end(), 0);
+  std::shuffle(eids.begin(), eids.end(), rng);
+  std::shuffle(hids.begin(), hids.end(), rng);
+  size_t ei = 0, hi = 0;
+  for (int r = 0; r < 3; ++r) {
+    h.indptr[r].assign(1, 0);
+    h.ids[r].clear();
+    h.last[r].clear();
+  }
+  h.cu.assign(1, kRow0);
+  h.pos0.clear();
+  for (const SeqSpec& s : c.seqs) {
+    const int64_t n[3] = {s.sink, s.hist, s.recent};
+    for (int r = 0; r < 3; ++r) {
+      for (int64_t i = 0; i < pages_for(n[r], P); ++i)
+        h.ids[r].push_back(r == 1 ? hids[hi++] : eids[ei++]);
+      h.indptr[r].push_back(static_cast<int32_t>(h.ids[r].size()));
+      h.last[r].push_back(n[r] == 0 ? 0 : static_cast<int32_t>((n[r] - 1) % P + 1));
+    }
+    h.pos0.push_back(s.sink + s.hist + s.recent - s.n_q);
+    h.cu.push_back(h.cu.back() + static_cast<int32_t>(s.n_q));
+  }
+  const int64_t n_rows = h.cu.back();
+  h.q.assign(static_cast<size_t>(n_rows) * Hq * d, std::nanf(""));
+  for (size_t i = static_cast<size_t>(kRow0) * Hq * d; i < h.q.size(); ++i)
+    h.q[i] = c.q_gain * normal(rng);
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  h.vmax.assign(static_cast<size_t>(n_rows) * Hq, 0.0);
+  h.S.assign(h.vmax.size(), 0.0);
+  h.L.assign(h.vmax.size(), 0.0);
+
+  std::vector<float> x(d), seen(d);
+  for (int sq = 0; sq < ns; ++sq) {
+    const SeqSpec& s = c.seqs[sq];
+    const int64_t T = s.sink + s.hist + s.recent;
+    for (int64_t t = 0; t < T; ++t) {
+      const int r = t < s.sink ? 0 : (t < s.sink + s.hist ? 1 : 2);
+      const int64_t j = r == 0 ? t : (r == 1 ? t - s.sink : t - s.sink - s.hist);
+      const int32_t page = h.ids[r][h.indptr[r][sq] + j / P];
+      const int slot = static_cast<int>(j % P);
+      for (int kv = 0; kv < 2; ++kv)
+        for (int g = 0; g < c.n_heads_kv; ++g) {
+          for (int i = 0; i < d; ++i)
+            x[i] = kv == 0 ? ((i % 29 == 3) ? 6.f : 1.f) * normal(rng) + 0.2f
+                           : normal(rng) + 0.5f * std::sin(0.1f * static_cast<float>(i));
+          if (r == 1) {
+            ASSERT_TRUE(c.history) << "history rows without a history pool";
+            uint8_t* dst = h.hist_pool.data() + static_cast<size_t>(page) * L.int2_page_bytes() +
+                           L.int2_row_offset(c.layer, kv, g, slot);
+            const quant::RowCodec& codec = quant::row_codec(
+                quant::hist_row_format(c.quantizer, kv, L.hist_row_bits(c.layer, kv, g)));
+            const Status st = codec.quantize(x.data(), d, c.group_size, 0.95f, dst);
+            ASSERT_TRUE(st.ok()) << st.to_string();
+            codec.dequantize(dst, d, c.group_size, seen.data());
+          } else {
+            uint8_t* dst = h.exact_pool.data() + static_cast<size_t>(page) * L.exact_page_bytes() +
+                           L.exact_row_offset(c.layer, kv, g, slot);
+            for (int i = 0; i < d; ++i) {
+              const bf16_t b = f32_to_bf16(x[i]);
+              std::memcpy(dst + 2 * i, &b, 2);
+              seen[i] = bf16_to_f32(b);
+            }
+          }
+          // Every query of the chunk that sees key t: positions >= t.
+          for (int64_t qi = std::max<int64_t>(0, t - h.pos0[sq]); qi < s.n_q; ++qi)
+            for (int hq = g * gqa; hq < (g + 1) * gqa; ++hq) {
+              const size_t row = (static_cast<size_t>(h.cu[sq]) + qi) * Hq + hq;
+              if (kv == 0) {
+                double a = 0;
+                for (int i = 0; i < d; ++i) a += std::fabs(double(h.q[row * d + i]) * seen[i]);
+                h.S[row] = std::max(h.S[row], a * scale);
+                h.L[row] += 1;
+              } else {
+                for (int i = 0; i < d; ++i)
+                  h.vmax[row] = std::max(h.vmax[row], double(std::fabs(seen[i])));
+              }
+            }
+        }
+    }
+  }
+  PrefillAttnParams& p = h.params;
+  p.n_seqs = ns;
+  p.n_heads_q = Hq;
+  p.layer = c.layer;
+  p.scale = scale;
+  p.layout = L;
+  p.codec.quantizer = c.quantizer;
+  p.codec.group_size = c.group_size;
+  p.n_sink = c.n_sink;
+  p.n_recent = 64;
+  p.quantized = c.history;
+  p.decode_equivalent = false;
+  p.cu_seqlens = h.cu.data();
+  p.pos0 = h.pos0.data();
+  p.q = h.q.data();
+  p.exact_pool = h.exact_pool.data();
+  p.hist_pool = c.history ? h.hist_pool.data() : nullptr;
+  PageTableView* tabs[3] = {&p.sinks, &p.history, &p.recent};
+  for (int r = 0; r < 3; ++r) {
+    tabs[r]->indptr = h.indptr[r].data();
+    tabs[r]->page_ids = h.ids[r].data();
+    tabs[r]->last_page_len = h.last[r].data();
+    tabs[r]->n_seqs = ns;
+  }
+}
+
+struct Device {
+  std::vector<void*> bufs;
+  PrefillAttnParams params;
+  float* out = nullptr;
+  ~Device() {
+    for (void* b : bufs) cudaFree(b);
+  }
+  template <class T>
+  T* up(const std::vector<T>& v) {
+    void* ptr = nullptr;
+    const size_t bytes = std::max<size_t>(v.size() * sizeof(T), 16);
+    if (cudaMalloc(&ptr, bytes) != cudaSuccess) return nullptr;
+    bufs.push_back(ptr);
+    if (!v.empty()) cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return static_cast<T*>(ptr);
+  }
+};
+
+void upload(const Host& h, Device& dv) {
+  dv.params = h.params;
+  PrefillAttnParams& p = dv.params;
+  p.cu_seqlens = dv.up(h.cu);
+  p.pos0 = dv.up(h.pos0);
+  p.q = dv.up(h.q);
+  p.exact_pool = dv.up(h.exact_pool);
+  p.hist_pool = h.params.hist_pool != nullptr ? dv.up(h.hist_pool) : nullptr;
+  PageTableView* tabs[3] = {&p.sinks, &p.history, &p.recent};
+  for (int r = 0; r < 3; ++r) {
+    tabs[r]->indptr = dv.up(h.indptr[r]);
+    tabs[r]->page_ids = dv.up(h.ids[r]);
+    tabs[r]->last_page_len = dv.up(h.last[r]);
+  }
+  if (!h.bits.empty()) {
+    p.layout.hist_bits = dv.up(h.bits);
+    p.layout.hist_row_prefix = dv.up(h.prefix);
+  }
+  dv.out = dv.up(std::vector<float>(h.q.size()));
+  p.out = dv.out;
+}
+
+void run_case(const Case& c) {
+  Host h;
+  build(c, h);
+  if (::testing::Test::HasFatalFailure()) return;
+  const int d = c.head_dim, Hq = c.n_heads_q;
+  std::vector<float> want(h.q.size(), 0.f);
+  h.params.out = want.data();
+  const Status rs = prefill_attn(h.params);
+  ASSERT_TRUE(rs.ok()) << rs.to_string();
+
+  Device dv;
+  upload(h, dv);
+  ASSERT_NE(dv.out, nullptr);
+  std::vector<float> got(h.q.size());
+  for (PrefillAttnCudaPath path : {PrefillAttnCudaPath::kAuto, PrefillAttnCudaPath::kSimt}) {
+    const bool mma = path == PrefillAttnCudaPath::kAuto;
+    const char* what = mma ? "mma " : "simt";
+    CUDA_OK(cudaMemset(dv.out, 0xFF, got.size() * sizeof(float)));
+    const Status st = prefill_attn_cuda_ex(dv.params, path, nullptr);
+    ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(got.data(), dv.out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+
+    // Rows before cu_seqlens[0] belong to someone else: untouched.
+    for (size_t i = 0; i < static_cast<size_t>(kRow0) * Hq * d; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &got[i], 4);
+      ASSERT_EQ(bits, 0xFFFFFFFFu) << what << " " << c.name() << ": wrote output row "
+                                   << i / (Hq * d) << " before cu_seqlens[0]";
+    }
+    const double u = 1.0 / (1 << 24);
+    double num = 0, den = 0, max_ratio = 0, max_err = 0, min_cos = 1;
+    bool reported = false;
+    for (size_t row = static_cast<size_t>(kRow0) * Hq; row < h.vmax.size(); ++row) {
+      const double tol =
+          (mma ? h.vmax[row] * (h.S[row] / 64 + 1.0 / 256 + 1.0 / 4096)
+               : h.vmax[row] * u * (4.0 * (2 * d + 5) * h.S[row] + 2.0 * h.L[row] + 64)) +
+          1e-30;
+      double dp = 0, ng = 0, nw = 0;
+      for (int i = 0; i < d; ++i) {
+        const double gv = got[row * d + i], wv = want[row * d + i];
+        if (!std::isfinite(gv)) {
+          ADD_FAILURE() << what << " " << c.name() << ": non-finite output at query row "
+                        << row / Hq << " head " << row % Hq << " dim " << i;
+          return;
+        }
+        const double err = std::fabs(gv - wv);
+        max_err = std::max(max_err, err);
+        max_ratio = std::max(max_ratio, err / tol);
+        if (err > tol && !reported) {
+          ADD_FAILURE() << what << " " << c.name() << ": first mismatch at query row " << row / Hq
+                        << " head " << row % Hq << " dim " << i << ": got " << gv << " want " << wv
+                        << " err " << err << " > tol " << tol;
+          reported = true;
+        }
+        num += (gv - wv) * (gv - wv);
+        den += wv * wv;
+        dp += gv * wv;
+        ng += gv * gv;
+        nw += wv * wv;
+      }
+      const double cs = (ng == 0 && nw == 0) ? 1.0 : dp / std::sqrt(ng * nw);
+      min_cos = std::min(min_cos, cs);
+    }
+    const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    if (reported) ADD_FAILURE() << what << " " << c.name() << ": max error " << max_err;
+    EXPECT_LE(rel, mma ? 2e-2 : 1e-5) << what << " " << c.name();
+    EXPECT_GE(min_cos, 1.0 - (mma ? 2e-3 : 1e-8)) << what << " " << c.name();
+    std::printf("  %s max_err=%.3g err/tol=%.3g rel_l2=%.3g min_cos=%.12f  %s\n", what, max_err,
+                max_ratio, rel, min_cos, c.name().c_str());
+  }
+}
+
+class PrefillAttnCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  }
+};
+
+// A batch mixing every shape (n_sink = P = 16): a first chunk at pos0 = 0 that fills the sinks,
+// a tiny first chunk (sinks only, partial page), one query after a long history, chunks of 70
+// and 33 in mid history, a chunk right after the sinks (no history yet), a partial last page.
+std::vector<SeqSpec> mixed_batch() {
+  return {{16, 0, 24, 40},      {5, 0, 0, 5},    {16, 32 * 16, 37, 1}, {16, 8 * 16, 70, 70},
+          {16, 4 * 16, 50, 33}, {16, 0, 17, 17}, {16, 16, 1, 1},       {16, 2 * 16, 64, 2}};
+}
+
+TEST_F(PrefillAttnCuda, MixedBatchGqa2And4) {
+  uint32_t seed = 10;
+  for (int gqa : {1, 2, 4, 8}) {
+    Case c;
+    c.n_heads_kv = 2;
+    c.n_heads_q = 2 * gqa;
+    c.seqs = mixed_batch();
+    c.seed = seed++;
+    run_case(c);
+  }
+}
+
+TEST_F(PrefillAttnCuda, ChunkSizesOneToSeventy) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> chunk(1, 70), hist_pages(0, 12), extra(0, 40);
+  uint32_t seed = 30;
+  for (int rep = 0; rep < 4; ++rep) {
+    Case c;
+    c.n_heads_q = 16;
+    c.n_heads_kv = 4;
+    for (int i = 0; i < 6; ++i) {
+      const int64_t nq = chunk(rng), hist = 16 * hist_pages(rng);
+      c.seqs.push_back({16, hist, nq + (hist > 0 ? extra(rng) : 0), nq});
+    }
+    c.seed = seed++;
+    run_case(c);
+  }
+}
+
+TEST_F(PrefillAttnCuda, NoSinksAndNoHistory) {
+  Case c;
+  c.n_sink = 0;
+  c.seqs = {{0, 3 * 16, 20, 20}, {0, 0, 45, 45}, {0, 16, 1, 1}};
+  c.seed = 50;
+  run_case(c);
+  // The bf16 mode: no history pool at all.
+  Case b;
+  b.history = false;
+  b.n_heads_q = 16;
+  b.n_heads_kv = 4;
+  b.seqs = {{16, 0, 100, 60}, {16, 0, 300, 7}, {3, 0, 0, 3}};
+  b.seed = 51;
+  run_case(b);
+}
+
+TEST_F(PrefillAttnCuda, BitPlanRowsOfEveryWidth) {
+  uint32_t seed = 200;
+  for (int G : {32, 64, 128}) {
+    Case c;
+    c.group_size = G;
+    c.bit_plan = true;
+    c.n_layers = 3;
+    c.layer = 2;
+    c.n_heads_kv = 4;
+    c.n_heads_q = 16;
+    c.seqs = {{16, 20 * 16, 70, 70}, {16, 16, 5, 5}, {16, 5 * 16, 3, 1}};
+    c.seed = seed++;
+    run_case(c);
+  }
+}
+
+TEST_F(PrefillAttnCuda, LloydAndSmallGroupsAndHeadDim64) {
+  uint32_t seed = 300;
+  for (int d : {64, 128})
+    for (int G : {32, 64, 128}) {
+      if (G > d) continue;
+      for (auto qz : {quant::HistQuantizer::kInt2Uniform, quant::HistQuantizer::kInt2Lloyd}) {
+        Case c;
+        c.head_dim = d;
+        c.group_size = G;
+        c.quantizer = qz;
+        c.seqs = {{16, 10 * 16, 40, 33}, {16, 16, 16, 16}, {7, 0, 0, 7}};
+        c.seed = seed++;
+        run_case(c);
+      }
+    }
+}
+
+TEST_F(PrefillAttnCuda, PageSizes) {
+  uint32_t seed = 100;
+  for (int P : {8, 32}) {
+    Case c;
+    c.page_size = P;
+    c.n_sink = P;
+    c.seqs = {
+        {P, 5 * int64_t(P), 2 * P + 1, P + 1}, {P, 0, P - 1, P - 1}, {int64_t(P) - 1, 0, 0, 4}};
+    c.seed = seed++;
+    run_case(c);
+  }
+}
+
+TEST_F(PrefillAttnCuda, PeakySoftmax) {
+  Case c;
+  c.q_gain = 6.f;
+  c.seqs = mixed_batch();
+  c.seed = 400;
+  run_case(c);
+}
+
+TEST_F(PrefillAttnCuda, LongContextQwen3Layout) {
+  // Qwen3-8B heads: a chunk of 64 after ~3K of history, beside a short first chunk.
+  Case c;
+  c.n_heads_q = 32;
+  c.n_heads_kv = 8;
+  c.n_layers = 1;
+  c.layer = 0;
+  c.n_sink = 64;
+  c.seqs = {{64, 3072, 300, 64}, {64, 0, 36, 100}};
+  c.seed = 500;
+  run_case(c);
+}
+
+TEST_F(PrefillAttnCuda, RejectsBadParams) {
+  Case c;
+  c.seqs = {{16, 16, 16, 16}};
+  Host h;
+  build(c, h);
+  Device dv;
+  upload(h, dv);
+  PrefillAttnParams p = dv.params;
+  p.layout.exact_elem_bytes = 4;
+  EXPECT_EQ(prefill_attn_cuda(p, nullptr).code(), StatusCode::kInvalidArgument);
+  p = dv.params;
+  p.n_heads_q = 7;
+  EXPECT_FALSE(prefill_attn_cuda(p, nullptr).ok());
+  p = dv.params;
+  p.recent.n_seqs = 2;
+  EXPECT_FALSE(prefill_attn_cuda(p, nullptr).ok());
+  p = dv.params;
+  p.decode_equivalent = true;
+  EXPECT_EQ(prefill_attn_cuda(p, nullptr).code(), StatusCode::kUnimplemented);
+  p = dv.params;
+  p.codec.quantizer = quant::HistQuantizer::kKivi;
+  EXPECT_EQ(prefill_attn_cuda(p, nullptr).code(), StatusCode::kUnimplemented);
+  p = dv.params;
+  p.layout.head_dim = 96;
+  EXPECT_EQ(prefill_attn_cuda(p, nullptr).code(), StatusCode::kInvalidArgument);
+  p = dv.params;
+  p.n_seqs = p.sinks.n_seqs = p.history.n_seqs = p.recent.n_seqs = 0;
+  EXPECT_TRUE(prefill_attn_cuda(p, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace oscar::kernels
