@@ -16,6 +16,7 @@
 
 #include <cstdint>
 
+#include "core/hd.h"
 #include "core/status.h"
 #include "kernels/kv_codec.h"
 #include "kernels/kv_layout.h"
@@ -34,6 +35,11 @@ struct PrefillAttnParams {
   int32_t n_recent = 0;
   bool quantized = false;  // the cache has a history region (INT2 / KIVI modes)
   bool decode_equivalent = false;
+  // CUDA, decode-equivalent on a quantized cache: an upper bound on the call's query rows
+  // (cu_seqlens[n_seqs] - cu_seqlens[0]; the model's plan.n_rows()), which the host cannot read
+  // from cu_seqlens (device memory). It sizes the scratch of on-the-fly quantized rows
+  // (kernels/cuda/prefill_attn.cu). Ignored by the CPU version and in the other modes.
+  int32_t max_rows = 0;
   // [n_seqs + 1] query rows of sequence s: [cu[s], cu[s+1]) of q / out; cu[0] need not be 0
   // (a slice of a step's rows).
   const int32_t* cu_seqlens = nullptr;
@@ -56,7 +62,8 @@ Status prefill_attn_cuda(const PrefillAttnParams& p, void* stream);
 // sinks leave the recent window as soon as it would hold n_recent + page_size tokens, so it keeps
 // between n_recent and n_recent + page_size - 1 tokens (OSCAR.md §4). The one definition, shared
 // by the cache's bookkeeping and the kernels.
-inline int64_t history_end(int32_t n_sink, int32_t n_recent, int32_t page_size, int64_t n_tokens) {
+OSCAR_HD inline int64_t history_end(int32_t n_sink, int32_t n_recent, int32_t page_size,
+                                     int64_t n_tokens) {
   const int64_t beyond_sinks = n_tokens - n_sink;
   if (beyond_sinks - n_recent < page_size) return n_sink;
   return n_sink + page_size * ((beyond_sinks - n_recent) / page_size);

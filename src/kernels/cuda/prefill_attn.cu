@@ -2,10 +2,16 @@
 // prefill chunks of a step over the paged three-region cache, reading the pages in place
 // (OSCAR.md §4-§5): key j of sequence s is a sink row (j < sinks.seq_len), a history row
 // (dequantized, up to the history's end) or a recent row (exact); query i of s sits at
-// pos0[s] + i and sees keys [0, pos0[s] + i]; query head h reads KV head h / gqa. This is the
-// serving-prefill reading (deq_end = the history's end, as kernels/cpu/prefill_attn.cpp with
-// decode_equivalent == false): in every valid cache state (history present only after full
-// sinks) it reads each key exactly as the CPU version does.
+// pos0[s] + i and sees keys [0, pos0[s] + i]; query head h reads KV head h / gqa. Both readings
+// of kernels/cpu/prefill_attn.cpp, which in every valid cache state (history present only after
+// full sinks) read each key as the CPU version does:
+//   serving prefill: deq_end = the history's end;
+//   decode-equivalent on a quantized cache: a pre-pass (prefill_deq_rows.cu, the demotion's
+//     quantizer) writes the dequantized version of the recent rows that some query reads as
+//     history into a per-device scratch (prefill_deq_zone.cuh); query i then reads key j in
+//     [n_sink, deq_end(i)) from the history or the scratch. The choice is per (query, key): a
+//     key tile holding keys that some queries of the item read quantized and others exactly is
+//     run twice, once per version, each pass masking the other version's (query, key) pairs.
 //
 // Work: one item per (sequence, KV head, tile of qt = 64 / gqa queries), the tile's 64 rows
 // being its queries × the KV head's gqa query heads, so each K/V byte is read once per group.
@@ -23,7 +29,7 @@
 //     agrees with the CPU's float computation to accumulation rounding (the test's tight check).
 // Both: Q pre-scaled by scale·log2 e, masked online softmax in float (exp2f).
 //
-// Not here (return Unimplemented): decode_equivalent on a quantized cache, KIVI history.
+// Not here (return Unimplemented): KIVI history (either reading).
 // Refused (InvalidArgument): F32 exact pages, head_dim other than 64 / 128, gqa > 64.
 // Not yet: cp.async / ldmatrix staging, a vectorised history unpack (raw rows staged, several
 // codes per instruction as decode_attn.cuh does), splitting long sequences' keys across blocks.
@@ -35,6 +41,8 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/hist_row.cuh"
 #include "kernels/cuda/prefill_attn_cuda.h"
+#include "kernels/cuda/prefill_deq_rows.h"
+#include "kernels/cuda/prefill_deq_zone.cuh"
 #include "kernels/prefill_attn.h"
 #include "quant/int2_layout.h"
 #include "quant/int2_quant.h"
@@ -66,6 +74,10 @@ struct Args {
   const int8_t* hist_bits;          // bit plan or null
   const uint32_t* hist_row_prefix;  // bit plan or null
   PageTableView sinks, history, recent;
+  // Decode-equivalent on a quantized cache (prefill_deq_zone.cuh); de == 0: serving prefill.
+  int de, n_sink, n_recent;
+  const float* deq;  // [cap_rows, 2, n_heads_kv, D] the pre-pass's rows, or null
+  int64_t cap_rows;
 };
 
 template <int D>
@@ -110,7 +122,38 @@ struct Item {
   int64_t p0, n_sink_tok, hist_end;
   int64_t kend;  // the tile reads keys [0, kend)
   int64_t row0;  // step-wide row of query q0
+  cuda_detail::DeqZone z;
+  // deq_end of the tile's first and last query: keys [n_sink, d_first) are read quantized by
+  // every query of the tile, keys >= d_last exactly by every query, [d_first, d_last) both ways.
+  int64_t d_first, d_last;
 };
+
+__device__ __forceinline__ int64_t row_deq_end(const Args& a, const Item& it, int64_t pos) {
+  return cuda_detail::deq_end(it.z, a.de != 0, a.n_sink, a.n_recent, a.page_size, pos);
+}
+
+// Key tiles [k0, k0 + n) that hold keys of [d_first, d_last) take two passes: pass 0 stages those
+// keys quantized (the scratch) and masks them for the queries that read them exactly, pass 1
+// stages them exactly and masks them for the queries that read them quantized (and every key
+// outside). Other tiles take pass 0 alone, which is then the plain causal pass.
+__device__ __forceinline__ int n_passes(const Item& it, int64_t k0, int n) {
+  return it.d_first < it.d_last && k0 < it.d_last && k0 + n > it.d_first ? 2 : 1;
+}
+
+// The pass's mask of key j for the query at pos with deq_end de (on top of causality).
+__device__ __forceinline__ bool pass_masked(const Item& it, int pass, int64_t j, int64_t de) {
+  const bool both_ways = j >= it.d_first && j < it.d_last && j >= de;  // the query reads it exact
+  return pass == 0 ? both_ways : !both_ways;
+}
+
+// Key j's rows in the scratch when this pass stages it quantized from there (null otherwise).
+__device__ __forceinline__ const float* deq_row(const Args& a, const Item& it, int pass, int kvh,
+                                                int64_t j, int head_dim) {
+  const int64_t dend = pass == 0 ? it.d_last : it.d_first;
+  if (!it.z.ok || j < it.z.lo || j >= dend) return nullptr;
+  return a.deq + ((static_cast<size_t>(it.z.base + (j - it.z.lo)) * 2) * a.n_heads_kv + kvh) *
+                     static_cast<size_t>(head_dim);
+}
 
 // Item `item` in the order (sequence, tile last-first); false past the last one.
 __device__ __forceinline__ bool find_item(const Args& a, int item, Item& it) {
@@ -129,6 +172,10 @@ __device__ __forceinline__ bool find_item(const Args& a, int item, Item& it) {
       it.hist_end = it.n_sink_tok + a.history.seq_len(s, P);
       it.kend = it.p0 + it.q0 + it.nqt;
       it.row0 = static_cast<int64_t>(a.cu[s]) + it.q0;
+      it.z = cuda_detail::deq_zone(a.cu, a.pos0, a.sinks, a.history, s, a.de != 0, a.n_sink,
+                                   a.n_recent, P, a.cap_rows);
+      it.d_first = row_deq_end(a, it, it.p0 + it.q0);
+      it.d_last = row_deq_end(a, it, it.kend - 1);
       return true;
     }
     acc += nt;
@@ -204,13 +251,14 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
     }
 
     float mrow[4], lrow[4], o[4][ND];
-    int64_t rpos[4];
+    int64_t rpos[4], rde[4];
     bool rvalid[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int m = 4 * tr + i, qi = m / a.gqa;
       rvalid[i] = m < M && qi < nqt;
       rpos[i] = it.p0 + it.q0 + qi;
+      rde[i] = row_deq_end(a, it, rpos[i]);
       mrow[i] = kNegInf;
       lrow[i] = 0.f;
 #pragma unroll
@@ -219,99 +267,110 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
 
 #pragma unroll 1
     for (int64_t k0 = 0; k0 < kend; k0 += kKeys) {
-      __syncthreads();  // Ks / Vs / Ps free; Qs staged
-      // ---- stage K and V of keys [k0, k0 + kKeys) as float: a warp per key ------------------
 #pragma unroll 1
-      for (int kk = warp; kk < kKeys; kk += kWarps) {
-        const int64_t j = k0 + kk;
-        float* kd = Ks + kk * LK;
-        float* vd = Vs + kk * LV;
-        if (j >= kend) {
-          for (int e = lane; e < D; e += 32) kd[e] = vd[e] = 0.f;
-          continue;
-        }
-        const KeyRows r = key_rows(a, pl, it, j, D);
-        if (!r.hist) {
-          const __nv_bfloat16* kr = reinterpret_cast<const __nv_bfloat16*>(r.k);
-          const __nv_bfloat16* vr = reinterpret_cast<const __nv_bfloat16*>(r.v);
-          for (int e = lane; e < D; e += 32) {
-            kd[e] = __bfloat162float(kr[e]);
-            vd[e] = __bfloat162float(vr[e]);
+      for (int pass = 0, npass = n_passes(it, k0, kKeys); pass < npass; ++pass) {
+        __syncthreads();  // Ks / Vs / Ps free; Qs staged
+        // ---- stage K and V of keys [k0, k0 + kKeys) as float: a warp per key ------------------
+#pragma unroll 1
+        for (int kk = warp; kk < kKeys; kk += kWarps) {
+          const int64_t j = k0 + kk;
+          float* kd = Ks + kk * LK;
+          float* vd = Vs + kk * LV;
+          if (j >= kend) {
+            for (int e = lane; e < D; e += 32) kd[e] = vd[e] = 0.f;
+            continue;
           }
-        } else {
-          for (int e = lane; e < D; e += 32) {
-            kd[e] = cuda_detail::dequant_element(r.k, e, D, a.group_size, pl.hbits[0], a.uniform,
-                                                 a.lloyd);
-            vd[e] = cuda_detail::dequant_element(r.v, e, D, a.group_size, pl.hbits[1], a.uniform,
-                                                 a.lloyd);
+          if (const float* dk = deq_row(a, it, pass, kvh, j, D)) {
+            const float* dv = dk + a.n_heads_kv * D;
+            for (int e = lane; e < D; e += 32) {
+              kd[e] = dk[e];
+              vd[e] = dv[e];
+            }
+            continue;
+          }
+          const KeyRows r = key_rows(a, pl, it, j, D);
+          if (!r.hist) {
+            const __nv_bfloat16* kr = reinterpret_cast<const __nv_bfloat16*>(r.k);
+            const __nv_bfloat16* vr = reinterpret_cast<const __nv_bfloat16*>(r.v);
+            for (int e = lane; e < D; e += 32) {
+              kd[e] = __bfloat162float(kr[e]);
+              vd[e] = __bfloat162float(vr[e]);
+            }
+          } else {
+            for (int e = lane; e < D; e += 32) {
+              kd[e] = cuda_detail::dequant_element(r.k, e, D, a.group_size, pl.hbits[0], a.uniform,
+                                                   a.lloyd);
+              vd[e] = cuda_detail::dequant_element(r.v, e, D, a.group_size, pl.hbits[1], a.uniform,
+                                                   a.lloyd);
+            }
           }
         }
-      }
-      __syncthreads();
+        __syncthreads();
 
-      // ---- S = Q Kᵀ (log2 units): rows 4tr + i, keys tk + 8c --------------------------------
-      float s[4][4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) s[i][c] = 0.f;
-#pragma unroll 8
-      for (int e = 0; e < D; ++e) {
-        float qv[4], kv[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) qv[i] = Qs[(4 * tr + i) * LQ + e];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) kv[c] = Ks[(tk + 8 * c) * LK + e];
+        // ---- S = Q Kᵀ (log2 units): rows 4tr + i, keys tk + 8c --------------------------------
+        float s[4][4];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) s[i][c] = fmaf(qv[i], kv[c], s[i][c]);
-      }
-
-      // ---- masked online softmax; a row's 32 keys live in 8 consecutive lanes --------------
+          for (int c = 0; c < 4; ++c) s[i][c] = 0.f;
+#pragma unroll 8
+        for (int e = 0; e < D; ++e) {
+          float qv[4], kv[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float mx = kNegInf;
+          for (int i = 0; i < 4; ++i) qv[i] = Qs[(4 * tr + i) * LQ + e];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int64_t j = k0 + tk + 8 * c;
-          if (!rvalid[i] || j > rpos[i]) s[i][c] = kNegInf;
-          mx = fmaxf(mx, s[i][c]);
+          for (int c = 0; c < 4; ++c) kv[c] = Ks[(tk + 8 * c) * LK + e];
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) s[i][c] = fmaf(qv[i], kv[c], s[i][c]);
         }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-        const float mnew = fmaxf(mrow[i], mx);
-        const float alpha = mnew == kNegInf ? 1.f : exp2f(mrow[i] - mnew);
-        float ls = 0.f;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const float pv = s[i][c] == kNegInf ? 0.f : exp2f(s[i][c] - mnew);
-          Ps[(4 * tr + i) * LP + tk + 8 * c] = pv;
-          ls += pv;
-        }
-        ls += __shfl_xor_sync(0xffffffffu, ls, 1);
-        ls += __shfl_xor_sync(0xffffffffu, ls, 2);
-        ls += __shfl_xor_sync(0xffffffffu, ls, 4);
-        lrow[i] = lrow[i] * alpha + ls;
-        mrow[i] = mnew;
-#pragma unroll
-        for (int jj = 0; jj < ND; ++jj) o[i][jj] *= alpha;
-      }
-      __syncwarp();  // P rows 4tr.. are written and read by this warp only
 
-      // ---- O += P V: rows 4tr + i, dims tk + 8jj ---------------------------------------------
-      const int kn = kend - k0 < kKeys ? static_cast<int>(kend - k0) : kKeys;
+        // ---- masked online softmax; a row's 32 keys live in 8 consecutive lanes --------------
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float mx = kNegInf;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int64_t j = k0 + tk + 8 * c;
+            if (!rvalid[i] || j > rpos[i] || pass_masked(it, pass, j, rde[i])) s[i][c] = kNegInf;
+            mx = fmaxf(mx, s[i][c]);
+          }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+          const float mnew = fmaxf(mrow[i], mx);
+          const float alpha = mnew == kNegInf ? 1.f : exp2f(mrow[i] - mnew);
+          float ls = 0.f;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const float pv = s[i][c] == kNegInf ? 0.f : exp2f(s[i][c] - mnew);
+            Ps[(4 * tr + i) * LP + tk + 8 * c] = pv;
+            ls += pv;
+          }
+          ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+          ls += __shfl_xor_sync(0xffffffffu, ls, 2);
+          ls += __shfl_xor_sync(0xffffffffu, ls, 4);
+          lrow[i] = lrow[i] * alpha + ls;
+          mrow[i] = mnew;
+#pragma unroll
+          for (int jj = 0; jj < ND; ++jj) o[i][jj] *= alpha;
+        }
+        __syncwarp();  // P rows 4tr.. are written and read by this warp only
+
+        // ---- O += P V: rows 4tr + i, dims tk + 8jj ---------------------------------------------
+        const int kn = kend - k0 < kKeys ? static_cast<int>(kend - k0) : kKeys;
 #pragma unroll 4
-      for (int kk = 0; kk < kn; ++kk) {
-        float pv[4];
+        for (int kk = 0; kk < kn; ++kk) {
+          float pv[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) pv[i] = Ps[(4 * tr + i) * LP + kk];
+          for (int i = 0; i < 4; ++i) pv[i] = Ps[(4 * tr + i) * LP + kk];
 #pragma unroll
-        for (int jj = 0; jj < ND; ++jj) {
-          const float v = Vs[kk * LV + tk + 8 * jj];
+          for (int jj = 0; jj < ND; ++jj) {
+            const float v = Vs[kk * LV + tk + 8 * jj];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) o[i][jj] = fmaf(pv[i], v, o[i][jj]);
+            for (int i = 0; i < 4; ++i) o[i][jj] = fmaf(pv[i], v, o[i][jj]);
+          }
         }
       }
     }
@@ -320,7 +379,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
     for (int i = 0; i < 4; ++i) {
       if (!rvalid[i]) continue;
       const int m = 4 * tr + i, qi = m / a.gqa, hh = m % a.gqa;
-      const float inv = lrow[i] > 0.f ? 1.f / lrow[i] : 0.f;
+      const float inv = !it.z.ok ? __int_as_float(0x7fc00000) : lrow[i] > 0.f ? 1.f / lrow[i] : 0.f;
       float* dst = a.out + ((row0 + qi) * a.n_heads_q + kvh * a.gqa + hh) * D;
 #pragma unroll
       for (int jj = 0; jj < ND; ++jj) dst[tk + 8 * jj] = o[i][jj] * inv;
@@ -406,13 +465,14 @@ __global__ void __launch_bounds__(kThreads)
 
     // This lane's rows: r = 0 -> row 16w + g, r = 1 -> row 16w + g + 8.
     bool rvalid[2];
-    int64_t rpos[2];
+    int64_t rpos[2], rde[2];
     const float* qrow[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int m = 16 * warp + g + 8 * r, qi = m / a.gqa, hh = m % a.gqa;
       rvalid[r] = m < M && qi < it.nqt;
       rpos[r] = it.p0 + it.q0 + qi;
+      rde[r] = row_deq_end(a, it, rpos[r]);
       qrow[r] = rvalid[r] ? a.q + ((it.row0 + qi) * a.n_heads_q + kvh * a.gqa + hh) * D : nullptr;
     }
     uint32_t qa[NKS][4];
@@ -435,105 +495,117 @@ __global__ void __launch_bounds__(kThreads)
 
 #pragma unroll 1
     for (int64_t k0 = 0; k0 < kend; k0 += kKeysT) {
-      __syncthreads();  // the previous tile (or item) is done with Ks / Vt
-      // Stage: lane (sub, c) copies 16-byte chunk c (elements 8c .. 8c+7) of key kk0 + sub; K
-      // with one 16-byte store, V transposed with 8 two-byte stores.
 #pragma unroll 1
-      for (int kk0 = warp * kKeysPerIter; kk0 < kKeysT; kk0 += kWarps * kKeysPerIter) {
-        const int kk = kk0 + sub;
-        const int64_t j = k0 + kk;
-        uint4 kq = make_uint4(0, 0, 0, 0), vq = make_uint4(0, 0, 0, 0);
-        if (j < kend) {
-          const KeyRows r = key_rows(a, pl, it, j, D);
-          if (!r.hist) {
-            kq = *reinterpret_cast<const uint4*>(r.k + 16 * chunk);
-            vq = *reinterpret_cast<const uint4*>(r.v + 16 * chunk);
-          } else {
-            float kf[8], vf[8];
-            dequant8(r.k, 8 * chunk, D, a.group_size, pl.hbits[0], a.uniform, a.lloyd, kf);
-            dequant8(r.v, 8 * chunk, D, a.group_size, pl.hbits[1], a.uniform, a.lloyd, vf);
-            kq = make_uint4(pack_bf16(kf[0], kf[1]), pack_bf16(kf[2], kf[3]),
-                            pack_bf16(kf[4], kf[5]), pack_bf16(kf[6], kf[7]));
-            vq = make_uint4(pack_bf16(vf[0], vf[1]), pack_bf16(vf[2], vf[3]),
-                            pack_bf16(vf[4], vf[5]), pack_bf16(vf[6], vf[7]));
+      for (int pass = 0, npass = n_passes(it, k0, kKeysT); pass < npass; ++pass) {
+        __syncthreads();  // the previous tile (or item) is done with Ks / Vt
+        // Stage: lane (sub, c) copies 16-byte chunk c (elements 8c .. 8c+7) of key kk0 + sub; K
+        // with one 16-byte store, V transposed with 8 two-byte stores.
+#pragma unroll 1
+        for (int kk0 = warp * kKeysPerIter; kk0 < kKeysT; kk0 += kWarps * kKeysPerIter) {
+          const int kk = kk0 + sub;
+          const int64_t j = k0 + kk;
+          uint4 kq = make_uint4(0, 0, 0, 0), vq = make_uint4(0, 0, 0, 0);
+          const float* dk = j < kend ? deq_row(a, it, pass, kvh, j, D) : nullptr;
+          if (dk != nullptr) {
+            const float4* k4 = reinterpret_cast<const float4*>(dk + 8 * chunk);
+            const float4* v4 = reinterpret_cast<const float4*>(dk + a.n_heads_kv * D + 8 * chunk);
+            const float4 k_lo = k4[0], k_hi = k4[1], v_lo = v4[0], v_hi = v4[1];
+            kq = make_uint4(pack_bf16(k_lo.x, k_lo.y), pack_bf16(k_lo.z, k_lo.w),
+                            pack_bf16(k_hi.x, k_hi.y), pack_bf16(k_hi.z, k_hi.w));
+            vq = make_uint4(pack_bf16(v_lo.x, v_lo.y), pack_bf16(v_lo.z, v_lo.w),
+                            pack_bf16(v_hi.x, v_hi.y), pack_bf16(v_hi.z, v_hi.w));
+          } else if (j < kend) {
+            const KeyRows r = key_rows(a, pl, it, j, D);
+            if (!r.hist) {
+              kq = *reinterpret_cast<const uint4*>(r.k + 16 * chunk);
+              vq = *reinterpret_cast<const uint4*>(r.v + 16 * chunk);
+            } else {
+              float kf[8], vf[8];
+              dequant8(r.k, 8 * chunk, D, a.group_size, pl.hbits[0], a.uniform, a.lloyd, kf);
+              dequant8(r.v, 8 * chunk, D, a.group_size, pl.hbits[1], a.uniform, a.lloyd, vf);
+              kq = make_uint4(pack_bf16(kf[0], kf[1]), pack_bf16(kf[2], kf[3]),
+                              pack_bf16(kf[4], kf[5]), pack_bf16(kf[6], kf[7]));
+              vq = make_uint4(pack_bf16(vf[0], vf[1]), pack_bf16(vf[2], vf[3]),
+                              pack_bf16(vf[4], vf[5]), pack_bf16(vf[6], vf[7]));
+            }
+          }
+          *reinterpret_cast<uint4*>(Ks + kk * LKS + 8 * chunk) = kq;
+          const uint32_t vw[4] = {vq.x, vq.y, vq.z, vq.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            Vt[(8 * chunk + 2 * i) * LVT + kk] =
+                __ushort_as_bfloat16(static_cast<unsigned short>(vw[i] & 0xffffu));
+            Vt[(8 * chunk + 2 * i + 1) * LVT + kk] =
+                __ushort_as_bfloat16(static_cast<unsigned short>(vw[i] >> 16));
           }
         }
-        *reinterpret_cast<uint4*>(Ks + kk * LKS + 8 * chunk) = kq;
-        const uint32_t vw[4] = {vq.x, vq.y, vq.z, vq.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          Vt[(8 * chunk + 2 * i) * LVT + kk] =
-              __ushort_as_bfloat16(static_cast<unsigned short>(vw[i] & 0xffffu));
-          Vt[(8 * chunk + 2 * i + 1) * LVT + kk] =
-              __ushort_as_bfloat16(static_cast<unsigned short>(vw[i] >> 16));
-        }
-      }
-      __syncthreads();
+        __syncthreads();
 
-      // ---- S = Q·Kᵀ: block nb covers keys k0 + 8nb .. +7 -------------------------------------
-      float s[NB][4];
+        // ---- S = Q·Kᵀ: block nb covers keys k0 + 8nb .. +7 -------------------------------------
+        float s[NB][4];
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
+        for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) s[nb][c] = 0.f;
-        const __nv_bfloat16* kr = Ks + (8 * nb + g) * LKS + 2 * t;
+          for (int c = 0; c < 4; ++c) s[nb][c] = 0.f;
+          const __nv_bfloat16* kr = Ks + (8 * nb + g) * LKS + 2 * t;
 #pragma unroll
-        for (int ks = 0; ks < NKS; ++ks) {
-          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + 16 * ks);
-          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 16 * ks + 8);
-          oscar::cuda::mma_bf16(s[nb], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1);
+          for (int ks = 0; ks < NKS; ++ks) {
+            const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + 16 * ks);
+            const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 16 * ks + 8);
+            oscar::cuda::mma_bf16(s[nb], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1);
+          }
         }
-      }
-      // ---- mask and online softmax (c0, c1: row g; c2, c3: row g + 8) ------------------------
-      float mx[2] = {kNegInf, kNegInf};
+        // ---- mask and online softmax (c0, c1: row g; c2, c3: row g + 8) ------------------------
+        float mx[2] = {kNegInf, kNegInf};
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
+        for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int r = c >> 1;
-          const int64_t j = k0 + 8 * nb + 2 * t + (c & 1);
-          if (!rvalid[r] || j > rpos[r]) s[nb][c] = kNegInf;
-          mx[r] = fmaxf(mx[r], s[nb][c]);
+          for (int c = 0; c < 4; ++c) {
+            const int r = c >> 1;
+            const int64_t j = k0 + 8 * nb + 2 * t + (c & 1);
+            if (!rvalid[r] || j > rpos[r] || pass_masked(it, pass, j, rde[r])) s[nb][c] = kNegInf;
+            mx[r] = fmaxf(mx[r], s[nb][c]);
+          }
+        float alpha[2], mnew[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          mnew[r] = fmaxf(mrow[r], mx[r]);
+          alpha[r] = mnew[r] == kNegInf ? 1.f : exp2f(mrow[r] - mnew[r]);
+          mrow[r] = mnew[r];
+          lrow[r] *= alpha[r];
         }
-      float alpha[2], mnew[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        mnew[r] = fmaxf(mrow[r], mx[r]);
-        alpha[r] = mnew[r] == kNegInf ? 1.f : exp2f(mrow[r] - mnew[r]);
-        mrow[r] = mnew[r];
-        lrow[r] *= alpha[r];
-      }
-#pragma unroll
-      for (int db = 0; db < NDB; ++db) {
-        o[db][0] *= alpha[0];
-        o[db][1] *= alpha[0];
-        o[db][2] *= alpha[1];
-        o[db][3] *= alpha[1];
-      }
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int r = c >> 1;
-          const float pv = s[nb][c] == kNegInf ? 0.f : exp2f(s[nb][c] - mnew[r]);
-          s[nb][c] = pv;
-          lrow[r] += pv;
-        }
-        // ---- O += P·V: k-step kp covers keys 16kp .. +15 = blocks 2kp, 2kp + 1 ----------------
-#pragma unroll
-      for (int kp = 0; kp < NKP; ++kp) {
-        const uint32_t a0 = pack_bf16(s[2 * kp][0], s[2 * kp][1]);
-        const uint32_t a1 = pack_bf16(s[2 * kp][2], s[2 * kp][3]);
-        const uint32_t a2 = pack_bf16(s[2 * kp + 1][0], s[2 * kp + 1][1]);
-        const uint32_t a3 = pack_bf16(s[2 * kp + 1][2], s[2 * kp + 1][3]);
 #pragma unroll
         for (int db = 0; db < NDB; ++db) {
-          const __nv_bfloat16* vr = Vt + (8 * db + g) * LVT + 16 * kp + 2 * t;
-          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(vr);
-          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(vr + 8);
-          oscar::cuda::mma_bf16(o[db], a0, a1, a2, a3, b0, b1);
+          o[db][0] *= alpha[0];
+          o[db][1] *= alpha[0];
+          o[db][2] *= alpha[1];
+          o[db][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int r = c >> 1;
+            const float pv = s[nb][c] == kNegInf ? 0.f : exp2f(s[nb][c] - mnew[r]);
+            s[nb][c] = pv;
+            lrow[r] += pv;
+          }
+          // ---- O += P·V: k-step kp covers keys 16kp .. +15 = blocks 2kp, 2kp + 1 ----------------
+#pragma unroll
+        for (int kp = 0; kp < NKP; ++kp) {
+          const uint32_t a0 = pack_bf16(s[2 * kp][0], s[2 * kp][1]);
+          const uint32_t a1 = pack_bf16(s[2 * kp][2], s[2 * kp][3]);
+          const uint32_t a2 = pack_bf16(s[2 * kp + 1][0], s[2 * kp + 1][1]);
+          const uint32_t a3 = pack_bf16(s[2 * kp + 1][2], s[2 * kp + 1][3]);
+#pragma unroll
+          for (int db = 0; db < NDB; ++db) {
+            const __nv_bfloat16* vr = Vt + (8 * db + g) * LVT + 16 * kp + 2 * t;
+            const uint32_t b0 = *reinterpret_cast<const uint32_t*>(vr);
+            const uint32_t b1 = *reinterpret_cast<const uint32_t*>(vr + 8);
+            oscar::cuda::mma_bf16(o[db], a0, a1, a2, a3, b0, b1);
+          }
         }
       }
     }
@@ -545,7 +617,7 @@ __global__ void __launch_bounds__(kThreads)
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       if (!rvalid[r]) continue;
       const int m = 16 * warp + g + 8 * r, qi = m / a.gqa, hh = m % a.gqa;
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float inv = !it.z.ok ? __int_as_float(0x7fc00000) : l > 0.f ? 1.f / l : 0.f;
       float* dst = a.out + ((it.row0 + qi) * a.n_heads_q + kvh * a.gqa + hh) * D;
 #pragma unroll
       for (int db = 0; db < NDB; ++db) {
@@ -597,6 +669,16 @@ Status device_facts(DeviceFacts* out) {
   return Status();
 }
 
+// The decode-equivalent scratch of each device (prefill_deq_zone.cuh), grown on demand and never
+// shrunk; g_scratch_mu is held from the growth to the launches. Like linear_cuda's workspace,
+// calls on one device are assumed to be ordered on one stream.
+struct DeqScratch {
+  float* ptr = nullptr;
+  size_t bytes = 0;
+};
+std::mutex g_scratch_mu;
+DeqScratch g_scratch[64];
+
 Status validate_cuda(const PrefillAttnParams& p) {
   const KvPageLayout& L = p.layout;
   const int H = L.n_heads_kv;
@@ -625,10 +707,14 @@ Status validate_cuda(const PrefillAttnParams& p) {
     return invalid_argument("prefill_attn_cuda: null q, out, cu_seqlens, pos0 or exact_pool");
   if (p.n_seqs > 0 && (reinterpret_cast<uintptr_t>(p.exact_pool) & 15) != 0)
     return invalid_argument("prefill_attn_cuda: exact_pool must be 16-byte aligned");
-  if (p.decode_equivalent && p.quantized)
-    return unimplemented(
-        "prefill_attn_cuda: decode_equivalent reading (on-the-fly quantization "
-        "of recent rows) is not implemented on CUDA");
+  if (p.decode_equivalent && p.quantized) {
+    if (p.max_rows <= 0)
+      return invalid_argument(
+          "prefill_attn_cuda: decode_equivalent needs max_rows (the call's query rows), got %d",
+          p.max_rows);
+    if (p.n_sink < 0 || p.n_recent < 0)
+      return invalid_argument("prefill_attn_cuda: n_sink %d, n_recent %d", p.n_sink, p.n_recent);
+  }
   if (p.quantized || p.hist_pool != nullptr) {
     if (p.codec.quantizer == quant::HistQuantizer::kKivi)
       return unimplemented("prefill_attn_cuda: KIVI history rows are not implemented on CUDA");
@@ -694,6 +780,37 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
   a.sinks = p.sinks;
   a.history = p.history;
   a.recent = p.recent;
+  a.de = p.decode_equivalent && p.quantized ? 1 : 0;
+  a.n_sink = p.n_sink;
+  a.n_recent = p.n_recent;
+  a.deq = nullptr;
+  a.cap_rows = 0;
+
+  std::unique_lock<std::mutex> lock(g_scratch_mu, std::defer_lock);
+  if (a.de) {
+    // Decode-equivalent: the pre-pass quantizes and dequantizes the zone's rows into the scratch.
+    int dev = 0;
+    OSCAR_CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= 64) return internal_error("prefill_attn_cuda: device %d", dev);
+    a.cap_rows = static_cast<int64_t>(p.max_rows) + static_cast<int64_t>(p.n_seqs) * L.page_size;
+    const size_t bytes =
+        static_cast<size_t>(a.cap_rows) * 2 * L.n_heads_kv * L.head_dim * sizeof(float);
+    lock.lock();
+    DeqScratch& sc = g_scratch[dev];
+    if (bytes > sc.bytes) {
+      if (sc.ptr != nullptr) {
+        OSCAR_CUDA_CHECK(cudaStreamSynchronize(stream));
+        OSCAR_CUDA_CHECK(cudaFree(sc.ptr));
+        sc.ptr = nullptr;
+        sc.bytes = 0;
+      }
+      const size_t want = std::max<size_t>(bytes + bytes / 4, size_t{1} << 20);
+      OSCAR_CUDA_CHECK(cudaMalloc(&sc.ptr, want));
+      sc.bytes = want;
+    }
+    a.deq = sc.ptr;
+    OSCAR_RETURN_IF_ERROR(cuda_detail::prefill_deq_rows_cuda(p, sc.ptr, a.cap_rows, stream));
+  }
 
   // One wave of resident blocks over all KV heads; each block walks its items.
   const bool mma = path != PrefillAttnCudaPath::kSimt;
