@@ -12,6 +12,14 @@
 //
 // Every case runs both kernels: the tensor-core one (the default) and the FP32 SIMT one.
 //
+// Decode-equivalent cases (perplexity evaluation's reading): caches as the model leaves them at
+// a chunk's start (demoted up to history_end(pos0)), chunks of 1..300 crossing one or more
+// history_end boundaries, uniform / Lloyd-Max / bit plan, clips on and off, GQA 2 and 4. The
+// rows quantized on the fly are quantized by the demotion's device quantizer (bytes equal to the
+// CPU's: test_demote_pages_cuda.cpp) and dequantized unfused, so both sides attend over the same
+// float values and the tolerances below apply unchanged, with S and Vmax taken over both
+// versions (exact and quantized) of every recent row.
+//
 // Tolerance, per (query row, head), with Vmax the largest |v| it sees, S = scale · max_t Σ_c
 // |q_c k_tc| over the keys it sees (natural-log units), L its key count, u = 2^-24.
 // FP32 SIMT kernel: both sides compute in float over the same dequantized values (the GPU's
@@ -86,14 +94,20 @@ struct Case {
   float q_gain = 1.f;
   std::vector<SeqSpec> seqs;
   uint32_t seed = 1;
+  // Decode-equivalent reading (needs history); n_recent is the recent window of the regions.
+  bool decode_equivalent = false;
+  int n_recent = 64;
+  bool clips = false;  // per (layer, head) clip quantiles in the codec (else null = 1)
 
   std::string name() const {
     char buf[256];
     std::snprintf(buf, sizeof buf,
-                  "hq=%d hkv=%d d=%d P=%d G=%d n_sink=%d %s hist=%d plan=%d gain=%g seed=%u seqs=",
+                  "hq=%d hkv=%d d=%d P=%d G=%d n_sink=%d %s hist=%d plan=%d gain=%g seed=%u "
+                  "de=%d n_recent=%d clips=%d seqs=",
                   n_heads_q, n_heads_kv, head_dim, page_size, group_size, n_sink,
                   quantizer == quant::HistQuantizer::kInt2Lloyd ? "lloyd" : "uniform",
-                  history ? 1 : 0, bit_plan ? 1 : 0, q_gain, seed);
+                  history ? 1 : 0, bit_plan ? 1 : 0, q_gain, seed, decode_equivalent ? 1 : 0,
+                  n_recent, clips ? 1 : 0);
     std::string s = buf;
     for (const SeqSpec& q : seqs) {
       std::snprintf(buf, sizeof buf, "(%lld,%lld,%lld;%lld)", static_cast<long long>(q.sink),
@@ -109,6 +123,7 @@ struct Host {
   KvPageLayout layout;
   std::vector<int8_t> bits;
   std::vector<uint32_t> prefix;
+  std::vector<float> k_clip, v_clip;  // [n_layers * n_heads_kv] or empty
   std::vector<uint8_t> exact_pool, hist_pool;
   std::vector<int32_t> indptr[3], ids[3], last[3];
   std::vector<int32_t> cu;
@@ -147,6 +162,15 @@ void build(const Case& c, Host& h) {
       h.prefix[p + 1] = h.prefix[p] + quant::bit_plan_row_bytes(h.bits[p], d, c.group_size);
     L.hist_bits = h.bits.data();
     L.hist_row_prefix = h.prefix.data();
+  }
+  if (c.clips) {  // some planes unclipped (1), the others in [0.9, 1)
+    std::uniform_real_distribution<float> q(0.9f, 1.0f);
+    h.k_clip.resize(static_cast<size_t>(c.n_layers) * c.n_heads_kv);
+    h.v_clip.resize(h.k_clip.size());
+    for (size_t i = 0; i < h.k_clip.size(); ++i) {
+      h.k_clip[i] = i % 3 == 1 ? 1.0f : q(rng);
+      h.v_clip[i] = i % 3 == 2 ? 1.0f : q(rng);
+    }
   }
   int64_t n_exact = 2, n_hist = 2;
   for (const SeqSpec& s : c.seqs) {
@@ -188,7 +212,8 @@ void build(const Case& c, Host& h) {
   h.S.assign(h.vmax.size(), 0.0);
   h.L.assign(h.vmax.size(), 0.0);
 
-  std::vector<float> x(d), seen(d);
+  std::vector<float> x(d), seen(d), alt(d);
+  std::vector<uint8_t> qrow;
   for (int sq = 0; sq < ns; ++sq) {
     const SeqSpec& s = c.seqs[sq];
     const int64_t T = s.sink + s.hist + s.recent;
@@ -220,19 +245,35 @@ void build(const Case& c, Host& h) {
               seen[i] = bf16_to_f32(b);
             }
           }
+          // Decode-equivalent: a recent row may also be read through the quantizer; the
+          // tolerance's S and Vmax cover both versions.
+          const bool both = c.decode_equivalent && c.history && r == 2;
+          if (both) {
+            const quant::RowCodec& codec = quant::row_codec(
+                quant::hist_row_format(c.quantizer, kv, L.hist_row_bits(c.layer, kv, g)));
+            qrow.resize(L.hist_row_bytes(c.layer, kv, g));
+            const std::vector<float>& cl = kv == 0 ? h.k_clip : h.v_clip;
+            const float clip = cl.empty() ? 1.0f : cl[c.layer * c.n_heads_kv + g];
+            const Status st = codec.quantize(seen.data(), d, c.group_size, clip, qrow.data());
+            ASSERT_TRUE(st.ok()) << st.to_string();
+            codec.dequantize(qrow.data(), d, c.group_size, alt.data());
+          }
           // Every query of the chunk that sees key t: positions >= t.
           for (int64_t qi = std::max<int64_t>(0, t - h.pos0[sq]); qi < s.n_q; ++qi)
             for (int hq = g * gqa; hq < (g + 1) * gqa; ++hq) {
               const size_t row = (static_cast<size_t>(h.cu[sq]) + qi) * Hq + hq;
-              if (kv == 0) {
-                double a = 0;
-                for (int i = 0; i < d; ++i) a += std::fabs(double(h.q[row * d + i]) * seen[i]);
-                h.S[row] = std::max(h.S[row], a * scale);
-                h.L[row] += 1;
-              } else {
-                for (int i = 0; i < d; ++i)
-                  h.vmax[row] = std::max(h.vmax[row], double(std::fabs(seen[i])));
+              for (int version = 0; version < (both ? 2 : 1); ++version) {
+                const std::vector<float>& v = version == 0 ? seen : alt;
+                if (kv == 0) {
+                  double a = 0;
+                  for (int i = 0; i < d; ++i) a += std::fabs(double(h.q[row * d + i]) * v[i]);
+                  h.S[row] = std::max(h.S[row], a * scale);
+                } else {
+                  for (int i = 0; i < d; ++i)
+                    h.vmax[row] = std::max(h.vmax[row], double(std::fabs(v[i])));
+                }
               }
+              if (kv == 0) h.L[row] += 1;
             }
         }
     }
@@ -246,9 +287,12 @@ void build(const Case& c, Host& h) {
   p.codec.quantizer = c.quantizer;
   p.codec.group_size = c.group_size;
   p.n_sink = c.n_sink;
-  p.n_recent = 64;
+  p.n_recent = c.n_recent;
   p.quantized = c.history;
-  p.decode_equivalent = false;
+  p.decode_equivalent = c.decode_equivalent;
+  p.max_rows = h.cu.back() - kRow0;
+  p.codec.k_clip = h.k_clip.empty() ? nullptr : h.k_clip.data();
+  p.codec.v_clip = h.v_clip.empty() ? nullptr : h.v_clip.data();
   p.cu_seqlens = h.cu.data();
   p.pos0 = h.pos0.data();
   p.q = h.q.data();
@@ -294,6 +338,10 @@ void upload(const Host& h, Device& dv) {
     tabs[r]->indptr = dv.up(h.indptr[r]);
     tabs[r]->page_ids = dv.up(h.ids[r]);
     tabs[r]->last_page_len = dv.up(h.last[r]);
+  }
+  if (!h.k_clip.empty()) {
+    p.codec.k_clip = dv.up(h.k_clip);
+    p.codec.v_clip = dv.up(h.v_clip);
   }
   if (!h.bits.empty()) {
     p.layout.hist_bits = dv.up(h.bits);
@@ -503,6 +551,126 @@ TEST_F(PrefillAttnCuda, LongContextQwen3Layout) {
   run_case(c);
 }
 
+// ---- decode-equivalent (perplexity evaluation) -------------------------------------------------
+// The cache as the model leaves it when a chunk of n_q starts at pos0: demoted up to
+// history_end(pos0) (sinks full before any history), the rest (and the chunk) in recent pages.
+SeqSpec de_seq(const Case& c, int64_t pos0, int64_t n_q) {
+  const int64_t T = pos0 + n_q;
+  const int64_t he = history_end(c.n_sink, c.n_recent, c.page_size, pos0);
+  SeqSpec s;
+  s.sink = std::min<int64_t>(T, c.n_sink);
+  s.hist = he > c.n_sink ? he - c.n_sink : 0;
+  s.recent = T - s.sink - s.hist;
+  s.n_q = n_q;
+  return s;
+}
+
+// n_sink 16, n_recent 64, P 16: the first demotion point (history_end > n_sink) is position 96.
+// Chunks of 1..300 starting just before, at, inside and after it, and far beyond (the history
+// already holds pages); whole windows from 0 as oscar eval runs them.
+TEST_F(PrefillAttnCuda, DecodeEquivalentAcrossDemotionPoints) {
+  uint32_t seed = 600;
+  const std::vector<std::pair<int64_t, int64_t>> chunks = {
+      {0, 300},  {0, 97},  {0, 96},    {80, 1},   {95, 1}, {95, 2},  {90, 40},   {96, 1}, {96, 17},
+      {100, 64}, {111, 5}, {112, 200}, {150, 33}, {0, 1},  {17, 70}, {400, 100}, {431, 1}};
+  for (int gqa : {2, 4}) {
+    Case c;
+    c.decode_equivalent = true;
+    c.n_heads_kv = 2;
+    c.n_heads_q = 2 * gqa;
+    // Batches of a few sequences, so several zones share the scratch.
+    for (size_t i = 0; i < chunks.size(); i += 4) {
+      c.seqs.clear();
+      for (size_t k = i; k < std::min(chunks.size(), i + 4); ++k)
+        c.seqs.push_back(de_seq(c, chunks[k].first, chunks[k].second));
+      c.seed = seed++;
+      run_case(c);
+    }
+  }
+}
+
+TEST_F(PrefillAttnCuda, DecodeEquivalentRandomChunks) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> chunk(1, 300), start(0, 500);
+  uint32_t seed = 700;
+  for (int rep = 0; rep < 6; ++rep) {
+    Case c;
+    c.decode_equivalent = true;
+    c.n_heads_q = rep % 2 == 0 ? 8 : 16;
+    c.n_heads_kv = 4;
+    c.clips = rep % 3 != 0;
+    c.quantizer =
+        rep % 2 == 0 ? quant::HistQuantizer::kInt2Uniform : quant::HistQuantizer::kInt2Lloyd;
+    for (int i = 0; i < 3; ++i) {
+      const int64_t p0 = i == 0 ? 0 : start(rng);
+      c.seqs.push_back(de_seq(c, p0, chunk(rng)));
+    }
+    c.seed = seed++;
+    run_case(c);
+  }
+}
+
+TEST_F(PrefillAttnCuda, DecodeEquivalentBitPlanClipsGroups) {
+  uint32_t seed = 800;
+  for (int G : {32, 64, 128})
+    for (bool clips : {false, true}) {
+      Case c;
+      c.decode_equivalent = true;
+      c.group_size = G;
+      c.bit_plan = true;
+      c.clips = clips;
+      c.n_layers = 3;
+      c.layer = 2;
+      c.n_heads_kv = 4;
+      c.n_heads_q = 16;
+      c.seqs = {de_seq(c, 0, 250), de_seq(c, 90, 60), de_seq(c, 300, 1)};
+      c.seed = seed++;
+      run_case(c);
+    }
+}
+
+TEST_F(PrefillAttnCuda, DecodeEquivalentHeadDim64PageSizesNoSinks) {
+  uint32_t seed = 900;
+  for (int P : {8, 32})
+    for (int d : {64, 128}) {
+      Case c;
+      c.decode_equivalent = true;
+      c.head_dim = d;
+      c.group_size = 64;
+      c.page_size = P;
+      c.n_sink = P;
+      c.n_recent = 2 * P;
+      c.clips = true;
+      c.quantizer = d == 64 ? quant::HistQuantizer::kInt2Lloyd : quant::HistQuantizer::kInt2Uniform;
+      c.seqs = {de_seq(c, 0, 5 * P + 3), de_seq(c, 3 * P, 2 * P), de_seq(c, 4 * P - 1, 1)};
+      c.seed = seed++;
+      run_case(c);
+    }
+  Case z;  // no sinks: the zone starts at the history's end
+  z.decode_equivalent = true;
+  z.n_sink = 0;
+  z.seqs = {de_seq(z, 0, 200), de_seq(z, 70, 90)};
+  z.seed = 950;
+  run_case(z);
+}
+
+TEST_F(PrefillAttnCuda, DecodeEquivalentLongContextQwen3Layout) {
+  // Qwen3-8B heads and regions (64 sinks, 256 recent), a 300-token chunk after ~3K positions
+  // beside a 1K first window.
+  Case c;
+  c.decode_equivalent = true;
+  c.n_heads_q = 32;
+  c.n_heads_kv = 8;
+  c.n_layers = 1;
+  c.layer = 0;
+  c.n_sink = 64;
+  c.n_recent = 256;
+  c.clips = true;
+  c.seqs = {de_seq(c, 3000, 300), de_seq(c, 0, 1024)};
+  c.seed = 990;
+  run_case(c);
+}
+
 TEST_F(PrefillAttnCuda, RejectsBadParams) {
   Case c;
   c.seqs = {{16, 16, 16, 16}};
@@ -521,6 +689,11 @@ TEST_F(PrefillAttnCuda, RejectsBadParams) {
   EXPECT_FALSE(prefill_attn_cuda(p, nullptr).ok());
   p = dv.params;
   p.decode_equivalent = true;
+  p.max_rows = 0;  // decode-equivalent needs the bound of the scratch
+  EXPECT_EQ(prefill_attn_cuda(p, nullptr).code(), StatusCode::kInvalidArgument);
+  p = dv.params;
+  p.decode_equivalent = true;
+  p.codec.quantizer = quant::HistQuantizer::kKivi;
   EXPECT_EQ(prefill_attn_cuda(p, nullptr).code(), StatusCode::kUnimplemented);
   p = dv.params;
   p.codec.quantizer = quant::HistQuantizer::kKivi;
