@@ -9,6 +9,7 @@ namespace oscar::apps {
 
 inline void add_runtime_options(CLI::App& app, engine::RuntimeOptions& o) {
   o.model_dir = "models/tiny-qwen3";
+  o.device = "auto";
   app.add_option("-m,--model", o.model_dir, "Model directory (config.json, safetensors, tokenizer.json)")
       ->capture_default_str();
   app.add_option("--kv-cache", o.cache_mode,
@@ -32,10 +33,10 @@ inline void add_runtime_options(CLI::App& app, engine::RuntimeOptions& o) {
   app.add_flag("--dummy-weights", o.dummy_weights,
                "Random weights from DIR/config.json (speed tests at real sizes)");
   app.add_option("--device", o.device,
-                 "Backend: cpu, or cuda in a build with -DOSCAR_CUDA=ON (the CUDA backend's "
-                 "model ops are not wired yet)")
+                 "Backend: cpu; cuda (a build with -DOSCAR_CUDA=ON and a visible GPU); auto = "
+                 "cuda when both hold, else cpu")
       ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 }
 
 }  // namespace oscar::apps

@@ -7,14 +7,19 @@
 #
 # Runs from the checkout root on that machine, with the binaries copied into .gpu/ (ignored) and
 # .gpu and .peers named in the call's carry:
-#   bash .gpu/gpu-check.sh [test|bench|variants|peers|ncu|sass] ...   (default: test bench peers)
+#   bash .gpu/gpu-check.sh [test|model|run|step|kernels|torch|bench|variants|peers|ncu|sass] ...
+#   (default: test model run)
 # Prepared here with scripts/gpu-pack.sh (build outputs + this script -> /work/main/.gpu).
 set -uo pipefail
 OUT=${OUT:-/tmp/oscar-gpu-out}
 mkdir -p "$OUT"
 G=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$G/lib:${LD_LIBRARY_PATH:-}"
-what=${*:-test bench peers}
+what=${*:-test model run}
+# cuBLASLt: the toolkit's, else the copy PyTorch ships.
+CUBLAS=$(ls /usr/local/cuda/lib64/libcublasLt.so.13 2>/dev/null || find /usr/local /opt -name libcublasLt.so.13 2>/dev/null | head -1)
+[ -n "$CUBLAS" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$CUBLAS")"
+echo "cublasLt: ${CUBLAS:-not found}"
 t0=$(date +%s)
 
 {
@@ -27,10 +32,123 @@ cat "$OUT/device.txt"
 for w in $what; do
   case $w in
     test)
-      echo "== test_decode_attn_cuda"
-      "$G/test_decode_attn_cuda" --gtest_color=no > "$OUT/test.log" 2>&1
+      # Every CUDA kernel against its CPU op (fresh random inputs, tolerances in each file).
+      for t in test_decode_attn_cuda test_ops_cuda test_demote_pages_cuda test_linear_cuda test_prefill_attn_cuda; do
+        [ -x "$G/$t" ] || { echo "== $t: missing"; continue; }
+        echo "== $t"
+        "$G/$t" --gtest_color=no > "$OUT/$t.log" 2>&1
+        echo "rc=$? ($(( $(date +%s) - t0 )) s)"
+        grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" "$OUT/$t.log" | head -12
+        grep -A4 "Failure" "$OUT/$t.log" | head -24
+      done
+      ;;
+    model)
+      # The whole model on the GPU: against the CPU backend (logits per step, greedy through the
+      # scheduler) and against the goldens of models/tiny-qwen3.
+      echo "== test_model_cuda"
+      "$G/test_model_cuda" --gtest_color=no > "$OUT/test_model_cuda.log" 2>&1
       echo "rc=$? ($(( $(date +%s) - t0 )) s)"
-      grep -E "^\[  (PASSED|FAILED) |^\[       OK|^\[  FAILED|mismatch|non-finite|Failure" "$OUT/test.log" | head -40
+      grep -E "^\[(bf16|int2|oscar)|^\[  (PASSED|FAILED) |^\[  FAILED|Failure" "$OUT/test_model_cuda.log" | head -40
+      echo "== test_golden (OSCAR_TEST_DEVICE=cuda)"
+      OSCAR_TEST_DEVICE=cuda "$G/test_golden" --gtest_color=no > "$OUT/test_golden_cuda.log" 2>&1
+      echo "rc=$? ($(( $(date +%s) - t0 )) s)"
+      grep -E "max_abs|^\[  (PASSED|FAILED) |^\[  FAILED|Failure" "$OUT/test_golden_cuda.log" | head -30
+      ;;
+    run)
+      # oscar run at temperature 0 on each device: the same text (the served path is the same
+      # scheduler; test_model_cuda compares it token by token).
+      for dev in cpu cuda; do
+        "$G/oscar" run --model models/tiny-qwen3 --device $dev --max-tokens 48 --temperature 0 \
+          --prompt "The capital of France is" > "$OUT/run_$dev.txt" 2> "$OUT/run_$dev.err"
+        echo "== run --device $dev rc=$?: $(head -c 300 "$OUT/run_$dev.txt" | tr '\n' ' ')"
+      done
+      cmp -s "$OUT/run_cpu.txt" "$OUT/run_cuda.txt" && echo "run: cpu and cuda outputs identical" || echo "run: outputs differ"
+      ;;
+    eval)
+      # The evaluation on each device, same windows and prompts: perplexity (decode-equivalent
+      # prefill) and NIAH. The CPU one runs on the host's cores at the same time.
+      E="--modes bf16,int2-hadamard,oscar --ppl-windows ${EVAL_WINDOWS:-8} --niah-lengths 1024,4096 --niah-per-length ${EVAL_NIAH:-20} --fidelity-windows 0"
+      "$G/oscar" eval --device cpu $E -o "$OUT/eval_cpu" > "$OUT/eval_cpu.log" 2>&1 &
+      epid=$!
+      "$G/oscar" eval --device cuda $E -o "$OUT/eval_cuda" > "$OUT/eval_cuda.log" 2>&1
+      echo "eval cuda rc=$? ($(( $(date +%s) - t0 )) s)"
+      wait $epid
+      echo "eval cpu rc=$? ($(( $(date +%s) - t0 )) s)"
+      python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+def load(d):
+    try: return json.load(open(f"{out}/eval_{d}.json"))
+    except Exception as e: return {"error": repr(e)}
+c, g = load("cpu"), load("cuda")
+def rows(j):
+    r = {}
+    for m in j.get("modes", []):
+        p = m.get("ppl", {})
+        n = {x["target_len"]: x["accuracy"] for x in m.get("niah", {}).get("per_length", [])}
+        r[m["mode"]] = (p.get("ppl"), n, p.get("seconds"))
+    return r
+rc, rg = rows(c), rows(g)
+if not rc or not rg: print("cpu:", str(c)[:600]); print("cuda:", str(g)[:600])
+print("| mode | ppl cpu | ppl cuda | NIAH cpu | NIAH cuda |")
+print("|---|---|---|---|---|")
+for mode in rc:
+    a, b = rc[mode], rg.get(mode, (None, {}, None))
+    print(f"| {mode} | {a[0]} | {b[0]} | {a[1]} | {b[1]} |")
+print("seconds: cpu", c.get("seconds"), "cuda", g.get("seconds"))
+PY
+      ;;
+    serve)
+      # oscar serve --device cuda answers an OpenAI completion at temperature 0 with the text
+      # oscar run gives on the CPU.
+      "$G/oscar" serve --model models/tiny-qwen3 --device cuda --port 8123 > "$OUT/serve.log" 2>&1 &
+      spid=$!
+      for i in $(seq 60); do curl -sf localhost:8123/health > /dev/null 2>&1 && break; sleep 0.5; done
+      curl -s localhost:8123/v1/completions -H 'Content-Type: application/json' \
+        -d '{"model": "tiny-qwen3", "prompt": "The capital of France is", "max_tokens": 48, "temperature": 0}' > "$OUT/serve.json"
+      curl -s localhost:8123/metrics | grep -E "^oscar_device_memory|^vllm:kv_cache_usage" | head -4
+      kill $spid; wait $spid 2>/dev/null
+      "$G/oscar" run --model models/tiny-qwen3 --device cpu --max-tokens 48 --temperature 0 \
+        --prompt "The capital of France is" > "$OUT/run_cpu.txt" 2>/dev/null
+      python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+served = json.load(open(out + "/serve.json"))["choices"][0]["text"]
+ran = open(out + "/run_cpu.txt").read()
+print("serve --device cuda:", repr(served[:120]))
+print("run --device cpu:   ", repr(ran[:120]))
+print("served text equals oscar run on the CPU:", served.strip() == ran.strip())
+PY
+      ;;
+    step)
+      # A whole decode step, Qwen3-8B / 4B shapes with dummy weights, 100K context: the BF16
+      # cache against the INT2 history (int2-hadamard: the oscar kernels without a rotation
+      # file, which dummy weights cannot have), then the fixed-budget comparison.
+      for m in qwen3-8b qwen3-4b; do
+        echo "== bench_decode_step $m" | tee -a "$OUT/step.log"
+        "$G/bench_decode_step" --model "$G/configs/$m" --dummy-weights --device cuda --modes bf16,int2-hadamard \
+          --context 102400 --batches 1,4 --steps ${STEP_STEPS:-48} --csv "$OUT/step_$m.csv" 2>&1 | tee -a "$OUT/step.log"
+      done
+      echo "== where a step's GPU time goes (qwen3-8b, batch 1; CUDA events around every op)" | tee -a "$OUT/step.log"
+      "$G/bench_decode_step" --model "$G/configs/qwen3-8b" --dummy-weights --device cuda --modes bf16,int2-hadamard \
+        --context 102400 --batches 1 --steps 16 --phases 2>&1 | grep -E "^\||GPU time" | tee -a "$OUT/step.log"
+      echo "== fixed budget: qwen3-8b, ${FIT_GIB:-100} GiB of KV pages" | tee -a "$OUT/step.log"
+      "$G/bench_decode_step" --model "$G/configs/qwen3-8b" --dummy-weights --device cuda --modes bf16,int2-hadamard \
+        --context 102400 --fit-gib ${FIT_GIB:-100} --steps 16 --csv "$OUT/step_fit.csv" 2>&1 | tee -a "$OUT/step.log"
+      echo "($(( $(date +%s) - t0 )) s)"
+      ;;
+    kernels)
+      for b in bench_linear_cuda bench_demote_cuda; do
+        [ -x "$G/$b" ] || continue
+        echo "== $b" | tee -a "$OUT/kernels.log"
+        "$G/$b" 2>&1 | tee -a "$OUT/kernels.log"
+      done
+      ;;
+    torch)
+      echo "== peers: torch_decode_step.py"
+      PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-300} python3 .peers/torch_decode_step.py --out "$OUT" > "$OUT/torch_step.log" 2>&1
+      echo "rc=$? ($(( $(date +%s) - t0 )) s)"
+      tail -12 "$OUT/torch_step.log"
       ;;
     bench)
       echo "== bench_decode_attn_cuda"
@@ -78,7 +196,7 @@ for w in $what; do
 done
 
 # Short table: our kernel vs the release kernel and SDPA, from this run's files.
-python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
+[ -f "$OUT/bench.csv" ] && python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import csv, json, os, sys
 out = sys.argv[1]
 ours = {}
@@ -108,4 +226,6 @@ for L, B in keys:
     print(f"| {L//1024}K | {B} | {iu:.1f} | {f(i,'tbs'):.2f} | {bu:.1f} | {f(b,'tbs'):.2f} | {ru:.1f} | {su:.1f} | "
           f"{su/iu:.2f}x | {ru/iu:.2f}x | {su/bu:.2f}x |")
 PY
+# The logs travel as one file (a call brings back a limited number of files).
+(cd "$OUT" && ls *.log *.txt *.csv >/dev/null 2>&1 && tar -czf logs.tgz --remove-files $(ls *.log *.err 2>/dev/null) 2>/dev/null)
 echo "total $(( $(date +%s) - t0 )) s"

@@ -98,8 +98,14 @@ class TimedBackend final : public kernels::Backend {
   Status demote_pages(const kernels::DemotePagesParams& p) override {
     return timed("demotion", [&] { return in_.demote_pages(p); });
   }
+  Status gather_rows(const float* s, const int32_t* r, int64_t n, int64_t d, float* y) override {
+    return timed("other ops", [&] { return in_.gather_rows(s, r, n, d, y); });
+  }
   Status sample(const kernels::SampleParams& p) override {
     return timed("sampling", [&] { return in_.sample(p); });
+  }
+  Status fill_normal_bf16(bf16_t* d, int64_t n, float s, uint64_t seed) override {
+    return in_.fill_normal_bf16(d, n, s, seed);
   }
 
  private:
@@ -157,7 +163,7 @@ int main(int argc, char** argv) {
   const auto& cfg = rt.model().config();
 #ifdef OSCAR_BENCH_PHASES
   TimedBackend timed(rt.model().backend());
-  rt.model().set_backend(&timed);
+  check(rt.model().set_backend(&timed), "set_backend");
 #endif
   const char* phases[] = {"linear", "attention", "append", "demotion", "sampling", "other ops"};
   std::printf("| mode | context | batch | step ms | tok/s | linear | attention | append | demotion | "

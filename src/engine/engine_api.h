@@ -96,6 +96,9 @@ struct EngineMetrics {
   std::string model_name;                      // the served model (metric labels)
   int32_t kv_page_size = 0;                    // tokens per KV page (routers' block size)
   double kv_effective_bits_per_element = 0.0;  // averaged over the stored KV cache
+  std::string device;                          // the backend: cpu or cuda
+  int64_t device_memory_used_bytes = -1;       // a GPU's memory in use (all of it, not only
+  int64_t device_memory_total_bytes = -1;      // ours); -1 on the CPU
   Histogram time_to_first_token_seconds;
   Histogram time_per_output_token_seconds;
 };

@@ -137,7 +137,9 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
 
   if (o.dummy_weights) {
     OSCAR_ASSIGN_OR_RETURN(format::ModelConfig config, format::ModelConfig::load(o.model_dir));
-    OSCAR_ASSIGN_OR_RETURN(rt->model_, model::Qwen3Model::load_dummy(config, 1234));
+    // Generated in the backend's memory (no host copy of a large model).
+    OSCAR_ASSIGN_OR_RETURN(rt->model_,
+                           model::Qwen3Model::load_dummy(config, 1234, rt->backend_.get()));
   } else {
     OSCAR_ASSIGN_OR_RETURN(rt->model_, model::Qwen3Model::load(o.model_dir));
   }
@@ -147,6 +149,13 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
 
   if (o.cache_mode == "auto") OSCAR_RETURN_IF_ERROR(apply_auto_mode(config, o));
   OSCAR_ASSIGN_OR_RETURN(quant::CacheMode mode, quant::parse_cache_mode(o.cache_mode));
+  if (rt->backend_->device() != Device::kCpu &&
+      (mode == quant::CacheMode::kF32 || mode == quant::CacheMode::kKivi2 ||
+       mode == quant::CacheMode::kOscarLloyd))
+    return unimplemented("cache mode %s runs on the CPU only (the CUDA kernels read BF16 exact "
+                         "pages and uniform INT2 / bit-plan history rows: bf16, int2-naive, "
+                         "int2-hadamard, oscar); use --device cpu",
+                         o.cache_mode.c_str());
   OSCAR_ASSIGN_OR_RETURN(rt->spec_, make_cache_spec(config, o, mode));
   if (!rt->spec_.v_rotation.empty())
     OSCAR_RETURN_IF_ERROR(rt->model_->fold_value_rotation(rt->spec_.v_rotation));
@@ -162,7 +171,9 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
     exact_budget = static_cast<size_t>(static_cast<double>(o.kv_budget_bytes) * exact_share);
     int2_budget = o.kv_budget_bytes - exact_budget;
   }
-  rt->model_->set_backend(rt->backend_.get());
+  // Weights and the cache's tensors (rotations, clips, bit plan) into the backend's memory.
+  OSCAR_RETURN_IF_ERROR(rt->model_->set_backend(rt->backend_.get()));
+  OSCAR_RETURN_IF_ERROR(rt->spec_.upload_to(*rt->backend_));
   // Page storage: one buffer per pool in the backend's memory; the pools keep only ids.
   const int64_t n_exact = kv::PagePool::pages_for_budget(exact_budget, layout.exact_page_bytes());
   OSCAR_ASSIGN_OR_RETURN(rt->exact_storage_,

@@ -48,7 +48,10 @@ struct RuntimeOptions {
   // (sinks + recent window in BF16 pages, the rest in INT2 pages).
   int64_t split_tokens = 4096;
   bool dummy_weights = false;  // random weights from config.json (speed at real sizes)
-  std::string device = "cpu";  // the backend (kernels/backend.h): cpu, or cuda where built
+  // The backend (kernels/backend.h): cpu, cuda, or auto (cuda when built and a GPU is visible).
+  // The commands default to auto (apps/runtime_options.h); the library to cpu, so that tests
+  // and tools name the device they mean.
+  std::string device = "cpu";
 };
 
 class Runtime {

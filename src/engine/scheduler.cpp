@@ -448,9 +448,8 @@ void Scheduler::step() {
 void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequence* const> owners) {
   model::Qwen3Model& model = runtime_->model();
   const kv::StepPlan plan = kv::StepPlan::make(chunks, kv::AttendMode::kPrefill);
-  std::vector<float> logits;
   std::vector<int32_t> demote_status;
-  Status st = model.forward(plan, {}, &logits);
+  Status st = model.forward(plan, {});  // logits stay in the backend's memory
   if (st.ok()) st = model.demote(plan, &demote_status);
   if (!st.ok()) {
     OSCAR_LOG_ERROR("scheduler: step failed for %zu sequences: %s", owners.size(),
@@ -474,7 +473,7 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
     draws[plan.cu_logits[p]] = s.output.size();
   }
   kernels::SampleParams sp;
-  sp.logits = logits.data();
+  sp.logits = model.logits();
   sp.n_rows = plan.n_logit_rows();
   sp.vocab = model.config().vocab_size;
   sp.config = configs.data();
@@ -571,6 +570,12 @@ void Scheduler::loop() {
     }
     metrics_.model_name = options_.model_name;
     metrics_.kv_page_size = runtime_->spec().regions.page_size;
+    metrics_.device = device_name(runtime_->backend().device());
+    size_t free_b = 0, total_b = 0;
+    if (runtime_->backend().memory_info(&free_b, &total_b)) {
+      metrics_.device_memory_used_bytes = static_cast<int64_t>(total_b - free_b);
+      metrics_.device_memory_total_bytes = static_cast<int64_t>(total_b);
+    }
     if (radix_ && radix_->stats().lookup_tokens > 0)
       metrics_.prefix_cache_hit_rate = static_cast<double>(radix_->stats().matched_tokens) /
                                        static_cast<double>(radix_->stats().lookup_tokens);

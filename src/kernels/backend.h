@@ -36,6 +36,17 @@ class Backend {
   virtual Status upload(const void* host, size_t bytes, void* dst) = 0;
   virtual Status download(const void* src, size_t bytes, void* host) = 0;
   virtual Status synchronize() = 0;
+  // Free and total bytes of the device's memory; false where that is not the backend's to say
+  // (the CPU: host memory is the operating system's).
+  virtual bool memory_info(size_t* free_bytes, size_t* total_bytes) {
+    (void)free_bytes;
+    (void)total_bytes;
+    return false;
+  }
+
+  // The native stream (a cudaStream_t) the ops run on, for interop such as a benchmark's events;
+  // null for the CPU.
+  virtual void* native_stream() { return nullptr; }
 
   // Ops, in the order a layer calls them.
   virtual Status embed(const WeightView& table, const int32_t* ids, int64_t n, float* x) = 0;
@@ -62,8 +73,8 @@ class Backend {
 // The process-wide CPU backend (stateless; its ops are thread-compatible).
 Backend& cpu_backend();
 
-// "cpu", or "cuda" where built with it and a GPU is visible. NotFound / Unimplemented with the
-// reason otherwise.
+// "cpu"; "cuda" where built with it and a GPU is visible (NotFound / Unimplemented with the
+// reason otherwise); "auto": cuda when that works, else cpu.
 Result<std::unique_ptr<Backend>> make_backend(std::string_view device);
 
 }  // namespace oscar::kernels

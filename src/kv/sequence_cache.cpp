@@ -55,6 +55,77 @@ kernels::HistCodec KvCacheSpec::codec() const {
   return c;
 }
 
+Status KvCacheSpec::upload_to(kernels::Backend& backend) {
+  if (backend.device() == Device::kCpu) {
+    device_tensors.reset();
+    return Status();
+  }
+  auto t = std::make_shared<DeviceTensors>();
+  auto copy = [&](const void* host, size_t bytes, const char* what, DeviceBuffer* out) -> Status {
+    if (bytes == 0) return Status();
+    OSCAR_ASSIGN_OR_RETURN(*out, backend.alloc(bytes, what));
+    return backend.upload(host, bytes, out->data());
+  };
+  auto floats = [&](const std::vector<float>& v, const char* what, DeviceBuffer* out) {
+    return copy(v.data(), v.size() * sizeof(float), what, out);
+  };
+  OSCAR_RETURN_IF_ERROR(floats(k_rotation, "key rotations", &t->k_rotation));
+  OSCAR_RETURN_IF_ERROR(floats(q_rotation, "query rotations", &t->q_rotation));
+  OSCAR_RETURN_IF_ERROR(floats(k_mean, "key means", &t->k_mean));
+  OSCAR_RETURN_IF_ERROR(floats(k_clip, "key clips", &t->k_clip));
+  OSCAR_RETURN_IF_ERROR(floats(v_clip, "value clips", &t->v_clip));
+  if (bit_plan) {
+    const kernels::KvPageLayout l = layout();
+    const size_t planes = static_cast<size_t>(l.n_planes());
+    OSCAR_RETURN_IF_ERROR(copy(bit_plan->plane_bits(), planes, "bit plan widths", &t->hist_bits));
+    OSCAR_RETURN_IF_ERROR(copy(bit_plan->row_prefix(), (planes + 1) * sizeof(uint32_t),
+                               "bit plan offsets", &t->hist_row_prefix));
+  }
+  OSCAR_RETURN_IF_ERROR(backend.synchronize());
+  device_tensors = std::move(t);
+  return Status();
+}
+
+namespace {
+// The device copy when there is one, else the host vector (nullptr when empty).
+template <typename T>
+const T* op_ptr(const KvCacheSpec::DeviceTensors* d, DeviceBuffer KvCacheSpec::DeviceTensors::*m,
+                const T* host) {
+  if (d == nullptr || host == nullptr) return host;
+  return (d->*m).template as<const T>();
+}
+template <typename V>
+auto host_ptr(const V& v) -> decltype(v.data()) { return v.empty() ? nullptr : v.data(); }
+}  // namespace
+
+kernels::KvPageLayout KvCacheSpec::op_layout() const {
+  kernels::KvPageLayout l = layout();
+  const DeviceTensors* d = device_tensors.get();
+  l.hist_bits = op_ptr(d, &DeviceTensors::hist_bits, l.hist_bits);
+  l.hist_row_prefix = op_ptr(d, &DeviceTensors::hist_row_prefix, l.hist_row_prefix);
+  return l;
+}
+
+kernels::HistCodec KvCacheSpec::op_codec() const {
+  kernels::HistCodec c = codec();
+  const DeviceTensors* d = device_tensors.get();
+  c.k_clip = op_ptr(d, &DeviceTensors::k_clip, c.k_clip);
+  c.v_clip = op_ptr(d, &DeviceTensors::v_clip, c.v_clip);
+  return c;
+}
+
+const float* KvCacheSpec::op_query_rotations() const {
+  const DeviceTensors* d = device_tensors.get();
+  if (!q_rotation.empty()) return op_ptr(d, &DeviceTensors::q_rotation, q_rotation.data());
+  return op_k_rotation();
+}
+const float* KvCacheSpec::op_k_rotation() const {
+  return op_ptr(device_tensors.get(), &DeviceTensors::k_rotation, host_ptr(k_rotation));
+}
+const float* KvCacheSpec::op_k_mean() const {
+  return op_ptr(device_tensors.get(), &DeviceTensors::k_mean, host_ptr(k_mean));
+}
+
 const float* KvCacheSpec::query_rotations() const {
   const std::vector<float>& m = q_rotation.empty() ? k_rotation : q_rotation;
   return m.empty() ? nullptr : m.data();
@@ -311,15 +382,16 @@ void SequenceCache::bind_tables(PageTableBuilder& sinks, PageTableBuilder& histo
 
 kernels::KvAppendParams SequenceCache::append_params(int layer) const {
   kernels::KvAppendParams p;
-  p.layout = layout_;
+  p.layout = spec_->op_layout();
   p.layer = layer;
   p.exact_pool = exact_pool_->base();
-  p.k_mean = spec_->k_mean.empty() ? nullptr : spec_->k_mean.data();
-  p.k_rotation = spec_->k_rotation.empty() ? nullptr : spec_->k_rotation.data();
+  p.k_mean = spec_->op_k_mean();
+  p.k_rotation = spec_->op_k_rotation();
   return p;
 }
 
 void SequenceCache::write(int layer, const float* k, const float* v, int64_t n) {
+  OSCAR_CHECK(spec_->device_tensors == nullptr, "SequenceCache::%s runs the CPU kernels: host caches only", __func__);
   OSCAR_CHECK(n == n_staged_, "write() of %lld tokens, %lld staged", static_cast<long long>(n),
               static_cast<long long>(n_staged_));
   std::vector<int64_t> slots(n);
@@ -334,6 +406,7 @@ void SequenceCache::write(int layer, const float* k, const float* v, int64_t n) 
 }
 
 void SequenceCache::read_row(int layer, int kv, int head, int64_t pos, float* out) const {
+  OSCAR_CHECK(spec_->device_tensors == nullptr, "SequenceCache::%s runs the CPU kernels: host caches only", __func__);
   OSCAR_CHECK(pos >= 0 && pos < n_tokens_ + n_staged_);
   const RegionConfig& r = spec_->regions;
   if (pos >= r.n_sink && pos < hist_end_) {
@@ -359,6 +432,7 @@ void SequenceCache::read_row(int layer, int kv, int head, int64_t pos, float* ou
 
 Status SequenceCache::attend(int layer, const float* q, int n_heads_q, int64_t n, float* out,
                              AttendMode mode, AttendScratch& s) const {
+  OSCAR_CHECK(spec_->device_tensors == nullptr, "SequenceCache::%s runs the CPU kernels: host caches only", __func__);
   OSCAR_CHECK(n == n_staged_ && n > 0);
   const int d = spec_->head_dim;
   // Queries in the key rotation's basis.
@@ -413,7 +487,7 @@ kernels::DecodeAttnParams SequenceCache::decode_params(int layer, int n_heads_q)
                                                              : kernels::Int2Quantizer::kUniform;
   p.layer = layer;
   p.scale = 1.0f / std::sqrt(static_cast<float>(spec_->head_dim));
-  p.layout = layout_;
+  p.layout = spec_->op_layout();
   p.exact_pool = exact_pool_->base();
   p.hist_pool = int2_pool_ != nullptr ? int2_pool_->base() : nullptr;
   return p;
@@ -425,8 +499,8 @@ kernels::PrefillAttnParams SequenceCache::prefill_params(int layer, int n_heads_
   p.n_heads_q = n_heads_q;
   p.layer = layer;
   p.scale = 1.0f / std::sqrt(static_cast<float>(spec_->head_dim));
-  p.layout = layout_;
-  p.codec = spec_->codec();
+  p.layout = spec_->op_layout();
+  p.codec = spec_->op_codec();
   p.n_sink = spec_->regions.n_sink;
   p.n_recent = spec_->regions.n_recent;
   p.quantized = spec_->quantized();
@@ -438,14 +512,15 @@ kernels::PrefillAttnParams SequenceCache::prefill_params(int layer, int n_heads_
 
 kernels::DemotePagesParams SequenceCache::demote_params() const {
   kernels::DemotePagesParams p;
-  p.layout = layout_;
-  p.codec = spec_->codec();
+  p.layout = spec_->op_layout();
+  p.codec = spec_->op_codec();
   p.exact_pool = exact_pool_->base();
   p.hist_pool = int2_pool_ != nullptr ? int2_pool_->base() : nullptr;
   return p;
 }
 
 Status SequenceCache::commit(int64_t n) {
+  OSCAR_CHECK(spec_->device_tensors == nullptr, "SequenceCache::%s runs the CPU kernels: host caches only", __func__);
   std::vector<PageId> src, dst;
   pending_demotions(&src, &dst);
   if (!src.empty()) {

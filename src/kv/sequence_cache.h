@@ -36,6 +36,8 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/device.h"
+#include "kernels/backend.h"
 #include "kernels/decode_attn.h"
 #include "kernels/demote_pages.h"
 #include "kernels/kv_append.h"
@@ -80,6 +82,21 @@ struct KvCacheSpec {
   // Mixed-precision bit plan of the history rows (kv/bit_plan.h); null = every row INT2. Only for
   // the uniform INT2 modes (oscar, int2-naive, int2-hadamard); its shape must match the spec's.
   std::shared_ptr<const BitPlan> bit_plan;
+
+  // Where the ops read the tensors above (rotations, centring, clips, the bit plan's arrays):
+  // the host vectors themselves for the CPU backend; after upload_to(), copies in a device
+  // backend's memory, shared by every copy of this spec. The op_* accessors give what the op
+  // params must carry (SequenceCache::*_params); layout() / codec() stay host views for host code.
+  struct DeviceTensors {
+    DeviceBuffer k_rotation, q_rotation, k_mean, k_clip, v_clip, hist_bits, hist_row_prefix;
+  };
+  std::shared_ptr<const DeviceTensors> device_tensors;
+  Status upload_to(kernels::Backend& backend);
+  kernels::KvPageLayout op_layout() const;
+  kernels::HistCodec op_codec() const;
+  const float* op_query_rotations() const;
+  const float* op_k_rotation() const;
+  const float* op_k_mean() const;
 
   bool quantized() const;  // does the history region exist (INT2 modes)
   // [head_dim, head_dim] transform of the queries that read KV head `head`; nullptr = none.
@@ -146,7 +163,7 @@ class SequenceCache {
   kernels::PrefillAttnParams prefill_params(int layer, int n_heads_q, AttendMode mode) const;
   kernels::DemotePagesParams demote_params() const;
 
-  // --- One sequence alone ----------------------------------------------------------------------
+  // --- One sequence alone (host caches: the CPU kernels run here) -----------------------------
   // Stores the staged tokens' K and V of one layer. k, v: [n, n_heads_kv, head_dim] float,
   // K after k_norm and RoPE (centred and rotated here when the mode has a key transform).
   void write(int layer, const float* k, const float* v, int64_t n);

@@ -21,12 +21,12 @@ namespace {
 
 // The params of y[n, out] = x[n, in] * W[out, in]^T (+ bias).
 kernels::LinearParams lin(const float* x, int64_t n, const Qwen3Model::Matrix& w,
-                          const std::vector<float>& bias, float* y) {
+                          const Qwen3Model::Vec* bias, float* y) {
   kernels::LinearParams p;
   p.x = x;
   p.n = n;
   p.w = w.view();
-  p.bias = bias.empty() ? nullptr : bias.data();
+  p.bias = bias == nullptr || bias->empty() ? nullptr : bias->data();
   p.y = y;
   return p;
 }
@@ -99,48 +99,94 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir) {
 }
 
 Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load_dummy(const format::ModelConfig& config,
-                                                           uint64_t seed) {
+                                                           uint64_t seed,
+                                                           kernels::Backend* backend) {
+  kernels::Backend& be = backend != nullptr ? *backend : kernels::cpu_backend();
+  const bool device = be.device() != Device::kCpu;
   std::unique_ptr<Qwen3Model> m(new Qwen3Model());
   m->config_ = config;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.f, 0.02f);
-  auto randn = [&](int64_t rows, int64_t cols) {
+  uint64_t index = 0;  // each matrix draws from its own range of the generator
+  auto randn = [&](int64_t rows, int64_t cols) -> Result<Matrix> {
     Matrix w;
     w.rows = rows;
     w.cols = cols;
-    w.bf16.resize(static_cast<size_t>(rows * cols));
-    for (auto& x : w.bf16) x = f32_to_bf16(normal(rng));
+    const uint64_t s = seed + (++index << 40);
+    const int64_t n = rows * cols;
+    if (device) {
+      OSCAR_ASSIGN_OR_RETURN(w.dev, be.alloc(static_cast<size_t>(n) * sizeof(bf16_t), "dummy weights"));
+      OSCAR_RETURN_IF_ERROR(be.fill_normal_bf16(w.dev.as<bf16_t>(), n, 0.02f, s));
+    } else {
+      w.bf16.resize(static_cast<size_t>(n));
+      OSCAR_RETURN_IF_ERROR(kernels::fill_normal_bf16(w.bf16.data(), n, 0.02f, s));
+    }
     return w;
   };
   auto ones = [](int64_t n) { return std::vector<float>(n, 1.0f); };
   const int64_t H = config.hidden_size, I = config.intermediate_size;
-  m->embed_ = randn(config.vocab_size, H);
-  if (!config.tie_word_embeddings) m->lm_head_ = randn(config.vocab_size, H);
+  OSCAR_ASSIGN_OR_RETURN(m->embed_, randn(config.vocab_size, H));
+  if (!config.tie_word_embeddings) {
+    OSCAR_ASSIGN_OR_RETURN(m->lm_head_, randn(config.vocab_size, H));
+  }
   m->final_norm_ = ones(H);
   m->layers_.resize(config.n_layers);
   for (Layer& L : m->layers_) {
     L.input_norm = ones(H);
     L.post_norm = ones(H);
-    L.wq = randn(config.q_dim, H);
-    L.wk = randn(config.kv_dim, H);
-    L.wv = randn(config.kv_dim, H);
-    L.wo = randn(H, config.q_dim);
+    OSCAR_ASSIGN_OR_RETURN(L.wq, randn(config.q_dim, H));
+    OSCAR_ASSIGN_OR_RETURN(L.wk, randn(config.kv_dim, H));
+    OSCAR_ASSIGN_OR_RETURN(L.wv, randn(config.kv_dim, H));
+    OSCAR_ASSIGN_OR_RETURN(L.wo, randn(H, config.q_dim));
     if (config.qk_norm) {
       L.q_norm = ones(config.head_dim);
       L.k_norm = ones(config.head_dim);
     }
-    L.w_gate = randn(I, H);
-    L.w_up = randn(I, H);
-    L.w_down = randn(H, I);
+    OSCAR_ASSIGN_OR_RETURN(L.w_gate, randn(I, H));
+    OSCAR_ASSIGN_OR_RETURN(L.w_up, randn(I, H));
+    OSCAR_ASSIGN_OR_RETURN(L.w_down, randn(H, I));
   }
   m->init_rope();
+  // The matrices are already in the backend's memory; set_backend uploads the vectors.
+  if (backend != nullptr) OSCAR_RETURN_IF_ERROR(m->set_backend(backend));
+  m->dummy_on_device_ = device;
   return m;
 }
 
+Status Qwen3Model::set_backend(kernels::Backend* backend) {
+  backend_ = backend;
+  if (backend->device() == Device::kCpu) return Status();
+  kernels::Backend& be = *backend;
+  auto up_matrix = [&](Matrix& w, const char* what) -> Status {
+    if (!w.dev.empty() || w.rows == 0) return Status();
+    const void* host = w.dtype == kernels::DType::kBF16 ? static_cast<const void*>(w.bf16.data())
+                                                        : static_cast<const void*>(w.f32.data());
+    OSCAR_ASSIGN_OR_RETURN(w.dev, be.alloc(w.bytes(), what));
+    OSCAR_RETURN_IF_ERROR(be.upload(host, w.bytes(), w.dev.data()));
+    w.bf16 = {};
+    w.f32 = {};
+    return Status();
+  };
+  auto up_vec = [&](Vec& v, const char* what) -> Status {
+    if (!v.dev.empty() || v.host.empty()) return Status();
+    OSCAR_ASSIGN_OR_RETURN(v.dev, be.alloc(v.host.size() * sizeof(float), what));
+    return be.upload(v.host.data(), v.host.size() * sizeof(float), v.dev.data());
+  };
+  OSCAR_RETURN_IF_ERROR(up_matrix(embed_, "embedding"));
+  OSCAR_RETURN_IF_ERROR(up_matrix(lm_head_, "lm_head"));
+  OSCAR_RETURN_IF_ERROR(up_vec(final_norm_, "final norm"));
+  for (Layer& L : layers_) {
+    for (Matrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+      OSCAR_RETURN_IF_ERROR(up_matrix(*w, "weights"));
+    for (Vec* v : {&L.input_norm, &L.post_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm})
+      OSCAR_RETURN_IF_ERROR(up_vec(*v, "norms and biases"));
+  }
+  return be.synchronize();
+}
+
 kernels::WeightView Qwen3Model::Matrix::view() const {
-  return kernels::WeightView{dtype == kernels::DType::kBF16 ? static_cast<const void*>(bf16.data())
-                                                            : f32.data(),
-                             dtype, rows, cols};
+  const void* data = !dev.empty()                   ? dev.data()
+                     : dtype == kernels::DType::kBF16 ? static_cast<const void*>(bf16.data())
+                                                      : static_cast<const void*>(f32.data());
+  return kernels::WeightView{data, dtype, rows, cols};
 }
 
 void Qwen3Model::Matrix::to_f32() {
@@ -162,11 +208,18 @@ size_t Qwen3Model::weight_bytes() const {
 }
 
 Status Qwen3Model::set_embedding_row(int32_t token, std::span<const float> row) {
+  if (on_device()) return invalid_argument("set_embedding_row: the weights are on the device");
   if (token < 0 || token >= embed_.rows || static_cast<int64_t>(row.size()) != embed_.cols)
     return invalid_argument("set_embedding_row: token %d of %lld, %zu values for %lld", token,
                             static_cast<long long>(embed_.rows), row.size(),
                             static_cast<long long>(embed_.cols));
-  if (lm_head_.rows == 0) lm_head_ = embed_;  // tied: the output projection keeps the old row
+  if (lm_head_.rows == 0) {  // tied: the output projection keeps the old row
+    lm_head_.dtype = embed_.dtype;
+    lm_head_.rows = embed_.rows;
+    lm_head_.cols = embed_.cols;
+    lm_head_.bf16 = embed_.bf16;
+    lm_head_.f32 = embed_.f32;
+  }
   for (int64_t c = 0; c < embed_.cols; ++c) {
     if (embed_.dtype == kernels::DType::kBF16) embed_.bf16[token * embed_.cols + c] = f32_to_bf16(row[c]);
     else embed_.f32[token * embed_.cols + c] = row[c];
@@ -182,6 +235,26 @@ Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation) {
     return invalid_argument("value rotation has %zu values, expected %zu", v_rotation.size(),
                             expected);
   if (value_rotation_folded_) return invalid_argument("value rotation already folded");
+  if (on_device() && dummy_on_device_) {
+    // Random weights rotated are random weights: v_proj and o_proj become float32 random
+    // matrices (the bytes a real fold costs), drawn on the host and uploaded.
+    uint64_t index = 1000;
+    for (Layer& L : layers_)
+      for (Matrix* w : {&L.wv, &L.wo}) {
+        const int64_t n = w->rows * w->cols;
+        std::vector<float> host(static_cast<size_t>(n));
+        const uint64_t seed = ++index << 40;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) host[i] = kernels::dummy_weight(seed, i, 0.02f);
+        w->dtype = kernels::DType::kF32;
+        w->dev.reset();
+        OSCAR_ASSIGN_OR_RETURN(w->dev, backend_->alloc(host.size() * sizeof(float), "dummy weights"));
+        OSCAR_RETURN_IF_ERROR(backend_->upload(host.data(), host.size() * sizeof(float), w->dev.data()));
+      }
+    value_rotation_folded_ = true;
+    return backend_->synchronize();
+  }
+  if (on_device()) return invalid_argument("fold_value_rotation: the weights are on the device");
   const int gqa = config_.gqa_ratio;
   std::vector<double> acc;
   for (int l = 0; l < config_.n_layers; ++l) {
@@ -203,7 +276,7 @@ Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation) {
         }
       for (size_t i = 0; i < acc.size(); ++i) W[i] = static_cast<float>(acc[i]);
       if (!L.bv.empty()) {
-        float* b = L.bv.data() + static_cast<int64_t>(g) * d;
+        float* b = L.bv.host.data() + static_cast<int64_t>(g) * d;
         std::vector<double> nb(d, 0.0);
         for (int r = 0; r < d; ++r)
           for (int c = 0; c < d; ++c) nb[c] += static_cast<double>(b[r]) * R[static_cast<size_t>(r) * d + c];
@@ -290,19 +363,107 @@ Status Qwen3Model::forward(std::span<SeqChunk> batch, const ForwardOptions& opti
   return Status();
 }
 
+namespace {
+
+// The plan's arrays where the ops read them: the plan's own vectors for the CPU backend; for a
+// device backend, one host staging buffer uploaded in one copy (a few KiB per step).
+class Stager {
+ public:
+  Stager(kernels::Backend& be, std::vector<uint8_t>* staging, DeviceBuffer* dev)
+      : be_(be), staging_(staging), dev_(dev), host_(be.device() == Device::kCpu) {
+    staging_->clear();
+  }
+  // Records n elements at p; returns a handle to resolve after upload().
+  template <typename T>
+  size_t add(const T* p, size_t n) {
+    const size_t off = (staging_->size() + 15) / 16 * 16;
+    srcs_.push_back(p);
+    if (!host_) {
+      staging_->resize(off + n * sizeof(T));
+      if (n > 0) std::memcpy(staging_->data() + off, p, n * sizeof(T));
+    }
+    offsets_.push_back(off);
+    return srcs_.size() - 1;
+  }
+  size_t add_table(const kernels::PageTableView& t) {
+    const size_t h = add(t.indptr, static_cast<size_t>(t.n_seqs) + 1);
+    add(t.page_ids, t.indptr == nullptr ? 0 : static_cast<size_t>(t.indptr[t.n_seqs]));
+    add(t.last_page_len, static_cast<size_t>(t.n_seqs));
+    return h;
+  }
+  Status upload() {
+    if (host_ || staging_->empty()) return Status();
+    if (dev_->bytes() < staging_->size()) {
+      dev_->reset();
+      OSCAR_ASSIGN_OR_RETURN(*dev_, be_.alloc(std::max<size_t>(staging_->size() * 2, 4096), "step plan"));
+    }
+    return be_.upload(staging_->data(), staging_->size(), dev_->data());
+  }
+  template <typename T>
+  const T* get(size_t h) const {
+    if (host_) return static_cast<const T*>(srcs_[h]);
+    return reinterpret_cast<const T*>(dev_->as<uint8_t>() + offsets_[h]);
+  }
+  kernels::PageTableView table(size_t h, int32_t n_seqs) const {
+    kernels::PageTableView t;
+    t.indptr = get<int32_t>(h);
+    t.page_ids = get<int32_t>(h + 1);
+    t.last_page_len = get<int32_t>(h + 2);
+    t.n_seqs = n_seqs;
+    return t;
+  }
+
+ private:
+  kernels::Backend& be_;
+  std::vector<uint8_t>* staging_;
+  DeviceBuffer* dev_;
+  bool host_;
+  std::vector<const void*> srcs_;
+  std::vector<size_t> offsets_;
+};
+
+}  // namespace
+
 Status Qwen3Model::demote(const kv::StepPlan& plan, std::vector<int32_t>* status) const {
   status->assign(plan.demote_src.size(), kernels::kDemoteOk);
   if (plan.demote_src.empty()) return Status();
+  kernels::Backend& be = *backend_;
+  const size_t n = plan.demote_src.size();
   kernels::DemotePagesParams p = plan.caches[0]->demote_params();
-  p.n_pages = static_cast<int32_t>(plan.demote_src.size());
-  p.src_pages = plan.demote_src.data();
-  p.dst_pages = plan.demote_dst.data();
-  p.status = status->data();
-  return backend_->demote_pages(p);
+  p.n_pages = static_cast<int32_t>(n);
+  if (be.device() == Device::kCpu) {
+    p.src_pages = plan.demote_src.data();
+    p.dst_pages = plan.demote_dst.data();
+    p.status = status->data();
+    return be.demote_pages(p);
+  }
+  // One buffer: src ids, dst ids, status.
+  std::vector<int32_t> host(3 * n, kernels::kDemoteOk);
+  std::copy(plan.demote_src.begin(), plan.demote_src.end(), host.begin());
+  std::copy(plan.demote_dst.begin(), plan.demote_dst.end(), host.begin() + n);
+  DeviceBuffer& buf = demote_buf_;
+  if (buf.bytes() < host.size() * sizeof(int32_t)) {
+    buf.reset();
+    OSCAR_ASSIGN_OR_RETURN(buf, be.alloc(std::max<size_t>(host.size() * sizeof(int32_t), 4096),
+                                         "demotion list"));
+  }
+  OSCAR_RETURN_IF_ERROR(be.upload(host.data(), host.size() * sizeof(int32_t), buf.data()));
+  p.src_pages = buf.as<int32_t>();
+  p.dst_pages = buf.as<int32_t>() + n;
+  p.status = buf.as<int32_t>() + 2 * n;
+  OSCAR_RETURN_IF_ERROR(be.demote_pages(p));
+  return be.download(p.status, n * sizeof(int32_t), status->data());
 }
 
 Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& options,
                            std::vector<float>* logits) {
+  OSCAR_RETURN_IF_ERROR(forward(plan, options));
+  logits->resize(static_cast<size_t>(plan.n_logit_rows()) * config_.vocab_size);
+  if (logits->empty()) return Status();
+  return backend_->download(ws_.logits.data(), logits->size() * sizeof(float), logits->data());
+}
+
+Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& options) {
   const format::ModelConfig& c = config_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, d = c.head_dim;
   const int Hq = c.n_heads_q, Hkv = c.n_heads_kv;
@@ -314,23 +475,40 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
   // The scheduler and forward(SeqChunk) guarantee the context bound.
   OSCAR_DCHECK(plan.positions.back() < c.max_position_embeddings);
 
-  Workspace& w = ws_;
-  w.resize(n, c);
-  float *x = w.x.data(), *h = w.h.data(), *q = w.q.data(), *k = w.k.data(), *v = w.v.data(),
-        *qr = w.q_rot.data(), *attn = w.attn.data(), *o = w.o.data(), *gate = w.gate.data(),
-        *up = w.up.data();
   kernels::Backend& be = *backend_;
-  OSCAR_RETURN_IF_ERROR(be.embed(embed_.view(), plan.token_ids.data(), n, x));
-  // RoPE angles once per step (they do not depend on the layer).
+  Workspace& w = ws_;
+  const int64_t n_out = plan.n_logit_rows();
+  OSCAR_RETURN_IF_ERROR(w.reserve(be, n, n_out, c));
+  float *x = w.x.as<float>(), *h = w.h.as<float>(), *q = w.q.as<float>(), *k = w.k.as<float>(),
+        *v = w.v.as<float>(), *qr = w.q_rot.as<float>(), *attn = w.attn.as<float>(),
+        *o = w.o.as<float>(), *gate = w.gate.as<float>(), *up = w.up.as<float>();
+  // RoPE angles once per step (they do not depend on the layer), on the host as the reference
+  // computes them.
   kernels::rope_tables(plan.positions.data(), n, inv_freq_.data(), d / 2, w.cos.data(),
                        w.sin.data());
+  const size_t half_rows = static_cast<size_t>(n * (d / 2));
+  Stager st(be, &w.staging, &w.plan);
+  const size_t h_ids = st.add(plan.token_ids.data(), plan.token_ids.size());
+  const size_t h_slots = st.add(plan.write_slots.data(), plan.write_slots.size());
+  const size_t h_cos = st.add(w.cos.data(), half_rows);
+  const size_t h_sin = st.add(w.sin.data(), half_rows);
+  const size_t h_cu = st.add(plan.cu_seqlens.data(), plan.cu_seqlens.size());
+  const size_t h_pos0 = st.add(plan.pos0.data(), plan.pos0.size());
+  const size_t h_rows = st.add(plan.logit_rows.data(), plan.logit_rows.size());
+  const size_t h_dec[3] = {st.add_table(plan.dec_sinks.view()), st.add_table(plan.dec_hist.view()),
+                           st.add_table(plan.dec_recent.view())};
+  const size_t h_pre[3] = {st.add_table(plan.pre_sinks.view()), st.add_table(plan.pre_hist.view()),
+                           st.add_table(plan.pre_recent.view())};
+  OSCAR_RETURN_IF_ERROR(st.upload());
+
+  OSCAR_RETURN_IF_ERROR(be.embed(embed_.view(), st.get<int32_t>(h_ids), n, x));
   kernels::RopeParams rope;
   rope.n_rows = n;
   rope.n_heads_q = Hq;
   rope.n_heads_kv = Hkv;
   rope.head_dim = static_cast<int32_t>(d);
-  rope.cos = w.cos.data();
-  rope.sin = w.sin.data();
+  rope.cos = st.get<float>(h_cos);
+  rope.sin = st.get<float>(h_sin);
   rope.q = q;
   rope.k = k;
 
@@ -340,50 +518,66 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
   append.n_tokens = n;
   append.k = k;
   append.v = v;
-  append.slots = plan.write_slots.data();
+  append.slots = st.get<int64_t>(h_slots);
   kernels::RotateQueriesParams rq;
   rq.n_rows = n;
   rq.n_heads_q = Hq;
   rq.n_heads_kv = Hkv;
   rq.head_dim = static_cast<int32_t>(d);
   rq.q = q;
-  rq.q_rotation = cache0.spec().query_rotations();
+  rq.q_rotation = cache0.spec().op_query_rotations();
   rq.out = qr;
   kernels::DecodeAttnParams dec = cache0.decode_params(0, Hq);
   dec.n_seqs = plan.n_decode;
   dec.q = qr;
   dec.out = attn;
-  dec.sinks = plan.dec_sinks.view();
-  dec.history = plan.dec_hist.view();
-  dec.recent = plan.dec_recent.view();
+  dec.sinks = st.table(h_dec[0], plan.n_decode);
+  dec.history = st.table(h_dec[1], plan.n_decode);
+  dec.recent = st.table(h_dec[2], plan.n_decode);
   kernels::PrefillAttnParams pre = cache0.prefill_params(0, Hq, plan.mode);
   pre.n_seqs = plan.n_seqs() - plan.n_decode;
+  pre.max_rows = static_cast<int32_t>(n - plan.n_decode);  // the prefill rows of this step
   // The prefill sequences' slice of the plan: their rows keep their step-wide numbering.
-  pre.cu_seqlens = plan.cu_seqlens.data() + plan.n_decode;
-  pre.pos0 = plan.pos0.data() + plan.n_decode;
+  pre.cu_seqlens = st.get<int32_t>(h_cu) + plan.n_decode;
+  pre.pos0 = st.get<int64_t>(h_pos0) + plan.n_decode;
   pre.q = qr;
   pre.out = attn;
-  pre.sinks = plan.pre_sinks.view();
-  pre.history = plan.pre_hist.view();
-  pre.recent = plan.pre_recent.view();
+  pre.sinks = st.table(h_pre[0], pre.n_seqs);
+  pre.history = st.table(h_pre[1], pre.n_seqs);
+  pre.recent = st.table(h_pre[2], pre.n_seqs);
+
+  // The observer reads host memory: on a device backend, what it is shown is copied back.
+  const size_t host_slot = static_cast<size_t>(n) * std::max<int64_t>(H, c.q_dim);
+  if (options.observer && be.device() != Device::kCpu && w.host.size() < 3 * host_slot)
+    w.host.resize(3 * host_slot);
+  auto host = [&](const float* p, int64_t count, size_t slot) -> Result<const float*> {
+    if (be.device() == Device::kCpu) return p;
+    const size_t base = slot * host_slot;
+    OSCAR_RETURN_IF_ERROR(be.download(p, count * sizeof(float), w.host.data() + base));
+    return static_cast<const float*>(w.host.data() + base);
+  };
 
   for (int l = 0; l < c.n_layers; ++l) {
     const Layer& L = layers_[l];
     OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, L.input_norm.data(), c.rms_norm_eps, h));
-    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wq, L.bq, q)));
-    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wk, L.bk, k)));
-    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wv, L.bv, v)));
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wq, &L.bq, q)));
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wk, &L.bk, k)));
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wv, &L.bv, v)));
     if (!L.q_norm.empty()) {
       OSCAR_RETURN_IF_ERROR(be.rms_norm(q, n * Hq, d, L.q_norm.data(), c.rms_norm_eps, q));
       OSCAR_RETURN_IF_ERROR(be.rms_norm(k, n * Hkv, d, L.k_norm.data(), c.rms_norm_eps, k));
     }
     OSCAR_RETURN_IF_ERROR(be.rope(rope));
-    if (options.observer)
+    if (options.observer) {
+      OSCAR_ASSIGN_OR_RETURN(const float* hq, host(q, n * c.q_dim, 0));
+      OSCAR_ASSIGN_OR_RETURN(const float* hk, host(k, n * c.kv_dim, 1));
+      OSCAR_ASSIGN_OR_RETURN(const float* hv, host(v, n * c.kv_dim, 2));
       for (int32_t s = 0; s < plan.n_seqs(); ++s) {
         const int64_t r0 = plan.cu_seqlens[s];
-        options.observer->on_qkv(plan.chunk[s], l, q + r0 * c.q_dim, k + r0 * c.kv_dim,
-                                 v + r0 * c.kv_dim, plan.cu_seqlens[s + 1] - r0, plan.pos0[s]);
+        options.observer->on_qkv(plan.chunk[s], l, hq + r0 * c.q_dim, hk + r0 * c.kv_dim,
+                                 hv + r0 * c.kv_dim, plan.cu_seqlens[s + 1] - r0, plan.pos0[s]);
       }
+    }
     append.layer = l;
     OSCAR_RETURN_IF_ERROR(be.kv_append(append));
     rq.layer = l;
@@ -396,52 +590,62 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
       pre.layer = l;
       OSCAR_RETURN_IF_ERROR(be.prefill_attn(pre));
     }
-    if (options.observer)
+    if (options.observer) {
+      OSCAR_ASSIGN_OR_RETURN(const float* ha, host(attn, n * c.q_dim, 0));
       for (int32_t s = 0; s < plan.n_seqs(); ++s) {
         const int64_t r0 = plan.cu_seqlens[s];
-        options.observer->on_attention(plan.chunk[s], l, attn + r0 * c.q_dim,
+        options.observer->on_attention(plan.chunk[s], l, ha + r0 * c.q_dim,
                                        plan.cu_seqlens[s + 1] - r0, plan.pos0[s]);
       }
-    OSCAR_RETURN_IF_ERROR(be.linear(lin(attn, n, L.wo, {}, o)));
+    }
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(attn, n, L.wo, nullptr, o)));
     OSCAR_RETURN_IF_ERROR(be.add(x, o, n * H));
 
     OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, L.post_norm.data(), c.rms_norm_eps, h));
-    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.w_gate, {}, gate)));
-    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.w_up, {}, up)));
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.w_gate, nullptr, gate)));
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.w_up, nullptr, up)));
     OSCAR_RETURN_IF_ERROR(be.silu_mul(gate, up, n * I));
-    OSCAR_RETURN_IF_ERROR(be.linear(lin(gate, n, L.w_down, {}, o)));
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(gate, n, L.w_down, nullptr, o)));
     OSCAR_RETURN_IF_ERROR(be.add(x, o, n * H));
   }
 
   OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, final_norm_.data(), c.rms_norm_eps, h));
-  if (options.observer)
+  if (options.observer) {
+    OSCAR_ASSIGN_OR_RETURN(const float* hh, host(h, n * H, 0));
     for (int32_t s = 0; s < plan.n_seqs(); ++s)
-      options.observer->on_final_hidden(plan.chunk[s], h + plan.cu_seqlens[s] * H,
+      options.observer->on_final_hidden(plan.chunk[s], hh + plan.cu_seqlens[s] * H,
                                         plan.cu_seqlens[s + 1] - plan.cu_seqlens[s], plan.pos0[s]);
+  }
   // lm_head over the rows that produce logits only.
-  const int64_t n_out = plan.n_logit_rows();
-  for (int64_t i = 0; i < n_out; ++i)
-    std::copy_n(h + static_cast<int64_t>(plan.logit_rows[i]) * H, H, x + i * H);
-  logits->resize(static_cast<size_t>(n_out) * c.vocab_size);
-  return be.linear(lin(x, n_out, lm_head_.rows == 0 ? embed_ : lm_head_, {}, logits->data()));
+  OSCAR_RETURN_IF_ERROR(be.gather_rows(h, st.get<int32_t>(h_rows), n_out, H, x));
+  return be.linear(lin(x, n_out, lm_head_.rows == 0 ? embed_ : lm_head_, nullptr,
+                       w.logits.as<float>()));
 }
 
-void Qwen3Model::Workspace::resize(int64_t n, const format::ModelConfig& c) {
-  auto fit = [](std::vector<float>& b, int64_t size) {
-    if (static_cast<int64_t>(b.size()) < size) b.resize(size);
-  };
-  fit(x, n * c.hidden_size);
-  fit(h, n * c.hidden_size);
-  fit(o, n * c.hidden_size);
-  fit(q, n * c.q_dim);
-  fit(q_rot, n * c.q_dim);
-  fit(attn, n * c.q_dim);
-  fit(k, n * c.kv_dim);
-  fit(v, n * c.kv_dim);
-  fit(gate, n * c.intermediate_size);
-  fit(up, n * c.intermediate_size);
-  fit(cos, n * (c.head_dim / 2));
-  fit(sin, n * (c.head_dim / 2));
+Status Qwen3Model::Workspace::reserve(kernels::Backend& be, int64_t n, int64_t n_logits,
+                                      const format::ModelConfig& c) {
+  if (n > rows) {
+    const int64_t r = std::max<int64_t>(n, 2 * rows);
+    auto fit = [&](DeviceBuffer& b, int64_t per_row) -> Status {
+      b.reset();
+      OSCAR_ASSIGN_OR_RETURN(b, be.alloc(static_cast<size_t>(r * per_row) * sizeof(float), "activations"));
+      return Status();
+    };
+    for (DeviceBuffer* b : {&x, &h, &o}) OSCAR_RETURN_IF_ERROR(fit(*b, c.hidden_size));
+    for (DeviceBuffer* b : {&q, &q_rot, &attn}) OSCAR_RETURN_IF_ERROR(fit(*b, c.q_dim));
+    for (DeviceBuffer* b : {&k, &v}) OSCAR_RETURN_IF_ERROR(fit(*b, c.kv_dim));
+    for (DeviceBuffer* b : {&gate, &up}) OSCAR_RETURN_IF_ERROR(fit(*b, c.intermediate_size));
+    cos.resize(static_cast<size_t>(r * (c.head_dim / 2)));
+    sin.resize(cos.size());
+    rows = r;
+  }
+  if (n_logits > logit_rows) {
+    const int64_t r = std::max<int64_t>(n_logits, 2 * logit_rows);
+    logits.reset();
+    OSCAR_ASSIGN_OR_RETURN(logits, be.alloc(static_cast<size_t>(r) * c.vocab_size * sizeof(float), "logits"));
+    logit_rows = r;
+  }
+  return Status();
 }
 
 }  // namespace oscar::model

@@ -18,6 +18,7 @@
 
 #include "core/status.h"
 #include "core/bf16.h"
+#include "core/device.h"
 #include "format/model_config.h"
 #include "kernels/backend.h"
 #include "kernels/linear.h"
@@ -56,30 +57,50 @@ struct ForwardOptions {
 class Qwen3Model {
  public:
   // A weight matrix [rows, cols] row-major in its stored type: BF16 as the checkpoint has it, or
-  // F32 where it was computed at load time (the folded value rotation). Host memory.
+  // F32 where it was computed at load time (the folded value rotation). Host memory while the
+  // model loads; on a device backend the bytes move to `dev` (set_backend) and the host copy goes.
   struct Matrix {
     kernels::DType dtype = kernels::DType::kBF16;
     int64_t rows = 0, cols = 0;
-    std::vector<bf16_t> bf16;  // [rows, cols] when dtype == kBF16
-    std::vector<float> f32;    // [rows, cols] when dtype == kF32
+    std::vector<bf16_t> bf16;  // [rows, cols] when dtype == kBF16 (host)
+    std::vector<float> f32;    // [rows, cols] when dtype == kF32 (host)
+    DeviceBuffer dev;          // the same bytes in a device backend's memory
     kernels::WeightView view() const;
-    size_t bytes() const { return bf16.size() * sizeof(bf16_t) + f32.size() * sizeof(float); }
-    void to_f32();  // converts in place (exact)
+    size_t bytes() const { return static_cast<size_t>(rows * cols) * kernels::dtype_bytes(dtype); }
+    void to_f32();  // converts in place (exact); host only
+  };
+  // A float vector (norm weights, biases): host, plus a copy on a device backend.
+  struct Vec {
+    std::vector<float> host;
+    DeviceBuffer dev;
+    Vec& operator=(std::vector<float> v) {
+      host = std::move(v);
+      return *this;
+    }
+    const float* data() const { return dev.empty() ? host.data() : dev.as<const float>(); }
+    bool empty() const { return host.empty(); }
+    size_t size() const { return host.size(); }
   };
   // Loads config.json and the safetensors checkpoint of `dir`.
   static Result<std::unique_ptr<Qwen3Model>> load(const std::string& dir);
   // Random weights for a config (like vLLM's dummy load format): speed and memory at real sizes.
+  // The values come from kernels::fill_normal_bf16 (the same on every backend); with a device
+  // backend they are generated in its memory (seconds for an 8B model, no host copy).
   static Result<std::unique_ptr<Qwen3Model>> load_dummy(const format::ModelConfig& config,
-                                                        uint64_t seed);
+                                                        uint64_t seed,
+                                                        kernels::Backend* backend = nullptr);
 
   const format::ModelConfig& config() const { return config_; }
-  // The backend whose ops forward() calls (kernels/backend.h); the CPU backend until set. The
-  // weights are host memory: a device backend needs them uploaded first (not yet done here).
-  void set_backend(kernels::Backend* backend) { backend_ = backend; }
+  // The backend whose ops forward() calls (kernels/backend.h); the CPU backend until set. A
+  // device backend gets the weights uploaded once (the host copies of the matrices are freed);
+  // after that the weights can no longer be edited (fold, set_embedding_row).
+  Status set_backend(kernels::Backend* backend);
   kernels::Backend& backend() const { return *backend_; }
+  bool on_device() const { return backend_->device() != Device::kCpu; }
 
   // Folds a value rotation into v_proj and o_proj (OSCAR.md §3), in float64 then float32.
-  // v_rotation: [n_layers, n_heads_kv, head_dim, head_dim]. Call at most once.
+  // v_rotation: [n_layers, n_heads_kv, head_dim, head_dim]. Call at most once, before a device
+  // backend is set.
   Status fold_value_rotation(std::span<const float> v_rotation);
 
   // One step from its plan (kv/step_plan.h): the plan's rows through every layer, K/V appended to
@@ -88,6 +109,10 @@ class Qwen3Model {
   // committed: the caller runs demote() and plan.commit().
   Status forward(const kv::StepPlan& plan, const ForwardOptions& options,
                  std::vector<float>* logits);
+  // The same, leaving the logits in the backend's memory: logits() until the next forward
+  // (the scheduler samples them there; only token ids come back).
+  Status forward(const kv::StepPlan& plan, const ForwardOptions& options);
+  const float* logits() const { return ws_.logits.as<const float>(); }
   // The demotions the plan lists (kernels/demote_pages.h); status: [n_demote] per page.
   Status demote(const kv::StepPlan& plan, std::vector<int32_t>* status) const;
 
@@ -110,21 +135,27 @@ class Qwen3Model {
 
  private:
   struct Layer {
-    std::vector<float> input_norm, post_norm;       // [hidden]
+    Vec input_norm, post_norm;                      // [hidden]
     Matrix wq, wk, wv, wo;                          // [q_dim|kv_dim|hidden, in] row-major
-    std::vector<float> bq, bk, bv;                  // [q_dim|kv_dim] (Qwen2) or empty
-    std::vector<float> q_norm, k_norm;              // [head_dim] (Qwen3) or empty
+    Vec bq, bk, bv;                                 // [q_dim|kv_dim] (Qwen2) or empty
+    Vec q_norm, k_norm;                             // [head_dim] (Qwen3) or empty
     Matrix w_gate, w_up, w_down;                    // [inter, hidden], [inter, hidden], [hidden, inter]
   };
 
-  // Activations of one step, reused across steps (grown, never shrunk).
+  // Activations of one step in the backend's memory, reused across steps (grown, never shrunk),
+  // and the plan's arrays where the ops read them (kernels take them from `plan` on a device).
   struct Workspace {
-    std::vector<float> x, h, o;     // [n, hidden]
-    std::vector<float> q, q_rot, attn;  // [n, q_dim]
-    std::vector<float> k, v;        // [n, kv_dim]
-    std::vector<float> gate, up;    // [n, intermediate]
-    std::vector<float> cos, sin;    // [n, head_dim / 2] RoPE of each row's position
-    void resize(int64_t n, const format::ModelConfig& c);
+    int64_t rows = 0, logit_rows = 0;
+    DeviceBuffer x, h, o;           // [n, hidden]
+    DeviceBuffer q, q_rot, attn;    // [n, q_dim]
+    DeviceBuffer k, v;              // [n, kv_dim]
+    DeviceBuffer gate, up;          // [n, intermediate]
+    DeviceBuffer logits;            // [n_logit_rows, vocab]
+    std::vector<float> cos, sin;    // [n, head_dim / 2] RoPE of each row's position (host)
+    std::vector<uint8_t> staging;   // host bytes of the plan's arrays, uploaded in one copy
+    DeviceBuffer plan;              // their device copy
+    std::vector<float> host;        // observer copies on a device backend
+    Status reserve(kernels::Backend& be, int64_t n, int64_t n_logits, const format::ModelConfig& c);
   };
 
   Qwen3Model() = default;
@@ -133,11 +164,13 @@ class Qwen3Model {
   format::ModelConfig config_;
   Matrix embed_;     // [vocab, hidden]
   Matrix lm_head_;   // [vocab, hidden]; rows == 0 when tied to embed_
-  std::vector<float> final_norm_;
+  Vec final_norm_;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;  // [head_dim / 2], float32 as the reference computes it
   bool value_rotation_folded_ = false;
+  bool dummy_on_device_ = false;  // load_dummy generated the weights in a device backend
   Workspace ws_;
+  mutable DeviceBuffer demote_buf_;  // a device backend's copy of the step's demotion list
   kernels::Backend* backend_ = &kernels::cpu_backend();
 };
 

@@ -135,6 +135,13 @@ std::string render_prometheus(const engine::EngineMetrics& m, const ServerCounte
     out += str_format("oscar_kv_pages_total{pool=\"%s\"} %lld\n", label(p.pool).c_str(),
                   static_cast<long long>(p.pages_total));
   }
+  if (m.device_memory_total_bytes >= 0) {
+    scalar(&out, "oscar_device_memory_used_bytes", "gauge",
+           "GPU memory in use (weights, KV pages, activations, and other processes').",
+           static_cast<double>(m.device_memory_used_bytes));
+    scalar(&out, "oscar_device_memory_total_bytes", "gauge", "GPU memory in all.",
+           static_cast<double>(m.device_memory_total_bytes));
+  }
   scalar(&out, "oscar_prefix_cache_hit_rate", "gauge",
          "Fraction of prompt tokens served from the prefix cache.", m.prefix_cache_hit_rate);
   scalar(&out, "oscar_kv_effective_bits_per_element", "gauge",

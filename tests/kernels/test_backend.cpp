@@ -20,6 +20,12 @@ TEST(Backend, MakeBackendNamesWhatItRefuses) {
   EXPECT_EQ(cuda.code(), StatusCode::kUnimplemented);
   EXPECT_NE(cuda.to_string().find("OSCAR_CUDA=ON"), std::string::npos) << cuda.to_string();
 #endif
+  // auto: cuda when usable, else the CPU (always in a CPU build).
+  auto any = make_backend("auto");
+  ASSERT_TRUE(any.ok()) << any.status().to_string();
+#ifndef OSCAR_HAS_CUDA
+  EXPECT_EQ(any.value()->device(), Device::kCpu);
+#endif
   const Status bad = make_backend("tpu").status();
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.to_string().find("unknown device 'tpu'"), std::string::npos) << bad.to_string();

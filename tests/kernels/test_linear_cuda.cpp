@@ -10,11 +10,14 @@
 //   streaming kernel (float x, float FMA accumulation in 4·8 partial sums, then a tree):
 //     |err| <= in · u · M with u = 2^-24 (the loose γ_in bound; test_linear.cpp's, doubled):
 //     tol_stream = 2 · in · u · M
-//   GEMM, BF16 weights: x rounded to BF16 moves each product by <= 2^-9 |x_c w_c|, products
-//     exact in FP32, FP32 accumulation as above: tol_gemm = 2^-9 · M + 2 · in · u · M
+//   GEMM, BF16 weights: x rounded to BF16 (8 significant bits, unit roundoff 2^-8) moves each
+//     product by <= 2^-8 |x_c w_c|, products exact in FP32, FP32 accumulation as above:
+//     tol_gemm = 2^-8 · M + 2 · in · u · M   (2^-9 here first; the H200 run of 2026-12-01
+//     measured 1.1 · 2^-9 · M at in = 8, within the right bound)
 //   GEMM, F32 weights (CUBLAS_COMPUTE_32F, no TF32): tol_stream. A TF32 GEMM (10-bit mantissa)
 //     would miss it by ~2^-11 · M / (2 in u) ≈ 100x for in = 64.
-// Plus: the relative L2 error per case below 2^-8 (GEMM with BF16 x) or 1e-5.
+// Plus, per case: ||err|| / ||M|| <= 2^-8 (GEMM with BF16 x; relative to y it is unbounded
+// where a sum cancels, as with in = 8), or ||err|| / ||y|| <= 1e-5 (float x).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -103,7 +106,8 @@ void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t se
   for (LinearCudaPath path :
        {LinearCudaPath::kAuto, LinearCudaPath::kStream, LinearCudaPath::kGemm}) {
     const bool gemm =
-        path == LinearCudaPath::kGemm || (path == LinearCudaPath::kAuto && n > kLinearCudaFewRows);
+        path == LinearCudaPath::kGemm ||
+        (path == LinearCudaPath::kAuto && !linear_cuda_streams(n, out, in));
     const bool bf16_x = gemm && dtype == DType::kBF16;
     CUDA_OK(cudaMemset(y_dev, 0xFF, got.size() * 4));
     const Status st = linear_cuda_ex(dp, path, nullptr);
@@ -115,7 +119,7 @@ void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t se
       for (int64_t r = 0; r < out; ++r) {
         const size_t k = i * out + r;
         const double m = mag[k];
-        const double tol = (bf16_x ? m / 512 : 0.0) + 2.0 * in * kU * m + 1e-30;
+        const double tol = (bf16_x ? m / 256 : 0.0) + 2.0 * in * kU * m + 1e-30;
         const double g = got[k], w = y_ref[k];
         ASSERT_TRUE(std::isfinite(g))
             << path_name(path) << " dtype " << static_cast<int>(dtype) << " n " << n << " in " << in
@@ -127,7 +131,7 @@ void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t se
                             << ": first mismatch at row " << i << " col " << r << ": got " << g
                             << " want " << w;
         num += (g - w) * (g - w);
-        den += w * w;
+        den += bf16_x ? m * m : w * w;
       }
     const double rel = std::sqrt(num / std::max(den, 1e-300));
     EXPECT_LE(rel, bf16_x ? 1.0 / 256 : 1e-5)

@@ -4,6 +4,9 @@
 #include <cstring>
 
 #include "kernels/backend.h"
+#ifdef OSCAR_HAS_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#endif
 
 namespace oscar::kernels {
 
@@ -70,17 +73,19 @@ Backend& cpu_backend() {
 
 Result<std::unique_ptr<Backend>> make_backend(std::string_view device) {
   if (device == "cpu") return std::unique_ptr<Backend>(new CpuBackend());
-  if (device == "cuda") {
+  if (device == "cuda" || device == "auto") {
 #ifdef OSCAR_HAS_CUDA
-    return unimplemented("--device cuda: the CUDA kernels are built, but the CUDA backend's "
-                         "model ops are not wired yet; use --device cpu");
+    Result<std::unique_ptr<Backend>> cuda = make_cuda_backend();
+    if (cuda.ok() || device == "cuda") return cuda;
 #else
-    return unimplemented("--device cuda: this build has no CUDA backend (configure with "
-                         "-DOSCAR_CUDA=ON)");
+    if (device == "cuda")
+      return unimplemented("--device cuda: this build has no CUDA backend (configure with "
+                           "-DOSCAR_CUDA=ON)");
 #endif
+    return std::unique_ptr<Backend>(new CpuBackend());  // auto without a usable GPU
   }
-  return invalid_argument("unknown device '%.*s' (cpu or cuda)", static_cast<int>(device.size()),
-                          device.data());
+  return invalid_argument("unknown device '%.*s' (cpu, cuda or auto)",
+                          static_cast<int>(device.size()), device.data());
 }
 
 }  // namespace oscar::kernels

@@ -416,7 +416,7 @@ __device__ bool lloyd_group(const float (&x)[V], float clip, int lane, double* b
 
 // The two INT1 levels of a group, the CPU loop of quantize_row_int1_ref verbatim (lane 0, over
 // the group in shared memory).
-__device__ void int1_levels_seq(const double* xg, int n, double* lo_out, double* hi_out) {
+__device__ inline void int1_levels_seq(const double* xg, int n, double* lo_out, double* hi_out) {
   double mean = 0;
   for (int i = 0; i < n; ++i) mean = __dadd_rn(mean, xg[i]);
   mean = __ddiv_rn(mean, static_cast<double>(n));

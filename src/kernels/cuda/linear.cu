@@ -438,7 +438,7 @@ Status linear_cuda_ex(const LinearParams& p, LinearCudaPath path, void* stream_p
   if (p.n == 0) return Status();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const bool few = path == LinearCudaPath::kStream ||
-                   (path == LinearCudaPath::kAuto && p.n <= kLinearCudaFewRows);
+                   (path == LinearCudaPath::kAuto && linear_cuda_streams(p.n, p.w.rows, p.w.cols));
   if (!few) return gemm(p, stream);
   return p.w.dtype == DType::kBF16 ? launch_stream<__nv_bfloat16>(p, stream)
                                    : launch_stream<float>(p, stream);

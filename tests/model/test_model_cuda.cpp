@@ -1,0 +1,232 @@
+// The whole model on the GPU against the same model on the CPU (label cuda; skips without a GPU):
+// tiny-qwen3 with its rotation file, per cache mode (bf16, int2-hadamard, oscar), the NIAH
+// golden prompt (1016 tokens: sinks, history and recent window all in use) prefilled in chunks,
+// then 40 decode steps fed the CPU's greedy token (teacher forcing, so both sides see the same
+// tokens and their logits stay comparable step by step), crossing a demotion every 16 steps.
+// Then the same through the scheduler: a batch of prompts decoded greedily on each device.
+//
+// Tolerance. The two backends differ only in rounding: the CUDA prefill GEMMs round activations
+// to BF16 (2^-9 relative per operand), decode attention rounds q and P to BF16/FP16 on tensor
+// cores (kernels/cuda/decode_attn.cuh), sums run in other orders. With a BF16 cache the CPU
+// golden test allows 0.15 absolute on the logits for the cache's own rounding (2^-9 per element
+// through 8 layers); the GPU adds at most as much again, so we allow kLogitTol = 0.3 absolute
+// (|z| up to ~30) and a cosine of at least 0.9995 per row.
+// An INT2 history amplifies those roundings: a K/V row that differs in its last BF16 bit can
+// round to the neighbouring 2-bit level, a whole quantization step. The GPU's history is then
+// another draw of the same quantization noise, not a worse one, so for INT2 modes the bound is
+// relative to that noise: the GPU may differ from the CPU by at most twice what the CPU's own
+// INT2 cache differs from its BF16 cache on the same tokens (two independent draws differ by
+// ~√2 times one; 2 leaves room), and never less than the BF16 bound. Greedy tokens may differ
+// only at a near-tie (the two best CPU logits within the bound).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "engine/runtime.h"
+#include "engine/scheduler.h"
+#include "format/safetensors.h"
+
+namespace oscar {
+namespace {
+
+constexpr const char* kModel = "models/tiny-qwen3";
+constexpr double kLogitTol = 0.3;
+constexpr double kMinCos = 0.9995;
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::vector<int32_t> niah_prompt() {
+  auto file = format::SafetensorsFile::open(std::string(kModel) + "/golden/logits.safetensors");
+  EXPECT_TRUE(file.ok()) << file.status().to_string();
+  std::vector<int32_t> ids;
+  for (int64_t v : file->find("p3_niah_1k.input_ids")->to_i64()) ids.push_back(static_cast<int32_t>(v));
+  return ids;
+}
+
+std::unique_ptr<engine::Runtime> make_runtime(const std::string& mode, const std::string& device) {
+  engine::RuntimeOptions o;
+  o.model_dir = kModel;
+  o.cache_mode = mode;
+  o.device = device;
+  o.kv_budget_bytes = size_t{256} << 20;
+  auto rt = engine::Runtime::create(o);
+  EXPECT_TRUE(rt.ok()) << rt.status().to_string();
+  return rt.ok() ? std::move(rt).value() : nullptr;
+}
+
+struct RowError {
+  double max_abs = 0, min_cos = 1;
+};
+RowError compare(const std::vector<float>& got, const std::vector<float>& want) {
+  RowError e;
+  double dot = 0, ng = 0, nw = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    e.max_abs = std::max(e.max_abs, std::abs(double(got[i]) - want[i]));
+    dot += double(got[i]) * want[i];
+    ng += double(got[i]) * got[i];
+    nw += double(want[i]) * want[i];
+  }
+  e.min_cos = dot / std::sqrt(ng * nw);
+  return e;
+}
+
+int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+// The gap between the best and second-best logit.
+double top2_gap(const std::vector<float>& v) {
+  float a = -INFINITY, b = -INFINITY;
+  for (float x : v) {
+    if (x > a) {
+      b = a;
+      a = x;
+    } else if (x > b) {
+      b = x;
+    }
+  }
+  return double(a) - b;
+}
+
+class ModelCuda : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no GPU visible";
+  }
+};
+
+TEST_P(ModelCuda, PrefillAndDecodeMatchTheCpu) {
+  const std::string mode = GetParam();
+  auto cpu = make_runtime(mode, "cpu");
+  auto gpu = make_runtime(mode, "cuda");
+  auto ref = make_runtime("bf16", "cpu");  // the quantization noise's yardstick (INT2 modes)
+  ASSERT_TRUE(cpu && gpu && ref);
+  ASSERT_EQ(gpu->backend().device(), Device::kCuda);
+  const std::vector<int32_t> prompt = niah_prompt();
+  auto cc = cpu->new_cache(), gc = gpu->new_cache(), rc = ref->new_cache();
+  std::vector<float> lc, lg, lr;
+  RowError noise;  // CPU mode vs CPU bf16, over the same steps
+  auto track_noise = [&] {
+    const RowError e = compare(lc, lr);
+    noise.max_abs = std::max(noise.max_abs, e.max_abs);
+    noise.min_cos = std::min(noise.min_cos, e.min_cos);
+  };
+  // Chunks of 256 tokens (as the server's prefill_chunk), the last logits of each compared.
+  RowError worst;
+  for (size_t at = 0; at < prompt.size(); at += 256) {
+    const size_t n = std::min<size_t>(256, prompt.size() - at);
+    std::span<const int32_t> chunk(prompt.data() + at, n);
+    ASSERT_TRUE(cpu->model().forward_one(chunk, *cc, &lc).ok());
+    ASSERT_TRUE(ref->model().forward_one(chunk, *rc, &lr).ok());
+    track_noise();
+    const Status st = gpu->model().forward_one(chunk, *gc, &lg);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    const RowError e = compare(lg, lc);
+    worst.max_abs = std::max(worst.max_abs, e.max_abs);
+    worst.min_cos = std::min(worst.min_cos, e.min_cos);
+  }
+  // The bounds: BF16's, or twice the INT2 cache's own distance from BF16 (see the header).
+  const bool quantized = mode != "bf16";
+  auto tol = [&] { return quantized ? std::max(kLogitTol, 2 * noise.max_abs) : kLogitTol; };
+  auto min_cos = [&] { return quantized ? std::min(kMinCos, 1 - 2 * (1 - noise.min_cos)) : kMinCos; };
+  std::printf("[%s] prefill: max_abs %.4g min_cos %.8f (bound %.4g / %.8f)\n", mode.c_str(),
+              worst.max_abs, worst.min_cos, tol(), min_cos());
+  EXPECT_LE(worst.max_abs, tol());
+  EXPECT_GE(worst.min_cos, min_cos());
+  EXPECT_EQ(gc->n_tokens(), cc->n_tokens());
+  EXPECT_EQ(gc->hist_end(), cc->hist_end());
+
+  RowError dec;
+  int token_mismatch = 0;
+  for (int step = 0; step < 40; ++step) {
+    const int32_t next = argmax(lc);
+    if (argmax(lg) != next) {
+      ++token_mismatch;
+      EXPECT_LT(top2_gap(lc), tol()) << "step " << step << ": not a near-tie";
+    }
+    ASSERT_TRUE(cpu->model().forward_one(std::span<const int32_t>(&next, 1), *cc, &lc).ok());
+    ASSERT_TRUE(ref->model().forward_one(std::span<const int32_t>(&next, 1), *rc, &lr).ok());
+    track_noise();
+    const Status st = gpu->model().forward_one(std::span<const int32_t>(&next, 1), *gc, &lg);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    const RowError e = compare(lg, lc);
+    dec.max_abs = std::max(dec.max_abs, e.max_abs);
+    dec.min_cos = std::min(dec.min_cos, e.min_cos);
+  }
+  std::printf("[%s] decode x40: max_abs %.4g min_cos %.8f, greedy mismatches %d (history %lld "
+              "tokens; bound %.4g / %.8f, INT2 vs BF16 on the CPU: %.4g / %.8f)\n",
+              mode.c_str(), dec.max_abs, dec.min_cos, token_mismatch,
+              static_cast<long long>(gc->hist_end() - 64), tol(), min_cos(), noise.max_abs,
+              noise.min_cos);
+  EXPECT_LE(dec.max_abs, tol());
+  EXPECT_GE(dec.min_cos, min_cos());
+  EXPECT_EQ(gc->hist_end(), cc->hist_end());
+}
+
+// The scheduler on each device: the same prompts decoded greedily in one batch (continuous
+// batching, decode rows and prefill chunks in the same steps) give the same text, up to a
+// near-tie that the logit comparison above bounds.
+TEST_P(ModelCuda, SchedulerGreedyMatchesTheCpu) {
+  const std::string mode = GetParam();
+  const std::vector<int32_t> niah = niah_prompt();
+  constexpr int kRequests = 6;
+  std::vector<int32_t> outs[2][kRequests];
+  for (int dev = 0; dev < 2; ++dev) {
+    engine::RuntimeOptions o;
+    o.model_dir = kModel;
+    o.cache_mode = mode;
+    o.device = dev == 0 ? "cpu" : "cuda";
+    o.kv_budget_bytes = size_t{64} << 20;
+    auto rt = engine::Runtime::create(o);
+    ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+    auto sched = engine::Scheduler::create(std::move(rt).value(), engine::SchedulerOptions{});
+    ASSERT_TRUE(sched.ok()) << sched.status().to_string();
+    std::mutex mu;
+    std::condition_variable cv;
+    int done = 0;
+    for (int i = 0; i < kRequests; ++i) {
+      engine::GenerationRequest r;
+      r.request_id = "r" + std::to_string(i);
+      r.prompt_ids.assign(niah.begin() + 37 * i, niah.begin() + 37 * i + 300 + 100 * i);
+      r.max_tokens = 24;
+      r.sampling.temperature = 0;
+      std::vector<int32_t>* out = &outs[dev][i];
+      ASSERT_TRUE(sched.value()
+                      ->submit(r,
+                               [&, out](const engine::GenerationEvent& e) {
+                                 std::lock_guard<std::mutex> lock(mu);
+                                 if (e.kind == engine::GenerationEvent::kToken)
+                                   out->push_back(e.token_id);
+                                 else {
+                                   EXPECT_TRUE(e.error.ok()) << e.error.to_string();
+                                   ++done;
+                                   cv.notify_all();
+                                 }
+                               })
+                      .ok());
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(300), [&] { return done == kRequests; }));
+  }
+  int same = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_EQ(outs[1][i].size(), 24u);
+    same += outs[0][i] == outs[1][i];
+  }
+  std::printf("[%s] scheduler: %d of %d greedy outputs identical\n", mode.c_str(), same, kRequests);
+  EXPECT_GE(same, kRequests - 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ModelCuda, ::testing::Values("bf16", "int2-hadamard", "oscar"));
+
+}  // namespace
+}  // namespace oscar
