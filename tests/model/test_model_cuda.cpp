@@ -195,7 +195,7 @@ TEST_P(ModelCuda, SchedulerGreedyMatchesTheCpu) {
     int done = 0;
     for (int i = 0; i < kRequests; ++i) {
       engine::GenerationRequest r;
-      r.request_id = "r" + std::to_string(i);
+      r.request_id = std::to_string(i);  // ("r" + to_string trips GCC 12's -Wrestrict)
       r.prompt_ids.assign(niah.begin() + 37 * i, niah.begin() + 37 * i + 300 + 100 * i);
       r.max_tokens = 24;
       r.sampling.temperature = 0;
