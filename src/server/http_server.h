@@ -60,6 +60,9 @@ struct ServerOptions {
   std::vector<std::string> allowed_origins;
   // "qwen3": a leading <think>…</think> of a chat answer becomes reasoning_content. "": off.
   std::string reasoning_parser;
+  // max_tokens of a request that leaves it out: min(default_max_tokens, context - prompt).
+  // 0: all the room the context leaves (context - prompt, as vLLM).
+  int default_max_tokens = 0;
 };
 
 class HttpServer {
