@@ -1,6 +1,8 @@
 // The continuous-batching scheduler on the embedded model: batched greedy output equals
 // sequential decoding, stop strings and max_tokens end requests, cancellation (queued, mid-prefill,
-// mid-decode) frees every page, and impossible requests are refused at submit.
+// mid-decode) frees every page, impossible requests are refused at submit, memory follows use
+// (many requests on a small pool, preemption that resumes exactly) and the waiting queue is
+// bounded.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -524,8 +526,9 @@ TEST(Scheduler, PreemptionResumesExactlyWithPrefixCache) {
   check_preemption_resumes("bf16", /*prefix_cache=*/true, 1, 20, 90);
 }
 
-// A request that cannot fit the pools even alone fails with a clear error instead of waiting.
-TEST(Scheduler, QueueCapAndRequestsThatNeverFit) {
+// max_waiting bounds the requests that wait for admission: one more is refused with
+// ResourceExhausted naming the cap (the server's 429); the admitted ones all finish.
+TEST(Scheduler, QueueCapRefusesBeyondMaxWaiting) {
   SchedulerOptions so;
   so.max_running = 1;
   so.max_waiting = 2;
