@@ -596,7 +596,8 @@ void Scheduler::step() {
     budget -= static_cast<int>(tokens.size());
   };
   auto cannot_fit = [&](Sequence& s, int64_t n) {
-    const Status st = resource_exhausted(
+    // OutOfRange (a 400, not the retryable 429 of ResourceExhausted): it cannot fit, ever.
+    const Status st = out_of_range(
         "request needs more KV pages than the pools hold: %lld tokens in its cache + %lld more "
         "(%s pool %lld pages, int2 pool %lld pages; raise --kv-budget or lower max_tokens)",
         static_cast<long long>(s.cache->n_tokens()), static_cast<long long>(n),

@@ -10,8 +10,9 @@
 // prompt outside its recent window is adopted (sinks and INT2 history; the recent window is
 // recomputed in BF16); a prompt is inserted as soon as its prefill ends (so requests sharing a
 // system prompt hit while the first one still decodes), and again with its generated tokens when
-// the request ends, so multi-turn conversations and agent loops reuse their own history. Unlocked cached pages are
-// evicted (LRU) when an admission needs room.
+// the request ends, so multi-turn conversations and agent loops reuse their own history.
+// Unlocked cached pages count as available at admission and are evicted (LRU) when a step's
+// pages do not fit.
 //
 // Memory follows use: pages are taken as sequences grow (SequenceCache::reserve in each step), not
 // reserved for a request's peak. When a pool runs dry in a step, the prefix cache's unlocked pages
@@ -20,8 +21,8 @@
 // kept, and it goes back to the head of the waiting queue. Readmitted, it prefills prompt +
 // output (shortened by the radix cache) and its last logits give the next token with the same
 // sampling draw index, so it continues exactly where it was; its stream is never re-sent. A
-// request that cannot fit even alone fails with ResourceExhausted; one whose peak pages exceed a
-// pool is refused at submit (InvalidArgument). tests/engine/test_scheduler.cpp: Preemption*.
+// request that cannot fit even alone fails with OutOfRange; one whose peak pages exceed a pool
+// is refused at submit (InvalidArgument). tests/engine/test_scheduler.cpp: Preemption*.
 #pragma once
 
 #include <atomic>

@@ -18,7 +18,8 @@
 // Robustness: headers over kMaxHeaderBytes get 431, bodies over kMaxBodyBytes 413, both then close
 // the connection; a request must arrive within read_timeout; keep-alive between requests; a client
 // that disconnects while its request runs (streaming or not) has its engine request cancelled;
-// beyond max_connections a new connection gets 503 and is closed; when accept() fails (out of
+// beyond max_connections a new connection gets 503 and is closed; an engine whose waiting queue is
+// full (ResourceExhausted from submit) gives a 429 with Retry-After; when accept() fails (out of
 // file descriptors) the acceptor backs off (10 ms doubling to 1 s) instead of spinning.
 // Chat output: when the request has tools (and tool_choice is not "none"), <tool_call> blocks
 // become tool_calls with finish_reason "tool_calls"; with reasoning_parser "qwen3", <think>
