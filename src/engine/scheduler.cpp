@@ -342,7 +342,8 @@ void Scheduler::available_pages(int64_t out[2]) const {
     const Sequence& s = *sp;
     if (s.done || !s.prefilling()) continue;
     const int64_t todo = static_cast<int64_t>(s.context.size()) - s.prefilled;
-    const int64_t span = std::max<int64_t>(1, static_cast<int64_t>(s.context.size()) - s.cached_context);
+    const int64_t span =
+        std::max<int64_t>(1, static_cast<int64_t>(s.context.size()) - s.cached_context);
     out[0] -= ceil_div(s.promised.bf16_pages() * todo, span);
     out[1] -= ceil_div(s.promised.int2_pages() * todo, span);
   }
@@ -571,7 +572,8 @@ void Scheduler::step() {
       Sequence* victim = nullptr;
       for (auto& sp : running_) {
         Sequence& v = *sp;
-        if (&v == &s || v.done || v.preempted || !v.holds_pages() || v.arrival < s.arrival) continue;
+        if (&v == &s || v.done || v.preempted || !v.holds_pages() || v.arrival < s.arrival)
+          continue;
         if (!victim || v.arrival > victim->arrival) victim = &v;
       }
       if (!victim) return false;

@@ -121,7 +121,8 @@ class Scheduler : public Engine {
   kv::KvEventCollector kv_events_;          // the radix cache's listener when events are on
   int64_t kv_events_dropped_seen_ = 0;
 
-  mutable std::mutex mu_;  // guards incoming_, cancels_, live_ids_, stop_, next_arrival_, n_queued_, metrics_
+  // Guards incoming_, cancels_, live_ids_, stop_, next_arrival_, n_queued_, metrics_.
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Sequence>> incoming_;
   std::vector<std::string> cancels_;
