@@ -88,6 +88,7 @@ struct EngineMetrics {
   int requests_waiting = 0;
   uint64_t prompt_tokens_total = 0;
   uint64_t generation_tokens_total = 0;
+  uint64_t num_preemptions_total = 0;          // running requests preempted (pages ran out)
   std::vector<KvPoolUsage> kv_pools;
   double prefix_cache_hit_rate = 0.0;          // [0, 1]
   int64_t prefix_cache_pages = 0;              // pages the prefix cache references (all pools)
@@ -108,7 +109,9 @@ class Engine {
   virtual ~Engine() = default;
 
   // Queues a request. Returns an error at once (and never calls on_event) when the request can
-  // never run: prompt plus max_tokens beyond the context, ids out of range, duplicate id.
+  // never run: InvalidArgument for prompt plus max_tokens beyond the context or beyond what the KV
+  // pools can ever hold, ids out of range, a duplicate id; ResourceExhausted when the waiting
+  // queue is full (retry later).
   virtual Status submit(GenerationRequest req,
                         std::function<void(const GenerationEvent&)> on_event) = 0;
   // Stops a request soon (queued or running) and frees its KV pages; its terminal event is

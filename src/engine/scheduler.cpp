@@ -36,12 +36,7 @@ Status no_chat_template() {
                         "chat_template); use /v1/completions");
 }
 
-// total += sign · need, region by region.
-void add_pages(kv::PageNeed& total, const kv::PageNeed& need, int sign) {
-  total.sink_pages += sign * need.sink_pages;
-  total.recent_pages += sign * need.recent_pages;
-  total.hist_pages += sign * need.hist_pages;
-}
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -55,18 +50,28 @@ struct Scheduler::Sequence {
   std::unique_ptr<kv::SequenceCache> cache;
   kernels::SamplingConfig sampling;
   std::unique_ptr<tok::StreamDecoder> decoder;
-  int64_t prefilled = 0;
-  int64_t cached_tokens = 0;  // prompt tokens adopted from the prefix cache
+  // The tokens to prefill: the prompt; after a preemption, prompt + every generated token, so that
+  // the recompute's last logits give the next token (draw index output.size(), as decode would).
+  std::vector<int32_t> context;
+  int64_t prefilled = 0;      // tokens of `context` in the cache (adopted or computed)
+  int64_t cached_tokens = 0;  // prompt tokens adopted from the prefix cache (first admission)
+  int64_t cached_context = 0; // tokens of `context` adopted at the last admission
+  uint64_t arrival = 0;       // submit order; preemption takes the latest first
+  int preemptions = 0;
+  bool preempted = false;     // preempted in this step; moved back to the waiting queue after it
+  bool admitted = false;      // admitted at least once (no longer counts against max_waiting)
+  kv::PageNeed promised;      // pages its prefill was admitted with (radix-cached part excluded)
+  int64_t blocked_avail = -1; // pages available when admission last refused it (-1: never)
   kv::NodeHandle prefix_node; // locked radix node while running
   std::vector<int32_t> output;
   std::string text;      // decoded output so far, whole UTF-8 characters
   size_t emitted = 0;    // bytes of `text` already streamed
   int32_t next_token = -1;
-  kv::PageNeed reserved;
   Clock::time_point t_submit, t_last;
   bool done = false;
 
-  bool prefilling() const { return prefilled < static_cast<int64_t>(req.prompt_ids.size()); }
+  bool prefilling() const { return prefilled < static_cast<int64_t>(context.size()); }
+  bool holds_pages() const { return cache && (cache->n_tokens() > 0 || cache->n_staged() > 0); }
   GenerationEvent event(GenerationEvent::Kind kind) const {
     GenerationEvent e;
     e.kind = kind;
@@ -89,7 +94,41 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(std::unique_ptr<Runtime> ru
                                                      const SchedulerOptions& options) {
   if (options.max_running <= 0 || options.max_batch_tokens <= 0 || options.prefill_chunk <= 0)
     return invalid_argument("scheduler: max_running, max_batch_tokens and prefill_chunk must be > 0");
+  if (options.max_model_len < 0 || options.max_waiting < 0)
+    return invalid_argument("scheduler: max_model_len %d and max_waiting %d must be >= 0",
+                            options.max_model_len, options.max_waiting);
+  const int max_pos = runtime->model().config().max_position_embeddings;
+  if (options.max_model_len > max_pos)
+    return invalid_argument("--max-model-len %d exceeds the model's max_position_embeddings %d",
+                            options.max_model_len, max_pos);
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(runtime), options));
+  s->max_model_len_ = options.max_model_len > 0 ? options.max_model_len : max_pos;
+  {
+    // The longest sequence whose peak pages fit the pools (peak pages grow with the length).
+    const int64_t totals[2] = {s->runtime_->exact_pool().n_pages(),
+                               s->runtime_->int2_pool() ? s->runtime_->int2_pool()->n_pages() : 0};
+    auto fits = [&](int64_t n) {
+      const kv::PageNeed need = s->pages_needed(n);
+      return need.bf16_pages() <= totals[0] && need.int2_pages() <= totals[1];
+    };
+    int64_t lo = 0, hi = s->max_model_len_;  // fits(lo) (or lo == 0); find the largest
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (fits(mid)) lo = mid;
+      else hi = mid - 1;
+    }
+    if (lo < s->max_model_len_) {
+      if (options.max_model_len == 0) {
+        OSCAR_LOG_INFO("scheduler: max_model_len=%lld (the longest sequence the KV pools hold; "
+                       "the model allows %d)", static_cast<long long>(lo), max_pos);
+        s->max_model_len_ = static_cast<int>(std::max<int64_t>(1, lo));
+      } else {
+        OSCAR_LOG_WARN("scheduler: max_model_len=%d but the KV pools hold at most %lld tokens "
+                       "of one sequence; longer requests are refused",
+                       s->max_model_len_, static_cast<long long>(lo));
+      }
+    }
+  }
   const std::string& source = s->runtime_->tokenizer().chat_template();
   if (!source.empty()) {
     auto tmpl = tok::ChatTemplate::parse(source);
@@ -150,19 +189,23 @@ Status Scheduler::submit(GenerationRequest req,
       return invalid_argument("prompt token id %d is out of range [0, %d)", id, config.vocab_size);
   if (req.max_tokens <= 0) return invalid_argument("max_tokens must be > 0");
   const int64_t total = static_cast<int64_t>(req.prompt_ids.size()) + req.max_tokens;
-  if (total > config.max_position_embeddings)
+  if (total > max_model_len_)
     return invalid_argument(
-        "prompt (%zu tokens) + max_tokens (%d) = %lld exceeds the model's context of %d tokens",
-        req.prompt_ids.size(), req.max_tokens, static_cast<long long>(total),
-        config.max_position_embeddings);
+        "prompt (%zu tokens) + max_tokens (%d) = %lld exceeds the maximum context length of %d "
+        "tokens",
+        req.prompt_ids.size(), req.max_tokens, static_cast<long long>(total), max_model_len_);
   kernels::SamplingConfig sc{req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, 0};
   OSCAR_RETURN_IF_ERROR(kernels::validate_sampling(sc));
+  // A request whose peak pages exceed a whole pool could never finish, even alone: a client
+  // error (400), not a retryable one. Anything smaller runs, preempting others if it must.
   const kv::PageNeed need = pages_needed(total);
   const int64_t int2_total = runtime_->int2_pool() ? runtime_->int2_pool()->n_pages() : 0;
   if (need.bf16_pages() > runtime_->exact_pool().n_pages() || need.int2_pages() > int2_total)
-    return resource_exhausted(
-        "request needs %lld %s and %lld int2 KV pages; the pools hold %lld and %lld "
-        "(raise --kv-budget)",
+    return invalid_argument(
+        "prompt (%zu tokens) + max_tokens (%d) = %lld tokens need %lld %s and %lld int2 KV pages "
+        "at their peak; the pools hold %lld and %lld pages in all (lower max_tokens, or raise "
+        "--kv-budget)",
+        req.prompt_ids.size(), req.max_tokens, static_cast<long long>(total),
         static_cast<long long>(need.bf16_pages()), runtime_->exact_pool().name().c_str(),
         static_cast<long long>(need.int2_pages()),
         static_cast<long long>(runtime_->exact_pool().n_pages()),
@@ -173,6 +216,7 @@ Status Scheduler::submit(GenerationRequest req,
   s->sampling = sc;
   s->decoder = std::make_unique<tok::StreamDecoder>(runtime_->tokenizer(), /*skip_special=*/true);
   s->req = std::move(req);
+  s->context = s->req.prompt_ids;
   s->on_event = std::move(on_event);
   s->t_submit = Clock::now();
   {
@@ -180,6 +224,12 @@ Status Scheduler::submit(GenerationRequest req,
     if (stop_) return Status(StatusCode::kCancelled, "the engine is shutting down");
     if (live_ids_.count(s->req.request_id))
       return invalid_argument("request id '%s' is already running", s->req.request_id.c_str());
+    if (options_.max_waiting > 0 && n_queued_ >= options_.max_waiting)
+      return resource_exhausted("the waiting queue is full (%d requests, --max-queue %d); retry "
+                                "later",
+                                n_queued_, options_.max_waiting);
+    n_queued_ += 1;
+    s->arrival = next_arrival_++;
     live_ids_[s->req.request_id] = true;
     incoming_.push_back(std::move(s));
   }
@@ -199,7 +249,7 @@ void Scheduler::cancel(const std::string& request_id) {
 EngineInfo Scheduler::info() const {
   EngineInfo i;
   i.model_name = options_.model_name;
-  i.max_context_tokens = runtime_->model().config().max_position_embeddings;
+  i.max_context_tokens = max_model_len_;
   i.vocab_size = runtime_->model().config().vocab_size;
   i.ready = ready_;
   return i;
@@ -250,8 +300,6 @@ void Scheduler::release(Sequence& s) {
   if (s.cache) {
     if (radix_) publish_prefix(s, /*keep_locked=*/false);
     s.cache.reset();  // the sequence's page references back to the pools
-    add_pages(reserved_, s.reserved, -1);
-    s.reserved = {};
   }
 }
 
@@ -276,25 +324,48 @@ void Scheduler::end(Sequence& s, const GenerationEvent& terminal) {
   s.on_event = nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   live_ids_.erase(s.req.request_id);
+  if (!s.admitted) n_queued_ -= 1;
 }
 
-// Pages held only by the prefix cache (unlocked nodes) are not free, but can be evicted: a
-// reservation fits when the reservations plus the cache's evictable pages fit the pool, evicting
-// LRU cache entries as needed. Pages shared by a running sequence and the cache are counted in
-// that sequence's reservation (conservative).
-bool Scheduler::reservation_fits(const kv::PageNeed& need) {
-  const int64_t totals[2] = {runtime_->exact_pool().n_pages(),
-                             runtime_->int2_pool() ? runtime_->int2_pool()->n_pages() : 0};
-  const int64_t wanted[2] = {reserved_.bf16_pages() + need.bf16_pages(),
-                             reserved_.int2_pages() + need.int2_pages()};
-  for (uint8_t pool = 0; pool < 2; ++pool) {
-    if (wanted[pool] > totals[pool]) return false;
-    if (!radix_ || pool >= radix_->stats().evictable_pages.size()) continue;
-    const int64_t cached = radix_->stats().evictable_pages[pool];
-    if (wanted[pool] + cached > totals[pool]) radix_->evict(wanted[pool] + cached - totals[pool], pool);
-    if (wanted[pool] + radix_->stats().evictable_pages[pool] > totals[pool]) return false;
+// Pages an admission may count on, per pool (0 = exact, 1 = INT2): free pages, plus the prefix
+// cache's unlocked (evictable) pages, minus what the running requests' unfinished prefills were
+// admitted with (scaled by the part still to compute). Decode growth is not counted: when a pool
+// runs dry mid-way, step() evicts and preempts.
+void Scheduler::available_pages(int64_t out[2]) const {
+  out[0] = runtime_->exact_pool().n_free();
+  out[1] = runtime_->int2_pool() ? runtime_->int2_pool()->n_free() : 0;
+  if (radix_) {
+    const auto& evictable = radix_->stats().evictable_pages;
+    for (size_t pool = 0; pool < 2 && pool < evictable.size(); ++pool) out[pool] += evictable[pool];
   }
-  return true;
+  for (const auto& sp : running_) {
+    const Sequence& s = *sp;
+    if (s.done || !s.prefilling()) continue;
+    const int64_t todo = static_cast<int64_t>(s.context.size()) - s.prefilled;
+    const int64_t span =
+        std::max<int64_t>(1, static_cast<int64_t>(s.context.size()) - s.cached_context);
+    out[0] -= ceil_div(s.promised.bf16_pages() * todo, span);
+    out[1] -= ceil_div(s.promised.int2_pages() * todo, span);
+  }
+}
+
+// Pages a prefill of n_tokens leaves the sequence holding, less the first cached_tokens that the
+// prefix cache supplies (sink pages below n_sink, history pages above; every page when the cache
+// has no history region).
+kv::PageNeed Scheduler::prefill_pages(int64_t n_tokens, int64_t cached_tokens) const {
+  const kv::KvCacheSpec& spec = runtime_->spec();
+  const int64_t p = spec.regions.page_size;
+  kv::PageNeed need;
+  if (!spec.quantized()) {
+    need.recent_pages = ceil_div(n_tokens, p) - cached_tokens / p;
+    return need;
+  }
+  need = kv::pages_for_length(spec.regions, n_tokens);
+  need.sink_pages -= std::min<int64_t>(cached_tokens, spec.regions.n_sink) / p;
+  need.hist_pages -= std::max<int64_t>(0, cached_tokens - spec.regions.n_sink) / p;
+  need.sink_pages = std::max<int64_t>(0, need.sink_pages);
+  need.hist_pages = std::max<int64_t>(0, need.hist_pages);
+  return need;
 }
 
 // Inserts the sequence's shareable pages (prompt, then generated tokens) into the prefix cache.
@@ -314,19 +385,22 @@ void Scheduler::publish_prefix(Sequence& s, bool keep_locked) {
   s.prefix_node = keep_locked ? node : kv::NodeHandle{};
 }
 
-void Scheduler::attach_prefix(Sequence& s) {
-  if (!radix_) return;
+kv::PrefixMatch Scheduler::match_prefix(const Sequence& s) {
+  if (!radix_) return {};
   const kv::KvCacheSpec& spec = runtime_->spec();
-  const int64_t n_prompt = static_cast<int64_t>(s.req.prompt_ids.size());
-  // Reuse sinks and history only: the prompt's recent window is recomputed in BF16. At least
-  // one prompt token is always computed (its logits start the generation).
+  const int64_t n_context = static_cast<int64_t>(s.context.size());
+  // Reuse sinks and history only: the context's recent window is recomputed in BF16. At least
+  // one token is always computed (its logits give the next token).
   const int64_t reusable =
-      spec.quantized() ? kv::reusable_prefix_tokens(spec.regions, n_prompt)
-                       : ((n_prompt - 1) / spec.regions.page_size) * spec.regions.page_size;
-  if (reusable <= 0) return;
-  kv::PrefixMatch m =
-      radix_->match_prefix(std::span<const int32_t>(s.req.prompt_ids.data(), reusable));
-  if (m.n_tokens_matched == 0) return;
+      spec.quantized() ? kv::reusable_prefix_tokens(spec.regions, n_context)
+                       : ((n_context - 1) / spec.regions.page_size) * spec.regions.page_size;
+  if (reusable <= 0) return {};
+  return radix_->match_prefix(std::span<const int32_t>(s.context.data(), reusable));
+}
+
+// m: match_prefix(s), with no cache call in between.
+void Scheduler::attach_prefix(Sequence& s, const kv::PrefixMatch& m) {
+  if (!radix_ || m.n_tokens_matched == 0) return;
   radix_->lock(m.last_node);
   radix_->retain_pages(m.pages);
   Status st = s.cache->adopt_prefix(m.pages);
@@ -334,22 +408,74 @@ void Scheduler::attach_prefix(Sequence& s) {
               st.to_string().c_str());
   s.prefix_node = m.last_node;
   s.prefilled = m.n_tokens_matched;
-  s.cached_tokens = m.n_tokens_matched;
+  s.cached_context = m.n_tokens_matched;
+  if (s.preemptions == 0) s.cached_tokens = m.n_tokens_matched;
 }
 
+// Memory follows use: a waiting request is admitted when the pages its prefill will hold fit
+// what is available (available_pages) with a watermark to spare (1% of each pool, as vLLM's
+// default), not its peak. FIFO: the head waits until it fits. With nothing running the head is
+// always admitted, so that a request that cannot fit fails in step() instead of waiting forever.
 void Scheduler::admit() {
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
     Sequence& s = *waiting_.front();
-    const kv::PageNeed need =
-        pages_needed(static_cast<int64_t>(s.req.prompt_ids.size()) + s.req.max_tokens);
-    if (!reservation_fits(need)) break;  // FIFO: wait for running requests to finish
-    add_pages(reserved_, need, +1);
-    s.reserved = need;
+    int64_t avail[2];
+    available_pages(avail);
+    const bool idle = running_.empty();
+    // Nothing was freed since the head was last refused: do not probe the prefix cache again.
+    if (!idle && s.blocked_avail >= 0 && avail[0] + avail[1] <= s.blocked_avail) break;
+    kv::PrefixMatch m = match_prefix(s);
+    const kv::PageNeed need = prefill_pages(static_cast<int64_t>(s.context.size()),
+                                            m.n_tokens_matched);
+    if (!idle) {
+      // The matched pages count as evictable now, but adopting them locks them.
+      int64_t matched[2] = {0, 0};
+      for (const kv::CachedPage& cp : m.pages) matched[cp.pool < 2 ? cp.pool : 1] += 1;
+      const int64_t totals[2] = {runtime_->exact_pool().n_pages(),
+                                 runtime_->int2_pool() ? runtime_->int2_pool()->n_pages() : 0};
+      const int64_t wanted[2] = {need.bf16_pages(), need.int2_pages()};
+      bool fits = true;
+      for (int pool = 0; pool < 2; ++pool) {
+        const int64_t watermark = totals[pool] > 0 ? std::max<int64_t>(1, totals[pool] / 100) : 0;
+        if (wanted[pool] + watermark + matched[pool] > avail[pool]) fits = false;
+      }
+      if (!fits) {
+        s.blocked_avail = avail[0] + avail[1];
+        break;
+      }
+    }
+    s.blocked_avail = -1;
+    s.promised = need;
     s.cache = runtime_->new_cache();
-    attach_prefix(s);
+    attach_prefix(s, m);
+    if (!s.admitted) {
+      s.admitted = true;
+      std::lock_guard<std::mutex> lock(mu_);
+      n_queued_ -= 1;
+    }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
+}
+
+// Frees a running request's pages (publishing its prefix to the cache and unlocking its node,
+// as a finished request does) and keeps its tokens: it goes back to the head of the waiting
+// queue (after step()), and its readmission prefills prompt + output. Its stream is untouched:
+// the decoder, the text and what was emitted stay, so the client sees one continuous stream.
+void Scheduler::preempt(Sequence& s) {
+  if (s.cache && s.cache->n_staged() > 0) s.cache->unreserve();
+  release(s);
+  s.context = s.req.prompt_ids;
+  s.context.insert(s.context.end(), s.output.begin(), s.output.end());
+  s.prefilled = 0;
+  s.cached_context = 0;
+  s.promised = {};
+  s.preemptions += 1;
+  s.preempted = true;
+  OSCAR_LOG_INFO("scheduler: preempted request=%s tokens=%zu preemptions=%d",
+                 s.req.request_id.c_str(), s.context.size(), s.preemptions);
+  std::lock_guard<std::mutex> lock(mu_);
+  metrics_.num_preemptions_total += 1;
 }
 
 void Scheduler::handle_token(Sequence& s, int32_t token) {
@@ -407,41 +533,127 @@ void Scheduler::handle_token(Sequence& s, int32_t token) {
 }
 
 // One step, owned here from end to end: choose the chunks, reserve their pages, plan, forward,
-// demote, commit, sample. A failure that belongs to one request (no pages, a K/V value that the
-// history cannot store, non-finite logits) fails that request alone; the others go on.
+// demote, commit, sample. A failure that belongs to one request (a K/V value that the history
+// cannot store, non-finite logits) fails that request alone; the others go on.
+//
+// Pages are taken as sequences grow (SequenceCache::reserve). When a pool runs dry: first the
+// prefix cache's unlocked pages are evicted, then running requests that arrived after this one
+// are preempted, latest first (one that already reserved in this step gives its pages back and
+// leaves the step). A decode token that still does not fit preempts its own request when an
+// earlier one holds pages (that one will finish and free them), and fails it when no other
+// request holds any (it cannot fit the pools even alone). A prefill chunk that does not fit is
+// halved down to one page, then waits for a later step.
 void Scheduler::step() {
   if (running_.empty()) return;
+  // Arrival order: earlier requests get pages first and are preempted last.
+  std::stable_sort(running_.begin(), running_.end(),
+                   [](const std::unique_ptr<Sequence>& a, const std::unique_ptr<Sequence>& b) {
+                     return a->arrival < b->arrival;
+                   });
   std::vector<kv::StepChunk> chunks;
   std::vector<Sequence*> owners;
   int budget = options_.max_batch_tokens;
-  auto add = [&](Sequence& s, std::span<const int32_t> tokens) {
-    Status st = s.cache->reserve(static_cast<int64_t>(tokens.size()));
-    if (!st.ok()) {
-      // Admission reserved this request's peak pages, so this is a bookkeeping bug or a pool
-      // shared beyond its reservations; either way only this request is affected.
-      OSCAR_LOG_ERROR("scheduler: request %s: %s", s.req.request_id.c_str(), st.to_string().c_str());
-      fail(s, st);
-      return;
+  const int64_t page = runtime_->spec().regions.page_size;
+  auto evict_some = [&](int64_t n_tokens) {
+    if (!radix_) return false;
+    int64_t freed = 0;
+    const int64_t pages = n_tokens / page + 2;
+    for (size_t pool = 0; pool < radix_->stats().evictable_pages.size(); ++pool)
+      if (radix_->stats().evictable_pages[pool] > 0)
+        freed += radix_->evict(pages, static_cast<uint8_t>(pool));
+    return freed > 0;
+  };
+  // Reserves n tokens for s, evicting and preempting later arrivals as needed.
+  auto reserve = [&](Sequence& s, int64_t n, bool may_preempt) {
+    for (;;) {
+      if (s.cache->reserve(n).ok()) return true;
+      if (evict_some(n)) continue;
+      if (!may_preempt) return false;
+      Sequence* victim = nullptr;
+      for (auto& sp : running_) {
+        Sequence& v = *sp;
+        if (&v == &s || v.done || v.preempted || !v.holds_pages() || v.arrival < s.arrival)
+          continue;
+        if (!victim || v.arrival > victim->arrival) victim = &v;
+      }
+      if (!victim) return false;
+      for (size_t i = 0; i < owners.size(); ++i) {
+        if (owners[i] != victim) continue;
+        budget += static_cast<int>(chunks[i].tokens.size());
+        chunks.erase(chunks.begin() + static_cast<std::ptrdiff_t>(i));
+        owners.erase(owners.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
+      preempt(*victim);
     }
+  };
+  auto others_hold_pages = [&](const Sequence& s) {
+    for (auto& sp : running_)
+      if (sp.get() != &s && !sp->done && !sp->preempted && sp->holds_pages()) return true;
+    return false;
+  };
+  auto add = [&](Sequence& s, std::span<const int32_t> tokens) {
     chunks.push_back(kv::StepChunk{s.cache.get(), tokens, false});
     owners.push_back(&s);
     budget -= static_cast<int>(tokens.size());
   };
+  auto cannot_fit = [&](Sequence& s, int64_t n) {
+    // OutOfRange (a 400, not the retryable 429 of ResourceExhausted): it cannot fit, ever.
+    const Status st = out_of_range(
+        "request needs more KV pages than the pools hold: %lld tokens in its cache + %lld more "
+        "(%s pool %lld pages, int2 pool %lld pages; raise --kv-budget or lower max_tokens)",
+        static_cast<long long>(s.cache->n_tokens()), static_cast<long long>(n),
+        runtime_->exact_pool().name().c_str(),
+        static_cast<long long>(runtime_->exact_pool().n_pages()),
+        static_cast<long long>(runtime_->int2_pool() ? runtime_->int2_pool()->n_pages() : 0));
+    OSCAR_LOG_WARN("scheduler: request %s failed: %s", s.req.request_id.c_str(),
+                   st.to_string().c_str());
+    fail(s, st);
+  };
   for (auto& sp : running_) {  // decode tokens first: they keep latency low
     Sequence& s = *sp;
-    if (s.prefilling() || budget <= 0) continue;
-    add(s, std::span<const int32_t>(&s.next_token, 1));
+    if (s.done || s.preempted || s.prefilling() || budget <= 0) continue;
+    if (reserve(s, 1, /*may_preempt=*/true)) {
+      add(s, std::span<const int32_t>(&s.next_token, 1));
+    } else if (others_hold_pages(s)) {
+      preempt(s);
+    } else {
+      cannot_fit(s, 1);
+    }
   }
   for (auto& sp : running_) {  // then prefill chunks
     Sequence& s = *sp;
-    if (s.done || !s.prefilling() || budget <= 0) continue;
-    const int64_t left = static_cast<int64_t>(s.req.prompt_ids.size()) - s.prefilled;
-    const int64_t n = std::min<int64_t>({left, options_.prefill_chunk, budget});
-    add(s, std::span<const int32_t>(s.req.prompt_ids.data() + s.prefilled, n));
+    if (s.done || s.preempted || !s.prefilling() || budget <= 0) continue;
+    const int64_t left = static_cast<int64_t>(s.context.size()) - s.prefilled;
+    int64_t n = std::min<int64_t>({left, options_.prefill_chunk, budget});
+    bool ok = reserve(s, n, /*may_preempt=*/false);
+    while (!ok && n > page) {
+      n = std::max<int64_t>(page, n / 2 / page * page);
+      ok = reserve(s, n, /*may_preempt=*/false);
+    }
+    if (!ok) ok = reserve(s, n, /*may_preempt=*/true);
+    if (ok) {
+      add(s, std::span<const int32_t>(s.context.data() + s.prefilled, n));
+    } else if (!others_hold_pages(s)) {
+      cannot_fit(s, n);
+    }  // else: it waits, holding its pages, for an earlier request to free some
   }
   if (!chunks.empty()) run_step(chunks, owners);
+  // Preempted requests go back to the head of the waiting queue, in arrival order.
+  std::vector<std::unique_ptr<Sequence>> back;
+  for (auto& sp : running_)
+    if (!sp->done && sp->preempted) {
+      sp->preempted = false;
+      back.push_back(std::move(sp));
+    }
+  for (auto& sp : back) waiting_.push_front(std::move(sp));
+  if (!back.empty())  // running requests arrived before every request never admitted (FIFO)
+    std::stable_sort(waiting_.begin(), waiting_.end(),
+                     [](const std::unique_ptr<Sequence>& a, const std::unique_ptr<Sequence>& b) {
+                       return a->arrival < b->arrival;
+                     });
   running_.erase(std::remove_if(running_.begin(), running_.end(),
-                                [](const std::unique_ptr<Sequence>& s) { return s->done; }),
+                                [](const std::unique_ptr<Sequence>& s) { return !s || s->done; }),
                  running_.end());
 }
 
@@ -492,7 +704,7 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
     const int64_t n = plan.cu_seqlens[p + 1] - plan.cu_seqlens[p];
     if (s.prefilling()) {
       s.prefilled += n;
-      {
+      if (s.preemptions == 0) {  // a recompute after a preemption is not new prompt work
         std::lock_guard<std::mutex> lock(mu_);
         metrics_.prompt_tokens_total += static_cast<uint64_t>(n);
       }

@@ -1,8 +1,8 @@
 // Scheduler: the continuous-batching Engine (engine/engine_api.h) over one Runtime.
 //
 // One thread runs the loop: take new requests and cancellations, admit waiting requests whose
-// peak KV pages fit the pools (reservations, so a running request never runs out mid-way; the
-// rest wait in FIFO order), build one batch of decode tokens plus chunked prefill (new requests
+// prefill pages fit what is free (plus a 1% watermark; the rest wait in FIFO order), build one
+// batch of decode tokens plus chunked prefill (new requests
 // join between steps), run the model once for the whole batch, sample, stream text, finish.
 // Cancellation releases every page at once, also in the middle of a prefill.
 //
@@ -10,11 +10,19 @@
 // prompt outside its recent window is adopted (sinks and INT2 history; the recent window is
 // recomputed in BF16); a prompt is inserted as soon as its prefill ends (so requests sharing a
 // system prompt hit while the first one still decodes), and again with its generated tokens when
-// the request ends, so multi-turn conversations and agent loops reuse their own history. Unlocked cached pages are
-// evicted (LRU) when an admission needs room.
+// the request ends, so multi-turn conversations and agent loops reuse their own history.
+// Unlocked cached pages count as available at admission and are evicted (LRU) when a step's
+// pages do not fit.
 //
-// No preemption: admission reserves each request's peak pages, so a running request never runs
-// out mid-way; requests that do not fit wait in FIFO order.
+// Memory follows use: pages are taken as sequences grow (SequenceCache::reserve in each step), not
+// reserved for a request's peak. When a pool runs dry in a step, the prefix cache's unlocked pages
+// go first, then the latest-arrived running request is preempted: its pages are freed (its
+// prefix published to the radix cache, its lock released), its prompt and generated tokens are
+// kept, and it goes back to the head of the waiting queue. Readmitted, it prefills prompt +
+// output (shortened by the radix cache) and its last logits give the next token with the same
+// sampling draw index, so it continues exactly where it was; its stream is never re-sent. A
+// request that cannot fit even alone fails with OutOfRange; one whose peak pages exceed a pool
+// is refused at submit (InvalidArgument). tests/engine/test_scheduler.cpp: Preemption*.
 #pragma once
 
 #include <atomic>
@@ -44,6 +52,12 @@ struct SchedulerOptions {
   int max_batch_tokens = 1024;  // tokens per forward step (decode tokens + prefill chunks)
   int prefill_chunk = 512;      // prefill tokens per request per step
   bool prefix_cache = true;     // share prompt prefixes between requests (radix cache)
+  // Longest prompt + max_tokens accepted (info().max_context_tokens). 0: the model's
+  // max_position_embeddings, lowered to the longest sequence whose peak pages fit the pools.
+  int max_model_len = 0;
+  // Requests queued for admission at most; submit() answers ResourceExhausted beyond (the server's
+  // 429). 0: unbounded.
+  int max_waiting = 1024;
   // KV-cache events for routers (kv/kv_events.h; e.g. server::KvEventPublisher): every page the
   // radix cache stores or evicts, one batch per step. Not owned; outlives the scheduler. Needs
   // prefix_cache. Null = no events.
@@ -82,9 +96,12 @@ class Scheduler : public Engine {
   Scheduler(std::unique_ptr<Runtime> runtime, const SchedulerOptions& options);
   void loop();
   kv::PageNeed pages_needed(int64_t n_tokens) const;
+  kv::PageNeed prefill_pages(int64_t n_tokens, int64_t cached_tokens) const;
+  void available_pages(int64_t out[2]) const;
   void admit();
-  bool reservation_fits(const kv::PageNeed& need);
-  void attach_prefix(Sequence& s);
+  void preempt(Sequence& s);
+  kv::PrefixMatch match_prefix(const Sequence& s);
+  void attach_prefix(Sequence& s, const kv::PrefixMatch& m);
   void publish_prefix(Sequence& s, bool keep_locked);
   void step();
   void run_step(std::span<const kv::StepChunk> chunks, std::span<Sequence* const> owners);
@@ -97,25 +114,28 @@ class Scheduler : public Engine {
 
   std::unique_ptr<Runtime> runtime_;
   SchedulerOptions options_;
+  int max_model_len_ = 0;  // resolved options_.max_model_len
   std::unique_ptr<tok::ChatTemplate> chat_template_;
   bool template_reads_reasoning_ = false;  // tok::template_reads_reasoning of its source
   std::unique_ptr<kv::RadixCache> radix_;  // null when prefix caching is off
   kv::KvEventCollector kv_events_;          // the radix cache's listener when events are on
   int64_t kv_events_dropped_seen_ = 0;
 
-  mutable std::mutex mu_;  // guards incoming_, cancels_, live_ids_, stop_, metrics_
+  // Guards incoming_, cancels_, live_ids_, stop_, next_arrival_, n_queued_, metrics_.
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Sequence>> incoming_;
   std::vector<std::string> cancels_;
   std::unordered_map<std::string, bool> live_ids_;
   bool stop_ = false;
+  uint64_t next_arrival_ = 0;
+  int n_queued_ = 0;  // submitted, never admitted, not ended (max_waiting counts these)
   EngineMetrics metrics_;
   std::atomic<bool> ready_{false};
 
   // Loop-thread state.
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
-  kv::PageNeed reserved_;  // the running requests' reservations, summed
   std::thread thread_;
 };
 

@@ -111,7 +111,9 @@ int http_status_for(const Status& s) {
     case StatusCode::kInvalidArgument:
     case StatusCode::kOutOfRange: return 400;
     case StatusCode::kNotFound: return 404;
-    case StatusCode::kResourceExhausted: return 503;
+    // The engine's waiting queue is full (a request that can never fit is InvalidArgument):
+    // retryable, with Retry-After.
+    case StatusCode::kResourceExhausted: return 429;
     case StatusCode::kUnimplemented: return 501;
     default: return 500;
   }
@@ -120,6 +122,10 @@ int http_status_for(const Status& s) {
 ApiError error_from_status(const Status& s, const char* context) {
   ApiError e = invalid_request(std::string(context) + ": " + s.message(), "", http_status_for(s));
   if (e.http_status >= 500) e.type = "server_error";
+  if (e.http_status == 429) {
+    e.type = "server_error";
+    e.code = "queue_full";
+  }
   return e;
 }
 
@@ -429,7 +435,7 @@ class Session : public std::enable_shared_from_this<Session> {
       prompt_ids = std::move(ids).value();
     }
     auto fit = check_context_fit(static_cast<int>(prompt_ids.size()), req.max_tokens,
-                                 info.max_context_tokens);
+                                 info.max_context_tokens, st_->options.default_max_tokens);
     if (auto* e = std::get_if<ApiError>(&fit)) return send_error(*e, keep_alive_);
 
     meta_ = ResponseMeta{endpoint, make_response_id(endpoint), unix_now(), st_->model_name};
@@ -787,6 +793,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res->set(http::field::content_type, "application/json");
     if (e.http_status == 401) res->set(http::field::www_authenticate, "Bearer");
     if (e.http_status == 405) res->set(http::field::allow, allow_);
+    if (e.http_status == 429) res->set(http::field::retry_after, "1");
     if (e.http_status >= 500) {
       OSCAR_LOG_WARN("server: status=%d request_id=%s message=%s", e.http_status, req_id_.c_str(),
                      e.message.c_str());

@@ -18,7 +18,8 @@
 // Robustness: headers over kMaxHeaderBytes get 431, bodies over kMaxBodyBytes 413, both then close
 // the connection; a request must arrive within read_timeout; keep-alive between requests; a client
 // that disconnects while its request runs (streaming or not) has its engine request cancelled;
-// beyond max_connections a new connection gets 503 and is closed; when accept() fails (out of
+// beyond max_connections a new connection gets 503 and is closed; an engine whose waiting queue is
+// full (ResourceExhausted from submit) gives a 429 with Retry-After; when accept() fails (out of
 // file descriptors) the acceptor backs off (10 ms doubling to 1 s) instead of spinning.
 // Chat output: when the request has tools (and tool_choice is not "none"), <tool_call> blocks
 // become tool_calls with finish_reason "tool_calls"; with reasoning_parser "qwen3", <think>
@@ -60,6 +61,9 @@ struct ServerOptions {
   std::vector<std::string> allowed_origins;
   // "qwen3": a leading <think>…</think> of a chat answer becomes reasoning_content. "": off.
   std::string reasoning_parser;
+  // max_tokens of a request that leaves it out: min(default_max_tokens, context - prompt).
+  // 0: all the room the context leaves (context - prompt, as vLLM).
+  int default_max_tokens = 0;
 };
 
 class HttpServer {

@@ -1,5 +1,6 @@
 #include "server/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -640,7 +641,7 @@ ParseResult parse_openai_request(Endpoint endpoint, std::string_view body,
 }
 
 std::variant<int, ApiError> check_context_fit(int prompt_tokens, std::optional<int> max_tokens,
-                                              int max_context_tokens) {
+                                              int max_context_tokens, int default_max_tokens) {
   if (prompt_tokens <= 0) return invalid_request("the prompt is empty after tokenization");
   if (prompt_tokens >= max_context_tokens) {
     ApiError e = invalid_request(
@@ -650,7 +651,10 @@ std::variant<int, ApiError> check_context_fit(int prompt_tokens, std::optional<i
     e.code = "context_length_exceeded";
     return e;
   }
-  if (!max_tokens) return max_context_tokens - prompt_tokens;
+  if (!max_tokens) {
+    const int room = max_context_tokens - prompt_tokens;
+    return default_max_tokens > 0 ? std::min(room, default_max_tokens) : room;
+  }
   if (static_cast<int64_t>(prompt_tokens) + *max_tokens > max_context_tokens) {
     ApiError e = invalid_request(
         str_format("This model's maximum context length is %d tokens. However, you requested %lld "

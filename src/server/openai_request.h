@@ -117,7 +117,9 @@ bool json_depth_exceeds(std::string_view text, int max_depth);
 // After tokenization: the prompt must be non-empty and prompt + max_tokens must fit the context.
 // Returns the max_tokens to use (the requested one, or all the room left), or a 400 whose
 // message gives the numbers.
+// default_max_tokens > 0 caps the room used when max_tokens is absent.
 std::variant<int, ApiError> check_context_fit(int prompt_tokens, std::optional<int> max_tokens,
-                                              int max_context_tokens);
+                                              int max_context_tokens,
+                                              int default_max_tokens = 0);
 
 }  // namespace oscar::server

@@ -72,6 +72,9 @@ void vllm_families(std::string* out, const engine::EngineMetrics& m) {
          m.requests_running);
   sample("vllm:num_requests_waiting", "gauge", "Requests waiting for admission (oscar).",
          m.requests_waiting);
+  sample("vllm:num_preemptions_total", "counter",
+         "Running requests preempted because the KV cache ran out (recomputed later).",
+         static_cast<double>(m.num_preemptions_total));
   // One fraction for several pools: the fullest pool is the one that stops admission.
   double usage = 0;
   for (const engine::KvPoolUsage& p : m.kv_pools)
@@ -121,6 +124,9 @@ std::string render_prometheus(const engine::EngineMetrics& m, const ServerCounte
          static_cast<double>(m.prompt_tokens_total));
   scalar(&out, "oscar_generation_tokens_total", "counter", "Tokens generated.",
          static_cast<double>(m.generation_tokens_total));
+  scalar(&out, "oscar_preemptions_total", "counter",
+         "Running requests preempted because a KV pool ran dry (resumed by recompute).",
+         static_cast<double>(m.num_preemptions_total));
   histogram(&out, "oscar_time_to_first_token_seconds", "Time from arrival to first token.",
             m.time_to_first_token_seconds);
   histogram(&out, "oscar_time_per_output_token_seconds", "Time between output tokens.",

@@ -1,6 +1,8 @@
 // The continuous-batching scheduler on the embedded model: batched greedy output equals
 // sequential decoding, stop strings and max_tokens end requests, cancellation (queued, mid-prefill,
-// mid-decode) frees every page, and impossible requests are refused at submit.
+// mid-decode) frees every page, impossible requests are refused at submit, memory follows use
+// (many requests on a small pool, preemption that resumes exactly) and the waiting queue is
+// bounded.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -241,11 +243,24 @@ TEST(Scheduler, PrefixCacheReusesSharedPrefix) {
 }
 
 TEST(Scheduler, RefusesImpossibleRequests) {
+  // 1 MiB of BF16 pages = 8 pages = 128 tokens: max_model_len defaults to that.
   auto sched = make_scheduler("bf16", 1);
+  EXPECT_EQ(sched->info().max_context_tokens, 128);
   auto prompt = sched->tokenize("hello").value();
   Collector c;
   Status st = sched->submit(greedy("big", prompt, 30000), c.callback());
-  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("maximum context length of 128"), std::string::npos) << st.message();
+  // An explicit max_model_len beyond the pools: the request is refused naming the pages.
+  SchedulerOptions so;
+  so.max_model_len = 1024;
+  auto wide = make_scheduler_with("bf16", so, {}, 1);
+  EXPECT_EQ(wide->info().max_context_tokens, 1024);
+  st = wide->submit(greedy("pages", prompt, 500), c.callback());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("need 32 bf16 and 0 int2 KV pages"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("hold 8 and 0 pages"), std::string::npos) << st.message();
   st = sched->submit(greedy("ctx", prompt, 40000), c.callback());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
   st = sched->submit(greedy("range", {9000}, 4), c.callback());
@@ -371,6 +386,175 @@ TEST(Scheduler, KvEventsNeedThePrefixCache) {
   auto made = Scheduler::create(std::move(rt).value(), so);
   ASSERT_FALSE(made.ok());
   EXPECT_NE(made.status().to_string().find("prefix cache"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace oscar::engine
+
+namespace oscar::engine {
+namespace {
+
+// Greedy (or seeded) tokens and text of `r` run with nothing else in the scheduler.
+struct Alone {
+  std::vector<int32_t> ids;
+  std::string text, finish;
+};
+Alone run_alone(Scheduler& s, GenerationRequest r) {
+  static int n_alone = 0;
+  r.request_id = "alone-" + r.request_id;
+  r.request_id += std::to_string(n_alone++);  // an id is free only after its terminal event
+  Collector c;
+  Status st = s.submit(std::move(r), c.callback());
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  if (!st.ok()) return {};
+  EXPECT_TRUE(c.wait());
+  EXPECT_TRUE(c.error.ok()) << c.error.to_string();
+  return Alone{c.ids, c.text, c.finish};
+}
+
+// Issue #11: 64 requests without max_tokens (the server then sends max_model_len - prompt, as
+// vLLM) against a pool far smaller than their peaks: all finish with the tokens each gives alone,
+// and more run at once than peak reservations would have allowed (24 pages / 3 pages each = 8).
+TEST(Scheduler, MemoryFollowsUseManyRequestsSmallPool) {
+  SchedulerOptions so;
+  so.prefix_cache = false;
+  so.max_model_len = 48;  // 3 pages of 16 tokens at the peak
+  auto sched = make_scheduler_with("bf16", so, {}, 3);  // 3 MiB = 24 BF16 pages
+  const char* texts[] = {"def f(x):", "import os", "class A:", "for i in range(",
+                         "# sum of squares", "while True:", "print(", "return x +"};
+  std::vector<GenerationRequest> kinds;
+  std::vector<Alone> alone;
+  for (const char* t : texts) {
+    auto prompt = sched->tokenize(t).value();
+    kinds.push_back(greedy("alone", prompt, 48 - static_cast<int>(prompt.size())));
+    alone.push_back(run_alone(*sched, kinds.back()));
+  }
+  wait_idle(*sched);
+  const int kN = 64;
+  std::vector<std::unique_ptr<Collector>> cs;
+  for (int i = 0; i < kN; ++i) {
+    cs.push_back(std::make_unique<Collector>());
+    GenerationRequest r = kinds[i % kinds.size()];
+    r.request_id = std::to_string(i);
+    ASSERT_TRUE(sched->submit(std::move(r), cs.back()->callback()).ok());
+  }
+  int peak_running = 0;
+  for (int i = 0; i < 6000; ++i) {
+    const EngineMetrics m = sched->metrics();
+    peak_running = std::max(peak_running, m.requests_running);
+    bool all = true;
+    for (auto& c : cs) {
+      std::lock_guard<std::mutex> lock(c->mu);
+      all = all && c->done;
+    }
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_TRUE(cs[i]->wait(5)) << "request " << i << " did not finish";
+    EXPECT_TRUE(cs[i]->error.ok()) << i << ": " << cs[i]->error.to_string();
+    EXPECT_EQ(cs[i]->ids, alone[i % alone.size()].ids) << "request " << i;
+    EXPECT_EQ(cs[i]->text, alone[i % alone.size()].text) << "request " << i;
+    EXPECT_EQ(cs[i]->finish, alone[i % alone.size()].finish) << "request " << i;
+  }
+  const int old_limit = 24 / 3;
+  EXPECT_GT(peak_running, old_limit) << "peak running " << peak_running;
+  EXPECT_LE(peak_running, 24);  // each running request holds at least one of the 24 pages
+  std::printf("memory follows use: peak running %d (peak reservations allowed %d), "
+              "preemptions %llu\n",
+              peak_running, old_limit,
+              static_cast<unsigned long long>(sched->metrics().num_preemptions_total));
+  wait_idle(*sched);
+  EXPECT_EQ(used_pages(*sched), 0);
+}
+
+// Two long generations that cannot both fit (8 pages; each ends at 110 tokens = 7 pages): the
+// later one is preempted, recomputes prompt + output, and resumes with exactly the tokens it gives
+// alone (greedy and seeded sampling: the draw index is the output index), streamed once.
+void check_preemption_resumes(const std::string& mode, bool prefix_cache, size_t budget_mib,
+                              int prompt_tokens, int max_tokens) {
+  SchedulerOptions so;
+  so.prefix_cache = prefix_cache;
+  auto sched = make_scheduler_with(mode, so, {}, budget_mib);
+  std::vector<GenerationRequest> reqs;
+  reqs.push_back(greedy("a", repeated(*sched, "def add(a, b):\n    return a + b\n", prompt_tokens),
+                        max_tokens));
+  reqs.push_back(greedy("b", repeated(*sched, "import numpy as np\n", prompt_tokens), max_tokens));
+  reqs.push_back(reqs[1]);
+  reqs[2].request_id = "c";
+  reqs[2].sampling.temperature = 0.5f;
+  reqs[2].sampling.top_k = 20;
+  reqs[2].sampling.has_seed = true;
+  reqs[2].sampling.seed = 1234;
+  for (auto& r : reqs) r.ignore_eos = true;
+  std::vector<Alone> alone;
+  for (const auto& r : reqs) alone.push_back(run_alone(*sched, r));
+  if (!prefix_cache) wait_idle(*sched);  // (the prefix cache keeps pages: wait_idle would time out)
+  // a with b (greedy), then a with c (seeded sampling): the later one is preempted.
+  for (size_t j = 1; j < reqs.size(); ++j) {
+    const uint64_t preempted_before = sched->metrics().num_preemptions_total;
+    Collector ca, cb;
+    ASSERT_TRUE(sched->submit(reqs[0], ca.callback()).ok());
+    ASSERT_TRUE(sched->submit(reqs[j], cb.callback()).ok());
+    ASSERT_TRUE(ca.wait());
+    ASSERT_TRUE(cb.wait());
+    const std::pair<Collector*, size_t> runs[] = {{&ca, 0}, {&cb, j}};
+    for (const auto& [c, i] : runs) {
+      EXPECT_TRUE(c->error.ok()) << c->error.to_string();
+      size_t first = 0;
+      while (first < c->ids.size() && first < alone[i].ids.size() &&
+             c->ids[first] == alone[i].ids[first])
+        ++first;
+      EXPECT_EQ(c->ids, alone[i].ids) << mode << " request " << reqs[i].request_id
+                                      << ": first mismatch at output " << first;
+      EXPECT_EQ(c->text, alone[i].text) << mode << " request " << i;  // one continuous stream
+      EXPECT_EQ(c->events, max_tokens + 1) << mode << " request " << i;
+      EXPECT_EQ(c->finish, "length");
+    }
+    EXPECT_GE(sched->metrics().num_preemptions_total, preempted_before + 1) << mode;
+    if (!prefix_cache) {
+      wait_idle(*sched);
+      EXPECT_EQ(used_pages(*sched), 0);
+    }
+  }
+}
+
+TEST(Scheduler, PreemptionResumesExactly) {
+  check_preemption_resumes("bf16", /*prefix_cache=*/false, 1, 20, 90);
+}
+
+TEST(Scheduler, PreemptionResumesExactlyWithPrefixCache) {
+  check_preemption_resumes("bf16", /*prefix_cache=*/true, 1, 20, 90);
+}
+
+// max_waiting bounds the requests that wait for admission: one more is refused with
+// ResourceExhausted naming the cap (the server's 429); the admitted ones all finish.
+TEST(Scheduler, QueueCapRefusesBeyondMaxWaiting) {
+  SchedulerOptions so;
+  so.max_running = 1;
+  so.max_waiting = 2;
+  so.prefix_cache = false;
+  auto sched = make_scheduler_with("bf16", so, {}, 1);
+  auto prompt = sched->tokenize("hello").value();
+  std::vector<std::unique_ptr<Collector>> cs;
+  int refused = 0;
+  for (int i = 0; i < 6; ++i) {
+    cs.push_back(std::make_unique<Collector>());
+    GenerationRequest r = greedy(std::to_string(i), prompt, 100);
+    r.ignore_eos = true;
+    Status st = sched->submit(std::move(r), cs.back()->callback());
+    if (!st.ok()) {
+      EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+      EXPECT_NE(st.message().find("--max-queue 2"), std::string::npos) << st.message();
+      ++refused;
+    }
+  }
+  // One may already be running; at most two wait.
+  EXPECT_GE(refused, 3);
+  EXPECT_LE(refused, 4);
+  for (int i = 0; i < 6 - refused; ++i) EXPECT_TRUE(cs[i]->wait()) << i;
+  wait_idle(*sched);
+  EXPECT_EQ(used_pages(*sched), 0);
 }
 
 }  // namespace

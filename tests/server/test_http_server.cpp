@@ -875,6 +875,42 @@ TEST_F(HttpServerTest, ToolCallsAreStreamedAsDeltas) {
   EXPECT_EQ(finish, "tool_calls");
 }
 
+// Issue #11 caps: a full engine queue (ResourceExhausted) is a 429 with Retry-After, not a 503;
+// a request that can never fit is a 400 naming the numbers; a request without max_tokens gets
+// min(--default-max-tokens, context - prompt).
+TEST_F(HttpServerTest, DefaultMaxTokensAndNeverFits) {
+  ServerOptions sopt;
+  sopt.default_max_tokens = 8;
+  start(FakeEngine::Options{.max_context_tokens = 64}, sopt);
+  Reply ok = post("/v1/completions", R"({"model":"fake-model","prompt":"abcd"})");
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  ASSERT_FALSE(engine_->submitted().empty());
+  EXPECT_EQ(engine_->submitted().back().max_tokens, 8);
+  Reply room = post("/v1/completions", std::string(R"({"model":"fake-model","prompt":")") +
+                                           std::string(60, 'a') + "\"}");
+  ASSERT_EQ(room.status, 200) << room.body;
+  EXPECT_EQ(engine_->submitted().back().max_tokens, 4);  // 64 - 60 < 8
+  Reply never = post("/v1/completions",
+                     R"({"model":"fake-model","prompt":"abcd","max_tokens":100})");
+  EXPECT_EQ(never.status, 400) << never.body;
+  EXPECT_EQ(json::parse(never.body)["error"]["type"], "invalid_request_error");
+  EXPECT_NE(never.body.find("104 tokens (4 in the prompt, 100 in the completion)"),
+            std::string::npos)
+      << never.body;
+}
+
+TEST_F(HttpServerTest, QueueFullIs429WithRetryAfter) {
+  // The fake engine refuses with ResourceExhausted when it has no pages, as the scheduler does
+  // when its waiting queue is full.
+  start(FakeEngine::Options{.pages_total = 0});
+  Reply big = post("/v1/completions", R"({"model":"fake-model","prompt":"abcd","max_tokens":4})");
+  EXPECT_EQ(big.status, 429) << big.body;
+  EXPECT_EQ(big.headers["Retry-After"], "1");
+  json e = json::parse(big.body)["error"];
+  EXPECT_EQ(e["code"], "queue_full") << big.body;
+  EXPECT_NE(e["message"].get<std::string>().find("out of pages"), std::string::npos) << big.body;
+}
+
 TEST_F(HttpServerTest, ReasoningParser) {
   ServerOptions sopt;
   sopt.reasoning_parser = "qwen3";

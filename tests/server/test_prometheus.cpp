@@ -27,6 +27,7 @@ engine::EngineMetrics snapshot() {
   m.time_to_first_token_seconds.counts = {1, 2, 3};
   m.time_to_first_token_seconds.sum = 9.5;
   m.time_per_output_token_seconds.upper_bounds = {0.01};
+  m.num_preemptions_total = 7;
   m.time_per_output_token_seconds.counts = {4, 0};
   return m;
 }
@@ -60,6 +61,9 @@ TEST(Prometheus, ParsesAndCarriesVllmFamilies) {
   EXPECT_EQ(typed["vllm:num_requests_running"], "gauge");
   EXPECT_EQ(values["vllm:num_requests_running" + l], 3);
   EXPECT_EQ(values["vllm:num_requests_waiting" + l], 2);
+  EXPECT_EQ(typed["vllm:num_preemptions_total"], "counter");
+  EXPECT_EQ(values["vllm:num_preemptions_total" + l], 7);
+  EXPECT_EQ(values["oscar_preemptions_total"], 7);
   EXPECT_DOUBLE_EQ(values["vllm:kv_cache_usage_perc" + l], 0.9);  // the fullest pool: 90 / 100
   EXPECT_EQ(typed["vllm:prefix_cache_queries"], "counter");
   EXPECT_EQ(values["vllm:prefix_cache_queries" + l], 1000);
