@@ -115,9 +115,11 @@ __global__ void rms_norm_warp_kernel(const float* x, int64_t rows, int64_t dim,
   const float* xr = x + r * dim;
   float* yr = y + r * dim;
   float ss = 0.f;
+#pragma unroll 4
   for (int64_t c = lane; c < dim; c += 32) ss = __fmaf_rn(xr[c], xr[c], ss);
   ss = warp_sum(ss);
   const float inv = rms_inv(ss, dim, eps);
+#pragma unroll 4
   for (int64_t c = lane; c < dim; c += 32) yr[c] = __fmul_rn(w[c], __fmul_rn(xr[c], inv));
 }
 
@@ -128,6 +130,9 @@ __global__ void rms_norm_block_kernel(const float* x, int64_t dim, const float* 
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
   float ss = 0.f;
+  // Unrolled: the loads of a thread's 16 elements (dim 4096) go out together instead of one
+  // latency each (the sum keeps its order). A one-row norm took ~8 us rolled.
+#pragma unroll 8
   for (int64_t c = threadIdx.x; c < dim; c += kThreads) ss = __fmaf_rn(xr[c], xr[c], ss);
   ss = warp_sum(ss);
   if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
@@ -135,6 +140,7 @@ __global__ void rms_norm_block_kernel(const float* x, int64_t dim, const float* 
   float tot = 0.f;
   for (int i = 0; i < kThreads / 32; ++i) tot += part[i];
   const float inv = rms_inv(tot, dim, eps);
+#pragma unroll 8
   for (int64_t c = threadIdx.x; c < dim; c += kThreads)
     yr[c] = __fmul_rn(w[c], __fmul_rn(xr[c], inv));
 }

@@ -23,21 +23,38 @@ namespace oscar::kernels {
 namespace {
 
 constexpr int kTile = 8;           // rows per block
-constexpr int kMaxHeadDim = 1024;  // threads per block = head_dim
+constexpr int kMaxHeadDim = 256;  // threads per block = head_dim × kSplit (below), <= 1024
 
-// out[t] = Σ_r xs[t][r] · R[r, c] for the n (<= kTile) rows of the tile, in r order.
+// out[t] = Σ_r xs[t][r] · R[r, c] for the n (<= kTile) rows of the tile. The block is head_dim
+// × kSplit threads: thread (c, g) sums r in [g·d/kSplit, (g+1)·d/kSplit) in r order, one fused
+// multiply-add per term, and the kSplit partials are added in g order (through shared memory,
+// `part`: [kSplit, kTile, d]). At one row per step (decode) the rotation was latency-bound with
+// one thread per column walking all d rows of R (~25 us a layer on the H200); split four ways
+// each thread has a quarter of the loads in flight. The sum's order differs from the CPU's
+// single r-order chain only by rounding (test_ops_cuda's bounds).
+constexpr int kSplit = 4;
 __device__ __forceinline__ void rotate_tile(const float* xs, int n, const float* __restrict__ R,
-                                            int d, int c, float (&out)[kTile]) {
+                                            int d, int c, int g, float* part,
+                                            float (&out)[kTile]) {
+  float acc[kTile];
 #pragma unroll
-  for (int t = 0; t < kTile; ++t) out[t] = 0.f;
-  // Unrolled so that 16 loads of R are in flight before their FMAs (the sums keep r order):
-  // rolled, every term waited for its load and a one-row decode append took ~40 us a layer.
-#pragma unroll 16
-  for (int r = 0; r < d; ++r) {
+  for (int t = 0; t < kTile; ++t) acc[t] = 0.f;
+  const int span = d / kSplit, r0 = g * span;
+#pragma unroll 8
+  for (int r = r0; r < r0 + span; ++r) {
     const float rc = R[static_cast<size_t>(r) * d + c];
 #pragma unroll
     for (int t = 0; t < kTile; ++t)
-      if (t < n) out[t] = __fmaf_rn(xs[t * d + r], rc, out[t]);
+      if (t < n) acc[t] = __fmaf_rn(xs[t * d + r], rc, acc[t]);
+  }
+#pragma unroll
+  for (int t = 0; t < kTile; ++t) part[(g * kTile + t) * d + c] = acc[t];
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < kTile; ++t) {
+    float sum = part[t * d + c];
+    for (int j = 1; j < kSplit; ++j) sum = __fadd_rn(sum, part[(j * kTile + t) * d + c]);
+    out[t] = sum;
   }
 }
 
@@ -54,8 +71,8 @@ __global__ void kv_append_kernel(KvPageLayout L, int32_t layer, int64_t n_tokens
                                  const int64_t* __restrict__ slots, uint8_t* __restrict__ pool,
                                  const float* __restrict__ k_mean,
                                  const float* __restrict__ k_rotation) {
-  extern __shared__ float xs[];  // [kTile, d] centred keys of the tile
-  const int d = L.head_dim, H = L.n_heads_kv, c = threadIdx.x;
+  extern __shared__ float xs[];  // [kTile, d] centred keys of the tile, then [kSplit, kTile, d]
+  const int d = L.head_dim, H = L.n_heads_kv, c = threadIdx.x, g = threadIdx.y;
   const int h = blockIdx.y;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int n = static_cast<int>(n_tokens - t0 < kTile ? n_tokens - t0 : kTile);
@@ -68,12 +85,13 @@ __global__ void kv_append_kernel(KvPageLayout L, int32_t layer, int64_t n_tokens
     if (t >= n) break;
     const float x = k[((t0 + t) * H + h) * d + c];
     out[t] = k_mean != nullptr ? __fsub_rn(x, mu) : x;
-    xs[t * d + c] = out[t];
+    if (g == 0) xs[t * d + c] = out[t];
   }
   if (k_rotation != nullptr) {
     __syncthreads();
-    rotate_tile(xs, n, k_rotation + head * d * d, d, c, out);
+    rotate_tile(xs, n, k_rotation + head * d * d, d, c, g, xs + kTile * d, out);
   }
+  if (g != 0) return;  // the other groups only helped with the rotation
 #pragma unroll
   for (int t = 0; t < kTile; ++t) {
     if (t >= n) break;
@@ -91,14 +109,17 @@ __global__ void kv_append_kernel(KvPageLayout L, int32_t layer, int64_t n_tokens
 __global__ void rotate_queries_kernel(int32_t layer, int64_t n_rows, int32_t n_heads_q,
                                       int32_t n_heads_kv, int32_t d, const float* __restrict__ q,
                                       const float* __restrict__ rot, float* __restrict__ o) {
-  extern __shared__ float xs[];  // [kTile, d]
-  const int c = threadIdx.x, h = blockIdx.y, gqa = n_heads_q / n_heads_kv;
+  extern __shared__ float xs[];  // [kTile, d], then [kSplit, kTile, d]
+  const int c = threadIdx.x, g = threadIdx.y, h = blockIdx.y, gqa = n_heads_q / n_heads_kv;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int n = static_cast<int>(n_rows - t0 < kTile ? n_rows - t0 : kTile);
-  for (int t = 0; t < n; ++t) xs[t * d + c] = q[((t0 + t) * n_heads_q + h) * d + c];
+  if (g == 0)
+    for (int t = 0; t < n; ++t) xs[t * d + c] = q[((t0 + t) * n_heads_q + h) * d + c];
   __syncthreads();
   float out[kTile];
-  rotate_tile(xs, n, rot + (static_cast<size_t>(layer) * n_heads_kv + h / gqa) * d * d, d, c, out);
+  rotate_tile(xs, n, rot + (static_cast<size_t>(layer) * n_heads_kv + h / gqa) * d * d, d, c, g,
+              xs + kTile * d, out);
+  if (g != 0) return;
 #pragma unroll
   for (int t = 0; t < kTile; ++t)
     if (t < n) o[((t0 + t) * n_heads_q + h) * d + c] = out[t];
@@ -123,8 +144,9 @@ Status kv_append_cuda(const KvAppendParams& p, void* stream) {
   if (tiles > 0x7fffffff)
     return invalid_argument("kv_append_cuda: %lld tokens", static_cast<long long>(p.n_tokens));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(H));
-  const size_t smem = sizeof(float) * kTile * d;  // <= 32 KiB
-  kv_append_kernel<<<grid, d, smem, static_cast<cudaStream_t>(stream)>>>(
+  const dim3 block(static_cast<unsigned>(d), kSplit);
+  const size_t smem = sizeof(float) * (1 + kSplit) * kTile * d;  // 20 KiB at head_dim 128
+  kv_append_kernel<<<grid, block, smem, static_cast<cudaStream_t>(stream)>>>(
       L, p.layer, p.n_tokens, p.k, p.v, p.slots, p.exact_pool, p.k_mean, p.k_rotation);
   OSCAR_CUDA_LAUNCH_CHECK("kv_append_kernel");
   return Status();
@@ -150,7 +172,8 @@ Status rotate_queries_cuda(const RotateQueriesParams& p, void* stream) {
   if (tiles > 0x7fffffff)
     return invalid_argument("rotate_queries_cuda: %lld rows", static_cast<long long>(p.n_rows));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.n_heads_q));
-  rotate_queries_kernel<<<grid, d, sizeof(float) * kTile * d, s>>>(
+  rotate_queries_kernel<<<grid, dim3(static_cast<unsigned>(d), kSplit),
+                          sizeof(float) * (1 + kSplit) * kTile * d, s>>>(
       p.layer, p.n_rows, p.n_heads_q, p.n_heads_kv, d, p.q, p.q_rotation, p.out);
   OSCAR_CUDA_LAUNCH_CHECK("rotate_queries_kernel");
   return Status();
