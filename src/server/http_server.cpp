@@ -26,6 +26,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "server/generate_endpoint.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/output_parser.h"
@@ -66,6 +67,8 @@ struct HttpServer::State {
   std::mutex stop_mu;  // serialises start()/stop()
 
   std::shared_ptr<EventGate> gate = std::make_shared<EventGate>();
+  // Live /v1/generate request ids, for /v1/abort (shared with the engine callbacks).
+  std::shared_ptr<GenerateRegistry> generate_ids = std::make_shared<GenerateRegistry>();
 
   // Live sessions, for shutdown; and the number with a request in progress.
   std::mutex sessions_mu;
@@ -186,7 +189,7 @@ const char* route_methods(std::string_view target, std::string_view model_prefix
     return "GET, HEAD, OPTIONS";
   }
   if (target == "/v1/chat/completions" || target == "/v1/completions" ||
-      target == "/v1/responses") {
+      target == "/v1/responses" || target == "/v1/generate" || target == "/v1/abort") {
     return "POST, OPTIONS";
   }
   return nullptr;
@@ -399,6 +402,8 @@ class Session : public std::enable_shared_from_this<Session> {
                   "application/json");
     }
     if (!post) return send_method_not_allowed();
+    if (target == "/v1/generate") return start_token_generation(req.body());
+    if (target == "/v1/abort") return abort_generation(req.body());
     start_generation(target == "/v1/chat/completions" ? Endpoint::kChatCompletions
                      : target == "/v1/responses"     ? Endpoint::kResponses
                                                      : Endpoint::kCompletions,
@@ -418,6 +423,7 @@ class Session : public std::enable_shared_from_this<Session> {
     ParseResult parsed = parse_openai_request(endpoint, body, limits);
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*e, keep_alive_);
     OpenAIRequest& req = std::get<OpenAIRequest>(parsed);
+    token_api_ = false;
 
     std::vector<int32_t> prompt_ids;
     if (endpoint == Endpoint::kChatCompletions || endpoint == Endpoint::kResponses) {
@@ -520,6 +526,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_event(const engine::GenerationEvent& ev) {
     if (!generating_) return;  // after a disconnect: only the terminal event is left to come
+    if (token_api_) return on_generate_event(ev);
     usage_.prompt_tokens = ev.prompt_tokens > 0 ? ev.prompt_tokens : usage_.prompt_tokens;
     usage_.completion_tokens = ev.completion_tokens;
     usage_.cached_tokens = ev.cached_tokens;
@@ -591,6 +598,158 @@ class Session : public std::enable_shared_from_this<Session> {
         return;
       }
     }
+  }
+
+  // ---- /v1/generate and /v1/abort (generate_endpoint.h) ----
+
+  void start_token_generation(const std::string& body) {
+    engine::EngineInfo info = st_->engine->info();
+    if (!info.ready) {
+      ApiError e = invalid_request("the model is still loading", "", 503);
+      e.type = "server_error";
+      return send_error(e, keep_alive_);
+    }
+    ModelLimits limits{st_->model_name, info.max_context_tokens, info.vocab_size};
+    auto parsed = parse_generate_request(body, limits);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*e, keep_alive_);
+    GenerateRequest& req = std::get<GenerateRequest>(parsed);
+    auto fit = check_context_fit(static_cast<int>(req.input_ids.size()), req.max_tokens,
+                                 info.max_context_tokens);
+    if (auto* e = std::get_if<ApiError>(&fit)) return send_error(*e, keep_alive_);
+    const std::string id = req.request_id.empty() ? make_generate_id() : req.request_id;
+    std::shared_ptr<GenerateRegistry> registry = st_->generate_ids;
+    if (!registry->add(id)) {
+      ApiError e = invalid_request(
+          str_format("a request with request_id '%s' is already running", id.c_str()),
+          "request_id");
+      e.code = "duplicate_request_id";
+      return send_error(e, keep_alive_);
+    }
+
+    token_api_ = true;
+    meta_ = ResponseMeta{Endpoint::kCompletions, id, unix_now(), st_->model_name};  // [DONE] ends
+    request_id_ = id;
+    streaming_ = req.stream;
+    output_ids_.clear();
+    stop_token_ids_ = std::move(req.stop_token_ids);
+    stopped_by_token_ = false;
+    usage_ = Usage{static_cast<int>(req.input_ids.size()), 0, 0};
+
+    engine::GenerationRequest greq;
+    greq.request_id = id;
+    greq.prompt_ids = std::move(req.input_ids);
+    greq.sampling = req.sampling;
+    greq.max_tokens = std::get<int>(fit);
+    greq.ignore_eos = req.ignore_eos;
+
+    std::weak_ptr<Session> weak = weak_from_this();
+    std::shared_ptr<EventGate> gate = st_->gate;
+    auto executor = stream_.get_executor();
+    Status submitted = st_->engine->submit(
+        std::move(greq), [weak, gate, executor, registry, id](const engine::GenerationEvent& ev) {
+          // The id leaves the registry with the terminal event, whatever became of the session.
+          if (ev.kind != engine::GenerationEvent::kToken) registry->remove(id);
+          std::lock_guard<std::mutex> lock(gate->mu);
+          if (!gate->open) return;
+          if (std::shared_ptr<Session> s = weak.lock()) {
+            net::post(executor, [s, ev] { s->on_event(ev); });
+          }
+        });
+    if (!submitted.ok()) {
+      registry->remove(id);
+      return send_error(error_from_status(submitted, "engine"), keep_alive_);
+    }
+    generating_ = true;
+    self_hold_ = shared_from_this();
+    watch_for_disconnect();
+    if (streaming_) {
+      open_event_stream();
+      flush();
+    }
+  }
+
+  // The SSE response head of /v1/generate (as start_generation writes it for the OpenAI routes).
+  void open_event_stream() {
+    chunked_ = version_ >= 11;
+    if (!chunked_) keep_alive_ = false;
+    std::string head = "HTTP/1.1 200 OK\r\nServer: oscar\r\nContent-Type: text/event-stream\r\n"
+                       "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n";
+    head += "Date: " + http_date() + "\r\nX-Request-Id: " + req_id_ + "\r\n";
+    if (std::string acao = cors_allow_origin(st_->options, origin_); !acao.empty()) {
+      head += "Access-Control-Allow-Origin: " + acao +
+              "\r\nAccess-Control-Expose-Headers: X-Request-Id\r\nVary: Origin\r\n";
+    }
+    head += chunked_ ? "Transfer-Encoding: chunked\r\n" : "";
+    head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    pending_ += head;
+    st_->count_response(200);
+  }
+
+  void on_generate_event(const engine::GenerationEvent& ev) {
+    usage_.prompt_tokens = ev.prompt_tokens > 0 ? ev.prompt_tokens : usage_.prompt_tokens;
+    usage_.cached_tokens = ev.cached_tokens;
+    switch (ev.kind) {
+      case engine::GenerationEvent::kToken: {
+        // After a stop token: the engine was told to cancel; later tokens are not ours.
+        if (stopped_by_token_ || ev.token_id < 0) return;
+        output_ids_.push_back(ev.token_id);
+        usage_.completion_tokens = static_cast<int>(output_ids_.size());
+        if (std::find(stop_token_ids_.begin(), stop_token_ids_.end(), ev.token_id) !=
+            stop_token_ids_.end()) {
+          stopped_by_token_ = true;
+          st_->engine->cancel(request_id_);
+        }
+        if (streaming_ && !client_gone_) {
+          queue_event(sse_event(generate_chunk(request_id_, {ev.token_id}, "", 0, 0, 0)));
+          flush();
+        }
+        return;
+      }
+      case engine::GenerationEvent::kFinished: {
+        generating_ = false;
+        self_hold_.reset();
+        if (client_gone_) return;
+        const std::string reason = stopped_by_token_ ? "stop" : ev.finish_reason;
+        if (streaming_) {
+          queue_event(sse_event(generate_chunk(request_id_, {}, reason, usage_.prompt_tokens,
+                                               usage_.completion_tokens, usage_.cached_tokens)));
+          return end_stream();
+        }
+        stop_watching();
+        return send(200,
+                    dump_json(generate_body(request_id_, output_ids_, reason, usage_.prompt_tokens,
+                                            usage_.completion_tokens, usage_.cached_tokens)),
+                    "application/json");
+      }
+      case engine::GenerationEvent::kError: {
+        generating_ = false;
+        self_hold_.reset();
+        if (client_gone_) return;
+        ApiError e = error_from_status(ev.error, "generation failed");
+        if (streaming_) return stream_error(e);
+        stop_watching();
+        return send_error(e, keep_alive_);
+      }
+    }
+  }
+
+  // POST /v1/abort: cancels a live /v1/generate request (its own stream or answer then ends with
+  // finish_reason "cancelled"); an id that is not live is a 404.
+  void abort_generation(const std::string& body) {
+    auto parsed = parse_abort_request(body);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*e, keep_alive_);
+    const std::string& id = std::get<std::string>(parsed);
+    if (!st_->generate_ids->contains(id)) {
+      ApiError e = invalid_request(
+          str_format("no running /v1/generate request has request_id '%s'", id.c_str()),
+          "request_id", 404);
+      e.code = "request_not_found";
+      return send_error(e, keep_alive_);
+    }
+    st_->engine->cancel(id);
+    OSCAR_LOG_INFO("server: abort request_id=%s", id.c_str());
+    send(200, dump_json(nlohmann::ordered_json{{"request_id", id}, {"aborted", true}}),
+         "application/json");
   }
 
   // A parsed chat delta: streamed as one chunk (with finish_reason when given, even if the delta
@@ -904,6 +1063,11 @@ class Session : public std::enable_shared_from_this<Session> {
   int seq_ = 0;                             // responses: the next event's sequence_number
   Usage usage_;
   uint64_t watch_gen_ = 0;
+  // /v1/generate (token_api_): ids out so far, the request's stop tokens, whether one was seen.
+  bool token_api_ = false;
+  std::vector<int32_t> output_ids_;
+  std::vector<int32_t> stop_token_ids_;
+  bool stopped_by_token_ = false;
 
   // Streaming output: bytes queued, bytes being written.
   std::string pending_;

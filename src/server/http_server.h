@@ -6,6 +6,8 @@
 // Endpoints: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (text or message
 // input, text output; streamed as response.* events without [DONE]), GET /v1/models, GET
 // /v1/models/{id}, GET /health (503 until the engine is ready), GET /metrics (Prometheus text).
+// Token level (generate_endpoint.h): POST /v1/generate (token ids in, ids out, streamed or
+// whole) and POST /v1/abort (cancels a /v1/generate request by its request_id).
 // With an API key, /v1/* needs "Authorization: Bearer <key>" (401 otherwise); /health, /metrics
 // and CORS preflights stay open. Chat prompts go through Engine::tokenize_chat (special-token
 // text in messages stays text).
