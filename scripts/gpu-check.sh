@@ -129,6 +129,9 @@ PY
         "$G/bench_decode_step" --model "$G/configs/$m" --dummy-weights --device cuda --modes bf16,int2-hadamard \
           --context 102400 --batches 1,4 --steps ${STEP_STEPS:-48} --csv "$OUT/step_$m.csv" 2>&1 | tee -a "$OUT/step.log"
       done
+      echo "== without CUDA graphs (qwen3-8b)" | tee -a "$OUT/step.log"
+      "$G/bench_decode_step" --model "$G/configs/qwen3-8b" --dummy-weights --device cuda --modes bf16,int2-hadamard \
+        --context 102400 --batches 1,4 --steps 32 --no-graphs 2>&1 | grep -E "^\|" | tee -a "$OUT/step.log"
       echo "== where a step's GPU time goes (qwen3-8b, batch 1; CUDA events around every op)" | tee -a "$OUT/step.log"
       "$G/bench_decode_step" --model "$G/configs/qwen3-8b" --dummy-weights --device cuda --modes bf16,int2-hadamard \
         --context 102400 --batches 1 --steps 16 --phases 2>&1 | grep -E "^\||GPU time" | tee -a "$OUT/step.log"

@@ -5,11 +5,13 @@
 //
 //   bench_decode_step --model DIR [--dummy-weights] [--device cuda] [--modes bf16,oscar]
 //                     [--context 100000] [--batches 1,8] [--steps 32] [--fit-gib G] [--csv F]
-//                     [--phases]
+//                     [--phases] [--no-graphs]
 //
 // Per (mode, batch): median step time, tokens/s, the bytes one step must read (weights + every
 // sequence's KV pages) and the floor = those bytes / the copy bandwidth measured in this run,
 // and the demotion's share (timed apart: the step synchronises before and after it).
+// Decode steps replay CUDA graphs by default (Qwen3Model::set_graphs); --no-graphs runs every op
+// directly; --phases times ops with events and so runs them directly too.
 // --fit-gib G: instead of --batches, the most sequences of `context` tokens that G GiB of KV
 // pages hold in each mode (the fixed-budget comparison), and the step at that batch.
 //
@@ -264,7 +266,7 @@ int main(int argc, char** argv) {
   int64_t context = 8192;
   int steps = 32;
   double fit_gib = 0;
-  bool dummy = false, phases = false;
+  bool dummy = false, phases = false, graphs = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -284,6 +286,7 @@ int main(int argc, char** argv) {
     else if (a == "--csv") csv = next();
     else if (a == "--dummy-weights") dummy = true;
     else if (a == "--phases") phases = true;
+    else if (a == "--no-graphs") graphs = false;
     else {
       std::fprintf(stderr, "unknown argument %s (see the header of bench/e2e/bench_decode_step.cpp)\n", a.c_str());
       return 2;
@@ -372,6 +375,7 @@ int main(int argc, char** argv) {
     for (float& x : host) x = normal(rng);
     check(be.upload(host.data(), host.size() * sizeof(float), vbuf.value().data()), "upload");
     DeviceBuffer scratch;
+    rt.model().set_graphs(graphs);
 #ifdef OSCAR_HAS_CUDA
     PhaseBackend timed(be);
     if (phases && be.device() == Device::kCuda) check(rt.model().set_backend(&timed), "set_backend");

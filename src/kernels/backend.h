@@ -48,6 +48,24 @@ class Backend {
   // null for the CPU.
   virtual void* native_stream() { return nullptr; }
 
+  // Graphs (CUDA graphs): the ops issued between capture_begin() and capture_end() are recorded,
+  // not run; replay() runs them again with the same pointers and sizes, in one launch. No upload,
+  // download or allocation may happen while capturing. The CPU backend cannot (it runs ops as
+  // they come).
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+  };
+  virtual bool supports_capture() const { return false; }
+  virtual Status capture_begin() { return unimplemented("this backend records no graphs"); }
+  virtual Result<std::unique_ptr<Graph>> capture_end() {
+    return unimplemented("this backend records no graphs");
+  }
+  virtual Status replay(const Graph& graph) {
+    (void)graph;
+    return unimplemented("this backend records no graphs");
+  }
+
   // Ops, in the order a layer calls them.
   virtual Status embed(const WeightView& table, const int32_t* ids, int64_t n, float* x) = 0;
   virtual Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* w, float eps,

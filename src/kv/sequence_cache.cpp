@@ -391,7 +391,8 @@ kernels::KvAppendParams SequenceCache::append_params(int layer) const {
 }
 
 void SequenceCache::write(int layer, const float* k, const float* v, int64_t n) {
-  OSCAR_CHECK(spec_->device_tensors == nullptr, "SequenceCache::%s runs the CPU kernels: host caches only", __func__);
+  OSCAR_CHECK(spec_->device_tensors == nullptr,
+              "SequenceCache::%s runs the CPU kernels: host caches only", __func__);
   OSCAR_CHECK(n == n_staged_, "write() of %lld tokens, %lld staged", static_cast<long long>(n),
               static_cast<long long>(n_staged_));
   std::vector<int64_t> slots(n);
@@ -406,7 +407,8 @@ void SequenceCache::write(int layer, const float* k, const float* v, int64_t n) 
 }
 
 void SequenceCache::read_row(int layer, int kv, int head, int64_t pos, float* out) const {
-  OSCAR_CHECK(spec_->device_tensors == nullptr, "SequenceCache::%s runs the CPU kernels: host caches only", __func__);
+  OSCAR_CHECK(spec_->device_tensors == nullptr,
+              "SequenceCache::%s runs the CPU kernels: host caches only", __func__);
   OSCAR_CHECK(pos >= 0 && pos < n_tokens_ + n_staged_);
   const RegionConfig& r = spec_->regions;
   if (pos >= r.n_sink && pos < hist_end_) {
@@ -432,7 +434,8 @@ void SequenceCache::read_row(int layer, int kv, int head, int64_t pos, float* ou
 
 Status SequenceCache::attend(int layer, const float* q, int n_heads_q, int64_t n, float* out,
                              AttendMode mode, AttendScratch& s) const {
-  OSCAR_CHECK(spec_->device_tensors == nullptr, "SequenceCache::%s runs the CPU kernels: host caches only", __func__);
+  OSCAR_CHECK(spec_->device_tensors == nullptr,
+              "SequenceCache::%s runs the CPU kernels: host caches only", __func__);
   OSCAR_CHECK(n == n_staged_ && n > 0);
   const int d = spec_->head_dim;
   // Queries in the key rotation's basis.
@@ -520,7 +523,8 @@ kernels::DemotePagesParams SequenceCache::demote_params() const {
 }
 
 Status SequenceCache::commit(int64_t n) {
-  OSCAR_CHECK(spec_->device_tensors == nullptr, "SequenceCache::%s runs the CPU kernels: host caches only", __func__);
+  OSCAR_CHECK(spec_->device_tensors == nullptr,
+              "SequenceCache::%s runs the CPU kernels: host caches only", __func__);
   std::vector<PageId> src, dst;
   pending_demotions(&src, &dst);
   if (!src.empty()) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <bit>
 #include <random>
 
 #include "core/bf16.h"
@@ -373,27 +374,31 @@ class Stager {
       : be_(be), staging_(staging), dev_(dev), host_(be.device() == Device::kCpu) {
     staging_->clear();
   }
-  // Records n elements at p; returns a handle to resolve after upload().
+  // Records n elements at p, in room for cap >= n of them (a fixed layout for graph replays);
+  // returns a handle to resolve after upload().
   template <typename T>
-  size_t add(const T* p, size_t n) {
+  size_t add(const T* p, size_t n, size_t cap = 0) {
     const size_t off = (staging_->size() + 15) / 16 * 16;
     srcs_.push_back(p);
     if (!host_) {
-      staging_->resize(off + n * sizeof(T));
+      staging_->resize(off + std::max(n, cap) * sizeof(T));
       if (n > 0) std::memcpy(staging_->data() + off, p, n * sizeof(T));
     }
     offsets_.push_back(off);
     return srcs_.size() - 1;
   }
-  size_t add_table(const kernels::PageTableView& t) {
+  size_t add_table(const kernels::PageTableView& t, size_t page_cap = 0) {
     const size_t h = add(t.indptr, static_cast<size_t>(t.n_seqs) + 1);
-    add(t.page_ids, t.indptr == nullptr ? 0 : static_cast<size_t>(t.indptr[t.n_seqs]));
+    add(t.page_ids, t.indptr == nullptr ? 0 : static_cast<size_t>(t.indptr[t.n_seqs]), page_cap);
     add(t.last_page_len, static_cast<size_t>(t.n_seqs));
     return h;
   }
+  // True when upload() had to move the device copy (a replayed graph's pointers are stale).
+  bool moved() const { return moved_; }
   Status upload() {
     if (host_ || staging_->empty()) return Status();
     if (dev_->bytes() < staging_->size()) {
+      moved_ = true;
       dev_->reset();
       OSCAR_ASSIGN_OR_RETURN(*dev_, be_.alloc(std::max<size_t>(staging_->size() * 2, 4096), "step plan"));
     }
@@ -418,6 +423,7 @@ class Stager {
   std::vector<uint8_t>* staging_;
   DeviceBuffer* dev_;
   bool host_;
+  bool moved_ = false;
   std::vector<const void*> srcs_;
   std::vector<size_t> offsets_;
 };
@@ -478,7 +484,28 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
   kernels::Backend& be = *backend_;
   Workspace& w = ws_;
   const int64_t n_out = plan.n_logit_rows();
+  const void* before = w.x.data();
+  const void* logits_before = w.logits.data();
   OSCAR_RETURN_IF_ERROR(w.reserve(be, n, n_out, c));
+  if (w.x.data() != before || w.logits.data() != logits_before) ++graph_epoch_;
+  // A step of decode rows only can run as a graph (kernels::Backend::Graph): the same batch size
+  // gives the same launches, and the plan's arrays sit at fixed offsets (page tables in room
+  // that grows by doubling; growing re-records).
+  const bool graph = graphs_enabled_ && be.supports_capture() && options.observer == nullptr &&
+                     plan.n_decode == plan.n_seqs() && n == plan.n_decode && n <= kMaxGraphRows;
+  size_t caps[3] = {0, 0, 0};
+  if (graph) {
+    const kv::PageTableBuilder* dec_tables[3] = {&plan.dec_sinks, &plan.dec_hist, &plan.dec_recent};
+    for (int t = 0; t < 3; ++t) {
+      const kernels::PageTableView v = dec_tables[t]->view();
+      const size_t pages = static_cast<size_t>(v.indptr[v.n_seqs]);
+      if (pages > table_cap_[t]) {
+        table_cap_[t] = std::max<size_t>(256, std::bit_ceil(pages));
+        ++graph_epoch_;
+      }
+      caps[t] = table_cap_[t];
+    }
+  }
   float *x = w.x.as<float>(), *h = w.h.as<float>(), *q = w.q.as<float>(), *k = w.k.as<float>(),
         *v = w.v.as<float>(), *qr = w.q_rot.as<float>(), *attn = w.attn.as<float>(),
         *o = w.o.as<float>(), *gate = w.gate.as<float>(), *up = w.up.as<float>();
@@ -495,13 +522,14 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
   const size_t h_cu = st.add(plan.cu_seqlens.data(), plan.cu_seqlens.size());
   const size_t h_pos0 = st.add(plan.pos0.data(), plan.pos0.size());
   const size_t h_rows = st.add(plan.logit_rows.data(), plan.logit_rows.size());
-  const size_t h_dec[3] = {st.add_table(plan.dec_sinks.view()), st.add_table(plan.dec_hist.view()),
-                           st.add_table(plan.dec_recent.view())};
+  const size_t h_dec[3] = {st.add_table(plan.dec_sinks.view(), caps[0]),
+                           st.add_table(plan.dec_hist.view(), caps[1]),
+                           st.add_table(plan.dec_recent.view(), caps[2])};
   const size_t h_pre[3] = {st.add_table(plan.pre_sinks.view()), st.add_table(plan.pre_hist.view()),
                            st.add_table(plan.pre_recent.view())};
   OSCAR_RETURN_IF_ERROR(st.upload());
+  if (st.moved()) ++graph_epoch_;
 
-  OSCAR_RETURN_IF_ERROR(be.embed(embed_.view(), st.get<int32_t>(h_ids), n, x));
   kernels::RopeParams rope;
   rope.n_rows = n;
   rope.n_heads_q = Hq;
@@ -557,69 +585,92 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
     return static_cast<const float*>(w.host.data() + base);
   };
 
-  for (int l = 0; l < c.n_layers; ++l) {
-    const Layer& L = layers_[l];
-    OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, L.input_norm.data(), c.rms_norm_eps, h));
-    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wq, &L.bq, q)));
-    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wk, &L.bk, k)));
-    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wv, &L.bv, v)));
-    if (!L.q_norm.empty()) {
-      OSCAR_RETURN_IF_ERROR(be.rms_norm(q, n * Hq, d, L.q_norm.data(), c.rms_norm_eps, q));
-      OSCAR_RETURN_IF_ERROR(be.rms_norm(k, n * Hkv, d, L.k_norm.data(), c.rms_norm_eps, k));
-    }
-    OSCAR_RETURN_IF_ERROR(be.rope(rope));
-    if (options.observer) {
-      OSCAR_ASSIGN_OR_RETURN(const float* hq, host(q, n * c.q_dim, 0));
-      OSCAR_ASSIGN_OR_RETURN(const float* hk, host(k, n * c.kv_dim, 1));
-      OSCAR_ASSIGN_OR_RETURN(const float* hv, host(v, n * c.kv_dim, 2));
-      for (int32_t s = 0; s < plan.n_seqs(); ++s) {
-        const int64_t r0 = plan.cu_seqlens[s];
-        options.observer->on_qkv(plan.chunk[s], l, hq + r0 * c.q_dim, hk + r0 * c.kv_dim,
-                                 hv + r0 * c.kv_dim, plan.cu_seqlens[s + 1] - r0, plan.pos0[s]);
+  auto run_ops = [&]() -> Status {
+    OSCAR_RETURN_IF_ERROR(be.embed(embed_.view(), st.get<int32_t>(h_ids), n, x));
+    for (int l = 0; l < c.n_layers; ++l) {
+      const Layer& L = layers_[l];
+      OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, L.input_norm.data(), c.rms_norm_eps, h));
+      OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wq, &L.bq, q)));
+      OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wk, &L.bk, k)));
+      OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wv, &L.bv, v)));
+      if (!L.q_norm.empty()) {
+        OSCAR_RETURN_IF_ERROR(be.rms_norm(q, n * Hq, d, L.q_norm.data(), c.rms_norm_eps, q));
+        OSCAR_RETURN_IF_ERROR(be.rms_norm(k, n * Hkv, d, L.k_norm.data(), c.rms_norm_eps, k));
       }
-    }
-    append.layer = l;
-    OSCAR_RETURN_IF_ERROR(be.kv_append(append));
-    rq.layer = l;
-    OSCAR_RETURN_IF_ERROR(be.rotate_queries(rq));
-    if (dec.n_seqs > 0) {
-      dec.layer = l;
-      OSCAR_RETURN_IF_ERROR(be.decode_attn(dec));
-    }
-    if (pre.n_seqs > 0) {
-      pre.layer = l;
-      OSCAR_RETURN_IF_ERROR(be.prefill_attn(pre));
-    }
-    if (options.observer) {
-      OSCAR_ASSIGN_OR_RETURN(const float* ha, host(attn, n * c.q_dim, 0));
-      for (int32_t s = 0; s < plan.n_seqs(); ++s) {
-        const int64_t r0 = plan.cu_seqlens[s];
-        options.observer->on_attention(plan.chunk[s], l, ha + r0 * c.q_dim,
-                                       plan.cu_seqlens[s + 1] - r0, plan.pos0[s]);
+      OSCAR_RETURN_IF_ERROR(be.rope(rope));
+      if (options.observer) {
+        OSCAR_ASSIGN_OR_RETURN(const float* hq, host(q, n * c.q_dim, 0));
+        OSCAR_ASSIGN_OR_RETURN(const float* hk, host(k, n * c.kv_dim, 1));
+        OSCAR_ASSIGN_OR_RETURN(const float* hv, host(v, n * c.kv_dim, 2));
+        for (int32_t s = 0; s < plan.n_seqs(); ++s) {
+          const int64_t r0 = plan.cu_seqlens[s];
+          options.observer->on_qkv(plan.chunk[s], l, hq + r0 * c.q_dim, hk + r0 * c.kv_dim,
+                                   hv + r0 * c.kv_dim, plan.cu_seqlens[s + 1] - r0, plan.pos0[s]);
+        }
       }
+      append.layer = l;
+      OSCAR_RETURN_IF_ERROR(be.kv_append(append));
+      rq.layer = l;
+      OSCAR_RETURN_IF_ERROR(be.rotate_queries(rq));
+      if (dec.n_seqs > 0) {
+        dec.layer = l;
+        OSCAR_RETURN_IF_ERROR(be.decode_attn(dec));
+      }
+      if (pre.n_seqs > 0) {
+        pre.layer = l;
+        OSCAR_RETURN_IF_ERROR(be.prefill_attn(pre));
+      }
+      if (options.observer) {
+        OSCAR_ASSIGN_OR_RETURN(const float* ha, host(attn, n * c.q_dim, 0));
+        for (int32_t s = 0; s < plan.n_seqs(); ++s) {
+          const int64_t r0 = plan.cu_seqlens[s];
+          options.observer->on_attention(plan.chunk[s], l, ha + r0 * c.q_dim,
+                                         plan.cu_seqlens[s + 1] - r0, plan.pos0[s]);
+        }
+      }
+      OSCAR_RETURN_IF_ERROR(be.linear(lin(attn, n, L.wo, nullptr, o)));
+      OSCAR_RETURN_IF_ERROR(be.add(x, o, n * H));
+
+      OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, L.post_norm.data(), c.rms_norm_eps, h));
+      OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.w_gate, nullptr, gate)));
+      OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.w_up, nullptr, up)));
+      OSCAR_RETURN_IF_ERROR(be.silu_mul(gate, up, n * I));
+      OSCAR_RETURN_IF_ERROR(be.linear(lin(gate, n, L.w_down, nullptr, o)));
+      OSCAR_RETURN_IF_ERROR(be.add(x, o, n * H));
     }
-    OSCAR_RETURN_IF_ERROR(be.linear(lin(attn, n, L.wo, nullptr, o)));
-    OSCAR_RETURN_IF_ERROR(be.add(x, o, n * H));
 
-    OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, L.post_norm.data(), c.rms_norm_eps, h));
-    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.w_gate, nullptr, gate)));
-    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.w_up, nullptr, up)));
-    OSCAR_RETURN_IF_ERROR(be.silu_mul(gate, up, n * I));
-    OSCAR_RETURN_IF_ERROR(be.linear(lin(gate, n, L.w_down, nullptr, o)));
-    OSCAR_RETURN_IF_ERROR(be.add(x, o, n * H));
-  }
+    OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, final_norm_.data(), c.rms_norm_eps, h));
+    if (options.observer) {
+      OSCAR_ASSIGN_OR_RETURN(const float* hh, host(h, n * H, 0));
+      for (int32_t s = 0; s < plan.n_seqs(); ++s)
+        options.observer->on_final_hidden(plan.chunk[s], hh + plan.cu_seqlens[s] * H,
+                                          plan.cu_seqlens[s + 1] - plan.cu_seqlens[s], plan.pos0[s]);
+    }
+    // lm_head over the rows that produce logits only.
+    OSCAR_RETURN_IF_ERROR(be.gather_rows(h, st.get<int32_t>(h_rows), n_out, H, x));
+    return be.linear(lin(x, n_out, lm_head_.rows == 0 ? embed_ : lm_head_, nullptr,
+                         w.logits.as<float>()));
+  };
 
-  OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, final_norm_.data(), c.rms_norm_eps, h));
-  if (options.observer) {
-    OSCAR_ASSIGN_OR_RETURN(const float* hh, host(h, n * H, 0));
-    for (int32_t s = 0; s < plan.n_seqs(); ++s)
-      options.observer->on_final_hidden(plan.chunk[s], hh + plan.cu_seqlens[s] * H,
-                                        plan.cu_seqlens[s + 1] - plan.cu_seqlens[s], plan.pos0[s]);
+  // Graph path: replay the recording for this batch size; record it (after one direct step at
+  // this size, so that the kernels' own workspaces have grown); or run directly.
+  if (!graph) return run_ops();
+  if (graphs_.size() <= static_cast<size_t>(n)) graphs_.resize(static_cast<size_t>(n) + 1);
+  StepGraph& g = graphs_[static_cast<size_t>(n)];
+  if (g.graph && g.epoch == graph_epoch_) return be.replay(*g.graph);
+  if (!g.warm) {
+    OSCAR_RETURN_IF_ERROR(run_ops());
+    g.warm = true;
+    return Status();
   }
-  // lm_head over the rows that produce logits only.
-  OSCAR_RETURN_IF_ERROR(be.gather_rows(h, st.get<int32_t>(h_rows), n_out, H, x));
-  return be.linear(lin(x, n_out, lm_head_.rows == 0 ? embed_ : lm_head_, nullptr,
-                       w.logits.as<float>()));
+  OSCAR_RETURN_IF_ERROR(be.capture_begin());
+  const Status ran = run_ops();
+  auto recorded = be.capture_end();  // ends the capture whether or not the ops succeeded
+  OSCAR_RETURN_IF_ERROR(ran);
+  OSCAR_RETURN_IF_ERROR(recorded.status());
+  g.graph = std::move(recorded).value();
+  g.epoch = graph_epoch_;
+  return be.replay(*g.graph);
 }
 
 Status Qwen3Model::Workspace::reserve(kernels::Backend& be, int64_t n, int64_t n_logits,

@@ -96,6 +96,8 @@ class Qwen3Model {
   // after that the weights can no longer be edited (fold, set_embedding_row).
   Status set_backend(kernels::Backend* backend);
   kernels::Backend& backend() const { return *backend_; }
+  // Decode steps replayed as graphs where the backend records them (default on; off to compare).
+  void set_graphs(bool on) { graphs_enabled_ = on; }
   bool on_device() const { return backend_->device() != Device::kCpu; }
 
   // Folds a value rotation into v_proj and o_proj (OSCAR.md §3), in float64 then float32.
@@ -170,7 +172,18 @@ class Qwen3Model {
   bool value_rotation_folded_ = false;
   bool dummy_on_device_ = false;  // load_dummy generated the weights in a device backend
   Workspace ws_;
-  mutable DeviceBuffer demote_buf_;  // a device backend's copy of the step's demotion list
+  mutable DeviceBuffer demote_buf_;
+  // Recorded decode steps, by batch size (a device backend that supports capture).
+  static constexpr int64_t kMaxGraphRows = 64;
+  struct StepGraph {
+    bool warm = false;  // one direct step at this size ran (the kernels' workspaces are sized)
+    uint64_t epoch = 0;
+    std::unique_ptr<kernels::Backend::Graph> graph;
+  };
+  std::vector<StepGraph> graphs_;
+  uint64_t graph_epoch_ = 0;  // bumped whenever a buffer a recording points into moves
+  size_t table_cap_[3] = {0, 0, 0};  // room for the decode page tables' page ids
+  bool graphs_enabled_ = true;  // a device backend's copy of the step's demotion list
   kernels::Backend* backend_ = &kernels::cpu_backend();
 };
 

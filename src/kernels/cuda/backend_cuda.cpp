@@ -55,6 +55,31 @@ class CudaBackend final : public Backend {
     OSCAR_CUDA_TRY(cudaStreamSynchronize(stream_));
     return Status();
   }
+  struct CudaGraph final : Graph {
+    cudaGraphExec_t exec = nullptr;
+    ~CudaGraph() override {
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
+    }
+  };
+  bool supports_capture() const override { return true; }
+  Status capture_begin() override {
+    OSCAR_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    return Status();
+  }
+  Result<std::unique_ptr<Graph>> capture_end() override {
+    cudaGraph_t graph = nullptr;
+    OSCAR_CUDA_TRY(cudaStreamEndCapture(stream_, &graph));
+    auto out = std::make_unique<CudaGraph>();
+    const cudaError_t e = cudaGraphInstantiate(&out->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess)
+      return internal_error("cuda: cudaGraphInstantiate: %s", cudaGetErrorString(e));
+    return std::unique_ptr<Graph>(std::move(out));
+  }
+  Status replay(const Graph& graph) override {
+    OSCAR_CUDA_TRY(cudaGraphLaunch(static_cast<const CudaGraph&>(graph).exec, stream_));
+    return Status();
+  }
   bool memory_info(size_t* free_bytes, size_t* total_bytes) override {
     return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess;
   }
