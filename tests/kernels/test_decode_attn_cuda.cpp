@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "cuda_test_util.h"
 #include "kernels/cuda/decode_attn_cuda.h"
 #include "kernels/decode_attn.h"
 #include "quant/bit_plan_layout.h"
@@ -48,17 +49,6 @@
 
 namespace oscar::kernels {
 namespace {
-
-#define CUDA_OK(expr)                                                         \
-  do {                                                                        \
-    const cudaError_t e_ = (expr);                                            \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);    \
-  } while (0)
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 struct SeqSpec {
   int64_t sink = 0, hist = 0, recent = 0;
@@ -248,22 +238,9 @@ void build(const Case& c, Host& h) {
 }
 
 // Device copies of everything the params point to.
-struct Device {
-  std::vector<void*> bufs;
+struct Device : DeviceUploads {
   DecodeAttnParams params;
   float* out = nullptr;
-  ~Device() {
-    for (void* b : bufs) cudaFree(b);
-  }
-  template <class T>
-  T* up(const std::vector<T>& v) {
-    void* ptr = nullptr;
-    const size_t bytes = std::max<size_t>(v.size() * sizeof(T), 16);
-    if (cudaMalloc(&ptr, bytes) != cudaSuccess) return nullptr;
-    bufs.push_back(ptr);
-    if (!v.empty()) cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-    return static_cast<T*>(ptr);
-  }
 };
 
 void upload(const Host& h, Device& dv) {

@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "cuda_test_util.h"
 #include "kernels/cuda/prefill_attn_cuda.h"
 #include "kernels/prefill_attn.h"
 #include "quant/bit_plan_layout.h"
@@ -59,17 +60,6 @@
 
 namespace oscar::kernels {
 namespace {
-
-#define CUDA_OK(expr)                                                      \
-  do {                                                                     \
-    const cudaError_t e_ = (expr);                                         \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
-  } while (0)
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 constexpr int kRow0 = 3;  // cu_seqlens[0]
 
@@ -307,22 +297,9 @@ void build(const Case& c, Host& h) {
   }
 }
 
-struct Device {
-  std::vector<void*> bufs;
+struct Device : DeviceUploads {
   PrefillAttnParams params;
   float* out = nullptr;
-  ~Device() {
-    for (void* b : bufs) cudaFree(b);
-  }
-  template <class T>
-  T* up(const std::vector<T>& v) {
-    void* ptr = nullptr;
-    const size_t bytes = std::max<size_t>(v.size() * sizeof(T), 16);
-    if (cudaMalloc(&ptr, bytes) != cudaSuccess) return nullptr;
-    bufs.push_back(ptr);
-    if (!v.empty()) cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-    return static_cast<T*>(ptr);
-  }
 };
 
 void upload(const Host& h, Device& dv) {
