@@ -45,16 +45,6 @@ using namespace oscar::bench;
 constexpr int kHq = 32, kHkv = 8, kD = 128, kP = 16, kG = 128, kLayers = 2, kLayer = 1;
 constexpr int64_t kSink = 64, kRecent = 256;
 
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::atoi(p));
-    while (*p && *p != ',') ++p;
-    if (*p == ',') ++p;
-  }
-  return v;
-}
-
 // Fills n bytes with a hash of the index (a cheap stand-in for random data, on the device).
 std::vector<uint32_t> host_random(size_t n_words, uint32_t seed) {
   std::vector<uint32_t> v(n_words);

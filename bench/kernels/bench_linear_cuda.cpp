@@ -30,16 +30,6 @@ using namespace oscar;
 using namespace oscar::kernels;
 using namespace oscar::bench;
 
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::atoi(p));
-    while (*p && *p != ',') ++p;
-    if (*p == ',') ++p;
-  }
-  return v;
-}
-
 const char* path_name(LinearCudaPath p) {
   return p == LinearCudaPath::kAuto ? "auto" : p == LinearCudaPath::kStream ? "stream" : "gemm";
 }

@@ -1,9 +1,9 @@
 // Helpers the plain-program CUDA kernel benchmarks (bench/kernels/bench_*_cuda.cpp) share: the
-// CK check (print file, line and the CUDA error, exit 1), percentiles of a sample, the printed
-// device facts, a stream with two timing events, the device-to-device copy bandwidth measured
-// in the same run, and the L2 flush + CUDA-event timing loop. Header-only; what a bench
-// measures, its shapes and its table stay in its own file. Buffers allocated here are left to
-// the process exit, like the benches' own.
+// CK check (print file, line and the CUDA error, exit 1), the comma-list parser, percentiles of a
+// sample, the printed device facts, a stream with two timing events, the device-to-device copy
+// bandwidth measured in the same run, and the L2 flush + CUDA-event timing loop. Header-only;
+// what a bench measures, its shapes and its table stay in its own file. Buffers allocated here
+// are left to the process exit, like the benches' own.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,6 +25,17 @@ namespace oscar::bench {
       std::exit(1);                                                                               \
     }                                                                                             \
   } while (0)
+
+// "8192,32768" -> {8192, 32768} (atoi of each comma-separated field).
+inline std::vector<int> parse_list(const char* s) {
+  std::vector<int> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoi(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return v;
+}
 
 // Element q·(n-1) (rounded down) of the sorted sample; q = 0.5 is the lower median.
 inline double pct(std::vector<double> v, double q) {
