@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "kernels/cuda/decode_attn_cuda.h"
 #include "kernels/cuda/device_util.h"
 #include "kernels/decode_attn.h"
@@ -39,29 +40,10 @@ namespace {
 
 using namespace oscar;
 using namespace oscar::kernels;
-
-#define CK(expr)                                                                     \
-  do {                                                                               \
-    const cudaError_t e_ = (expr);                                                   \
-    if (e_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,             \
-                   cudaGetErrorString(e_));                                          \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
+using namespace oscar::bench;
 
 constexpr int kHq = 32, kHkv = 8, kD = 128, kP = 16, kG = 128, kLayers = 2, kLayer = 1;
 constexpr int64_t kSink = 64, kRecent = 256;
-
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::atoi(p));
-    while (*p && *p != ',') ++p;
-    if (*p == ',') ++p;
-  }
-  return v;
-}
 
 // Fills n bytes with a hash of the index (a cheap stand-in for random data, on the device).
 std::vector<uint32_t> host_random(size_t n_words, uint32_t seed) {
@@ -81,14 +63,6 @@ void fill_random(uint8_t* dev, size_t bytes, const std::vector<uint8_t>& block) 
   }
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-double pct(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(q * (v.size() - 1))];
-}
 
 }  // namespace
 
@@ -130,46 +104,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MiB, %.0f GiB\n", prop.name, prop.multiProcessorCount,
-              prop.l2CacheSize >> 20, prop.totalGlobalMem / 1073741824.0);
-  cudaStream_t stream;
-  CK(cudaStreamCreate(&stream));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  print_device_facts(DeviceFacts::kNameSmsL2Memory);
+  const StreamTimer timer;
+  const cudaStream_t stream = timer.stream;
 
   // Copy bandwidth: 2 GiB device-to-device, median of 20.
-  double copy_tbs = 0;
-  {
-    const size_t n = size_t{2} << 30;
-    void *a = nullptr, *b = nullptr;
-    CK(cudaMalloc(&a, n));
-    CK(cudaMalloc(&b, n));
-    CK(cudaMemset(a, 1, n));
-    std::vector<double> ts;
-    for (int i = 0; i < 23; ++i) {
-      CK(cudaEventRecord(e0, stream));
-      CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, stream));
-      CK(cudaEventRecord(e1, stream));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (i >= 3) ts.push_back(ms);
-    }
-    copy_tbs = 2.0 * n / (median(ts) * 1e-3) / 1e12;
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-  }
-  std::printf("copy bandwidth (read + write, 2 GiB D2D): %.2f TB/s\n", copy_tbs);
+  const double copy_tbs = copy_bandwidth_tbs(timer, 20, median);
 
-  const size_t flush_bytes = size_t{256} << 20;
-  void* flush = nullptr;
-  float* sink = nullptr;
-  CK(cudaMalloc(&flush, flush_bytes));
-  CK(cudaMalloc(&sink, sizeof(float)));
-  CK(cudaMemset(flush, 1, flush_bytes));
+  const L2Flush flush;
 
   KvPageLayout L;
   L.n_layers = kLayers;
@@ -302,21 +244,13 @@ int main(int argc, char** argv) {
         CK(cudaStreamEndCapture(stream, &graph));
         CK(cudaGraphInstantiate(&exec, graph, 0));
         std::vector<double> ts, ts_direct;
-        for (int rep = 0; rep < 2; ++rep)
-          for (int i = 0; i < iters + 3; ++i) {
-            if (!l2_flush_read_cuda(flush, flush_bytes, sink, stream).ok()) return 1;
-            CK(cudaEventRecord(e0, stream));
-            if (rep == 0) {
-              CK(cudaGraphLaunch(exec, stream));
-            } else if (!decode_attn_cuda_ex(p, opts, stream).ok()) {
-              return 1;
-            }
-            CK(cudaEventRecord(e1, stream));
-            CK(cudaEventSynchronize(e1));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            if (i >= 3) (rep == 0 ? ts : ts_direct).push_back(ms * 1e3);
-          }
+        const auto graph_call = [&] {
+          CK(cudaGraphLaunch(exec, stream));
+          return true;
+        };
+        const auto direct_call = [&] { return decode_attn_cuda_ex(p, opts, stream).ok(); };
+        if (!time_flushed_us(timer, flush, 3, iters, graph_call, &ts)) return 1;
+        if (!time_flushed_us(timer, flush, 3, iters, direct_call, &ts_direct)) return 1;
         CK(cudaGraphExecDestroy(exec));
         CK(cudaGraphDestroy(graph));
         const double med = median(ts), tbs = bytes / (med * 1e-6) / 1e12;

@@ -14,24 +14,16 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "cuda_bench_util.h"
 #include "kernels/demote_pages.h"
 #include "quant/bit_plan_layout.h"
 #include "quant/int2_layout.h"
 
 namespace {
 
-#define CK(expr)                                                                      \
-  do {                                                                                \
-    const cudaError_t e_ = (expr);                                                    \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,              \
-                   cudaGetErrorString(e_));                                           \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-
 using namespace oscar;
 using namespace oscar::kernels;
+using namespace oscar::bench;
 
 constexpr int kLayers = 36, kHeads = 8, kDim = 128, kPage = 16, kGroup = 128, kPool = 40;
 
@@ -49,9 +41,7 @@ int main() {
     std::printf("bench_demote_cuda: no CUDA device, skipped\n");
     return 0;
   }
-  cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s\n", prop.name);
+  print_device_facts(DeviceFacts::kName);
 
   KvPageLayout L;
   L.n_layers = kLayers;

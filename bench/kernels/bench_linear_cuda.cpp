@@ -19,6 +19,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "kernels/cuda/device_util.h"
 #include "kernels/cuda/linear_cuda.h"
 #include "kernels/linear.h"
@@ -27,30 +28,7 @@ namespace {
 
 using namespace oscar;
 using namespace oscar::kernels;
-
-#define CK(expr)                                                                                  \
-  do {                                                                                            \
-    const cudaError_t e_ = (expr);                                                                \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
-
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::atoi(p));
-    while (*p && *p != ',') ++p;
-    if (*p == ',') ++p;
-  }
-  return v;
-}
-
-double pct(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(q * (v.size() - 1))];
-}
+using namespace oscar::bench;
 
 const char* path_name(LinearCudaPath p) {
   return p == LinearCudaPath::kAuto ? "auto" : p == LinearCudaPath::kStream ? "stream" : "gemm";
@@ -78,45 +56,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MiB, %.0f GiB\n", prop.name, prop.multiProcessorCount,
-              prop.l2CacheSize >> 20, prop.totalGlobalMem / 1073741824.0);
-  cudaStream_t stream;
-  CK(cudaStreamCreate(&stream));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  print_device_facts(DeviceFacts::kNameSmsL2Memory);
+  const StreamTimer timer;
+  const cudaStream_t stream = timer.stream;
 
-  double copy_tbs = 0;
-  {
-    const size_t n = size_t{2} << 30;
-    void *a = nullptr, *b = nullptr;
-    CK(cudaMalloc(&a, n));
-    CK(cudaMalloc(&b, n));
-    CK(cudaMemset(a, 1, n));
-    std::vector<double> ts;
-    for (int i = 0; i < 13; ++i) {
-      CK(cudaEventRecord(e0, stream));
-      CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, stream));
-      CK(cudaEventRecord(e1, stream));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (i >= 3) ts.push_back(ms);
-    }
-    copy_tbs = 2.0 * n / (pct(ts, 0.5) * 1e-3) / 1e12;
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-  }
-  std::printf("copy bandwidth (read + write, 2 GiB D2D): %.2f TB/s\n", copy_tbs);
+  const double copy_tbs =
+      copy_bandwidth_tbs(timer, 10, [](const std::vector<double>& v) { return pct(v, 0.5); });
 
-  const size_t flush_bytes = size_t{256} << 20;
-  void* flush = nullptr;
-  float* sink = nullptr;
-  CK(cudaMalloc(&flush, flush_bytes));
-  CK(cudaMalloc(&sink, sizeof(float)));
-  CK(cudaMemset(flush, 1, flush_bytes));
+  const L2Flush flush;
 
   struct Shape {
     const char* name;
@@ -169,20 +116,12 @@ int main(int argc, char** argv) {
         p.bias = nullptr;
         p.y = y;
         std::vector<double> ts;
-        for (int it = 0; it < iters + 3; ++it) {
-          if (!l2_flush_read_cuda(flush, flush_bytes, sink, stream).ok()) return 1;
-          CK(cudaEventRecord(e0, stream));
+        const auto call = [&] {
           const Status st = linear_cuda_ex(p, path, stream);
-          if (!st.ok()) {
-            std::fprintf(stderr, "linear_cuda: %s\n", st.to_string().c_str());
-            return 1;
-          }
-          CK(cudaEventRecord(e1, stream));
-          CK(cudaEventSynchronize(e1));
-          float ms = 0;
-          CK(cudaEventElapsedTime(&ms, e0, e1));
-          if (it >= 3) ts.push_back(ms * 1e3);
-        }
+          if (!st.ok()) std::fprintf(stderr, "linear_cuda: %s\n", st.to_string().c_str());
+          return st.ok();
+        };
+        if (!time_flushed_us(timer, flush, 3, iters, call, &ts)) return 1;
         const double med = pct(ts, 0.5), p10 = pct(ts, 0.1), p90 = pct(ts, 0.9);
         const double wbytes = static_cast<double>(s.in) * s.out * dtype_bytes(dt);
         const double tbs = wbytes / (med * 1e-6) / 1e12;

@@ -21,6 +21,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "kernels/cuda/device_util.h"
 #include "kernels/cuda/prefill_attn_cuda.h"
 #include "kernels/prefill_attn.h"
@@ -30,23 +31,10 @@ namespace {
 
 using namespace oscar;
 using namespace oscar::kernels;
-
-#define CK(expr)                                                                                  \
-  do {                                                                                            \
-    const cudaError_t e_ = (expr);                                                                \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
+using namespace oscar::bench;
 
 constexpr int kHq = 32, kHkv = 8, kD = 128, kP = 16, kG = 128;
 constexpr int64_t kSink = 64, kRecentExtra = 64;
-
-double pct(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(q * (v.size() - 1))];
-}
 
 template <class T>
 T* upload(const std::vector<T>& v) {
@@ -68,20 +56,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-  cudaStream_t stream;
-  CK(cudaStreamCreate(&stream));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  const size_t flush_bytes = size_t{256} << 20;
-  void* flush = nullptr;
-  float* sink = nullptr;
-  CK(cudaMalloc(&flush, flush_bytes));
-  CK(cudaMalloc(&sink, sizeof(float)));
-  CK(cudaMemset(flush, 1, flush_bytes));
+  print_device_facts(DeviceFacts::kNameSms);
+  const StreamTimer timer;
+  const cudaStream_t stream = timer.stream;
+  const L2Flush flush;
 
   KvPageLayout L;
   L.n_layers = 1;
@@ -181,20 +159,12 @@ int main(int argc, char** argv) {
     p.out = out;
     for (PrefillAttnCudaPath path : {PrefillAttnCudaPath::kAuto, PrefillAttnCudaPath::kSimt}) {
       std::vector<double> ts;
-      for (int it = 0; it < iters + 2; ++it) {
-        if (!l2_flush_read_cuda(flush, flush_bytes, sink, stream).ok()) return 1;
-        CK(cudaEventRecord(e0, stream));
+      const auto call = [&] {
         const Status st = prefill_attn_cuda_ex(p, path, stream);
-        if (!st.ok()) {
-          std::fprintf(stderr, "prefill_attn_cuda: %s\n", st.to_string().c_str());
-          return 1;
-        }
-        CK(cudaEventRecord(e1, stream));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (it >= 2) ts.push_back(ms * 1e3);
-      }
+        if (!st.ok()) std::fprintf(stderr, "prefill_attn_cuda: %s\n", st.to_string().c_str());
+        return st.ok();
+      };
+      if (!time_flushed_us(timer, flush, 2, iters, call, &ts)) return 1;
       const double med = pct(ts, 0.5);
       std::printf("| %d | %lld | %lld | %s | %.1f | %.1f | %.1f | %.1f |\n", bc.batch,
                   static_cast<long long>(bc.hist), static_cast<long long>(bc.chunk),

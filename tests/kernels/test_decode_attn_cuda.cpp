@@ -39,8 +39,10 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "cuda_test_util.h"
 #include "kernels/cuda/decode_attn_cuda.h"
 #include "kernels/decode_attn.h"
+#include "paged_cache_builder.h"
 #include "quant/bit_plan_layout.h"
 #include "quant/bit_plan_quant.h"
 #include "quant/int2_layout.h"
@@ -48,17 +50,6 @@
 
 namespace oscar::kernels {
 namespace {
-
-#define CUDA_OK(expr)                                                         \
-  do {                                                                        \
-    const cudaError_t e_ = (expr);                                            \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);    \
-  } while (0)
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 struct SeqSpec {
   int64_t sink = 0, hist = 0, recent = 0;
@@ -96,74 +87,23 @@ struct Case {
 };
 
 // Host-side cache and what the tolerances need.
-struct Host {
-  KvPageLayout layout;
-  std::vector<int8_t> bits;
-  std::vector<uint32_t> prefix;
-  std::vector<uint8_t> exact_pool, hist_pool;
-  std::vector<int32_t> indptr[3], ids[3], last[3];
+struct Host : PagedCacheHost {
   std::vector<float> q;
   std::vector<double> vmax, S;  // [n_seqs * n_heads_q]
   std::vector<int64_t> len;     // [n_seqs]
   DecodeAttnParams params;
 };
 
-int64_t pages_for(int64_t n, int P) { return (n + P - 1) / P; }
-
 void build(const Case& c, Host& h) {
-  KvPageLayout& L = h.layout;
-  L.n_layers = c.n_layers;
-  L.n_heads_kv = c.n_heads_kv;
-  L.head_dim = c.head_dim;
-  L.page_size = c.page_size;
-  L.exact_elem_bytes = 2;
-  L.int2_row_bytes = quant::int2_row_bytes(c.head_dim, c.group_size);
-  const int d = c.head_dim, P = c.page_size;
+  set_layout(h, c.n_layers, c.n_heads_kv, c.head_dim, c.page_size, c.group_size);
+  const KvPageLayout& L = h.layout;
+  const int d = c.head_dim;
   const int ns = static_cast<int>(c.seqs.size());
   const int gqa = c.n_heads_q / c.n_heads_kv;
   std::mt19937 rng(c.seed);
   std::normal_distribution<float> normal(0.f, 1.f);
-  if (c.bit_plan) {
-    const int np = L.n_planes();
-    std::uniform_int_distribution<int> width(1, 3);
-    h.bits.resize(np);
-    for (int p = 0; p < np; ++p) h.bits[p] = static_cast<int8_t>(width(rng));
-    h.bits[L.plane(c.layer, 0, 0)] = 3;
-    h.bits[L.plane(c.layer, 1, c.n_heads_kv - 1)] = 1;
-    if (c.n_heads_kv > 1) h.bits[L.plane(c.layer, 0, 1)] = 2;
-    h.prefix.assign(np + 1, 0);
-    for (int p = 0; p < np; ++p)
-      h.prefix[p + 1] = h.prefix[p] + quant::bit_plan_row_bytes(h.bits[p], d, c.group_size);
-    L.hist_bits = h.bits.data();
-    L.hist_row_prefix = h.prefix.data();
-  }
-  int64_t n_exact = 2, n_hist = 2;
-  for (const SeqSpec& s : c.seqs) {
-    n_exact += pages_for(s.sink, P) + pages_for(s.recent, P);
-    n_hist += pages_for(s.hist, P);
-  }
-  h.exact_pool.assign(static_cast<size_t>(n_exact) * L.exact_page_bytes(), 0xFF);
-  h.hist_pool.assign(static_cast<size_t>(n_hist) * L.int2_page_bytes(), 0xFF);
-  std::vector<int32_t> eids(n_exact), hids(n_hist);
-  std::iota(eids.begin(), eids.end(), 0);
-  std::iota(hids.begin(), hids.end(), 0);
-  std::shuffle(eids.begin(), eids.end(), rng);
-  std::shuffle(hids.begin(), hids.end(), rng);
-  size_t ei = 0, hi = 0;
-  for (int r = 0; r < 3; ++r) {
-    h.indptr[r].assign(1, 0);
-    h.ids[r].clear();
-    h.last[r].clear();
-  }
-  for (const SeqSpec& s : c.seqs) {
-    const int64_t n[3] = {s.sink, s.hist, s.recent};
-    for (int r = 0; r < 3; ++r) {
-      for (int64_t i = 0; i < pages_for(n[r], P); ++i)
-        h.ids[r].push_back(r == 1 ? hids[hi++] : eids[ei++]);
-      h.indptr[r].push_back(static_cast<int32_t>(h.ids[r].size()));
-      h.last[r].push_back(n[r] == 0 ? 0 : static_cast<int32_t>((n[r] - 1) % P + 1));
-    }
-  }
+  if (c.bit_plan) draw_bit_plan(h, c.layer, c.group_size, rng);
+  build_page_tables(c.seqs, true, rng, h);
   h.q.resize(static_cast<size_t>(ns) * c.n_heads_q * d);
   for (float& e : h.q) e = c.q_gain * normal(rng);
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
@@ -177,18 +117,13 @@ void build(const Case& c, Host& h) {
     const int64_t T = s.sink + s.hist + s.recent;
     h.len[sq] = T;
     for (int64_t t = 0; t < T; ++t) {
-      const int r = t < s.sink ? 0 : (t < s.sink + s.hist ? 1 : 2);
-      const int64_t j = r == 0 ? t : (r == 1 ? t - s.sink : t - s.sink - s.hist);
-      const int32_t page = h.ids[r][h.indptr[r][sq] + j / P];
-      const int slot = static_cast<int>(j % P);
+      const RowPlace at = place_row(h, s, sq, t);
+      const int r = at.region;
       for (int kv = 0; kv < 2; ++kv)
         for (int g = 0; g < c.n_heads_kv; ++g) {
-          for (int i = 0; i < d; ++i)
-            x[i] = kv == 0 ? ((i % 29 == 3) ? 6.f : 1.f) * normal(rng) + 0.2f
-                           : normal(rng) + 0.5f * std::sin(0.1f * static_cast<float>(i));
+          draw_kv_row(kv, normal, rng, x);
           if (r == 1) {
-            uint8_t* dst = h.hist_pool.data() + static_cast<size_t>(page) * L.int2_page_bytes() +
-                           L.int2_row_offset(c.layer, kv, g, slot);
+            uint8_t* dst = hist_row(h, c.layer, kv, g, at);
             const int bits = L.hist_row_bits(c.layer, kv, g);
             const Status st =
                 bits == 3   ? quant::quantize_row_int3_ref(x.data(), d, c.group_size, 0.95f, dst)
@@ -206,13 +141,7 @@ void build(const Case& c, Host& h) {
             else
               quant::dequantize_row_int2_ref(dst, d, c.group_size, seen.data());
           } else {
-            uint8_t* dst = h.exact_pool.data() + static_cast<size_t>(page) * L.exact_page_bytes() +
-                           L.exact_row_offset(c.layer, kv, g, slot);
-            for (int i = 0; i < d; ++i) {
-              const bf16_t b = f32_to_bf16(x[i]);
-              std::memcpy(dst + 2 * i, &b, 2);
-              seen[i] = bf16_to_f32(b);
-            }
+            write_exact_row(h, c.layer, kv, g, at, x.data(), seen.data());
           }
           for (int hq = g * gqa; hq < (g + 1) * gqa; ++hq) {
             const size_t row = static_cast<size_t>(sq) * c.n_heads_q + hq;
@@ -238,32 +167,14 @@ void build(const Case& c, Host& h) {
   p.q = h.q.data();
   p.exact_pool = h.exact_pool.data();
   p.hist_pool = h.hist_pool.data();
-  PageTableView* tabs[3] = {&p.sinks, &p.history, &p.recent};
-  for (int r = 0; r < 3; ++r) {
-    tabs[r]->indptr = h.indptr[r].data();
-    tabs[r]->page_ids = h.ids[r].data();
-    tabs[r]->last_page_len = h.last[r].data();
-    tabs[r]->n_seqs = ns;
-  }
+  PageTableView* const tabs[3] = {&p.sinks, &p.history, &p.recent};
+  point_page_tables(h, ns, tabs);
 }
 
 // Device copies of everything the params point to.
-struct Device {
-  std::vector<void*> bufs;
+struct Device : DeviceUploads {
   DecodeAttnParams params;
   float* out = nullptr;
-  ~Device() {
-    for (void* b : bufs) cudaFree(b);
-  }
-  template <class T>
-  T* up(const std::vector<T>& v) {
-    void* ptr = nullptr;
-    const size_t bytes = std::max<size_t>(v.size() * sizeof(T), 16);
-    if (cudaMalloc(&ptr, bytes) != cudaSuccess) return nullptr;
-    bufs.push_back(ptr);
-    if (!v.empty()) cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-    return static_cast<T*>(ptr);
-  }
 };
 
 void upload(const Host& h, Device& dv) {
@@ -272,16 +183,9 @@ void upload(const Host& h, Device& dv) {
   p.q = dv.up(h.q);
   p.exact_pool = dv.up(h.exact_pool);
   p.hist_pool = dv.up(h.hist_pool);
-  PageTableView* tabs[3] = {&p.sinks, &p.history, &p.recent};
-  for (int r = 0; r < 3; ++r) {
-    tabs[r]->indptr = dv.up(h.indptr[r]);
-    tabs[r]->page_ids = dv.up(h.ids[r]);
-    tabs[r]->last_page_len = dv.up(h.last[r]);
-  }
-  if (!h.bits.empty()) {
-    p.layout.hist_bits = dv.up(h.bits);
-    p.layout.hist_row_prefix = dv.up(h.prefix);
-  }
+  PageTableView* const tabs[3] = {&p.sinks, &p.history, &p.recent};
+  upload_page_tables(h, dv, tabs);
+  upload_bit_plan(h, dv, p.layout);
   dv.out = dv.up(std::vector<float>(h.q.size()));
   p.out = dv.out;
 }

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "cuda_test_util.h"
 #include "kernels/demote_pages.h"
 #include "quant/bit_plan_layout.h"
 #include "quant/int2_layout.h"
@@ -34,17 +35,6 @@
 
 namespace oscar::kernels {
 namespace {
-
-#define CUDA_OK(expr)                                                      \
-  do {                                                                     \
-    const cudaError_t e_ = (expr);                                         \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
-  } while (0)
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 enum class Data { kRandom, kTies, kWideRange };
 

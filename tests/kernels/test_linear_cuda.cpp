@@ -27,32 +27,12 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "cuda_test_util.h"
 #include "kernels/cuda/linear_cuda.h"
 #include "kernels/linear.h"
 
 namespace oscar::kernels {
 namespace {
-
-#define CUDA_OK(expr)                                                      \
-  do {                                                                     \
-    const cudaError_t e_ = (expr);                                         \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
-  } while (0)
-
-constexpr double kU = 1.0 / (1 << 24);
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-struct Buf {
-  void* p = nullptr;
-  explicit Buf(size_t bytes) {
-    if (cudaMalloc(&p, std::max<size_t>(bytes, 16)) != cudaSuccess) p = nullptr;
-  }
-  ~Buf() { cudaFree(p); }
-};
 
 const char* path_name(LinearCudaPath p) {
   return p == LinearCudaPath::kAuto ? "auto" : p == LinearCudaPath::kStream ? "stream" : "gemm";
@@ -88,7 +68,7 @@ void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t se
     }
 
   const size_t wbytes = static_cast<size_t>(out) * in * dtype_bytes(dtype);
-  Buf dx(x.size() * 4), dw(wbytes), db(b.size() * 4),
+  DevBuf dx(x.size() * 4), dw(wbytes), db(b.size() * 4),
       dy((static_cast<size_t>(n) * out + y_off) * 4);
   ASSERT_TRUE(dx.p && dw.p && db.p && dy.p);
   CUDA_OK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
@@ -180,7 +160,7 @@ TEST_F(LinearCuda, UnalignedOutput) {
 }
 
 TEST_F(LinearCuda, RefusesBadShapes) {
-  Buf d(1 << 16);
+  DevBuf d(1 << 16);
   LinearParams p;
   p.x = static_cast<const float*>(d.p);
   p.y = static_cast<float*>(d.p) + 1024;

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "cuda_test_util.h"
 #include "kernels/elementwise.h"
 #include "kernels/kv_append.h"
 #include "kernels/sample.h"
@@ -52,21 +53,8 @@
 namespace oscar::kernels {
 namespace {
 
-constexpr double kU = 0x1p-24;
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
 #define SKIP_WITHOUT_GPU() \
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible"
-
-#define CUDA_OK(expr)                                                      \
-  do {                                                                     \
-    const cudaError_t e_ = (expr);                                         \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
-  } while (0)
 
 // A device array of n T, optionally a copy of a host vector. Owns the allocation.
 template <class T>

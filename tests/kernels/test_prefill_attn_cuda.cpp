@@ -51,25 +51,16 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "cuda_test_util.h"
 #include "kernels/cuda/prefill_attn_cuda.h"
 #include "kernels/prefill_attn.h"
+#include "paged_cache_builder.h"
 #include "quant/bit_plan_layout.h"
 #include "quant/int2_layout.h"
 #include "quant/row_codec.h"
 
 namespace oscar::kernels {
 namespace {
-
-#define CUDA_OK(expr)                                                      \
-  do {                                                                     \
-    const cudaError_t e_ = (expr);                                         \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
-  } while (0)
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 constexpr int kRow0 = 3;  // cu_seqlens[0]
 
@@ -119,13 +110,8 @@ struct Case {
   }
 };
 
-struct Host {
-  KvPageLayout layout;
-  std::vector<int8_t> bits;
-  std::vector<uint32_t> prefix;
+struct Host : PagedCacheHost {
   std::vector<float> k_clip, v_clip;  // [n_layers * n_heads_kv] or empty
-  std::vector<uint8_t> exact_pool, hist_pool;
-  std::vector<int32_t> indptr[3], ids[3], last[3];
   std::vector<int32_t> cu;
   std::vector<int64_t> pos0;
   std::vector<float> q;
@@ -134,35 +120,15 @@ struct Host {
   PrefillAttnParams params;
 };
 
-int64_t pages_for(int64_t n, int P) { return (n + P - 1) / P; }
-
 void build(const Case& c, Host& h) {
-  KvPageLayout& L = h.layout;
-  L.n_layers = c.n_layers;
-  L.n_heads_kv = c.n_heads_kv;
-  L.head_dim = c.head_dim;
-  L.page_size = c.page_size;
-  L.exact_elem_bytes = 2;
-  L.int2_row_bytes = quant::int2_row_bytes(c.head_dim, c.group_size);
-  const int d = c.head_dim, P = c.page_size, Hq = c.n_heads_q;
+  set_layout(h, c.n_layers, c.n_heads_kv, c.head_dim, c.page_size, c.group_size);
+  const KvPageLayout& L = h.layout;
+  const int d = c.head_dim, Hq = c.n_heads_q;
   const int ns = static_cast<int>(c.seqs.size());
   const int gqa = c.n_heads_q / c.n_heads_kv;
   std::mt19937 rng(c.seed);
   std::normal_distribution<float> normal(0.f, 1.f);
-  if (c.bit_plan) {
-    const int np = L.n_planes();
-    std::uniform_int_distribution<int> width(1, 3);
-    h.bits.resize(np);
-    for (int p = 0; p < np; ++p) h.bits[p] = static_cast<int8_t>(width(rng));
-    h.bits[L.plane(c.layer, 0, 0)] = 3;
-    h.bits[L.plane(c.layer, 1, c.n_heads_kv - 1)] = 1;
-    if (c.n_heads_kv > 1) h.bits[L.plane(c.layer, 0, 1)] = 2;
-    h.prefix.assign(np + 1, 0);
-    for (int p = 0; p < np; ++p)
-      h.prefix[p + 1] = h.prefix[p] + quant::bit_plan_row_bytes(h.bits[p], d, c.group_size);
-    L.hist_bits = h.bits.data();
-    L.hist_row_prefix = h.prefix.data();
-  }
+  if (c.bit_plan) draw_bit_plan(h, c.layer, c.group_size, rng);
   if (c.clips) {  // some planes unclipped (1), the others in [0.9, 1)
     std::uniform_real_distribution<float> q(0.9f, 1.0f);
     h.k_clip.resize(static_cast<size_t>(c.n_layers) * c.n_heads_kv);
@@ -172,34 +138,10 @@ void build(const Case& c, Host& h) {
       h.v_clip[i] = i % 3 == 2 ? 1.0f : q(rng);
     }
   }
-  int64_t n_exact = 2, n_hist = 2;
-  for (const SeqSpec& s : c.seqs) {
-    n_exact += pages_for(s.sink, P) + pages_for(s.recent, P);
-    n_hist += pages_for(s.hist, P);
-  }
-  h.exact_pool.assign(static_cast<size_t>(n_exact) * L.exact_page_bytes(), 0xFF);
-  if (c.history) h.hist_pool.assign(static_cast<size_t>(n_hist) * L.int2_page_bytes(), 0xFF);
-  std::vector<int32_t> eids(n_exact), hids(n_hist);
-  std::iota(eids.begin(), eids.end(), 0);
-  std::iota(hids.begin(), hids.end(), 0);
-  std::shuffle(eids.begin(), eids.end(), rng);
-  std::shuffle(hids.begin(), hids.end(), rng);
-  size_t ei = 0, hi = 0;
-  for (int r = 0; r < 3; ++r) {
-    h.indptr[r].assign(1, 0);
-    h.ids[r].clear();
-    h.last[r].clear();
-  }
+  build_page_tables(c.seqs, c.history, rng, h);
   h.cu.assign(1, kRow0);
   h.pos0.clear();
   for (const SeqSpec& s : c.seqs) {
-    const int64_t n[3] = {s.sink, s.hist, s.recent};
-    for (int r = 0; r < 3; ++r) {
-      for (int64_t i = 0; i < pages_for(n[r], P); ++i)
-        h.ids[r].push_back(r == 1 ? hids[hi++] : eids[ei++]);
-      h.indptr[r].push_back(static_cast<int32_t>(h.ids[r].size()));
-      h.last[r].push_back(n[r] == 0 ? 0 : static_cast<int32_t>((n[r] - 1) % P + 1));
-    }
     h.pos0.push_back(s.sink + s.hist + s.recent - s.n_q);
     h.cu.push_back(h.cu.back() + static_cast<int32_t>(s.n_q));
   }
@@ -218,32 +160,21 @@ void build(const Case& c, Host& h) {
     const SeqSpec& s = c.seqs[sq];
     const int64_t T = s.sink + s.hist + s.recent;
     for (int64_t t = 0; t < T; ++t) {
-      const int r = t < s.sink ? 0 : (t < s.sink + s.hist ? 1 : 2);
-      const int64_t j = r == 0 ? t : (r == 1 ? t - s.sink : t - s.sink - s.hist);
-      const int32_t page = h.ids[r][h.indptr[r][sq] + j / P];
-      const int slot = static_cast<int>(j % P);
+      const RowPlace at = place_row(h, s, sq, t);
+      const int r = at.region;
       for (int kv = 0; kv < 2; ++kv)
         for (int g = 0; g < c.n_heads_kv; ++g) {
-          for (int i = 0; i < d; ++i)
-            x[i] = kv == 0 ? ((i % 29 == 3) ? 6.f : 1.f) * normal(rng) + 0.2f
-                           : normal(rng) + 0.5f * std::sin(0.1f * static_cast<float>(i));
+          draw_kv_row(kv, normal, rng, x);
           if (r == 1) {
             ASSERT_TRUE(c.history) << "history rows without a history pool";
-            uint8_t* dst = h.hist_pool.data() + static_cast<size_t>(page) * L.int2_page_bytes() +
-                           L.int2_row_offset(c.layer, kv, g, slot);
+            uint8_t* dst = hist_row(h, c.layer, kv, g, at);
             const quant::RowCodec& codec = quant::row_codec(
                 quant::hist_row_format(c.quantizer, kv, L.hist_row_bits(c.layer, kv, g)));
             const Status st = codec.quantize(x.data(), d, c.group_size, 0.95f, dst);
             ASSERT_TRUE(st.ok()) << st.to_string();
             codec.dequantize(dst, d, c.group_size, seen.data());
           } else {
-            uint8_t* dst = h.exact_pool.data() + static_cast<size_t>(page) * L.exact_page_bytes() +
-                           L.exact_row_offset(c.layer, kv, g, slot);
-            for (int i = 0; i < d; ++i) {
-              const bf16_t b = f32_to_bf16(x[i]);
-              std::memcpy(dst + 2 * i, &b, 2);
-              seen[i] = bf16_to_f32(b);
-            }
+            write_exact_row(h, c.layer, kv, g, at, x.data(), seen.data());
           }
           // Decode-equivalent: a recent row may also be read through the quantizer; the
           // tolerance's S and Vmax cover both versions.
@@ -298,31 +229,13 @@ void build(const Case& c, Host& h) {
   p.q = h.q.data();
   p.exact_pool = h.exact_pool.data();
   p.hist_pool = c.history ? h.hist_pool.data() : nullptr;
-  PageTableView* tabs[3] = {&p.sinks, &p.history, &p.recent};
-  for (int r = 0; r < 3; ++r) {
-    tabs[r]->indptr = h.indptr[r].data();
-    tabs[r]->page_ids = h.ids[r].data();
-    tabs[r]->last_page_len = h.last[r].data();
-    tabs[r]->n_seqs = ns;
-  }
+  PageTableView* const tabs[3] = {&p.sinks, &p.history, &p.recent};
+  point_page_tables(h, ns, tabs);
 }
 
-struct Device {
-  std::vector<void*> bufs;
+struct Device : DeviceUploads {
   PrefillAttnParams params;
   float* out = nullptr;
-  ~Device() {
-    for (void* b : bufs) cudaFree(b);
-  }
-  template <class T>
-  T* up(const std::vector<T>& v) {
-    void* ptr = nullptr;
-    const size_t bytes = std::max<size_t>(v.size() * sizeof(T), 16);
-    if (cudaMalloc(&ptr, bytes) != cudaSuccess) return nullptr;
-    bufs.push_back(ptr);
-    if (!v.empty()) cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-    return static_cast<T*>(ptr);
-  }
 };
 
 void upload(const Host& h, Device& dv) {
@@ -333,20 +246,13 @@ void upload(const Host& h, Device& dv) {
   p.q = dv.up(h.q);
   p.exact_pool = dv.up(h.exact_pool);
   p.hist_pool = h.params.hist_pool != nullptr ? dv.up(h.hist_pool) : nullptr;
-  PageTableView* tabs[3] = {&p.sinks, &p.history, &p.recent};
-  for (int r = 0; r < 3; ++r) {
-    tabs[r]->indptr = dv.up(h.indptr[r]);
-    tabs[r]->page_ids = dv.up(h.ids[r]);
-    tabs[r]->last_page_len = dv.up(h.last[r]);
-  }
+  PageTableView* const tabs[3] = {&p.sinks, &p.history, &p.recent};
+  upload_page_tables(h, dv, tabs);
   if (!h.k_clip.empty()) {
     p.codec.k_clip = dv.up(h.k_clip);
     p.codec.v_clip = dv.up(h.v_clip);
   }
-  if (!h.bits.empty()) {
-    p.layout.hist_bits = dv.up(h.bits);
-    p.layout.hist_row_prefix = dv.up(h.prefix);
-  }
+  upload_bit_plan(h, dv, p.layout);
   dv.out = dv.up(std::vector<float>(h.q.size()));
   p.out = dv.out;
 }
