@@ -5,7 +5,7 @@
 # Sends a few multi-turn /v1/generate conversations under several session ids and checks that
 # every request of a session lands on the same replica, both from nginx's X-Oscar-Upstream
 # header and from the replicas' own /metrics (generated tokens per replica). Reports each turn's
-# cached prompt tokens (the prefix cache at work). Needs nginx and a built `oscar`; not in CI.
+# cached prompt tokens (the prefix cache at work). Needs nginx and a built `oscar`; .ci/run runs it.
 #
 # Usage: scripts/two-replicas.sh [path/to/oscar]   (default build/apps/oscar)
 # Ports: HTTP 18000/18001, nginx 18080, KV events 15557/15558 (tcp://*:15557 offset by rank).
