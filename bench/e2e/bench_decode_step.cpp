@@ -40,6 +40,7 @@
 #include "kernels/backend.h"
 #include "kv/admission.h"
 #include "kv/step_plan.h"
+#include "phase_backend.h"
 
 #ifdef OSCAR_HAS_CUDA
 #include <cuda_runtime.h>
@@ -164,9 +165,9 @@ void fill(engine::Runtime& rt, kv::SequenceCache& cache, int64_t n, const float*
 // --phases: every op bracketed by two CUDA events on the stream it runs on (no host
 // synchronisation inside the step), summed per phase once the step's ids are back. Costs ~1 us
 // of host time per op, so the step time reported with it is a little higher than without.
-class PhaseBackend final : public kernels::Backend {
+class EventBackend final : public bench::PhaseBackend {
  public:
-  explicit PhaseBackend(kernels::Backend& inner) : in_(inner) {}
+  using PhaseBackend::PhaseBackend;
   std::map<std::string, double> ms;  // summed over the steps since the last clear
   void collect() {
     for (size_t i = 0; i < used_; ++i) {
@@ -177,75 +178,38 @@ class PhaseBackend final : public kernels::Backend {
     }
     used_ = 0;
   }
-  Device device() const override { return in_.device(); }
-  Result<DeviceBuffer> alloc(size_t b, const char* w) override { return in_.alloc(b, w); }
-  Status upload(const void* h, size_t b, void* d) override { return in_.upload(h, b, d); }
-  Status download(const void* s, size_t b, void* h) override { return in_.download(s, b, h); }
-  Status synchronize() override { return in_.synchronize(); }
-  bool memory_info(size_t* f, size_t* t) override { return in_.memory_info(f, t); }
-  void* native_stream() override { return in_.native_stream(); }
-  Status embed(const kernels::WeightView& t, const int32_t* ids, int64_t n, float* x) override {
-    return timed("other", [&] { return in_.embed(t, ids, n, x); });
-  }
-  Status rms_norm(const float* x, int64_t r, int64_t d, const float* w, float e, float* y) override {
-    return timed("norms", [&] { return in_.rms_norm(x, r, d, w, e, y); });
-  }
-  Status linear(const kernels::LinearParams& p) override {
-    return timed(p.w.rows > 100000 ? "lm_head" : "linear", [&] { return in_.linear(p); });
-  }
-  Status rope(const kernels::RopeParams& p) override {
-    return timed("rope+append", [&] { return in_.rope(p); });
-  }
-  Status kv_append(const kernels::KvAppendParams& p) override {
-    return timed("rope+append", [&] { return in_.kv_append(p); });
-  }
-  Status rotate_queries(const kernels::RotateQueriesParams& p) override {
-    return timed("attention", [&] { return in_.rotate_queries(p); });
-  }
-  Status decode_attn(const kernels::DecodeAttnParams& p) override {
-    return timed("attention", [&] { return in_.decode_attn(p); });
-  }
-  Status prefill_attn(const kernels::PrefillAttnParams& p) override {
-    return timed("attention", [&] { return in_.prefill_attn(p); });
-  }
-  Status silu_mul(float* g, const float* u, int64_t n) override {
-    return timed("other", [&] { return in_.silu_mul(g, u, n); });
-  }
-  Status add(float* x, const float* y, int64_t n) override {
-    return timed("other", [&] { return in_.add(x, y, n); });
-  }
-  Status gather_rows(const float* s, const int32_t* r, int64_t n, int64_t d, float* y) override {
-    return timed("other", [&] { return in_.gather_rows(s, r, n, d, y); });
-  }
-  Status demote_pages(const kernels::DemotePagesParams& p) override {
-    return timed("demotion", [&] { return in_.demote_pages(p); });
-  }
-  Status sample(const kernels::SampleParams& p) override { return in_.sample(p); }
-  Status fill_normal_bf16(bf16_t* d, int64_t n, float s, uint64_t seed) override {
-    return in_.fill_normal_bf16(d, n, s, seed);
-  }
 
  private:
-  template <typename F>
-  Status timed(const char* phase, F f) {
+  Status run(Op op, const std::function<Status()>& f) override {
+    if (op == Op::kSample) return f();  // outside the step's GPU time (it waits for the host)
     if (used_ == events_.size()) {
       cudaEvent_t a, b;
       cudaEventCreate(&a);
       cudaEventCreate(&b);
       events_.push_back({a, b});
-      phase_.push_back(phase);
+      phase_.push_back(nullptr);
     }
     cudaStream_t stream = static_cast<cudaStream_t>(in_.native_stream());
     cudaEventRecord(events_[used_].first, stream);
     Status st = f();
     cudaEventRecord(events_[used_].second, stream);
-    phase_[used_] = phase;
+    phase_[used_] = phase(op);
     ++used_;
     return st;
   }
-  kernels::Backend& in_;
+  static const char* phase(Op op) {
+    switch (op) {
+      case Op::kRmsNorm: return "norms";
+      case Op::kLinear: return "linear";
+      case Op::kLmHead: return "lm_head";
+      case Op::kRope: case Op::kKvAppend: return "rope+append";
+      case Op::kRotateQueries: case Op::kDecodeAttn: case Op::kPrefillAttn: return "attention";
+      case Op::kDemotePages: return "demotion";
+      default: return "other";
+    }
+  }
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
-  std::vector<std::string> phase_;
+  std::vector<const char*> phase_;
   size_t used_ = 0;
 };
 #endif
@@ -377,7 +341,7 @@ int main(int argc, char** argv) {
     DeviceBuffer scratch;
     rt.model().set_graphs(graphs);
 #ifdef OSCAR_HAS_CUDA
-    PhaseBackend timed(be);
+    EventBackend timed(be);
     if (phases && be.device() == Device::kCuda) check(rt.model().set_backend(&timed), "set_backend");
 #else
     (void)phases;

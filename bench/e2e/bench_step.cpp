@@ -27,6 +27,7 @@
 #if __has_include("kernels/backend.h")
 #define OSCAR_BENCH_PHASES 1
 #include "kernels/backend.h"
+#include "phase_backend.h"
 #endif
 
 using namespace oscar;
@@ -52,71 +53,29 @@ void check(const S& st, const char* what) {
 }
 
 #ifdef OSCAR_BENCH_PHASES
-// Forwards every op to the CPU backend and adds up its wall time per phase (CPU ops are
-// synchronous, so wall time is the op's time).
-class TimedBackend final : public kernels::Backend {
+// Adds up each op's wall time per phase (CPU ops are synchronous, so wall time is the op's time).
+class TimedBackend final : public bench::PhaseBackend {
  public:
-  explicit TimedBackend(kernels::Backend& inner) : in_(inner) {}
+  using PhaseBackend::PhaseBackend;
   std::map<std::string, double> seconds;
 
-  Device device() const override { return in_.device(); }
-  Result<DeviceBuffer> alloc(size_t b, const char* w) override { return in_.alloc(b, w); }
-  Status upload(const void* h, size_t b, void* d) override { return in_.upload(h, b, d); }
-  Status download(const void* s, size_t b, void* h) override { return in_.download(s, b, h); }
-  Status synchronize() override { return in_.synchronize(); }
-  Status embed(const kernels::WeightView& t, const int32_t* ids, int64_t n, float* x) override {
-    return timed("other ops", [&] { return in_.embed(t, ids, n, x); });
-  }
-  Status rms_norm(const float* x, int64_t r, int64_t d, const float* w, float e,
-                  float* y) override {
-    return timed("other ops", [&] { return in_.rms_norm(x, r, d, w, e, y); });
-  }
-  Status linear(const kernels::LinearParams& p) override {
-    return timed("linear", [&] { return in_.linear(p); });
-  }
-  Status rope(const kernels::RopeParams& p) override {
-    return timed("other ops", [&] { return in_.rope(p); });
-  }
-  Status kv_append(const kernels::KvAppendParams& p) override {
-    return timed("append", [&] { return in_.kv_append(p); });
-  }
-  Status rotate_queries(const kernels::RotateQueriesParams& p) override {
-    return timed("attention", [&] { return in_.rotate_queries(p); });
-  }
-  Status decode_attn(const kernels::DecodeAttnParams& p) override {
-    return timed("attention", [&] { return in_.decode_attn(p); });
-  }
-  Status prefill_attn(const kernels::PrefillAttnParams& p) override {
-    return timed("attention", [&] { return in_.prefill_attn(p); });
-  }
-  Status silu_mul(float* g, const float* u, int64_t n) override {
-    return timed("other ops", [&] { return in_.silu_mul(g, u, n); });
-  }
-  Status add(float* x, const float* y, int64_t n) override {
-    return timed("other ops", [&] { return in_.add(x, y, n); });
-  }
-  Status demote_pages(const kernels::DemotePagesParams& p) override {
-    return timed("demotion", [&] { return in_.demote_pages(p); });
-  }
-  Status gather_rows(const float* s, const int32_t* r, int64_t n, int64_t d, float* y) override {
-    return timed("other ops", [&] { return in_.gather_rows(s, r, n, d, y); });
-  }
-  Status sample(const kernels::SampleParams& p) override {
-    return timed("sampling", [&] { return in_.sample(p); });
-  }
-  Status fill_normal_bf16(bf16_t* d, int64_t n, float s, uint64_t seed) override {
-    return in_.fill_normal_bf16(d, n, s, seed);
-  }
-
  private:
-  template <typename F>
-  Status timed(const char* phase, F f) {
+  Status run(Op op, const std::function<Status()>& f) override {
     const auto t = Clock::now();
     Status st = f();
-    seconds[phase] += since(t);
+    seconds[phase(op)] += since(t);
     return st;
   }
-  kernels::Backend& in_;
+  static const char* phase(Op op) {
+    switch (op) {
+      case Op::kLinear: case Op::kLmHead: return "linear";
+      case Op::kKvAppend: return "append";
+      case Op::kRotateQueries: case Op::kDecodeAttn: case Op::kPrefillAttn: return "attention";
+      case Op::kDemotePages: return "demotion";
+      case Op::kSample: return "sampling";
+      default: return "other ops";
+    }
+  }
 };
 #endif
 
