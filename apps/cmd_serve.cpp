@@ -36,15 +36,18 @@ Command add_serve(CLI::App& app) {
   app.add_option("--max-model-len", sched->max_model_len,
                  "Longest prompt + completion accepted, in tokens (0: the model's "
                  "max_position_embeddings, lowered to what the KV pools hold)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--default-max-tokens", http->default_max_tokens,
                  "max_tokens of a request that leaves it out, capped by the room the context "
                  "leaves (0: all of it, max-model-len - prompt, as vLLM)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max-queue", sched->max_waiting,
                  "Requests waiting for admission at most; more get 429 with Retry-After "
                  "(0: no cap)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("!--no-prefix-cache", sched->prefix_cache,
                "Do not share prompt prefixes between requests (radix prefix cache)");
   app.add_option("--http-threads", http->n_threads, "HTTP I/O threads")->capture_default_str();
@@ -113,11 +116,11 @@ Command add_serve(CLI::App& app) {
     }
     server::ServerOptions ho = *http;
     ho.served_model_name = so.model_name;
-    OSCAR_LOG_INFO("serve: model_name=%s host=%s port=%u kv_budget_mib=%.0f max_running=%d "
-                   "max_model_len=%d default_max_tokens=%d max_queue=%d",
-                   so.model_name.c_str(), ho.host.c_str(), ho.port, *budget_mib, so.max_running,
-                   scheduler.value()->info().max_context_tokens, ho.default_max_tokens,
-                   so.max_waiting);
+    OSCAR_LOG_INFO(
+        "serve: model_name=%s host=%s port=%u kv_budget_mib=%.0f max_running=%d "
+        "max_model_len=%d default_max_tokens=%d max_queue=%d",
+        so.model_name.c_str(), ho.host.c_str(), ho.port, *budget_mib, so.max_running,
+        scheduler.value()->info().max_context_tokens, ho.default_max_tokens, so.max_waiting);
     Status st = server::serve_until_signal(scheduler.value().get(), ho);
     scheduler.value()->shutdown();
     if (!st.ok()) {

@@ -143,7 +143,7 @@ PY
       echo "($(( $(date +%s) - t0 )) s)"
       ;;
     kernels)
-      for b in bench_linear_cuda bench_demote_cuda; do
+      for b in bench_linear_cuda bench_demote_cuda bench_prefill_attn_cuda; do
         [ -x "$G/$b" ] || continue
         echo "== $b" | tee -a "$OUT/kernels.log"
         "$G/$b" 2>&1 | tee -a "$OUT/kernels.log"

@@ -20,6 +20,8 @@
 // context takes seconds. Speed does not depend on the values; they are finite and Gaussian.
 // A model whose config.json limits positions below context + steps gets a copy of its config
 // with the limit raised (a benchmark of the attention cost, not of the model's quality there).
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,14 +29,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/runtime.h"
 #include "kernels/backend.h"
@@ -51,7 +50,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 template <typename S>
 void check(const S& st, const char* what) {
@@ -101,9 +102,9 @@ std::string model_dir_for(const std::string& dir, int64_t positions) {
   std::ifstream in(dir + "/config.json");
   nlohmann::json cfg = nlohmann::json::parse(in);
   if (cfg.value("max_position_embeddings", int64_t{0}) >= positions) return dir;
-  const std::string tmp = (std::filesystem::temp_directory_path() /
-                           ("oscar-bench-" + std::to_string(::getpid())))
-                              .string();
+  const std::string tmp =
+      (std::filesystem::temp_directory_path() / ("oscar-bench-" + std::to_string(::getpid())))
+          .string();
   std::filesystem::create_directories(tmp);
   cfg["max_position_embeddings"] = positions;
   std::ofstream(tmp + "/config.json") << cfg.dump(2);
@@ -199,13 +200,23 @@ class EventBackend final : public bench::PhaseBackend {
   }
   static const char* phase(Op op) {
     switch (op) {
-      case Op::kRmsNorm: return "norms";
-      case Op::kLinear: return "linear";
-      case Op::kLmHead: return "lm_head";
-      case Op::kRope: case Op::kKvAppend: return "rope+append";
-      case Op::kRotateQueries: case Op::kDecodeAttn: case Op::kPrefillAttn: return "attention";
-      case Op::kDemotePages: return "demotion";
-      default: return "other";
+      case Op::kRmsNorm:
+        return "norms";
+      case Op::kLinear:
+        return "linear";
+      case Op::kLmHead:
+        return "lm_head";
+      case Op::kRope:
+      case Op::kKvAppend:
+        return "rope+append";
+      case Op::kRotateQueries:
+      case Op::kDecodeAttn:
+      case Op::kPrefillAttn:
+        return "attention";
+      case Op::kDemotePages:
+        return "demotion";
+      default:
+        return "other";
     }
   }
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
@@ -240,19 +251,32 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--model") model = next();
-    else if (a == "--device") device = next();
-    else if (a == "--modes") modes = next();
-    else if (a == "--batches") batches = next();
-    else if (a == "--context") context = std::stoll(next());
-    else if (a == "--steps") steps = std::stoi(next());
-    else if (a == "--fit-gib") fit_gib = std::stod(next());
-    else if (a == "--csv") csv = next();
-    else if (a == "--dummy-weights") dummy = true;
-    else if (a == "--phases") phases = true;
-    else if (a == "--no-graphs") graphs = false;
+    if (a == "--model")
+      model = next();
+    else if (a == "--device")
+      device = next();
+    else if (a == "--modes")
+      modes = next();
+    else if (a == "--batches")
+      batches = next();
+    else if (a == "--context")
+      context = std::stoll(next());
+    else if (a == "--steps")
+      steps = std::stoi(next());
+    else if (a == "--fit-gib")
+      fit_gib = std::stod(next());
+    else if (a == "--csv")
+      csv = next();
+    else if (a == "--dummy-weights")
+      dummy = true;
+    else if (a == "--phases")
+      phases = true;
+    else if (a == "--no-graphs")
+      graphs = false;
     else {
-      std::fprintf(stderr, "unknown argument %s (see the header of bench/e2e/bench_decode_step.cpp)\n", a.c_str());
+      std::fprintf(stderr,
+                   "unknown argument %s (see the header of bench/e2e/bench_decode_step.cpp)\n",
+                   a.c_str());
       return 2;
     }
   }
@@ -261,8 +285,10 @@ int main(int argc, char** argv) {
   std::printf("model %s (%s weights), device %s, context %lld, %d steps, copy %.2f TB/s\n",
               model.c_str(), dummy ? "dummy" : "checkpoint", device.c_str(),
               static_cast<long long>(context), steps, copy_bps / 1e12);
-  std::printf("| mode | batch | step ms | tok/s | bytes/step GB | floor ms | step/floor | demotion ms/step |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| mode | batch | step ms | tok/s | bytes/step GB | floor ms | step/floor | demotion ms/step "
+      "|\n"
+      "|---|---|---|---|---|---|---|---|\n");
   std::vector<Row> rows;
   for (const std::string& mode : split(modes)) {
     engine::RuntimeOptions o;
@@ -294,14 +320,17 @@ int main(int argc, char** argv) {
       const double exact = (static_cast<double>(most) * (need.bf16_pages() + 2) +
                             kFillChunk / spec.value().regions.page_size + 2) *
                            L.exact_page_bytes();
-      const double hist = spec.value().quantized()
-                              ? static_cast<double>(most) * (need.int2_pages() + 2) * L.int2_page_bytes()
-                              : 0.0;
+      const double hist =
+          spec.value().quantized()
+              ? static_cast<double>(most) * (need.int2_pages() + 2) * L.int2_page_bytes()
+              : 0.0;
       // The runtime splits a budget between the pools in the ratio of one sequence's peak
       // (split_tokens); ask for enough that both shares hold what they must.
-      const double share = (need.bf16_pages() * static_cast<double>(L.exact_page_bytes())) /
-                           (need.bf16_pages() * static_cast<double>(L.exact_page_bytes()) +
-                            (spec.value().quantized() ? need.int2_pages() * static_cast<double>(L.int2_page_bytes()) : 0.0));
+      const double share =
+          (need.bf16_pages() * static_cast<double>(L.exact_page_bytes())) /
+          (need.bf16_pages() * static_cast<double>(L.exact_page_bytes()) +
+           (spec.value().quantized() ? need.int2_pages() * static_cast<double>(L.int2_page_bytes())
+                                     : 0.0));
       const double budget = std::max(exact / share, share < 1 ? hist / (1 - share) : 0.0);
       o.kv_budget_bytes = static_cast<size_t>(budget * 1.02) + (size_t{64} << 20);
     }
@@ -311,8 +340,8 @@ int main(int argc, char** argv) {
     kernels::Backend& be = rt.backend();
     const auto& cfg = rt.model().config();
     if (fit_gib > 0) {
-      const kv::PageNeed need = kv::peak_pages(rt.spec().regions, rt.spec().quantized(),
-                                               context + steps);
+      const kv::PageNeed need =
+          kv::peak_pages(rt.spec().regions, rt.spec().quantized(), context + steps);
       // Less the exact pages the fill stages for one sequence at a time (a benchmark artefact;
       // a prefill would stage its chunk the same way).
       const int64_t staging = kFillChunk / rt.spec().regions.page_size + 1;
@@ -342,7 +371,8 @@ int main(int argc, char** argv) {
     rt.model().set_graphs(graphs);
 #ifdef OSCAR_HAS_CUDA
     EventBackend timed(be);
-    if (phases && be.device() == Device::kCuda) check(rt.model().set_backend(&timed), "set_backend");
+    if (phases && be.device() == Device::kCuda)
+      check(rt.model().set_backend(&timed), "set_backend");
 #else
     (void)phases;
 #endif
@@ -352,8 +382,8 @@ int main(int argc, char** argv) {
       const auto tf = Clock::now();
       while (static_cast<int>(caches.size()) < batch) {
         caches.push_back(rt.new_cache());
-        fill(rt, *caches.back(), context, kbuf.value().as<float>(), vbuf.value().as<float>(),
-             chunk, scratch);
+        fill(rt, *caches.back(), context, kbuf.value().as<float>(), vbuf.value().as<float>(), chunk,
+             scratch);
       }
       const double fill_s = since(tf);
       std::vector<int32_t> next(batch, 42), ids(batch);
@@ -441,8 +471,8 @@ int main(int argc, char** argv) {
     std::ofstream out(csv);
     out << "mode,batch,context,step_ms,tok_s,bytes,floor_ms,demote_ms,copy_bps\n";
     for (const Row& r : rows)
-      out << r.mode << "," << r.batch << "," << context << "," << r.step_ms << "," << r.tok_s
-          << "," << r.bytes << "," << r.floor_ms << "," << r.demote_ms << "," << copy_bps << "\n";
+      out << r.mode << "," << r.batch << "," << context << "," << r.step_ms << "," << r.tok_s << ","
+          << r.bytes << "," << r.floor_ms << "," << r.demote_ms << "," << copy_bps << "\n";
   }
   return 0;
 }

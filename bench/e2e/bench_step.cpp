@@ -68,12 +68,21 @@ class TimedBackend final : public bench::PhaseBackend {
   }
   static const char* phase(Op op) {
     switch (op) {
-      case Op::kLinear: case Op::kLmHead: return "linear";
-      case Op::kKvAppend: return "append";
-      case Op::kRotateQueries: case Op::kDecodeAttn: case Op::kPrefillAttn: return "attention";
-      case Op::kDemotePages: return "demotion";
-      case Op::kSample: return "sampling";
-      default: return "other ops";
+      case Op::kLinear:
+      case Op::kLmHead:
+        return "linear";
+      case Op::kKvAppend:
+        return "append";
+      case Op::kRotateQueries:
+      case Op::kDecodeAttn:
+      case Op::kPrefillAttn:
+        return "attention";
+      case Op::kDemotePages:
+        return "demotion";
+      case Op::kSample:
+        return "sampling";
+      default:
+        return "other ops";
     }
   }
 };

@@ -13,8 +13,20 @@ namespace oscar::bench {
 class PhaseBackend : public kernels::Backend {
  public:
   enum class Op {
-    kEmbed, kRmsNorm, kLinear, kLmHead, kRope, kKvAppend, kRotateQueries, kDecodeAttn,
-    kPrefillAttn, kSiluMul, kAdd, kGatherRows, kDemotePages, kSample,
+    kEmbed,
+    kRmsNorm,
+    kLinear,
+    kLmHead,
+    kRope,
+    kKvAppend,
+    kRotateQueries,
+    kDecodeAttn,
+    kPrefillAttn,
+    kSiluMul,
+    kAdd,
+    kGatherRows,
+    kDemotePages,
+    kSample,
   };
   explicit PhaseBackend(kernels::Backend& inner) : in_(inner) {}
 

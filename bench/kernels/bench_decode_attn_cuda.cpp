@@ -63,7 +63,6 @@ void fill_random(uint8_t* dev, size_t bytes, const std::vector<uint8_t>& block) 
   }
 }
 
-
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -88,7 +88,7 @@ struct EngineMetrics {
   int requests_waiting = 0;
   uint64_t prompt_tokens_total = 0;
   uint64_t generation_tokens_total = 0;
-  uint64_t num_preemptions_total = 0;          // running requests preempted (pages ran out)
+  uint64_t num_preemptions_total = 0;  // running requests preempted (pages ran out)
   std::vector<KvPoolUsage> kv_pools;
   double prefix_cache_hit_rate = 0.0;          // [0, 1]
   int64_t prefix_cache_pages = 0;              // pages the prefix cache references (all pools)

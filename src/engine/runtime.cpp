@@ -152,10 +152,11 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
   if (rt->backend_->device() != Device::kCpu &&
       (mode == quant::CacheMode::kF32 || mode == quant::CacheMode::kKivi2 ||
        mode == quant::CacheMode::kOscarLloyd))
-    return unimplemented("cache mode %s runs on the CPU only (the CUDA kernels read BF16 exact "
-                         "pages and uniform INT2 / bit-plan history rows: bf16, int2-naive, "
-                         "int2-hadamard, oscar); use --device cpu",
-                         o.cache_mode.c_str());
+    return unimplemented(
+        "cache mode %s runs on the CPU only (the CUDA kernels read BF16 exact "
+        "pages and uniform INT2 / bit-plan history rows: bf16, int2-naive, "
+        "int2-hadamard, oscar); use --device cpu",
+        o.cache_mode.c_str());
   OSCAR_ASSIGN_OR_RETURN(rt->spec_, make_cache_spec(config, o, mode));
   if (!rt->spec_.v_rotation.empty())
     OSCAR_RETURN_IF_ERROR(rt->model_->fold_value_rotation(rt->spec_.v_rotation));

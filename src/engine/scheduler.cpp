@@ -53,15 +53,15 @@ struct Scheduler::Sequence {
   // The tokens to prefill: the prompt; after a preemption, prompt + every generated token, so that
   // the recompute's last logits give the next token (draw index output.size(), as decode would).
   std::vector<int32_t> context;
-  int64_t prefilled = 0;      // tokens of `context` in the cache (adopted or computed)
-  int64_t cached_tokens = 0;  // prompt tokens adopted from the prefix cache (first admission)
-  int64_t cached_context = 0; // tokens of `context` adopted at the last admission
-  uint64_t arrival = 0;       // submit order; preemption takes the latest first
+  int64_t prefilled = 0;       // tokens of `context` in the cache (adopted or computed)
+  int64_t cached_tokens = 0;   // prompt tokens adopted from the prefix cache (first admission)
+  int64_t cached_context = 0;  // tokens of `context` adopted at the last admission
+  uint64_t arrival = 0;        // submit order; preemption takes the latest first
   int preemptions = 0;
-  bool preempted = false;     // preempted in this step; moved back to the waiting queue after it
-  bool admitted = false;      // admitted at least once (no longer counts against max_waiting)
-  kv::PageNeed promised;      // pages its prefill was admitted with (radix-cached part excluded)
-  int64_t blocked_avail = -1; // pages available when admission last refused it (-1: never)
+  bool preempted = false;      // preempted in this step; moved back to the waiting queue after it
+  bool admitted = false;       // admitted at least once (no longer counts against max_waiting)
+  kv::PageNeed promised;       // pages its prefill was admitted with (radix-cached part excluded)
+  int64_t blocked_avail = -1;  // pages available when admission last refused it (-1: never)
   kv::NodeHandle prefix_node; // locked radix node while running
   std::vector<int32_t> output;
   std::string text;      // decoded output so far, whole UTF-8 characters
@@ -114,18 +114,23 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(std::unique_ptr<Runtime> ru
     int64_t lo = 0, hi = s->max_model_len_;  // fits(lo) (or lo == 0); find the largest
     while (lo < hi) {
       const int64_t mid = (lo + hi + 1) / 2;
-      if (fits(mid)) lo = mid;
-      else hi = mid - 1;
+      if (fits(mid))
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     if (lo < s->max_model_len_) {
       if (options.max_model_len == 0) {
-        OSCAR_LOG_INFO("scheduler: max_model_len=%lld (the longest sequence the KV pools hold; "
-                       "the model allows %d)", static_cast<long long>(lo), max_pos);
+        OSCAR_LOG_INFO(
+            "scheduler: max_model_len=%lld (the longest sequence the KV pools hold; "
+            "the model allows %d)",
+            static_cast<long long>(lo), max_pos);
         s->max_model_len_ = static_cast<int>(std::max<int64_t>(1, lo));
       } else {
-        OSCAR_LOG_WARN("scheduler: max_model_len=%d but the KV pools hold at most %lld tokens "
-                       "of one sequence; longer requests are refused",
-                       s->max_model_len_, static_cast<long long>(lo));
+        OSCAR_LOG_WARN(
+            "scheduler: max_model_len=%d but the KV pools hold at most %lld tokens "
+            "of one sequence; longer requests are refused",
+            s->max_model_len_, static_cast<long long>(lo));
       }
     }
   }
@@ -225,9 +230,10 @@ Status Scheduler::submit(GenerationRequest req,
     if (live_ids_.count(s->req.request_id))
       return invalid_argument("request id '%s' is already running", s->req.request_id.c_str());
     if (options_.max_waiting > 0 && n_queued_ >= options_.max_waiting)
-      return resource_exhausted("the waiting queue is full (%d requests, --max-queue %d); retry "
-                                "later",
-                                n_queued_, options_.max_waiting);
+      return resource_exhausted(
+          "the waiting queue is full (%d requests, --max-queue %d); retry "
+          "later",
+          n_queued_, options_.max_waiting);
     n_queued_ += 1;
     s->arrival = next_arrival_++;
     live_ids_[s->req.request_id] = true;
@@ -425,8 +431,8 @@ void Scheduler::admit() {
     // Nothing was freed since the head was last refused: do not probe the prefix cache again.
     if (!idle && s.blocked_avail >= 0 && avail[0] + avail[1] <= s.blocked_avail) break;
     kv::PrefixMatch m = match_prefix(s);
-    const kv::PageNeed need = prefill_pages(static_cast<int64_t>(s.context.size()),
-                                            m.n_tokens_matched);
+    const kv::PageNeed need =
+        prefill_pages(static_cast<int64_t>(s.context.size()), m.n_tokens_matched);
     if (!idle) {
       // The matched pages count as evictable now, but adopting them locks them.
       int64_t matched[2] = {0, 0};

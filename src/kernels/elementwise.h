@@ -58,8 +58,8 @@ OSCAR_HD inline float dummy_weight(uint64_t seed, int64_t i, float std) {
 // CUDA versions (kernels/cuda/elementwise.cu, built with OSCAR_CUDA): the same contracts over
 // device pointers, asynchronous on `stream` (a cudaStream_t), checked at launch.
 Status embed_cuda(const WeightView& table, const int32_t* ids, int64_t n, float* x, void* stream);
-Status rms_norm_cuda(const float* x, int64_t rows, int64_t dim, const float* w, float eps,
-                     float* y, void* stream);
+Status rms_norm_cuda(const float* x, int64_t rows, int64_t dim, const float* w, float eps, float* y,
+                     void* stream);
 Status rope_cuda(const RopeParams& p, void* stream);
 Status silu_mul_cuda(float* gate, const float* up, int64_t n, void* stream);
 Status add_cuda(float* x, const float* y, int64_t n, void* stream);

@@ -63,7 +63,7 @@ Status prefill_attn_cuda(const PrefillAttnParams& p, void* stream);
 // between n_recent and n_recent + page_size - 1 tokens (OSCAR.md §4). The one definition, shared
 // by the cache's bookkeeping and the kernels.
 OSCAR_HD inline int64_t history_end(int32_t n_sink, int32_t n_recent, int32_t page_size,
-                                     int64_t n_tokens) {
+                                    int64_t n_tokens) {
   const int64_t beyond_sinks = n_tokens - n_sink;
   if (beyond_sinks - n_recent < page_size) return n_sink;
   return n_sink + page_size * ((beyond_sinks - n_recent) / page_size);

@@ -95,7 +95,9 @@ const T* op_ptr(const KvCacheSpec::DeviceTensors* d, DeviceBuffer KvCacheSpec::D
   return (d->*m).template as<const T>();
 }
 template <typename V>
-auto host_ptr(const V& v) -> decltype(v.data()) { return v.empty() ? nullptr : v.data(); }
+auto host_ptr(const V& v) -> decltype(v.data()) {
+  return v.empty() ? nullptr : v.data();
+}
 }  // namespace
 
 kernels::KvPageLayout KvCacheSpec::op_layout() const {

@@ -35,8 +35,8 @@
 #include <string>
 #include <vector>
 
-#include "core/status.h"
 #include "core/device.h"
+#include "core/status.h"
 #include "kernels/backend.h"
 #include "kernels/decode_attn.h"
 #include "kernels/demote_pages.h"

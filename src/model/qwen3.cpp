@@ -1,9 +1,9 @@
 #include "model/qwen3.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
-#include <bit>
 #include <random>
 
 #include "core/bf16.h"
@@ -114,7 +114,8 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load_dummy(const format::ModelCo
     const uint64_t s = seed + (++index << 40);
     const int64_t n = rows * cols;
     if (device) {
-      OSCAR_ASSIGN_OR_RETURN(w.dev, be.alloc(static_cast<size_t>(n) * sizeof(bf16_t), "dummy weights"));
+      OSCAR_ASSIGN_OR_RETURN(w.dev,
+                             be.alloc(static_cast<size_t>(n) * sizeof(bf16_t), "dummy weights"));
       OSCAR_RETURN_IF_ERROR(be.fill_normal_bf16(w.dev.as<bf16_t>(), n, 0.02f, s));
     } else {
       w.bf16.resize(static_cast<size_t>(n));
@@ -184,7 +185,7 @@ Status Qwen3Model::set_backend(kernels::Backend* backend) {
 }
 
 kernels::WeightView Qwen3Model::Matrix::view() const {
-  const void* data = !dev.empty()                   ? dev.data()
+  const void* data = !dev.empty()                     ? dev.data()
                      : dtype == kernels::DType::kBF16 ? static_cast<const void*>(bf16.data())
                                                       : static_cast<const void*>(f32.data());
   return kernels::WeightView{data, dtype, rows, cols};
@@ -249,8 +250,10 @@ Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation) {
         for (int64_t i = 0; i < n; ++i) host[i] = kernels::dummy_weight(seed, i, 0.02f);
         w->dtype = kernels::DType::kF32;
         w->dev.reset();
-        OSCAR_ASSIGN_OR_RETURN(w->dev, backend_->alloc(host.size() * sizeof(float), "dummy weights"));
-        OSCAR_RETURN_IF_ERROR(backend_->upload(host.data(), host.size() * sizeof(float), w->dev.data()));
+        OSCAR_ASSIGN_OR_RETURN(w->dev,
+                               backend_->alloc(host.size() * sizeof(float), "dummy weights"));
+        OSCAR_RETURN_IF_ERROR(
+            backend_->upload(host.data(), host.size() * sizeof(float), w->dev.data()));
       }
     value_rotation_folded_ = true;
     return backend_->synchronize();
@@ -400,7 +403,8 @@ class Stager {
     if (dev_->bytes() < staging_->size()) {
       moved_ = true;
       dev_->reset();
-      OSCAR_ASSIGN_OR_RETURN(*dev_, be_.alloc(std::max<size_t>(staging_->size() * 2, 4096), "step plan"));
+      OSCAR_ASSIGN_OR_RETURN(*dev_,
+                             be_.alloc(std::max<size_t>(staging_->size() * 2, 4096), "step plan"));
     }
     return be_.upload(staging_->data(), staging_->size(), dev_->data());
   }
@@ -450,8 +454,8 @@ Status Qwen3Model::demote(const kv::StepPlan& plan, std::vector<int32_t>* status
   DeviceBuffer& buf = demote_buf_;
   if (buf.bytes() < host.size() * sizeof(int32_t)) {
     buf.reset();
-    OSCAR_ASSIGN_OR_RETURN(buf, be.alloc(std::max<size_t>(host.size() * sizeof(int32_t), 4096),
-                                         "demotion list"));
+    OSCAR_ASSIGN_OR_RETURN(
+        buf, be.alloc(std::max<size_t>(host.size() * sizeof(int32_t), 4096), "demotion list"));
   }
   OSCAR_RETURN_IF_ERROR(be.upload(host.data(), host.size() * sizeof(int32_t), buf.data()));
   p.src_pages = buf.as<int32_t>();
@@ -644,12 +648,13 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
       OSCAR_ASSIGN_OR_RETURN(const float* hh, host(h, n * H, 0));
       for (int32_t s = 0; s < plan.n_seqs(); ++s)
         options.observer->on_final_hidden(plan.chunk[s], hh + plan.cu_seqlens[s] * H,
-                                          plan.cu_seqlens[s + 1] - plan.cu_seqlens[s], plan.pos0[s]);
+                                          plan.cu_seqlens[s + 1] - plan.cu_seqlens[s],
+                                          plan.pos0[s]);
     }
     // lm_head over the rows that produce logits only.
     OSCAR_RETURN_IF_ERROR(be.gather_rows(h, st.get<int32_t>(h_rows), n_out, H, x));
-    return be.linear(lin(x, n_out, lm_head_.rows == 0 ? embed_ : lm_head_, nullptr,
-                         w.logits.as<float>()));
+    return be.linear(
+        lin(x, n_out, lm_head_.rows == 0 ? embed_ : lm_head_, nullptr, w.logits.as<float>()));
   };
 
   // Graph path: replay the recording for this batch size; record it (after one direct step at
@@ -679,7 +684,8 @@ Status Qwen3Model::Workspace::reserve(kernels::Backend& be, int64_t n, int64_t n
     const int64_t r = std::max<int64_t>(n, 2 * rows);
     auto fit = [&](DeviceBuffer& b, int64_t per_row) -> Status {
       b.reset();
-      OSCAR_ASSIGN_OR_RETURN(b, be.alloc(static_cast<size_t>(r * per_row) * sizeof(float), "activations"));
+      OSCAR_ASSIGN_OR_RETURN(
+          b, be.alloc(static_cast<size_t>(r * per_row) * sizeof(float), "activations"));
       return Status();
     };
     for (DeviceBuffer* b : {&x, &h, &o}) OSCAR_RETURN_IF_ERROR(fit(*b, c.hidden_size));
@@ -693,7 +699,8 @@ Status Qwen3Model::Workspace::reserve(kernels::Backend& be, int64_t n, int64_t n
   if (n_logits > logit_rows) {
     const int64_t r = std::max<int64_t>(n_logits, 2 * logit_rows);
     logits.reset();
-    OSCAR_ASSIGN_OR_RETURN(logits, be.alloc(static_cast<size_t>(r) * c.vocab_size * sizeof(float), "logits"));
+    OSCAR_ASSIGN_OR_RETURN(
+        logits, be.alloc(static_cast<size_t>(r) * c.vocab_size * sizeof(float), "logits"));
     logit_rows = r;
   }
   return Status();

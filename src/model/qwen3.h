@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "core/status.h"
 #include "core/bf16.h"
 #include "core/device.h"
+#include "core/status.h"
 #include "format/model_config.h"
 #include "kernels/backend.h"
 #include "kernels/linear.h"
@@ -148,15 +148,15 @@ class Qwen3Model {
   // and the plan's arrays where the ops read them (kernels take them from `plan` on a device).
   struct Workspace {
     int64_t rows = 0, logit_rows = 0;
-    DeviceBuffer x, h, o;           // [n, hidden]
-    DeviceBuffer q, q_rot, attn;    // [n, q_dim]
-    DeviceBuffer k, v;              // [n, kv_dim]
-    DeviceBuffer gate, up;          // [n, intermediate]
-    DeviceBuffer logits;            // [n_logit_rows, vocab]
-    std::vector<float> cos, sin;    // [n, head_dim / 2] RoPE of each row's position (host)
-    std::vector<uint8_t> staging;   // host bytes of the plan's arrays, uploaded in one copy
-    DeviceBuffer plan;              // their device copy
-    std::vector<float> host;        // observer copies on a device backend
+    DeviceBuffer x, h, o;          // [n, hidden]
+    DeviceBuffer q, q_rot, attn;   // [n, q_dim]
+    DeviceBuffer k, v;             // [n, kv_dim]
+    DeviceBuffer gate, up;         // [n, intermediate]
+    DeviceBuffer logits;           // [n_logit_rows, vocab]
+    std::vector<float> cos, sin;   // [n, head_dim / 2] RoPE of each row's position (host)
+    std::vector<uint8_t> staging;  // host bytes of the plan's arrays, uploaded in one copy
+    DeviceBuffer plan;             // their device copy
+    std::vector<float> host;       // observer copies on a device backend
     Status reserve(kernels::Backend& be, int64_t n, int64_t n_logits, const format::ModelConfig& c);
   };
 
@@ -181,9 +181,9 @@ class Qwen3Model {
     std::unique_ptr<kernels::Backend::Graph> graph;
   };
   std::vector<StepGraph> graphs_;
-  uint64_t graph_epoch_ = 0;  // bumped whenever a buffer a recording points into moves
+  uint64_t graph_epoch_ = 0;         // bumped whenever a buffer a recording points into moves
   size_t table_cap_[3] = {0, 0, 0};  // room for the decode page tables' page ids
-  bool graphs_enabled_ = true;  // a device backend's copy of the step's demotion list
+  bool graphs_enabled_ = true;       // a device backend's copy of the step's demotion list
   kernels::Backend* backend_ = &kernels::cpu_backend();
 };
 

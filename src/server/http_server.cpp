@@ -10,19 +10,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <cctype>
 #include <condition_variable>
-#include <ctime>
 #include <csignal>
+#include <ctime>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
-
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -116,7 +115,8 @@ int http_status_for(const Status& s) {
     case StatusCode::kNotFound: return 404;
     // The engine's waiting queue is full (a request that can never fit is InvalidArgument):
     // retryable, with Retry-After.
-    case StatusCode::kResourceExhausted: return 429;
+    case StatusCode::kResourceExhausted:
+      return 429;
     case StatusCode::kUnimplemented: return 501;
     default: return 500;
   }
@@ -672,8 +672,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void open_event_stream() {
     chunked_ = version_ >= 11;
     if (!chunked_) keep_alive_ = false;
-    std::string head = "HTTP/1.1 200 OK\r\nServer: oscar\r\nContent-Type: text/event-stream\r\n"
-                       "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n";
+    std::string head =
+        "HTTP/1.1 200 OK\r\nServer: oscar\r\nContent-Type: text/event-stream\r\n"
+        "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n";
     head += "Date: " + http_date() + "\r\nX-Request-Id: " + req_id_ + "\r\n";
     if (std::string acao = cors_allow_origin(st_->options, origin_); !acao.empty()) {
       head += "Access-Control-Allow-Origin: " + acao +

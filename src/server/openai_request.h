@@ -119,7 +119,6 @@ bool json_depth_exceeds(std::string_view text, int max_depth);
 // message gives the numbers.
 // default_max_tokens > 0 caps the room used when max_tokens is absent.
 std::variant<int, ApiError> check_context_fit(int prompt_tokens, std::optional<int> max_tokens,
-                                              int max_context_tokens,
-                                              int default_max_tokens = 0);
+                                              int max_context_tokens, int default_max_tokens = 0);
 
 }  // namespace oscar::server

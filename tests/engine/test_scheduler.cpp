@@ -418,10 +418,10 @@ Alone run_alone(Scheduler& s, GenerationRequest r) {
 TEST(Scheduler, MemoryFollowsUseManyRequestsSmallPool) {
   SchedulerOptions so;
   so.prefix_cache = false;
-  so.max_model_len = 48;  // 3 pages of 16 tokens at the peak
+  so.max_model_len = 48;                                // 3 pages of 16 tokens at the peak
   auto sched = make_scheduler_with("bf16", so, {}, 3);  // 3 MiB = 24 BF16 pages
-  const char* texts[] = {"def f(x):", "import os", "class A:", "for i in range(",
-                         "# sum of squares", "while True:", "print(", "return x +"};
+  const char* texts[] = {"def f(x):",        "import os",   "class A:", "for i in range(",
+                         "# sum of squares", "while True:", "print(",   "return x +"};
   std::vector<GenerationRequest> kinds;
   std::vector<Alone> alone;
   for (const char* t : texts) {
@@ -460,10 +460,11 @@ TEST(Scheduler, MemoryFollowsUseManyRequestsSmallPool) {
   const int old_limit = 24 / 3;
   EXPECT_GT(peak_running, old_limit) << "peak running " << peak_running;
   EXPECT_LE(peak_running, 24);  // each running request holds at least one of the 24 pages
-  std::printf("memory follows use: peak running %d (peak reservations allowed %d), "
-              "preemptions %llu\n",
-              peak_running, old_limit,
-              static_cast<unsigned long long>(sched->metrics().num_preemptions_total));
+  std::printf(
+      "memory follows use: peak running %d (peak reservations allowed %d), "
+      "preemptions %llu\n",
+      peak_running, old_limit,
+      static_cast<unsigned long long>(sched->metrics().num_preemptions_total));
   wait_idle(*sched);
   EXPECT_EQ(used_pages(*sched), 0);
 }
@@ -505,8 +506,8 @@ void check_preemption_resumes(const std::string& mode, bool prefix_cache, size_t
       while (first < c->ids.size() && first < alone[i].ids.size() &&
              c->ids[first] == alone[i].ids[first])
         ++first;
-      EXPECT_EQ(c->ids, alone[i].ids) << mode << " request " << reqs[i].request_id
-                                      << ": first mismatch at output " << first;
+      EXPECT_EQ(c->ids, alone[i].ids)
+          << mode << " request " << reqs[i].request_id << ": first mismatch at output " << first;
       EXPECT_EQ(c->text, alone[i].text) << mode << " request " << i;  // one continuous stream
       EXPECT_EQ(c->events, max_tokens + 1) << mode << " request " << i;
       EXPECT_EQ(c->finish, "length");

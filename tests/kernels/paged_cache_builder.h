@@ -37,8 +37,8 @@ struct PagedCacheHost {
 inline int64_t pages_for(int64_t n, int P) { return (n + P - 1) / P; }
 
 // BF16 exact pages, INT2 history rows of quant_group `group_size`.
-inline void set_layout(PagedCacheHost& h, int n_layers, int n_heads_kv, int head_dim,
-                       int page_size, int group_size) {
+inline void set_layout(PagedCacheHost& h, int n_layers, int n_heads_kv, int head_dim, int page_size,
+                       int group_size) {
   KvPageLayout& L = h.layout;
   L.n_layers = n_layers;
   L.n_heads_kv = n_heads_kv;

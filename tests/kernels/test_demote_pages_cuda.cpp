@@ -86,9 +86,9 @@ std::string where(const KvPageLayout& L, size_t off) {
         const size_t rb = L.hist_row_bytes(layer, kv, h);
         if (off >= start && off < start + rb * L.page_size) {
           char buf[160];
-          std::snprintf(buf, sizeof buf, "layer %d kv %d head %d (bits %d) slot %zu byte %zu of %zu",
-                        layer, kv, h, L.hist_row_bits(layer, kv, h), (off - start) / rb,
-                        (off - start) % rb, rb);
+          std::snprintf(buf, sizeof buf,
+                        "layer %d kv %d head %d (bits %d) slot %zu byte %zu of %zu", layer, kv, h,
+                        L.hist_row_bits(layer, kv, h), (off - start) / rb, (off - start) % rb, rb);
           return buf;
         }
       }
@@ -128,7 +128,8 @@ void run_case(const Case& c) {
   L.page_size = c.page_size;
   L.exact_elem_bytes = c.elem_bytes;
   const bool kivi = c.quantizer == quant::HistQuantizer::kKivi;
-  L.int2_row_bytes = quant::int2_row_bytes(c.head_dim, kivi ? quant::kKiviValueGroup : c.group_size);
+  L.int2_row_bytes =
+      quant::int2_row_bytes(c.head_dim, kivi ? quant::kKiviValueGroup : c.group_size);
   std::mt19937 rng(c.seed);
 
   std::vector<int8_t> bits;
@@ -190,7 +191,8 @@ void run_case(const Case& c) {
   dst.resize(c.n_pages);
 
   auto poke = [&](int list_index, int layer, int kv, int h, int s, int ch, float v) {
-    uint8_t* row = exact.data() + src[list_index] * exact_page + L.exact_row_offset(layer, kv, h, s);
+    uint8_t* row =
+        exact.data() + src[list_index] * exact_page + L.exact_row_offset(layer, kv, h, s);
     if (c.elem_bytes == 4) {
       std::memcpy(row + 4 * ch, &v, 4);
     } else {
@@ -280,8 +282,8 @@ void run_case(const Case& c) {
     if (n_diff != 0) {
       ++bad_pages;
       ADD_FAILURE() << "history page " << pg << ": " << n_diff << " bytes differ; first at "
-                    << first << " (" << where(Lh, first) << "): cpu 0x" << std::hex
-                    << int{a[first]} << " gpu 0x" << int{b[first]} << std::dec;
+                    << first << " (" << where(Lh, first) << "): cpu 0x" << std::hex << int{a[first]}
+                    << " gpu 0x" << int{b[first]} << std::dec;
       if (bad_pages >= 3) break;
     }
   }

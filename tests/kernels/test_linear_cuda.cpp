@@ -85,9 +85,8 @@ void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t se
   std::vector<float> got(n * out);
   for (LinearCudaPath path :
        {LinearCudaPath::kAuto, LinearCudaPath::kStream, LinearCudaPath::kGemm}) {
-    const bool gemm =
-        path == LinearCudaPath::kGemm ||
-        (path == LinearCudaPath::kAuto && !linear_cuda_streams(n, out, in));
+    const bool gemm = path == LinearCudaPath::kGemm ||
+                      (path == LinearCudaPath::kAuto && !linear_cuda_streams(n, out, in));
     const bool bf16_x = gemm && dtype == DType::kBF16;
     CUDA_OK(cudaMemset(y_dev, 0xFF, got.size() * 4));
     const Status st = linear_cuda_ex(dp, path, nullptr);

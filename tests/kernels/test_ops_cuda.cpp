@@ -158,8 +158,7 @@ TEST(OpsCuda, RmsNormWithinDerivedBound) {
         std::vector<float> ref(rows * dim);
         ASSERT_TRUE(rms_norm(x.data(), rows, dim, w.data(), eps, ref.data()).ok());
         Dev<float> dx(x), dw(w), dy(rows * dim);
-        ASSERT_TRUE(
-            rms_norm_cuda(dx.p, rows, dim, dw.p, eps, alias ? dx.p : dy.p, nullptr).ok());
+        ASSERT_TRUE(rms_norm_cuda(dx.p, rows, dim, dw.p, eps, alias ? dx.p : dy.p, nullptr).ok());
         CUDA_OK(cudaDeviceSynchronize());
         const std::vector<float> y = alias ? dx.get() : dy.get();
         const double tol = (2.0 * std::sqrt(static_cast<double>(dim)) + 8.0) * kU;
@@ -218,15 +217,15 @@ TEST(OpsCuda, RopeWithinContractionBound) {
               ++total;
               exact += bits(got[base + i]) == bits(ref[base + i]);
               ASSERT_LE(err, 4 * kU * E + 1e-37)
-                  << what << " hq " << s.hq << " hkv " << s.hkv << " d " << s.d << " rows "
-                  << rows << " at row " << r << " head " << h << " i " << i;
+                  << what << " hq " << s.hq << " hkv " << s.hkv << " d " << s.d << " rows " << rows
+                  << " at row " << r << " head " << h << " i " << i;
             }
       };
       check(q0, q, gq, s.hq, "q");
       check(k0, k, gk, s.hkv, "k");
     }
-  std::printf("rope: %lld of %lld values bit-identical to the CPU\n",
-              static_cast<long long>(exact), static_cast<long long>(total));
+  std::printf("rope: %lld of %lld values bit-identical to the CPU\n", static_cast<long long>(exact),
+              static_cast<long long>(total));
 }
 
 TEST(OpsCuda, SiluMulAddGather) {
@@ -352,8 +351,9 @@ void run_kv_case(const KvCase& c, uint32_t seed) {
   for (int64_t i = 0; i < c.n_tokens; ++i)
     for (int h = 0; h < H; ++h)
       for (int kv = 0; kv < 2; ++kv) {
-        const size_t off = static_cast<size_t>(slots[i] / c.page_size) * page_bytes +
-                           L.exact_row_offset(c.layer, kv, h, static_cast<int>(slots[i] % c.page_size));
+        const size_t off =
+            static_cast<size_t>(slots[i] / c.page_size) * page_bytes +
+            L.exact_row_offset(c.layer, kv, h, static_cast<int>(slots[i] % c.page_size));
         std::fill_n(written.begin() + off, L.exact_row_bytes(), 1);
         for (int col = 0; col < d; ++col) {
           const size_t e = off + static_cast<size_t>(col) * c.elem_bytes;
@@ -366,7 +366,8 @@ void run_kv_case(const KvCase& c, uint32_t seed) {
             std::memcpy(&a, &got[e], 2);
             std::memcpy(&b, &pool[e], 2);
             ASSERT_LE(std::abs(static_cast<int>(static_cast<int16_t>(a)) -
-                               static_cast<int>(static_cast<int16_t>(b))), 1)
+                               static_cast<int>(static_cast<int16_t>(b))),
+                      1)
                 << "key more than 1 bf16 ulp off: token " << i << " head " << h << " col " << col;
             ++ulp1;
           } else {
@@ -399,12 +400,18 @@ TEST(OpsCuda, KvAppendMatchesCpu) {
       for (int eb : {2, 4})
         for (int64_t n : {1, 5, 37})
           for (int mode = 0; mode < 4; ++mode) {
-            const KvCase c{H, d, d == 128 ? 16 : 32, eb, n, (mode & 1) != 0, (mode & 2) != 0,
+            const KvCase c{H,
+                           d,
+                           d == 128 ? 16 : 32,
+                           eb,
+                           n,
+                           (mode & 1) != 0,
+                           (mode & 2) != 0,
                            static_cast<int>(seed % 3)};
-            SCOPED_TRACE(::testing::Message() << "head_dim " << d << " kv heads " << H
-                                              << " elem_bytes " << eb << " tokens " << n
-                                              << " mean " << c.mean << " rot " << c.rot
-                                              << " layer " << c.layer);
+            SCOPED_TRACE(::testing::Message()
+                         << "head_dim " << d << " kv heads " << H << " elem_bytes " << eb
+                         << " tokens " << n << " mean " << c.mean << " rot " << c.rot << " layer "
+                         << c.layer);
             run_kv_case(c, seed++);
             if (HasFatalFailure()) return;
           }
@@ -425,8 +432,8 @@ TEST(OpsCuda, RotateQueriesMatchesCpu) {
         const std::vector<float> rot =
             normal(static_cast<size_t>(n_layers) * s.hkv * d * d, rng, 0.f, 1.f / std::sqrt(d));
         std::vector<float> ref(q.size(), std::nanf(""));
-        RotateQueriesParams hp{layer, rows, s.hq, s.hkv, d, q.data(),
-                               null_rot ? nullptr : rot.data(), ref.data()};
+        RotateQueriesParams hp{
+            layer, rows, s.hq, s.hkv, d, q.data(), null_rot ? nullptr : rot.data(), ref.data()};
         ASSERT_TRUE(rotate_queries(hp).ok());
         Dev<float> dq(q), drot(rot), dout(std::vector<float>(q.size(), std::nanf("")));
         RotateQueriesParams dp{layer, rows, s.hq, s.hkv, d, dq.p, null_rot ? nullptr : drot.p,
@@ -512,7 +519,8 @@ TEST(OpsCuda, SampleGreedyNonFiniteAndRouting) {
         cfg[r].seed = rng();
         const int kind = r % 7;
         if (kind == 1 && vocab > 2) {  // a tie for the max: the lower id wins
-          const int32_t a = static_cast<int32_t>(rng() % vocab), b = static_cast<int32_t>(rng() % vocab);
+          const int32_t a = static_cast<int32_t>(rng() % vocab),
+                        b = static_cast<int32_t>(rng() % vocab);
           row[a] = row[b] = 50.f;
         } else if (kind == 2) {
           row[rng() % vocab] = std::nanf("");

@@ -66,7 +66,7 @@ std::string test_device() {
   const char* d = std::getenv("OSCAR_TEST_DEVICE");
   return d != nullptr && *d != 0 ? d : "cpu";
 }
-#define SKIP_OFF_CPU()                                                               \
+#define SKIP_OFF_CPU() \
   if (test_device() != "cpu") GTEST_SKIP() << "f32 cache / host reads: CPU only"
 
 std::unique_ptr<engine::Runtime> make_runtime(const std::string& mode) {

@@ -22,11 +22,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "engine/runtime.h"
@@ -49,7 +49,8 @@ std::vector<int32_t> niah_prompt() {
   auto file = format::SafetensorsFile::open(std::string(kModel) + "/golden/logits.safetensors");
   EXPECT_TRUE(file.ok()) << file.status().to_string();
   std::vector<int32_t> ids;
-  for (int64_t v : file->find("p3_niah_1k.input_ids")->to_i64()) ids.push_back(static_cast<int32_t>(v));
+  for (int64_t v : file->find("p3_niah_1k.input_ids")->to_i64())
+    ids.push_back(static_cast<int32_t>(v));
   return ids;
 }
 
@@ -137,7 +138,9 @@ TEST_P(ModelCuda, PrefillAndDecodeMatchTheCpu) {
   // The bounds: BF16's, or twice the INT2 cache's own distance from BF16 (see the header).
   const bool quantized = mode != "bf16";
   auto tol = [&] { return quantized ? std::max(kLogitTol, 2 * noise.max_abs) : kLogitTol; };
-  auto min_cos = [&] { return quantized ? std::min(kMinCos, 1 - 2 * (1 - noise.min_cos)) : kMinCos; };
+  auto min_cos = [&] {
+    return quantized ? std::min(kMinCos, 1 - 2 * (1 - noise.min_cos)) : kMinCos;
+  };
   std::printf("[%s] prefill: max_abs %.4g min_cos %.8f (bound %.4g / %.8f)\n", mode.c_str(),
               worst.max_abs, worst.min_cos, tol(), min_cos());
   EXPECT_LE(worst.max_abs, tol());
@@ -162,11 +165,11 @@ TEST_P(ModelCuda, PrefillAndDecodeMatchTheCpu) {
     dec.max_abs = std::max(dec.max_abs, e.max_abs);
     dec.min_cos = std::min(dec.min_cos, e.min_cos);
   }
-  std::printf("[%s] decode x40: max_abs %.4g min_cos %.8f, greedy mismatches %d (history %lld "
-              "tokens; bound %.4g / %.8f, INT2 vs BF16 on the CPU: %.4g / %.8f)\n",
-              mode.c_str(), dec.max_abs, dec.min_cos, token_mismatch,
-              static_cast<long long>(gc->hist_end() - 64), tol(), min_cos(), noise.max_abs,
-              noise.min_cos);
+  std::printf(
+      "[%s] decode x40: max_abs %.4g min_cos %.8f, greedy mismatches %d (history %lld "
+      "tokens; bound %.4g / %.8f, INT2 vs BF16 on the CPU: %.4g / %.8f)\n",
+      mode.c_str(), dec.max_abs, dec.min_cos, token_mismatch,
+      static_cast<long long>(gc->hist_end() - 64), tol(), min_cos(), noise.max_abs, noise.min_cos);
   EXPECT_LE(dec.max_abs, tol());
   EXPECT_GE(dec.min_cos, min_cos());
   EXPECT_EQ(gc->hist_end(), cc->hist_end());

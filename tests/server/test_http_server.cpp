@@ -890,8 +890,8 @@ TEST_F(HttpServerTest, DefaultMaxTokensAndNeverFits) {
                                            std::string(60, 'a') + "\"}");
   ASSERT_EQ(room.status, 200) << room.body;
   EXPECT_EQ(engine_->submitted().back().max_tokens, 4);  // 64 - 60 < 8
-  Reply never = post("/v1/completions",
-                     R"({"model":"fake-model","prompt":"abcd","max_tokens":100})");
+  Reply never =
+      post("/v1/completions", R"({"model":"fake-model","prompt":"abcd","max_tokens":100})");
   EXPECT_EQ(never.status, 400) << never.body;
   EXPECT_EQ(json::parse(never.body)["error"]["type"], "invalid_request_error");
   EXPECT_NE(never.body.find("104 tokens (4 in the prompt, 100 in the completion)"),

@@ -79,8 +79,9 @@ Result<std::unique_ptr<Backend>> make_backend(std::string_view device) {
     if (cuda.ok() || device == "cuda") return cuda;
 #else
     if (device == "cuda")
-      return unimplemented("--device cuda: this build has no CUDA backend (configure with "
-                           "-DOSCAR_CUDA=ON)");
+      return unimplemented(
+          "--device cuda: this build has no CUDA backend (configure with "
+          "-DOSCAR_CUDA=ON)");
 #endif
     return std::unique_ptr<Backend>(new CpuBackend());  // auto without a usable GPU
   }

@@ -84,7 +84,8 @@ Status add(float* x, const float* y, int64_t n) {
 }
 
 Status gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* dst) {
-  for (int64_t i = 0; i < n; ++i) std::copy_n(src + static_cast<int64_t>(rows[i]) * dim, dim, dst + i * dim);
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(src + static_cast<int64_t>(rows[i]) * dim, dim, dst + i * dim);
   return Status();
 }
 

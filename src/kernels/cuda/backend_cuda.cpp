@@ -15,11 +15,11 @@ namespace oscar::kernels {
 
 namespace {
 
-#define OSCAR_CUDA_TRY(expr)                                                                   \
-  do {                                                                                       \
-    const cudaError_t oscar_err_ = (expr);                                                   \
-    if (oscar_err_ != cudaSuccess)                                                           \
-      return internal_error("cuda: %s: %s", #expr, cudaGetErrorString(oscar_err_));          \
+#define OSCAR_CUDA_TRY(expr)                                                        \
+  do {                                                                              \
+    const cudaError_t oscar_err_ = (expr);                                          \
+    if (oscar_err_ != cudaSuccess)                                                  \
+      return internal_error("cuda: %s: %s", #expr, cudaGetErrorString(oscar_err_)); \
   } while (0)
 
 class CudaBackend final : public Backend {
@@ -40,8 +40,9 @@ class CudaBackend final : public Backend {
       cudaGetLastError();  // clear the sticky-free allocation error
       size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
-      return resource_exhausted("cuda: cannot allocate %zu bytes for %s (%zu of %zu bytes free): %s",
-                                bytes, what, free_b, total_b, cudaGetErrorString(e));
+      return resource_exhausted(
+          "cuda: cannot allocate %zu bytes for %s (%zu of %zu bytes free): %s", bytes, what, free_b,
+          total_b, cudaGetErrorString(e));
     }
     return DeviceBuffer(p, bytes, Device::kCuda, [](void* q) { cudaFree(q); });
   }
@@ -111,9 +112,7 @@ class CudaBackend final : public Backend {
                      float* dst) override {
     return gather_rows_cuda(src, rows, n, dim, dst, stream_);
   }
-  Status demote_pages(const DemotePagesParams& p) override {
-    return demote_pages_cuda(p, stream_);
-  }
+  Status demote_pages(const DemotePagesParams& p) override { return demote_pages_cuda(p, stream_); }
   Status fill_normal_bf16(bf16_t* dst, int64_t n, float std, uint64_t seed) override {
     return fill_normal_bf16_cuda(dst, n, std, seed, stream_);
   }

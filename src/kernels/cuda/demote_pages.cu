@@ -51,15 +51,15 @@ Status demote_pages_cuda(const DemotePagesParams& p, void* stream_ptr) {
   if (L.head_dim != 64 && L.head_dim != 128 && L.head_dim != 256)
     return unimplemented("demote_pages_cuda: head_dim %d (64, 128 or 256)", L.head_dim);
   if ((L.hist_bits == nullptr) != (L.hist_row_prefix == nullptr))
-    return invalid_argument("demote_pages_cuda: a bit plan needs both hist_bits and hist_row_prefix");
+    return invalid_argument(
+        "demote_pages_cuda: a bit plan needs both hist_bits and hist_row_prefix");
   const bool kivi = p.codec.quantizer == quant::HistQuantizer::kKivi;
   const int G = kivi ? quant::kKiviValueGroup : p.codec.group_size;
   if (kivi) {
     if (L.page_size % quant::kKiviKeyBlockTokens != 0)
       return invalid_argument("demote_pages_cuda: kivi2 needs page_size a multiple of %d, got %d",
                               quant::kKiviKeyBlockTokens, L.page_size);
-    if (L.hist_bits != nullptr)
-      return invalid_argument("demote_pages_cuda: kivi2 has no bit plan");
+    if (L.hist_bits != nullptr) return invalid_argument("demote_pages_cuda: kivi2 has no bit plan");
   } else if (!quant::int2_valid_group(L.head_dim, G)) {
     return invalid_argument("demote_pages_cuda: group_size %d for head_dim %d", G, L.head_dim);
   }

@@ -37,20 +37,21 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kMaxGroup = 128;
 
 struct Args {
-  KvPageLayout L;                 // device pointers for hist_bits / hist_row_prefix
+  KvPageLayout L;  // device pointers for hist_bits / hist_row_prefix
   quant::HistQuantizer quantizer;
   int32_t group_size;
-  const float* k_clip;            // [n_layers * n_heads_kv] device, or null (= 1)
+  const float* k_clip;  // [n_layers * n_heads_kv] device, or null (= 1)
   const float* v_clip;
-  const uint8_t* exact_pool;      // [*, L.exact_page_bytes()]
-  uint8_t* hist_pool;             // [*, L.int2_page_bytes()]
-  const int32_t* src_pages;       // [n_pages]
-  const int32_t* dst_pages;       // [n_pages]
-  int32_t* status;                // [n_pages], zeroed (kDemoteOk) before the launch
-  int64_t n_rows;                 // n_pages · n_layers · 2 · n_heads_kv · page_size
+  const uint8_t* exact_pool;  // [*, L.exact_page_bytes()]
+  uint8_t* hist_pool;         // [*, L.int2_page_bytes()]
+  const int32_t* src_pages;   // [n_pages]
+  const int32_t* dst_pages;   // [n_pages]
+  int32_t* status;            // [n_pages], zeroed (kDemoteOk) before the launch
+  int64_t n_rows;             // n_pages · n_layers · 2 · n_heads_kv · page_size
 };
 
-// ---- fp16 (ports of core/bf16.h, bit for bit) ----------------------------------------------------
+// ---- fp16 (ports of core/bf16.h, bit for bit)
+// ----------------------------------------------------
 
 __device__ __forceinline__ float fp16_to_f32_dev(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -97,7 +98,9 @@ __device__ __forceinline__ uint16_t f32_to_fp16_dev(float f) {
   return static_cast<uint16_t>(sign | ((rounded >> 13) - ((127 - 15) << 10)));
 }
 
-__device__ __forceinline__ bool finite_f(float v) { return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u; }
+__device__ __forceinline__ bool finite_f(float v) {
+  return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
+}
 
 // std::min(std::max(v, −thr), thr), with std::min/max's choice among equal operands.
 __device__ __forceinline__ float clamp_abs(float v, float thr) {
@@ -106,7 +109,8 @@ __device__ __forceinline__ float clamp_abs(float v, float thr) {
   return (thr < a) ? thr : a;
 }
 
-// ---- warp helpers ----------------------------------------------------------------------------------
+// ---- warp helpers
+// ----------------------------------------------------------------------------------
 
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
@@ -599,8 +603,9 @@ __device__ bool kivi_key_part(const Args& a, const uint8_t* src_page, uint8_t* d
   for (int j = 0; j < NR; ++j) {
     const float xg[1] = {v[j]};
     const int c = c0 + j;
-    ok = ok && int2_uniform_group<1>(xg, 1.0f, lane, blk + c * (kT / 4),
-                                     blk + d * (kT / 4) + c * static_cast<int>(sizeof(quant::Int2GroupMeta)));
+    ok = ok && int2_uniform_group<1>(
+                   xg, 1.0f, lane, blk + c * (kT / 4),
+                   blk + d * (kT / 4) + c * static_cast<int>(sizeof(quant::Int2GroupMeta)));
   }
   return ok;
 }
@@ -653,8 +658,10 @@ __global__ void __launch_bounds__(kThreads) demote_pages_kernel(Args a) {
       } else if (G == 64) {
         ok = quantize_row<NR, 2>(x, f, clip, lane, buf, dst);
       } else {
-        if constexpr (NR >= 4) ok = quantize_row<NR, 4>(x, f, clip, lane, buf, dst);
-        else ok = false;
+        if constexpr (NR >= 4)
+          ok = quantize_row<NR, 4>(x, f, clip, lane, buf, dst);
+        else
+          ok = false;
       }
     }
     if (!ok) zero_bytes(dst, L.hist_row_bytes(layer, kv, head), lane);

@@ -244,13 +244,14 @@ Status embed_cuda(const WeightView& table, const int32_t* ids, int64_t n, float*
   else if (vec)
     embed_kernel<false, true><<<grid, kThreads, 0, s>>>(table.data, table.rows, table.cols, ids, x);
   else
-    embed_kernel<false, false><<<grid, kThreads, 0, s>>>(table.data, table.rows, table.cols, ids, x);
+    embed_kernel<false, false>
+        <<<grid, kThreads, 0, s>>>(table.data, table.rows, table.cols, ids, x);
   OSCAR_CUDA_LAUNCH_CHECK("embed_kernel");
   return Status();
 }
 
-Status rms_norm_cuda(const float* x, int64_t rows, int64_t dim, const float* w, float eps,
-                     float* y, void* stream) {
+Status rms_norm_cuda(const float* x, int64_t rows, int64_t dim, const float* w, float eps, float* y,
+                     void* stream) {
   if (rows < 0 || dim <= 0)
     return invalid_argument("rms_norm_cuda: bad shape (%lld rows, dim %lld)",
                             static_cast<long long>(rows), static_cast<long long>(dim));
@@ -261,14 +262,14 @@ Status rms_norm_cuda(const float* x, int64_t rows, int64_t dim, const float* w, 
   if (dim <= 1024) {
     const int64_t rows_per_block = kThreads / 32;
     const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-    if (blocks > 0x7fffffff) return invalid_argument("rms_norm_cuda: %lld rows",
-                                                     static_cast<long long>(rows));
+    if (blocks > 0x7fffffff)
+      return invalid_argument("rms_norm_cuda: %lld rows", static_cast<long long>(rows));
     rms_norm_warp_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(x, rows, dim, w, eps,
-                                                                             y);
+                                                                            y);
     OSCAR_CUDA_LAUNCH_CHECK("rms_norm_warp_kernel");
   } else {
-    if (rows > 0x7fffffff) return invalid_argument("rms_norm_cuda: %lld rows",
-                                                   static_cast<long long>(rows));
+    if (rows > 0x7fffffff)
+      return invalid_argument("rms_norm_cuda: %lld rows", static_cast<long long>(rows));
     rms_norm_block_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, dim, w, eps, y);
     OSCAR_CUDA_LAUNCH_CHECK("rms_norm_block_kernel");
   }
@@ -276,11 +277,11 @@ Status rms_norm_cuda(const float* x, int64_t rows, int64_t dim, const float* w, 
 }
 
 Status rope_cuda(const RopeParams& p, void* stream) {
-  if (p.n_rows < 0 || p.n_heads_q < 0 || p.n_heads_kv < 0 || p.head_dim <= 0 ||
-      p.head_dim % 2 != 0)
-    return invalid_argument("rope_cuda: bad shape (%lld rows, %d q heads, %d kv heads, head_dim "
-                            "%d)", static_cast<long long>(p.n_rows), p.n_heads_q, p.n_heads_kv,
-                            p.head_dim);
+  if (p.n_rows < 0 || p.n_heads_q < 0 || p.n_heads_kv < 0 || p.head_dim <= 0 || p.head_dim % 2 != 0)
+    return invalid_argument(
+        "rope_cuda: bad shape (%lld rows, %d q heads, %d kv heads, head_dim "
+        "%d)",
+        static_cast<long long>(p.n_rows), p.n_heads_q, p.n_heads_kv, p.head_dim);
   const int64_t total = p.n_rows * (p.n_heads_q + p.n_heads_kv) * (p.head_dim / 2);
   if (total == 0) return Status();
   if (p.cos == nullptr || p.sin == nullptr || (p.n_heads_q > 0 && p.q == nullptr) ||

@@ -7,11 +7,11 @@
 // r in order, one fused multiply-add per term: the CPU's operations in the CPU's order
 // (cpu/kv_append.cpp: rotate_row, which GCC contracts to FMA under its default
 // -ffp-contract=fast when the target has FMA, as x86-64-v3 and -march=native do), so the outputs
-// are bit-identical to such a CPU build (a CPU build without FMA differs by rounding). The tile's inputs (centred keys /
-// queries) sit in shared memory and are read as broadcasts; R is streamed from global memory
-// (L2-resident, coalesced over c) once per tile, not once per row. Keys are centred first
-// (x − μ, OSCAR.md §1/§3), values are copied; the exact page element is bf16 (round to nearest
-// even, bit-identical to core/bf16.h) or float, per layout.exact_elem_bytes.
+// are bit-identical to such a CPU build (a CPU build without FMA differs by rounding). The tile's
+// inputs (centred keys / queries) sit in shared memory and are read as broadcasts; R is streamed
+// from global memory (L2-resident, coalesced over c) once per tile, not once per row. Keys are
+// centred first (x − μ, OSCAR.md §1/§3), values are copied; the exact page element is bf16 (round
+// to nearest even, bit-identical to core/bf16.h) or float, per layout.exact_elem_bytes.
 #include <cstdint>
 
 #include "kernels/cuda/bf16.cuh"
@@ -22,7 +22,7 @@ namespace oscar::kernels {
 
 namespace {
 
-constexpr int kTile = 8;           // rows per block
+constexpr int kTile = 8;          // rows per block
 constexpr int kMaxHeadDim = 256;  // threads per block = head_dim × kSplit (below), <= 1024
 
 // out[t] = Σ_r xs[t][r] · R[r, c] for the n (<= kTile) rows of the tile. The block is head_dim
@@ -34,8 +34,7 @@ constexpr int kMaxHeadDim = 256;  // threads per block = head_dim × kSplit (bel
 // single r-order chain only by rounding (test_ops_cuda's bounds).
 constexpr int kSplit = 4;
 __device__ __forceinline__ void rotate_tile(const float* xs, int n, const float* __restrict__ R,
-                                            int d, int c, int g, float* part,
-                                            float (&out)[kTile]) {
+                                            int d, int c, int g, float* part, float (&out)[kTile]) {
   float acc[kTile];
 #pragma unroll
   for (int t = 0; t < kTile; ++t) acc[t] = 0.f;
@@ -130,13 +129,13 @@ __global__ void rotate_queries_kernel(int32_t layer, int64_t n_rows, int32_t n_h
 Status kv_append_cuda(const KvAppendParams& p, void* stream) {
   const KvPageLayout& L = p.layout;
   const int d = L.head_dim, H = L.n_heads_kv;
-  if (p.layer < 0 || p.layer >= L.n_layers || d <= 0 || d > kMaxHeadDim || H <= 0 ||
-      H > 65535 || L.page_size <= 0 || p.n_tokens < 0 ||
-      (L.exact_elem_bytes != 2 && L.exact_elem_bytes != 4))
-    return invalid_argument("kv_append_cuda: bad shape (layer %d of %d, head_dim %d (<= %d), %d "
-                            "kv heads, page_size %d, exact_elem_bytes %d, %lld tokens)", p.layer,
-                            L.n_layers, d, kMaxHeadDim, H, L.page_size, L.exact_elem_bytes,
-                            static_cast<long long>(p.n_tokens));
+  if (p.layer < 0 || p.layer >= L.n_layers || d <= 0 || d > kMaxHeadDim || H <= 0 || H > 65535 ||
+      L.page_size <= 0 || p.n_tokens < 0 || (L.exact_elem_bytes != 2 && L.exact_elem_bytes != 4))
+    return invalid_argument(
+        "kv_append_cuda: bad shape (layer %d of %d, head_dim %d (<= %d), %d "
+        "kv heads, page_size %d, exact_elem_bytes %d, %lld tokens)",
+        p.layer, L.n_layers, d, kMaxHeadDim, H, L.page_size, L.exact_elem_bytes,
+        static_cast<long long>(p.n_tokens));
   if (p.n_tokens == 0) return Status();
   if (p.k == nullptr || p.v == nullptr || p.slots == nullptr || p.exact_pool == nullptr)
     return invalid_argument("kv_append_cuda: null k, v, slots or pool");
@@ -156,9 +155,10 @@ Status rotate_queries_cuda(const RotateQueriesParams& p, void* stream) {
   const int d = p.head_dim;
   if (p.n_heads_kv <= 0 || p.n_heads_q <= 0 || p.n_heads_q % p.n_heads_kv != 0 || d <= 0 ||
       d > kMaxHeadDim || p.n_heads_q > 65535 || p.n_rows < 0 || p.layer < 0)
-    return invalid_argument("rotate_queries_cuda: bad shape (%d q heads, %d kv heads, head_dim %d "
-                            "(<= %d), %lld rows, layer %d)", p.n_heads_q, p.n_heads_kv, d,
-                            kMaxHeadDim, static_cast<long long>(p.n_rows), p.layer);
+    return invalid_argument(
+        "rotate_queries_cuda: bad shape (%d q heads, %d kv heads, head_dim %d "
+        "(<= %d), %lld rows, layer %d)",
+        p.n_heads_q, p.n_heads_kv, d, kMaxHeadDim, static_cast<long long>(p.n_rows), p.layer);
   if (p.n_rows == 0) return Status();
   if (p.q == nullptr || p.out == nullptr)
     return invalid_argument("rotate_queries_cuda: null q or out");

@@ -84,8 +84,9 @@ __global__ void __launch_bounds__(kThreads)
   const SamplingConfig c = config[row];
   if (bad || !config_valid(c) || c.temperature == 0.f || c.top_k > 0 || c.top_p < 1.f) {
     if (tid == 0)
-      ids[row] = bad ? kSampleNonFinite
-                     : !config_valid(c) || c.top_k > 0 || c.top_p < 1.f ? kSampleOnHost : best_id;
+      ids[row] = bad                                                ? kSampleNonFinite
+                 : !config_valid(c) || c.top_k > 0 || c.top_p < 1.f ? kSampleOnHost
+                                                                    : best_id;
     return;
   }
 
@@ -145,8 +146,7 @@ Status sample_cuda(const SampleParams& p, void* stream) {
   if (p.logits == nullptr || p.config == nullptr || p.step == nullptr || p.ids == nullptr)
     return invalid_argument("sample_cuda: null logits, config, step or ids");
   sample_kernel<<<static_cast<unsigned>(p.n_rows), kThreads, 0,
-                  static_cast<cudaStream_t>(stream)>>>(p.logits, p.vocab, p.config, p.step,
-                                                        p.ids);
+                  static_cast<cudaStream_t>(stream)>>>(p.logits, p.vocab, p.config, p.step, p.ids);
   OSCAR_CUDA_LAUNCH_CHECK("sample_kernel");
   return Status();
 }
