@@ -89,4 +89,25 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// A device buffer that grows and never shrinks: a kernel's own workspace, one per device, under
+// the caller's lock. When `need` bytes do not fit, it waits for `stream` (work in flight may
+// still read the old buffer), frees it and allocates `want` (>= need) bytes. Not freed: the
+// driver reclaims it at exit.
+struct GrownBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  Status reserve(size_t need, size_t want, cudaStream_t stream) {
+    if (need <= bytes) return Status();
+    if (ptr != nullptr) {
+      OSCAR_CUDA_CHECK(cudaStreamSynchronize(stream));
+      OSCAR_CUDA_CHECK(cudaFree(ptr));
+      ptr = nullptr;
+      bytes = 0;
+    }
+    OSCAR_CUDA_CHECK(cudaMalloc(&ptr, want));
+    bytes = want;
+    return Status();
+  }
+};
+
 }  // namespace oscar::cuda

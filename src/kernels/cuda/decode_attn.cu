@@ -67,21 +67,10 @@ Status device_facts(DeviceFacts* out) {
 // Device workspace for split partials: grows, never shrinks; freed at exit by the driver.
 Status workspace(size_t bytes, cudaStream_t stream, float** ptr) {
   static std::mutex mu;
-  static void* buf = nullptr;
-  static size_t cap = 0;
+  static cuda::GrownBuffer buf;
   std::lock_guard<std::mutex> lock(mu);
-  if (bytes > cap) {
-    if (buf != nullptr) {
-      OSCAR_CUDA_CHECK(cudaStreamSynchronize(stream));
-      OSCAR_CUDA_CHECK(cudaFree(buf));
-      buf = nullptr;
-      cap = 0;
-    }
-    const size_t want = std::max<size_t>(bytes, 1 << 20);
-    OSCAR_CUDA_CHECK(cudaMalloc(&buf, want));
-    cap = want;
-  }
-  *ptr = static_cast<float*>(buf);
+  OSCAR_RETURN_IF_ERROR(buf.reserve(bytes, std::max<size_t>(bytes, 1 << 20), stream));
+  *ptr = static_cast<float*>(buf.ptr);
   return Status();
 }
 

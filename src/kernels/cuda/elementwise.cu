@@ -174,26 +174,16 @@ __device__ __forceinline__ float silu_mul1(float g, float u) {
   return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
-template <bool kVec>
-__global__ void silu_mul_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if constexpr (kVec) {
-    const int64_t n4 = n / 4;
-    for (int64_t j = i; j < n4; j += stride) {
-      float4 g = reinterpret_cast<float4*>(gate)[j];
-      const float4 u = reinterpret_cast<const float4*>(up)[j];
-      g.x = silu_mul1(g.x, u.x), g.y = silu_mul1(g.y, u.y);
-      g.z = silu_mul1(g.z, u.z), g.w = silu_mul1(g.w, u.w);
-      reinterpret_cast<float4*>(gate)[j] = g;
-    }
-    i += n4 * 4;
-  }
-  for (; i < n; i += stride) gate[i] = silu_mul1(gate[i], up[i]);
-}
-
-template <bool kVec>
-__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
+// x[i] = op(x[i], y[i]) over n floats: float4 over the aligned body, scalars for the tail.
+struct SiluMulOp {
+  __device__ float operator()(float g, float u) const { return silu_mul1(g, u); }
+};
+struct AddOp {
+  __device__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
+};
+template <bool kVec, typename Op>
+__global__ void binary_inplace_kernel(float* __restrict__ x, const float* __restrict__ y,
+                                      int64_t n, Op op) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if constexpr (kVec) {
@@ -201,13 +191,13 @@ __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, i
     for (int64_t j = i; j < n4; j += stride) {
       float4 a = reinterpret_cast<float4*>(x)[j];
       const float4 b = reinterpret_cast<const float4*>(y)[j];
-      a.x = __fadd_rn(a.x, b.x), a.y = __fadd_rn(a.y, b.y);
-      a.z = __fadd_rn(a.z, b.z), a.w = __fadd_rn(a.w, b.w);
+      a.x = op(a.x, b.x), a.y = op(a.y, b.y);
+      a.z = op(a.z, b.z), a.w = op(a.w, b.w);
       reinterpret_cast<float4*>(x)[j] = a;
     }
     i += n4 * 4;
   }
-  for (; i < n; i += stride) x[i] = __fadd_rn(x[i], y[i]);
+  for (; i < n; i += stride) x[i] = op(x[i], y[i]);
 }
 
 // ---- fill_normal_bf16 ------------------------------------------------------------------------
@@ -299,10 +289,10 @@ Status silu_mul_cuda(float* gate, const float* up, int64_t n, void* stream) {
   if (gate == nullptr || up == nullptr) return invalid_argument("silu_mul_cuda: null gate or up");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (aligned16(gate) && aligned16(up))
-    silu_mul_kernel<true><<<grid_for((n + 3) / 4), kThreads, 0, s>>>(gate, up, n);
+    binary_inplace_kernel<true><<<grid_for((n + 3) / 4), kThreads, 0, s>>>(gate, up, n, SiluMulOp{});
   else
-    silu_mul_kernel<false><<<grid_for(n), kThreads, 0, s>>>(gate, up, n);
-  OSCAR_CUDA_LAUNCH_CHECK("silu_mul_kernel");
+    binary_inplace_kernel<false><<<grid_for(n), kThreads, 0, s>>>(gate, up, n, SiluMulOp{});
+  OSCAR_CUDA_LAUNCH_CHECK("silu_mul (binary_inplace_kernel)");
   return Status();
 }
 
@@ -312,10 +302,10 @@ Status add_cuda(float* x, const float* y, int64_t n, void* stream) {
   if (x == nullptr || y == nullptr) return invalid_argument("add_cuda: null x or y");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (aligned16(x) && aligned16(y))
-    add_kernel<true><<<grid_for((n + 3) / 4), kThreads, 0, s>>>(x, y, n);
+    binary_inplace_kernel<true><<<grid_for((n + 3) / 4), kThreads, 0, s>>>(x, y, n, AddOp{});
   else
-    add_kernel<false><<<grid_for(n), kThreads, 0, s>>>(x, y, n);
-  OSCAR_CUDA_LAUNCH_CHECK("add_kernel");
+    binary_inplace_kernel<false><<<grid_for(n), kThreads, 0, s>>>(x, y, n, AddOp{});
+  OSCAR_CUDA_LAUNCH_CHECK("add (binary_inplace_kernel)");
   return Status();
 }
 

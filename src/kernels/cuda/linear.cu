@@ -264,8 +264,7 @@ void destroy(Plan& pl) {
 struct LtDevice {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  void* xbf = nullptr;  // [cap] bytes: x as BF16
-  size_t xbf_cap = 0;
+  cuda::GrownBuffer xbf;  // x as BF16
   // (dtype, out, n, in, bias, alignment of W, x, y) -> plan
   std::map<std::tuple<int, int64_t, int64_t, int64_t, bool, int, int, int>, Plan> plans;
 };
@@ -358,23 +357,14 @@ Status gemm(const LinearParams& p, cudaStream_t stream) {
   const void* b_ptr = p.x;
   if (p.w.dtype == DType::kBF16) {
     const size_t bytes = static_cast<size_t>(p.n) * in * 2;
-    if (bytes > dv.xbf_cap) {
-      if (dv.xbf != nullptr) {
-        OSCAR_CUDA_CHECK(cudaStreamSynchronize(stream));
-        OSCAR_CUDA_CHECK(cudaFree(dv.xbf));
-        dv.xbf = nullptr;
-        dv.xbf_cap = 0;
-      }
-      const size_t want = std::max<size_t>(bytes + bytes / 4, size_t{4} << 20);
-      OSCAR_CUDA_CHECK(cudaMalloc(&dv.xbf, want));
-      dv.xbf_cap = want;
-    }
+    OSCAR_RETURN_IF_ERROR(
+        dv.xbf.reserve(bytes, std::max<size_t>(bytes + bytes / 4, size_t{4} << 20), stream));
     const int64_t n4 = p.n * in / 4;
     const int blocks = static_cast<int>(std::min<int64_t>((n4 + 255) / 256, 4096));
     to_bf16_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const float4*>(p.x),
-                                               static_cast<uint2*>(dv.xbf), n4);
+                                               static_cast<uint2*>(dv.xbf.ptr), n4);
     OSCAR_CUDA_LAUNCH_CHECK("linear to_bf16_kernel");
-    b_ptr = dv.xbf;
+    b_ptr = dv.xbf.ptr;
   }
   const bool bias = p.bias != nullptr;
   const uint32_t align[3] = {alignment(p.w.data), alignment(b_ptr), alignment(p.y)};

@@ -672,12 +672,8 @@ Status device_facts(DeviceFacts* out) {
 // The decode-equivalent scratch of each device (prefill_deq_zone.cuh), grown on demand and never
 // shrunk; g_scratch_mu is held from the growth to the launches. Like linear_cuda's workspace,
 // calls on one device are assumed to be ordered on one stream.
-struct DeqScratch {
-  float* ptr = nullptr;
-  size_t bytes = 0;
-};
 std::mutex g_scratch_mu;
-DeqScratch g_scratch[64];
+cuda::GrownBuffer g_scratch[64];
 
 Status validate_cuda(const PrefillAttnParams& p) {
   const KvPageLayout& L = p.layout;
@@ -796,20 +792,12 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
     const size_t bytes =
         static_cast<size_t>(a.cap_rows) * 2 * L.n_heads_kv * L.head_dim * sizeof(float);
     lock.lock();
-    DeqScratch& sc = g_scratch[dev];
-    if (bytes > sc.bytes) {
-      if (sc.ptr != nullptr) {
-        OSCAR_CUDA_CHECK(cudaStreamSynchronize(stream));
-        OSCAR_CUDA_CHECK(cudaFree(sc.ptr));
-        sc.ptr = nullptr;
-        sc.bytes = 0;
-      }
-      const size_t want = std::max<size_t>(bytes + bytes / 4, size_t{1} << 20);
-      OSCAR_CUDA_CHECK(cudaMalloc(&sc.ptr, want));
-      sc.bytes = want;
-    }
-    a.deq = sc.ptr;
-    OSCAR_RETURN_IF_ERROR(cuda_detail::prefill_deq_rows_cuda(p, sc.ptr, a.cap_rows, stream));
+    cuda::GrownBuffer& sc = g_scratch[dev];
+    OSCAR_RETURN_IF_ERROR(
+        sc.reserve(bytes, std::max<size_t>(bytes + bytes / 4, size_t{1} << 20), stream));
+    float* deq = static_cast<float*>(sc.ptr);
+    a.deq = deq;
+    OSCAR_RETURN_IF_ERROR(cuda_detail::prefill_deq_rows_cuda(p, deq, a.cap_rows, stream));
   }
 
   // One wave of resident blocks over all KV heads; each block walks its items.
