@@ -262,8 +262,19 @@ EngineInfo Scheduler::info() const {
 }
 
 EngineMetrics Scheduler::metrics() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return metrics_;
+  EngineMetrics m;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    m = metrics_;
+  }
+  // Device memory is a driver call: read when asked, not in every loop iteration.
+  m.device = device_name(runtime_->backend().device());
+  size_t free_b = 0, total_b = 0;
+  if (runtime_->backend().memory_info(&free_b, &total_b)) {
+    m.device_memory_used_bytes = static_cast<int64_t>(total_b - free_b);
+    m.device_memory_total_bytes = static_cast<int64_t>(total_b);
+  }
+  return m;
 }
 
 Result<std::vector<int32_t>> Scheduler::tokenize(std::string_view text) const {
@@ -788,12 +799,6 @@ void Scheduler::loop() {
     }
     metrics_.model_name = options_.model_name;
     metrics_.kv_page_size = runtime_->spec().regions.page_size;
-    metrics_.device = device_name(runtime_->backend().device());
-    size_t free_b = 0, total_b = 0;
-    if (runtime_->backend().memory_info(&free_b, &total_b)) {
-      metrics_.device_memory_used_bytes = static_cast<int64_t>(total_b - free_b);
-      metrics_.device_memory_total_bytes = static_cast<int64_t>(total_b);
-    }
     if (radix_ && radix_->stats().lookup_tokens > 0)
       metrics_.prefix_cache_hit_rate = static_cast<double>(radix_->stats().matched_tokens) /
                                        static_cast<double>(radix_->stats().lookup_tokens);

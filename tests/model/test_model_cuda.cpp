@@ -229,6 +229,28 @@ TEST_P(ModelCuda, SchedulerGreedyMatchesTheCpu) {
   EXPECT_GE(same, kRequests - 1);
 }
 
+// What the GPU cannot do is refused with the reason, not run wrongly: cache modes without CUDA
+// kernels at start-up, and editing weights that live on the device.
+TEST(ModelCudaRefuses, UnsupportedModesAndDeviceWeightEdits) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU visible";
+  for (const char* mode : {"f32", "kivi2", "oscar-lloyd"}) {
+    engine::RuntimeOptions o;
+    o.model_dir = kModel;
+    o.cache_mode = mode;
+    o.device = "cuda";
+    const Status st = engine::Runtime::create(o).status();
+    EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << mode << ": " << st.to_string();
+    EXPECT_NE(st.to_string().find(mode), std::string::npos) << st.to_string();
+    EXPECT_NE(st.to_string().find("--device cpu"), std::string::npos) << st.to_string();
+  }
+  auto gpu = make_runtime("bf16", "cuda");
+  ASSERT_TRUE(gpu);
+  const std::vector<float> row(gpu->model().config().hidden_size, 0.f);
+  const Status edit = gpu->model().set_embedding_row(1, row);
+  EXPECT_EQ(edit.code(), StatusCode::kInvalidArgument) << edit.to_string();
+  EXPECT_NE(edit.to_string().find("on the device"), std::string::npos) << edit.to_string();
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, ModelCuda, ::testing::Values("bf16", "int2-hadamard", "oscar"));
 
 }  // namespace
