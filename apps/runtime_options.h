@@ -32,6 +32,11 @@ inline void add_runtime_options(CLI::App& app, engine::RuntimeOptions& o) {
                "INT2)");
   app.add_flag("--dummy-weights", o.dummy_weights,
                "Random weights from DIR/config.json (speed tests at real sizes)");
+  app.add_option("--folded-weights", o.folded_weights,
+                 "oscar modes: v_proj/o_proj with the value rotation folded in, stored as f32 or "
+                 "bf16; auto = bf16 on a GPU, f32 on the CPU")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   app.add_option("--device", o.device,
                  "Backend: cpu; cuda (a build with -DOSCAR_CUDA=ON and a visible GPU); auto = "
                  "cuda when both hold, else cpu")

@@ -189,13 +189,20 @@ PY
       for r in long_scoreboard short_scoreboard wait barrier math_pipe_throttle mio_throttle lg_throttle not_selected selected dispatch_stall no_instruction branch_resolving imc_miss misc tex_throttle; do
         M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
       done
+      # Pipe utilization (ComputeWorkloadAnalysis: the tensor pipe of mma.sync vs the ALU/FMA
+      # pipes) and, per shape in NCU_SHAPES (ctx:batch), both kernels of a call with durations.
+      M=$M,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_hmma.sum,sm__inst_executed_pipe_alu.sum,sm__inst_executed_pipe_fma.sum,sm__inst_executed_pipe_lsu.sum,sm__inst_executed_pipe_xu.sum
       for mode in ${NCU_MODES:-int2 bf16}; do
-        echo "== ncu (128K x 8, $mode)" | tee -a "$OUT/ncu.txt"
-        ncu --clock-control none --kernel-name regex:decode_attn_kernel --launch-skip 5 --launch-count 1 \
-          --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \
-          --metrics "$M" "$G/bench_decode_attn_cuda" --ctx 131072 --batch 8 --iters 3 --modes $mode >> "$OUT/ncu.txt" 2>&1
+        for shape in ${NCU_SHAPES:-131072:8}; do
+          ctx=${shape%%:*}; bat=${shape##*:}
+          echo "== ncu ($ctx x $bat, $mode)" | tee -a "$OUT/ncu.txt"
+          ncu --clock-control none --kernel-name regex:"decode_attn_kernel|combine_kernel" --launch-skip 10 --launch-count 2 \
+            --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \
+            --section ComputeWorkloadAnalysis --metrics "$M" "$G/bench_decode_attn_cuda" --ctx $ctx --batch $bat \
+            --iters 3 --modes $mode >> "$OUT/ncu.txt" 2>&1
+        done
       done
-      grep -E "== ncu|Duration|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occupancy|Issued Warp|No Eligible|inst_executed.sum|dram__bytes|issue_stalled" "$OUT/ncu.txt" | awk '$NF+0 > 0.05 || /==|Duration|DRAM|inst|Issued|Eligible|Occupancy|Registers/' | head -70
+      grep -E "== ncu|decode_attn_kernel|combine_kernel|Duration|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occupancy|Issued Warp|No Eligible|inst_executed|dram__bytes|issue_stalled|pipe_tensor|Pipe" "$OUT/ncu.txt" | awk '$NF+0 > 0.05 || /==|kernel|Duration|DRAM|inst|Issued|Eligible|Occupancy|Registers|pipe/' | cut -c1-150 | head -150
       ;;
   esac
 done

@@ -5,13 +5,14 @@
 //
 //   bench_decode_step --model DIR [--dummy-weights] [--device cuda] [--modes bf16,oscar]
 //                     [--context 100000] [--batches 1,8] [--steps 32] [--fit-gib G] [--csv F]
-//                     [--phases] [--no-graphs]
+//                     [--phases] [--no-graphs] [--folded-weights auto|f32|bf16]
 //
 // Per (mode, batch): median step time, tokens/s, the bytes one step must read (weights + every
 // sequence's KV pages) and the floor = those bytes / the copy bandwidth measured in this run,
 // and the demotion's share (timed apart: the step synchronises before and after it).
 // Decode steps replay CUDA graphs by default (Qwen3Model::set_graphs); --no-graphs runs every op
-// directly; --phases times ops with events and so runs them directly too.
+// directly; --phases times ops with events and so runs them directly too. --folded-weights: how
+// v_proj/o_proj are stored once a value rotation is folded in (RuntimeOptions::folded_weights).
 // --fit-gib G: instead of --batches, the most sequences of `context` tokens that G GiB of KV
 // pages hold in each mode (the fixed-budget comparison), and the step at that batch.
 //
@@ -201,14 +202,15 @@ class EventBackend final : public bench::PhaseBackend {
   static const char* phase(Op op) {
     switch (op) {
       case Op::kRmsNorm:
-        return "norms";
+      case Op::kAddRmsNorm:
+        return "norms (+ residual adds)";
       case Op::kLinear:
         return "linear";
       case Op::kLmHead:
         return "lm_head";
-      case Op::kRope:
+      case Op::kRope:  // with the q/k norms
       case Op::kKvAppend:
-        return "rope+append";
+        return "qk-norm+rope+append";
       case Op::kRotateQueries:
       case Op::kDecodeAttn:
       case Op::kPrefillAttn:
@@ -237,7 +239,7 @@ struct Row {
 
 int main(int argc, char** argv) {
   std::string model = "models/tiny-qwen3", device = "auto", modes = "bf16,oscar", batches = "1",
-              csv;
+              csv, folded = "auto";
   int64_t context = 8192;
   int steps = 32;
   double fit_gib = 0;
@@ -273,6 +275,8 @@ int main(int argc, char** argv) {
       phases = true;
     else if (a == "--no-graphs")
       graphs = false;
+    else if (a == "--folded-weights")
+      folded = next();
     else {
       std::fprintf(stderr,
                    "unknown argument %s (see the header of bench/e2e/bench_decode_step.cpp)\n",
@@ -296,6 +300,7 @@ int main(int argc, char** argv) {
     o.cache_mode = mode;
     o.device = device;
     o.dummy_weights = dummy;
+    o.folded_weights = folded;
     o.split_tokens = context + steps;  // both pools run out together at this length
     std::vector<int> batch_list;
     if (fit_gib > 0) {

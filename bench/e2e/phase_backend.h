@@ -15,6 +15,7 @@ class PhaseBackend : public kernels::Backend {
   enum class Op {
     kEmbed,
     kRmsNorm,
+    kAddRmsNorm,  // a residual add fused with the next norm
     kLinear,
     kLmHead,
     kRope,
@@ -51,6 +52,13 @@ class PhaseBackend : public kernels::Backend {
   Status linear(const kernels::LinearParams& p) override {
     // The lm_head is the one matrix with a vocabulary's rows.
     return run(p.w.rows > 100000 ? Op::kLmHead : Op::kLinear, [&] { return in_.linear(p); });
+  }
+  Status linear_group(const kernels::LinearParams* ps, int count) override {
+    return run(Op::kLinear, [&] { return in_.linear_group(ps, count); });
+  }
+  Status add_rms_norm(float* x, const float* y, int64_t r, int64_t d, const float* w, float e,
+                      float* h) override {
+    return run(Op::kAddRmsNorm, [&] { return in_.add_rms_norm(x, y, r, d, w, e, h); });
   }
   Status rope(const kernels::RopeParams& p) override {
     return run(Op::kRope, [&] { return in_.rope(p); });

@@ -158,8 +158,14 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
         "int2-hadamard, oscar); use --device cpu",
         o.cache_mode.c_str());
   OSCAR_ASSIGN_OR_RETURN(rt->spec_, make_cache_spec(config, o, mode));
-  if (!rt->spec_.v_rotation.empty())
-    OSCAR_RETURN_IF_ERROR(rt->model_->fold_value_rotation(rt->spec_.v_rotation));
+  if (!rt->spec_.v_rotation.empty()) {
+    if (o.folded_weights != "auto" && o.folded_weights != "f32" && o.folded_weights != "bf16")
+      return invalid_argument("folded weights '%s': auto, f32 or bf16", o.folded_weights.c_str());
+    const bool bf16 = o.folded_weights == "bf16" ||
+                      (o.folded_weights == "auto" && rt->backend_->device() != Device::kCpu);
+    OSCAR_RETURN_IF_ERROR(rt->model_->fold_value_rotation(
+        rt->spec_.v_rotation, bf16 ? kernels::DType::kBF16 : kernels::DType::kF32));
+  }
 
   // Split the budget so that both pools run out together for sequences of split_tokens tokens.
   const kernels::KvPageLayout layout = rt->spec_.layout();

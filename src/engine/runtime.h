@@ -52,6 +52,10 @@ struct RuntimeOptions {
   // The commands default to auto (apps/runtime_options.h); the library to cpu, so that tests
   // and tools name the device they mean.
   std::string device = "cpu";
+  // How v_proj / o_proj are stored after the value rotation is folded into them (oscar modes):
+  // "f32", "bf16" (rounded like the checkpoint's weights: half the bytes a step reads for the two
+  // matrices), or "auto" = bf16 on a device backend, f32 on the CPU.
+  std::string folded_weights = "auto";
 };
 
 class Runtime {

@@ -71,6 +71,12 @@ class Backend {
   virtual Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* w, float eps,
                           float* y) = 0;
   virtual Status linear(const LinearParams& p) = 0;
+  // Several products of the same x (q/k/v, gate/up): the same results as one linear() each, in
+  // one launch where the backend can (CUDA's streaming kernel for decode rows).
+  virtual Status linear_group(const LinearParams* ps, int count) {
+    for (int i = 0; i < count; ++i) OSCAR_RETURN_IF_ERROR(linear(ps[i]));
+    return Status();
+  }
   virtual Status rope(const RopeParams& p) = 0;
   virtual Status kv_append(const KvAppendParams& p) = 0;
   virtual Status rotate_queries(const RotateQueriesParams& p) = 0;
@@ -78,6 +84,13 @@ class Backend {
   virtual Status prefill_attn(const PrefillAttnParams& p) = 0;
   virtual Status silu_mul(float* gate, const float* up, int64_t n) = 0;
   virtual Status add(float* x, const float* y, int64_t n) = 0;
+  // x += y, then h = rms_norm(x): a sub-layer's residual add and the next norm, the composition
+  // of add() and rms_norm() (a device backend fuses them into one launch, same bits).
+  virtual Status add_rms_norm(float* x, const float* y, int64_t rows, int64_t dim, const float* w,
+                              float eps, float* h) {
+    OSCAR_RETURN_IF_ERROR(add(x, y, rows * dim));
+    return rms_norm(x, rows, dim, w, eps, h);
+  }
   virtual Status gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t dim,
                              float* dst) = 0;
   virtual Status demote_pages(const DemotePagesParams& p) = 0;

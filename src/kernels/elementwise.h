@@ -25,8 +25,14 @@ struct RopeParams {
   const float* sin = nullptr;
   float* q = nullptr;          // [n_rows, n_heads_q, head_dim], rotated in place
   float* k = nullptr;          // [n_rows, n_heads_kv, head_dim], rotated in place
+  // Qwen3's q_norm / k_norm [head_dim] (or null): each head RMS-normalized before its rotation,
+  // exactly rms_norm(q, n_rows · n_heads_q, head_dim, q_norm, norm_eps, q) first (same bits).
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  float norm_eps = 0.f;
 };
-// Non-interleaved halves (rotate_half): (a, b) -> (a·cos − b·sin, b·cos + a·sin).
+// Non-interleaved halves (rotate_half): (a, b) -> (a·cos − b·sin, b·cos + a·sin), after the
+// per-head norms when q_norm / k_norm are set.
 Status rope(const RopeParams& p);
 // cos/sin of positions·inv_freq in float32 angles, as the reference computes them.
 // positions: [n_rows]; inv_freq: [half]; cos, sin: [n_rows, half].
@@ -60,6 +66,9 @@ OSCAR_HD inline float dummy_weight(uint64_t seed, int64_t i, float std) {
 Status embed_cuda(const WeightView& table, const int32_t* ids, int64_t n, float* x, void* stream);
 Status rms_norm_cuda(const float* x, int64_t rows, int64_t dim, const float* w, float eps, float* y,
                      void* stream);
+// x += y, then h = rms_norm(x): add_cuda then rms_norm_cuda in one launch, the same bits.
+Status add_rms_norm_cuda(float* x, const float* y, int64_t rows, int64_t dim, const float* w,
+                         float eps, float* h, void* stream);
 Status rope_cuda(const RopeParams& p, void* stream);
 Status silu_mul_cuda(float* gate, const float* up, int64_t n, void* stream);
 Status add_cuda(float* x, const float* y, int64_t n, void* stream);

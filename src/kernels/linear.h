@@ -40,5 +40,9 @@ Status linear(const LinearParams& p);
 // activations and accumulation (as the CPU path). Many rows: x rounded to BF16 and a cuBLASLt
 // BF16 GEMM with float accumulation and output (F32 weights: float GEMM).
 Status linear_cuda(const LinearParams& p, void* stream);
+// Several products of the same x (same n, in and dtype): one streaming launch for all of them
+// where linear_cuda would stream each (decode rows), else one linear_cuda each. The same values
+// as one linear_cuda per product.
+Status linear_group_cuda(const LinearParams* ps, int count, void* stream);
 
 }  // namespace oscar::kernels

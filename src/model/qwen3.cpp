@@ -199,6 +199,14 @@ void Qwen3Model::Matrix::to_f32() {
   dtype = kernels::DType::kF32;
 }
 
+void Qwen3Model::Matrix::to_bf16() {
+  if (dtype == kernels::DType::kBF16) return;
+  bf16.resize(f32.size());
+  for (size_t i = 0; i < f32.size(); ++i) bf16[i] = f32_to_bf16(f32[i]);
+  f32 = {};
+  dtype = kernels::DType::kBF16;
+}
+
 size_t Qwen3Model::weight_bytes() const {
   size_t n = embed_.bytes() + lm_head_.bytes() + final_norm_.size() * sizeof(float);
   for (const Layer& L : layers_)
@@ -229,7 +237,7 @@ Status Qwen3Model::set_embedding_row(int32_t token, std::span<const float> row) 
   return Status();
 }
 
-Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation) {
+Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation, kernels::DType stored) {
   const int d = config_.head_dim, Hkv = config_.n_heads_kv, Hq = config_.n_heads_q;
   const int64_t hidden = config_.hidden_size;
   const size_t expected = static_cast<size_t>(config_.n_layers) * Hkv * d * d;
@@ -238,8 +246,10 @@ Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation) {
                             expected);
   if (value_rotation_folded_) return invalid_argument("value rotation already folded");
   if (on_device() && dummy_on_device_) {
-    // Random weights rotated are random weights: v_proj and o_proj become float32 random
-    // matrices (the bytes a real fold costs), drawn on the host and uploaded.
+    // Random weights rotated are random weights: BF16 ones stay as drawn; float32 ones are
+    // redrawn on the host and uploaded (the bytes a float32 fold costs).
+    value_rotation_folded_ = true;
+    if (stored == kernels::DType::kBF16) return Status();
     uint64_t index = 1000;
     for (Layer& L : layers_)
       for (Matrix* w : {&L.wv, &L.wo}) {
@@ -263,7 +273,7 @@ Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation) {
   std::vector<double> acc;
   for (int l = 0; l < config_.n_layers; ++l) {
     Layer& L = layers_[l];
-    // The folded matrices are not BF16-representable: they stay float32 (kernels/linear.h).
+    // Folded in float32 (the matrices are not BF16-representable), rounded below if asked.
     L.wv.to_f32();
     L.wo.to_f32();
     for (int g = 0; g < Hkv; ++g) {
@@ -300,6 +310,10 @@ Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation) {
           for (int c = 0; c < d; ++c) wo[c] = static_cast<float>(row[c]);
         }
       }
+    }
+    if (stored == kernels::DType::kBF16) {
+      L.wv.to_bf16();
+      L.wo.to_bf16();
     }
   }
   value_rotation_folded_ = true;
@@ -591,16 +605,17 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
 
   auto run_ops = [&]() -> Status {
     OSCAR_RETURN_IF_ERROR(be.embed(embed_.view(), st.get<int32_t>(h_ids), n, x));
+    // h = the first layer's input norm; each layer ends with its residual add fused into the
+    // next norm (the next layer's input norm, or the final norm).
+    OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, layers_[0].input_norm.data(), c.rms_norm_eps, h));
     for (int l = 0; l < c.n_layers; ++l) {
       const Layer& L = layers_[l];
-      OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, L.input_norm.data(), c.rms_norm_eps, h));
-      OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wq, &L.bq, q)));
-      OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wk, &L.bk, k)));
-      OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.wv, &L.bv, v)));
-      if (!L.q_norm.empty()) {
-        OSCAR_RETURN_IF_ERROR(be.rms_norm(q, n * Hq, d, L.q_norm.data(), c.rms_norm_eps, q));
-        OSCAR_RETURN_IF_ERROR(be.rms_norm(k, n * Hkv, d, L.k_norm.data(), c.rms_norm_eps, k));
-      }
+      const kernels::LinearParams qkv[3] = {lin(h, n, L.wq, &L.bq, q), lin(h, n, L.wk, &L.bk, k),
+                                            lin(h, n, L.wv, &L.bv, v)};
+      OSCAR_RETURN_IF_ERROR(be.linear_group(qkv, 3));
+      rope.q_norm = L.q_norm.empty() ? nullptr : L.q_norm.data();  // q/k norms fused into RoPE
+      rope.k_norm = L.k_norm.empty() ? nullptr : L.k_norm.data();
+      rope.norm_eps = c.rms_norm_eps;
       OSCAR_RETURN_IF_ERROR(be.rope(rope));
       if (options.observer) {
         OSCAR_ASSIGN_OR_RETURN(const float* hq, host(q, n * c.q_dim, 0));
@@ -633,17 +648,18 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
         }
       }
       OSCAR_RETURN_IF_ERROR(be.linear(lin(attn, n, L.wo, nullptr, o)));
-      OSCAR_RETURN_IF_ERROR(be.add(x, o, n * H));
+      OSCAR_RETURN_IF_ERROR(be.add_rms_norm(x, o, n, H, L.post_norm.data(), c.rms_norm_eps, h));
 
-      OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, L.post_norm.data(), c.rms_norm_eps, h));
-      OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.w_gate, nullptr, gate)));
-      OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, L.w_up, nullptr, up)));
+      const kernels::LinearParams gate_up[2] = {lin(h, n, L.w_gate, nullptr, gate),
+                                                lin(h, n, L.w_up, nullptr, up)};
+      OSCAR_RETURN_IF_ERROR(be.linear_group(gate_up, 2));
       OSCAR_RETURN_IF_ERROR(be.silu_mul(gate, up, n * I));
       OSCAR_RETURN_IF_ERROR(be.linear(lin(gate, n, L.w_down, nullptr, o)));
-      OSCAR_RETURN_IF_ERROR(be.add(x, o, n * H));
+      const float* next_norm =
+          l + 1 < c.n_layers ? layers_[l + 1].input_norm.data() : final_norm_.data();
+      OSCAR_RETURN_IF_ERROR(be.add_rms_norm(x, o, n, H, next_norm, c.rms_norm_eps, h));
     }
 
-    OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, final_norm_.data(), c.rms_norm_eps, h));
     if (options.observer) {
       OSCAR_ASSIGN_OR_RETURN(const float* hh, host(h, n * H, 0));
       for (int32_t s = 0; s < plan.n_seqs(); ++s)

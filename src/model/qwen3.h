@@ -68,6 +68,7 @@ class Qwen3Model {
     kernels::WeightView view() const;
     size_t bytes() const { return static_cast<size_t>(rows * cols) * kernels::dtype_bytes(dtype); }
     void to_f32();  // converts in place (exact); host only
+    void to_bf16();  // converts in place (rounds to nearest even); host only
   };
   // A float vector (norm weights, biases): host, plus a copy on a device backend.
   struct Vec {
@@ -100,10 +101,13 @@ class Qwen3Model {
   void set_graphs(bool on) { graphs_enabled_ = on; }
   bool on_device() const { return backend_->device() != Device::kCpu; }
 
-  // Folds a value rotation into v_proj and o_proj (OSCAR.md §3), in float64 then float32.
+  // Folds a value rotation into v_proj and o_proj (OSCAR.md §3), in float64, stored as `stored`:
+  // float32 (exact to float rounding; twice the bytes a step reads for these two matrices) or
+  // BF16 (rounded like the checkpoint's own weights; what a GPU step wants).
   // v_rotation: [n_layers, n_heads_kv, head_dim, head_dim]. Call at most once, before a device
-  // backend is set.
-  Status fold_value_rotation(std::span<const float> v_rotation);
+  // backend is set (dummy weights on a device excepted: their fold is a redraw).
+  Status fold_value_rotation(std::span<const float> v_rotation,
+                             kernels::DType stored = kernels::DType::kF32);
 
   // One step from its plan (kv/step_plan.h): the plan's rows through every layer, K/V appended to
   // the pages the plan names, attention of decode rows in one batched call per layer and of

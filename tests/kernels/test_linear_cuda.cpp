@@ -23,6 +23,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -150,6 +152,68 @@ TEST_F(LinearCuda, ModelShapesFewRows) {
   for (int64_t n : {1, 4, 8})
     for (DType dtype : {DType::kBF16, DType::kF32}) run(dtype, n, 4096, 1024, false, seed++);
   run(DType::kBF16, 16, 4096, 512, true, seed++);
+}
+
+// linear_group_cuda: q/k/v-like and gate/up-like groups of products of one x give the bits of one
+// linear_cuda each (the streaming launch shares x, not arithmetic), for n where the group is one
+// launch (1, 2) and where it falls back (3, 9); mixed dtypes fall back too.
+TEST_F(LinearCuda, GroupBitIdenticalToSeparateCalls) {
+  std::mt19937 rng(77);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  struct Case {
+    int64_t in;
+    std::vector<int64_t> outs;
+    bool mixed;
+  };
+  for (const Case& c : {Case{256, {512, 128, 128}, false}, Case{64, {70, 33}, false},
+                        Case{136, {129, 7, 7}, true}, Case{1024, {40, 40, 40, 40}, false}})
+    for (int64_t n : {1, 2, 3, 9}) {
+      DeviceUploads up;
+      std::vector<float> x(n * c.in);
+      for (float& v : x) v = normal(rng);
+      const float* dx = static_cast<const float*>(up.up(x));
+      std::vector<LinearParams> ps;
+      std::vector<std::pair<float*, float*>> ys;  // grouped, separate
+      std::vector<std::unique_ptr<DevBuf>> owned;
+      for (size_t m = 0; m < c.outs.size(); ++m) {
+        const int64_t out = c.outs[m];
+        const bool f32 = c.mixed && m == 1;
+        std::vector<bf16_t> wb(out * c.in);
+        std::vector<float> wf(out * c.in), b(out);
+        for (size_t i = 0; i < wf.size(); ++i) {
+          wf[i] = normal(rng);
+          wb[i] = f32_to_bf16(wf[i]);
+        }
+        for (float& v : b) v = normal(rng);
+        LinearParams p;
+        p.x = dx;
+        p.n = n;
+        const void* w = f32 ? static_cast<const void*>(up.up(wf)) : up.up(wb);
+        p.w = WeightView{w, f32 ? DType::kF32 : DType::kBF16, out, c.in};
+        p.bias = m == 0 ? static_cast<const float*>(up.up(b)) : nullptr;
+        owned.push_back(std::make_unique<DevBuf>(n * out * sizeof(float)));
+        owned.push_back(std::make_unique<DevBuf>(n * out * sizeof(float)));
+        ys.push_back({static_cast<float*>(owned[owned.size() - 2]->p),
+                      static_cast<float*>(owned.back()->p)});
+        p.y = ys.back().first;
+        ps.push_back(p);
+      }
+      ASSERT_TRUE(linear_group_cuda(ps.data(), static_cast<int>(ps.size()), nullptr).ok());
+      for (size_t m = 0; m < ps.size(); ++m) {
+        LinearParams p = ps[m];
+        p.y = ys[m].second;
+        ASSERT_TRUE(linear_cuda(p, nullptr).ok());
+      }
+      CUDA_OK(cudaDeviceSynchronize());
+      for (size_t m = 0; m < ps.size(); ++m) {
+        const size_t count = static_cast<size_t>(n * c.outs[m]);
+        std::vector<float> a(count), b(count);
+        CUDA_OK(cudaMemcpy(a.data(), ys[m].first, count * 4, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(b.data(), ys[m].second, count * 4, cudaMemcpyDeviceToHost));
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), count * 4))
+            << "in " << c.in << " product " << m << " n " << n;
+      }
+    }
 }
 
 TEST_F(LinearCuda, UnalignedOutput) {

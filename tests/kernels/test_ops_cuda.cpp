@@ -228,6 +228,70 @@ TEST(OpsCuda, RopeWithinContractionBound) {
               static_cast<long long>(total));
 }
 
+// The fused ops give the bits of the device sequence they replace: add_rms_norm_cuda = add_cuda
+// then rms_norm_cuda; rope_cuda with q/k norms = rms_norm_cuda on q and k, then rope_cuda.
+TEST(OpsCuda, FusedAddRmsNormBitIdenticalToAddThenNorm) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(41);
+  for (int64_t dim : {64, 256, 1000, 4096, 5000})
+    for (int64_t rows : {1, 3, 37}) {
+      const std::vector<float> x = normal(rows * dim, rng, 0.1f, 2.f);
+      const std::vector<float> y = normal(rows * dim, rng, -0.2f, 1.5f);
+      const std::vector<float> w = normal(dim, rng, 1.f, 0.2f);
+      Dev<float> x1(x), x2(x), dy(y), dw(w), h1(rows * dim), h2(rows * dim);
+      ASSERT_TRUE(add_cuda(x1.p, dy.p, rows * dim, nullptr).ok());
+      ASSERT_TRUE(rms_norm_cuda(x1.p, rows, dim, dw.p, 1e-6f, h1.p, nullptr).ok());
+      ASSERT_TRUE(add_rms_norm_cuda(x2.p, dy.p, rows, dim, dw.p, 1e-6f, h2.p, nullptr).ok());
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_EQ(first_bit_mismatch(x1.get(), x2.get()), -1) << "x, dim " << dim << " rows " << rows;
+      EXPECT_EQ(first_bit_mismatch(h1.get(), h2.get()), -1) << "h, dim " << dim << " rows " << rows;
+    }
+}
+
+TEST(OpsCuda, FusedQkNormRopeBitIdenticalToNormsThenRope) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(43);
+  struct Shape {
+    int hq, hkv, d;
+  };
+  for (Shape s : {Shape{32, 8, 128}, Shape{16, 4, 64}, Shape{4, 2, 256}, Shape{6, 3, 96}})
+    for (int64_t rows : {1, 5, 37}) {
+      const int half = s.d / 2;
+      std::vector<int32_t> pos(rows);
+      for (int32_t& p : pos) p = static_cast<int32_t>(rng() % 32768);
+      std::vector<float> inv_freq(half);
+      for (int i = 0; i < half; ++i)
+        inv_freq[i] = static_cast<float>(std::pow(1e6, -2.0 * i / s.d));
+      std::vector<float> cs(rows * half), sn(rows * half);
+      rope_tables(pos.data(), rows, inv_freq.data(), half, cs.data(), sn.data());
+      const std::vector<float> q0 = normal(rows * s.hq * s.d, rng, 0.3f, 2.f);
+      const std::vector<float> k0 = normal(rows * s.hkv * s.d, rng, 0.5f, 3.f);
+      const std::vector<float> wq = normal(s.d, rng, 1.f, 0.3f), wk = normal(s.d, rng, 1.f, 0.3f);
+      Dev<float> dcs(cs), dsn(sn), dwq(wq), dwk(wk), q1(q0), k1(k0), q2(q0), k2(k0);
+      const float eps = 1e-6f;
+      ASSERT_TRUE(rms_norm_cuda(q1.p, rows * s.hq, s.d, dwq.p, eps, q1.p, nullptr).ok());
+      ASSERT_TRUE(rms_norm_cuda(k1.p, rows * s.hkv, s.d, dwk.p, eps, k1.p, nullptr).ok());
+      RopeParams plain{rows, s.hq, s.hkv, s.d, dcs.p, dsn.p, q1.p, k1.p};
+      ASSERT_TRUE(rope_cuda(plain, nullptr).ok());
+      RopeParams fused{rows, s.hq, s.hkv, s.d, dcs.p, dsn.p, q2.p, k2.p, dwq.p, dwk.p, eps};
+      ASSERT_TRUE(rope_cuda(fused, nullptr).ok());
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_EQ(first_bit_mismatch(q1.get(), q2.get()), -1) << "q, d " << s.d << " rows " << rows;
+      EXPECT_EQ(first_bit_mismatch(k1.get(), k2.get()), -1) << "k, d " << s.d << " rows " << rows;
+      // And the CPU op with the norms equals the CPU norms then the CPU rotation.
+      std::vector<float> cq1 = q0, ck1 = k0, cq2 = q0, ck2 = k0;
+      ASSERT_TRUE(rms_norm(cq1.data(), rows * s.hq, s.d, wq.data(), eps, cq1.data()).ok());
+      ASSERT_TRUE(rms_norm(ck1.data(), rows * s.hkv, s.d, wk.data(), eps, ck1.data()).ok());
+      RopeParams hp{rows, s.hq, s.hkv, s.d, cs.data(), sn.data(), cq1.data(), ck1.data()};
+      ASSERT_TRUE(rope(hp).ok());
+      RopeParams hf{rows,       s.hq,       s.hkv,     s.d,       cs.data(), sn.data(),
+                    cq2.data(), ck2.data(), wq.data(), wk.data(), eps};
+      ASSERT_TRUE(rope(hf).ok());
+      EXPECT_EQ(first_bit_mismatch(cq1, cq2), -1);
+      EXPECT_EQ(first_bit_mismatch(ck1, ck2), -1);
+    }
+}
+
 TEST(OpsCuda, SiluMulAddGather) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(41);

@@ -59,6 +59,7 @@ std::unique_ptr<engine::Runtime> make_runtime(const std::string& mode, const std
   o.model_dir = kModel;
   o.cache_mode = mode;
   o.device = device;
+  o.folded_weights = "bf16";  // the same folded model on both devices (auto differs)
   o.kv_budget_bytes = size_t{256} << 20;
   auto rt = engine::Runtime::create(o);
   EXPECT_TRUE(rt.ok()) << rt.status().to_string();

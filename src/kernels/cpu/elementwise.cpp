@@ -51,6 +51,10 @@ void rope_tables(const int32_t* positions, int64_t n_rows, const float* inv_freq
 
 Status rope(const RopeParams& p) {
   const int64_t d = p.head_dim, half = d / 2;
+  if (p.q_norm != nullptr)
+    OSCAR_RETURN_IF_ERROR(rms_norm(p.q, p.n_rows * p.n_heads_q, d, p.q_norm, p.norm_eps, p.q));
+  if (p.k_norm != nullptr)
+    OSCAR_RETURN_IF_ERROR(rms_norm(p.k, p.n_rows * p.n_heads_kv, d, p.k_norm, p.norm_eps, p.k));
   for (int64_t row = 0; row < p.n_rows; ++row) {
     const float* cs = p.cos + row * half;
     const float* sn = p.sin + row * half;

@@ -97,6 +97,9 @@ class CudaBackend final : public Backend {
     return rms_norm_cuda(x, rows, dim, w, eps, y, stream_);
   }
   Status linear(const LinearParams& p) override { return linear_cuda(p, stream_); }
+  Status linear_group(const LinearParams* ps, int count) override {
+    return linear_group_cuda(ps, count, stream_);
+  }
   Status rope(const RopeParams& p) override { return rope_cuda(p, stream_); }
   Status kv_append(const KvAppendParams& p) override { return kv_append_cuda(p, stream_); }
   Status rotate_queries(const RotateQueriesParams& p) override {
@@ -108,6 +111,10 @@ class CudaBackend final : public Backend {
     return silu_mul_cuda(gate, up, n, stream_);
   }
   Status add(float* x, const float* y, int64_t n) override { return add_cuda(x, y, n, stream_); }
+  Status add_rms_norm(float* x, const float* y, int64_t rows, int64_t dim, const float* w,
+                      float eps, float* h) override {
+    return add_rms_norm_cuda(x, y, rows, dim, w, eps, h, stream_);
+  }
   Status gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t dim,
                      float* dst) override {
     return gather_rows_cuda(src, rows, n, dim, dst, stream_);

@@ -1,13 +1,16 @@
 // Shared CUDA helpers for oscar's kernels: error checks (OSCAR_CUDA_CHECK for runtime calls,
 // OSCAR_CUDA_LAUNCH_CHECK right after a launch; OSCAR_CUDA_SYNC_CHECKS=1 at compile time adds a
 // device synchronisation after each launch, for debugging) and the few PTX wrappers the kernels
-// use (cp.async, ldmatrix, movmatrix, mma.sync). Included only by .cu/.cuh files in this folder.
-// Not here: anything format-specific (quant/, kernels/kv_layout.h hold the formats).
+// use (cp.async, ldmatrix, movmatrix, mma.sync), and programmatic dependent launch (launch_pdl).
+// Included only by .cu/.cuh files in this folder. Not here: anything format-specific (quant/,
+// kernels/kv_layout.h hold the formats).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <utility>
 
 #include "core/status.h"
 
@@ -36,6 +39,44 @@
   } while (0)
 
 namespace oscar::cuda {
+
+// Programmatic dependent launch (Hopper): a kernel launched with launch_pdl() may start while the
+// kernel before it on the stream is still running, once every block of that one has called
+// pdl_trigger(); it must call pdl_wait() (which returns when the previous kernel has completed
+// and its writes are visible) before it reads anything an earlier kernel wrote. What it may do
+// before: read its weights and the step plan (uploaded before the step's first kernel). So the
+// small kernels of a decode step overlap their launch and first loads with the kernel before.
+// Kernels launched without the attribute see both calls as no-ops. OSCAR_PDL=0 turns it off
+// (to compare).
+__device__ __forceinline__ void pdl_trigger() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("OSCAR_PDL");
+    return e == nullptr || e[0] != '0';
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-serialization attribute.
+template <typename... Params, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

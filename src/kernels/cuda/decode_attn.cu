@@ -206,15 +206,21 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   if (units * n_splits > (int64_t{1} << 31) - 1 || p.n_seqs > 65535)
     return invalid_argument("decode_attn_cuda: batch of %d sequences too large", p.n_seqs);
   const dim3 grid(n_splits, L.n_heads_kv * a.n_hgroups, p.n_seqs);
+  using cuda_detail::kThreads;
+  using cuda_detail::kWarps;
   if (cfg == 0)
-    cuda_detail::decode_attn_kernel<cuda_detail::kRingWide, cuda_detail::kBlocksWide>
-        <<<grid, cuda_detail::kThreads, cuda_detail::kWarps * cuda_detail::kRingWide, stream>>>(a);
+    OSCAR_CUDA_CHECK(cuda::launch_pdl(
+        cuda_detail::decode_attn_kernel<cuda_detail::kRingWide, cuda_detail::kBlocksWide>, grid,
+        dim3(kThreads), kWarps * cuda_detail::kRingWide, stream, a));
   else
-    cuda_detail::decode_attn_kernel<cuda_detail::kRingDense, cuda_detail::kBlocksDense>
-        <<<grid, cuda_detail::kThreads, cuda_detail::kWarps * cuda_detail::kRingDense, stream>>>(a);
+    OSCAR_CUDA_CHECK(cuda::launch_pdl(
+        cuda_detail::decode_attn_kernel<cuda_detail::kRingDense, cuda_detail::kBlocksDense>, grid,
+        dim3(kThreads), kWarps * cuda_detail::kRingDense, stream, a));
   OSCAR_CUDA_LAUNCH_CHECK("decode_attn_kernel");
   if (n_splits > 1) {
-    cuda_detail::combine_kernel<<<p.n_seqs * p.n_heads_q, 128, 0, stream>>>(a);
+    OSCAR_CUDA_CHECK(cuda::launch_pdl(cuda_detail::combine_kernel,
+                                      dim3(static_cast<unsigned>(p.n_seqs * p.n_heads_q)),
+                                      dim3(kThreads), 0, stream, a));
     OSCAR_CUDA_LAUNCH_CHECK("decode_attn combine_kernel");
   }
   g_last = DecodeAttnCudaLaunchInfo{0, n_splits, static_cast<int32_t>(units * n_splits),

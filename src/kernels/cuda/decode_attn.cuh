@@ -2,14 +2,15 @@
 //
 // Work split. One block of 4 warps per (sequence, KV head, group of <= 8 query heads, context
 // split). A sequence's keys are cut into tiles of 16 tokens (sink tiles, history tiles, recent
-// tiles, in position order); split i of n takes tiles [i·T/n, (i+1)·T/n) and its warps take those
-// tiles round-robin, each with its own cp.async pipeline in its own 14 or 16 KiB of shared memory
-// (the launch configurations below) and its own online-softmax state (running reference raised
-// lazily: softmax_update). The block merges its 4 warp states; with one split it writes the
-// output, otherwise a partial (o, m, ℓ) that combine_kernel merges by log-sum-exp (the device
-// twin of merge_attn_states, in log2 units). n is chosen on the host to fill the GPU once; a
-// short sequence uses fewer splits (>= kMinTilesPerSplit tiles each), computed the same way on
-// the device by both kernels, so the host never needs the sequence lengths.
+// tiles, in position order), weighted in work units (an exact tile counts kExactUnits INT2
+// tiles: split_units); split i of n takes the tiles whose first unit lies in [i·U/n, (i+1)·U/n),
+// and its warps take those tiles round-robin, each with its own cp.async pipeline in its own 14 or
+// 16 KiB of shared memory (the launch configurations below) and its own online-softmax state
+// (running reference raised lazily: softmax_update). The block merges its 4 warp states; with one
+// split it writes the output, otherwise a partial (o, m, ℓ) that combine_kernel merges by
+// log-sum-exp (the device twin of merge_attn_states, in log2 units). n is chosen on the host to
+// fill the GPU once; a short sequence uses fewer splits (>= kMinTilesPerSplit units each), computed
+// the same way on the device by both kernels, so the host never needs the sequence lengths.
 //
 // Tensor cores (mma.sync m16n8k16, FP32 accumulators) for both products, each KV byte read once
 // for all query heads of its group:
@@ -68,7 +69,7 @@ constexpr int kTileTokens = 16;
 constexpr int kRingWide = 16384, kBlocksWide = 3;
 constexpr int kRingDense = 14336, kBlocksDense = 4;
 constexpr int kGroupHeads = 8;  // query heads per block (the MMA's N)
-constexpr int kMinTilesPerSplit = 16;
+constexpr int kMinTilesPerSplit = 16;  // in work units (INT2 tiles; see split_units)
 constexpr int kMaxSplits = 128;
 constexpr float kNegInf = -__builtin_inff();
 
@@ -111,9 +112,19 @@ __device__ __forceinline__ int ceil_tiles(int64_t n) {
   return static_cast<int>((n + kTileTokens - 1) / kTileTokens);
 }
 
-// Splits actually used by a sequence of T tiles: both kernels compute it the same way.
-__device__ __forceinline__ int effective_splits(int T, int n_splits) {
-  const int by_len = (T + kMinTilesPerSplit - 1) / kMinTilesPerSplit;
+// The context is split by work units, not tiles: an exact (BF16) tile reads 7x the bytes of an
+// INT2 tile and, in the dense configuration, runs without a second stage, so it counts
+// kExactUnits (an even split by tiles left the split holding the recent window several times
+// longer than the others: the tail of a batch-1 call).
+constexpr int kExactUnits = 6;
+__device__ __forceinline__ int region_units(int r) { return r == 1 ? 1 : kExactUnits; }
+__device__ __forceinline__ int split_units(int n_tiles0, int n_tiles1, int n_tiles2) {
+  return kExactUnits * (n_tiles0 + n_tiles2) + n_tiles1;
+}
+
+// Splits actually used by a sequence of U work units: both kernels compute it the same way.
+__device__ __forceinline__ int effective_splits(int U, int n_splits) {
+  const int by_len = (U + kMinTilesPerSplit - 1) / kMinTilesPerSplit;
   return max(1, min(n_splits, by_len));
 }
 
@@ -327,6 +338,61 @@ __device__ __forceinline__ void softmax_update(WarpState& st, const float (&s)[N
   }
 }
 
+// The same update for scores given relative to the running reference, t = s − u (u = m, or 0
+// while m is −inf): the INT2 tiles fold u into their score arithmetic, so the common case (no
+// key above u + kLazyMax) is the exponentials and ℓ alone. t is shifted in place when the
+// reference moves.
+template <int N>
+__device__ __forceinline__ void softmax_update_rel(WarpState& st, float (&t)[N][4],
+                                                   float (&p)[N][4]) {
+  float mx0 = fmaxf(t[0][0], t[0][2]), mx1 = fmaxf(t[0][1], t[0][3]);
+#pragma unroll
+  for (int i = 1; i < N; ++i) {
+    mx0 = fmaxf(mx0, fmaxf(t[i][0], t[i][2]));
+    mx1 = fmaxf(mx1, fmaxf(t[i][1], t[i][3]));
+  }
+  const float thr0 = st.m[0] == kNegInf ? kNegInf : kLazyMax;
+  const float thr1 = st.m[1] == kNegInf ? kNegInf : kLazyMax;
+  if (__any_sync(0xffffffffu, mx0 > thr0 || mx1 > thr1)) {
+    const float u0 = st.m[0] == kNegInf ? 0.f : st.m[0], u1 = st.m[1] == kNegInf ? 0.f : st.m[1];
+    mx0 = warp_max_g(mx0) + u0;  // the group's largest score s
+    mx1 = warp_max_g(mx1) + u1;
+    const float n0 = fmaxf(st.m[0], mx0), n1 = fmaxf(st.m[1], mx1);
+    const float v0 = n0 == kNegInf ? 0.f : n0, v1 = n1 == kNegInf ? 0.f : n1;
+    const float a0 = fast_exp2(st.m[0] - v0), a1 = fast_exp2(st.m[1] - v1);
+    const float d0 = v0 - u0, d1 = v1 - u1;  // the reference moves by d
+    st.m[0] = n0;
+    st.m[1] = n1;
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      st.o[m][0] *= a0;
+      st.o[m][1] *= a1;
+      st.o[m][2] *= a0;
+      st.o[m][3] *= a1;
+    }
+    st.l[0] *= a0;
+    st.l[1] *= a1;
+    st.ps[0] *= a0;
+    st.ps[1] *= a1;
+    st.mn[0] *= a0;
+    st.mn[1] *= a1;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      t[i][0] -= d0;
+      t[i][1] -= d1;
+      t[i][2] -= d0;
+      t[i][3] -= d1;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) p[i][c] = fast_exp2(t[i][c]);
+    st.l[0] += p[i][0] + p[i][2];
+    st.l[1] += p[i][1] + p[i][3];
+  }
+}
+
 // Q fragments (B operand of S^T = K·Q^T) for exact tiles: natural d order, BF16, pre-scaled.
 struct QExact {
   uint32_t b[8][2];
@@ -424,7 +490,13 @@ __device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const 
                                           int nv0, int nv1, int lane) {
   const int g = lane >> 2, t = lane & 3;
   const uint32_t M = magic_reg();
-  float acc[2][4] = {};
+  // The MMA accumulates from −off (the 1024-offsets of the K operands), so acc = Σ_d q_d c_d.
+  float acc[2][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    acc[i][0] = acc[i][2] = -qf.off[0];
+    acc[i][1] = acc[i][3] = -qf.off[1];
+  }
   float2 km[2][2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -453,22 +525,23 @@ __device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const 
                              qf.b[4 * w + qq][0], qf.b[4 * w + qq][1]);
     }
   }
-  // s = s_K·(acc − off) + min_K·Σq, per (key row, head).
+  // t = s − u = s_K·acc + (min_K·Σq − u), per (key row, head); u the running reference.
+  const float u0 = st.m[0] == kNegInf ? 0.f : st.m[0], u1 = st.m[1] == kNegInf ? 0.f : st.m[1];
   float s[2][4], p[2][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-        s[i][2 * r + j] = km[i][r].x * (acc[i][2 * r + j] - qf.off[j]) + km[i][r].y * qf.sum[j];
+    for (int r = 0; r < 2; ++r) {
+      s[i][2 * r] = fmaf(km[i][r].x, acc[i][2 * r], fmaf(km[i][r].y, qf.sum[0], -u0));
+      s[i][2 * r + 1] = fmaf(km[i][r].x, acc[i][2 * r + 1], fmaf(km[i][r].y, qf.sum[1], -u1));
+    }
   if (nv0 < kTileTokens || nv1 < kTileTokens) {  // only at the end of a warp's tiles
     if (g >= nv0) s[0][0] = s[0][1] = kNegInf;
     if (g + 8 >= nv0) s[0][2] = s[0][3] = kNegInf;
     if (g >= nv1) s[1][0] = s[1][1] = kNegInf;
     if (g + 8 >= nv1) s[1][2] = s[1][3] = kNegInf;
   }
-  softmax_update<2>(st, s, p);
+  softmax_update_rel<2>(st, s, p);
 
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -631,6 +704,8 @@ template <int kRingBytes, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     decode_attn_kernel(const __grid_constant__ KernelArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
+  // Before pdl_wait (common.cuh): only the step plan (page tables) and the cache spec are read.
+  oscar::cuda::pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int split = blockIdx.x;
   const int kvh = blockIdx.y / a.n_hgroups, hg = blockIdx.y % a.n_hgroups;
@@ -643,11 +718,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                 n_tok2 = a.recent.seq_len(seq, P);
   const int n_tiles0 = ceil_tiles(n_tok0), n_tiles1 = ceil_tiles(n_tok1),
             n_tiles2 = ceil_tiles(n_tok2);
-  const int T = n_tiles0 + n_tiles1 + n_tiles2;
-  const int eff = effective_splits(T, a.n_splits);
+  const int U = split_units(n_tiles0, n_tiles1, n_tiles2);
+  const int eff = effective_splits(U, a.n_splits);
   if (split >= eff) return;
-  const int t0 = static_cast<int>(static_cast<int64_t>(split) * T / eff);
-  const int t1 = static_cast<int>(static_cast<int64_t>(split + 1) * T / eff);
+  // This split's units [u0, u1); a tile belongs to the split holding its first unit.
+  const int u0 = static_cast<int>(static_cast<int64_t>(split) * U / eff);
+  const int u1 = static_cast<int>(static_cast<int64_t>(split + 1) * U / eff);
 
   uint8_t* ring = smem + warp * kRingBytes;
   const uint32_t ring_s = smem_addr(ring);
@@ -666,12 +742,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const bool fast_int2 = !a.force_generic && a.uniform && a.group_size == 128 && bits_k == 2 &&
                          bits_v == 2 && rb_k == 36 && rb_v == 36;
 
-  int start = 0;
+  int ustart = 0;
 #pragma unroll 1
   for (int r = 0; r < 3; ++r) {
     const int nt_r = r == 0 ? n_tiles0 : (r == 1 ? n_tiles1 : n_tiles2);
-    const int lo = max(t0, start) - start, hi = min(t1, start + nt_r) - start;
-    start += nt_r;
+    const int cost = region_units(r), uend = ustart + cost * nt_r;
+    const int lo = (max(u0, ustart) - ustart + cost - 1) / cost;
+    const int hi = (min(u1, uend) - ustart + cost - 1) / cost;
+    ustart = uend;
     if (lo >= hi) continue;
     const PageTableView pt = r == 0 ? a.sinks : (r == 1 ? a.history : a.recent);
     const int pbase = pt.indptr[seq];
@@ -681,9 +759,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
     if (r == 1 && fast_int2) {
       // ---- INT2 history tiles -------------------------------------------------------------
-      to_int2(st, convbuf, g, t);
-      QInt2 qf;
-      make_q_int2(qf, qrow, a.scale_log2, g, t);
       constexpr int kStage = 2304, NST = kRingBytes / kStage;  // a pair of tiles per stage
       static_assert(kStage * NST <= kRingBytes);
       int pf_cur = 0, pf_nxt = 0;
@@ -691,6 +766,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         pf_cur = prefetch_page(a, pt, pbase, n_my, lane, tile_of);
         pf_nxt = prefetch_page(a, pt, pbase, n_my, 32 + lane, tile_of);
       }
+      oscar::cuda::pdl_wait();  // q and the pages: written by earlier kernels
+      to_int2(st, convbuf, g, t);
+      QInt2 qf;
+      make_q_int2(qf, qrow, a.scale_log2, g, t);
       const int n_pairs = (n_my + 1) / 2;
       auto load = [&](int j, int stg) {
 #pragma unroll
@@ -742,6 +821,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       pipeline<NST>(n_pairs, load, compute);
     } else if (r == 1) {
       // ---- generic history tiles: dequantize into a BF16 tile, then the exact path ---------
+      oscar::cuda::pdl_wait();
       to_natural(st, convbuf, g, t);
       QExact qf;
       make_q_exact(qf, qrow, a.scale_log2, t);
@@ -780,9 +860,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       pipeline<NST>(n_my, load, compute);
     } else {
       // ---- exact (BF16) tiles: sinks or recent ----------------------------------------------
-      to_natural(st, convbuf, g, t);
-      QExact qf;
-      make_q_exact(qf, qrow, a.scale_log2, t);
       constexpr int kStage = 8192, NST = kRingBytes / kStage;
       static_assert(NST >= 1 && kStage * NST <= kRingBytes);
       const uint64_t plane_k = static_cast<uint64_t>(a.layer * 2 * a.n_heads_kv + kvh) * P * 256;
@@ -792,6 +869,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         pf_cur = prefetch_page(a, pt, pbase, n_my, lane, tile_of);
         pf_nxt = prefetch_page(a, pt, pbase, n_my, 32 + lane, tile_of);
       }
+      oscar::cuda::pdl_wait();
+      to_natural(st, convbuf, g, t);
+      QExact qf;
+      make_q_exact(qf, qrow, a.scale_log2, t);
       auto load = [&](int k, int stg) {
         // Instruction i copies rows 2i, 2i+1 (512 contiguous bytes per plane when a tile lies in
         // one page): lane -> row 2i + lane/16, 16-byte chunk lane%16 (swizzled in the stage).
@@ -834,6 +915,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       pipeline<NST>(n_my, load, compute);
     }
   }
+  oscar::cuda::pdl_wait();  // (a no-op after the first; a warp without tiles writes below too)
   to_natural(st, convbuf, g, t);
 
   // ---- merge the 4 warps, then the output or this split's partial ---------------------------
@@ -887,29 +969,63 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 }
 
 // Merges the split partials of one (sequence, query head): out = Σ o_i 2^(m_i - M) / Σ ℓ_i 2^(m_i
-// - M). Blocks of head_dim threads; sequences with one effective split were written directly.
-__global__ void combine_kernel(const __grid_constant__ KernelArgs a) {
+// - M). One block of 128 threads (head_dim) per row; sequences with one effective split were
+// written directly. Every load is independent of the arithmetic: thread i reads split i's (m, ℓ)
+// (one round trip for all splits), then warp w sums splits w, w+4, ... of o as float4 rows.
+// (The first version walked the splits one dependent L2 load at a time, twice: ~20 µs at 66
+// splits, most of a batch-1 call; docs/results/decode_attn_cuda.md, run 6.)
+__global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ KernelArgs a) {
+  static_assert(kMaxSplits <= kThreads, "one thread per split's (m, l)");
+  __shared__ float f[kMaxSplits];
+  __shared__ float red_m[kWarps], red_l[kWarps];
+  __shared__ float4 red_o[kWarps][32];
+  oscar::cuda::pdl_trigger();
+  oscar::cuda::pdl_wait();  // the partials of decode_attn_kernel
   const int seq = blockIdx.x / a.n_heads_q;
   const int P = a.page_size;
-  const int T = ceil_tiles(a.sinks.seq_len(seq, P)) + ceil_tiles(a.history.seq_len(seq, P)) +
-                ceil_tiles(a.recent.seq_len(seq, P));
-  const int eff = effective_splits(T, a.n_splits);
+  const int U =
+      split_units(ceil_tiles(a.sinks.seq_len(seq, P)), ceil_tiles(a.history.seq_len(seq, P)),
+                  ceil_tiles(a.recent.seq_len(seq, P)));
+  const int eff = effective_splits(U, a.n_splits);
   if (eff <= 1) return;
   const int64_t row = blockIdx.x;
-  const int d = threadIdx.x;
-  float M = kNegInf;
-  for (int i = 0; i < eff; ++i) M = fmaxf(M, a.part_ml[(row * a.n_splits + i) * 2]);
-  float L = 0.f, O = 0.f;
-  if (M != kNegInf) {
-    for (int i = 0; i < eff; ++i) {
-      const float mi = a.part_ml[(row * a.n_splits + i) * 2];
-      if (mi == kNegInf) continue;
-      const float f = exp2f(mi - M);
-      L += f * a.part_ml[(row * a.n_splits + i) * 2 + 1];
-      O += f * a.part_o[(row * a.n_splits + i) * a.head_dim + d];
-    }
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const float* ml = a.part_ml + row * a.n_splits * 2;
+  float mi = kNegInf, li = 0.f;
+  if (tid < eff) {
+    mi = ml[2 * tid];
+    li = ml[2 * tid + 1];
   }
-  a.out[row * a.head_dim + d] = L > 0.f ? O / L : 0.f;
+  float M = mi;
+#pragma unroll
+  for (int sh = 16; sh >= 1; sh >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, sh));
+  if (lane == 0) red_m[warp] = M;
+  __syncthreads();
+  M = fmaxf(fmaxf(red_m[0], red_m[1]), fmaxf(red_m[2], red_m[3]));
+  const float fi = mi == kNegInf ? 0.f : exp2f(mi - M);  // mi finite => M finite
+  if (tid < kMaxSplits) f[tid] = fi;
+  float L = fi * li;
+#pragma unroll
+  for (int sh = 16; sh >= 1; sh >>= 1) L += __shfl_xor_sync(0xffffffffu, L, sh);
+  if (lane == 0) red_l[warp] = L;
+  __syncthreads();
+  L = (red_l[0] + red_l[1]) + (red_l[2] + red_l[3]);
+  const float4* po = reinterpret_cast<const float4*>(a.part_o + row * a.n_splits * 128);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int i = warp; i < eff; i += kWarps) {
+    const float4 v = po[i * 32 + lane];
+    const float w = f[i];
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  red_o[warp][lane] = acc;
+  __syncthreads();
+  const float* ro = reinterpret_cast<const float*>(red_o);
+  const float O = (ro[tid] + ro[128 + tid]) + (ro[256 + tid] + ro[384 + tid]);
+  a.out[row * 128 + tid] = L > 0.f ? O / L : 0.f;
 }
 
 // ---- naive kernel ------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-// CUDA elementwise ops (kernels/elementwise.h: embed_cuda, rms_norm_cuda, rope_cuda,
+// CUDA elementwise ops (kernels/elementwise.h: embed_cuda, rms_norm_cuda, add_rms_norm_cuda,
+// rope_cuda (with the q/k norms fused when asked),
 // silu_mul_cuda, add_cuda, gather_rows_cuda, fill_normal_bf16_cuda): device pointers, one launch
 // per call, asynchronous on the caller's stream, no allocation, no host synchronisation. The host
 // side checks shapes and null pointers only; it never reads device memory (so embed cannot
@@ -109,6 +110,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 // One warp per row (dim <= 1024: the per-head q_norm / k_norm rows); 8 rows per block.
 __global__ void rms_norm_warp_kernel(const float* x, int64_t rows, int64_t dim,
                                      const float* __restrict__ w, float eps, float* y) {
+  oscar::cuda::pdl_trigger();
+  oscar::cuda::pdl_wait();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
@@ -126,6 +129,8 @@ __global__ void rms_norm_warp_kernel(const float* x, int64_t rows, int64_t dim,
 // One block per row (dim > 1024: the hidden-state norms).
 __global__ void rms_norm_block_kernel(const float* x, int64_t dim, const float* __restrict__ w,
                                       float eps, float* y) {
+  oscar::cuda::pdl_trigger();
+  oscar::cuda::pdl_wait();
   __shared__ float part[kThreads / 32];
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
@@ -145,12 +150,67 @@ __global__ void rms_norm_block_kernel(const float* x, int64_t dim, const float* 
     yr[c] = __fmul_rn(w[c], __fmul_rn(xr[c], inv));
 }
 
+// add_rms_norm: x += y, then y-norm as above, in one launch. Same operations and order as
+// add_cuda followed by rms_norm_cuda (the same bits): each thread adds and stores its elements,
+// sums their squares, and after the reduction reads them back (its own stores).
+__global__ void add_rms_norm_warp_kernel(float* x, const float* __restrict__ y, int64_t rows,
+                                         int64_t dim, const float* __restrict__ w, float eps,
+                                         float* h) {
+  oscar::cuda::pdl_trigger();
+  oscar::cuda::pdl_wait();
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  float* xr = x + r * dim;
+  const float* yr = y + r * dim;
+  float* hr = h + r * dim;
+  float ss = 0.f;
+#pragma unroll 4
+  for (int64_t c = lane; c < dim; c += 32) {
+    const float v = __fadd_rn(xr[c], yr[c]);
+    xr[c] = v;
+    ss = __fmaf_rn(v, v, ss);
+  }
+  ss = warp_sum(ss);
+  const float inv = rms_inv(ss, dim, eps);
+#pragma unroll 4
+  for (int64_t c = lane; c < dim; c += 32) hr[c] = __fmul_rn(w[c], __fmul_rn(xr[c], inv));
+}
+
+__global__ void add_rms_norm_block_kernel(float* x, const float* __restrict__ y, int64_t dim,
+                                          const float* __restrict__ w, float eps, float* h) {
+  oscar::cuda::pdl_trigger();
+  oscar::cuda::pdl_wait();
+  __shared__ float part[kThreads / 32];
+  float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+  const float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
+  float* hr = h + static_cast<int64_t>(blockIdx.x) * dim;
+  float ss = 0.f;
+#pragma unroll 8
+  for (int64_t c = threadIdx.x; c < dim; c += kThreads) {
+    const float v = __fadd_rn(xr[c], yr[c]);
+    xr[c] = v;
+    ss = __fmaf_rn(v, v, ss);
+  }
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float tot = 0.f;
+  for (int i = 0; i < kThreads / 32; ++i) tot += part[i];
+  const float inv = rms_inv(tot, dim, eps);
+#pragma unroll 8
+  for (int64_t c = threadIdx.x; c < dim; c += kThreads)
+    hr[c] = __fmul_rn(w[c], __fmul_rn(xr[c], inv));
+}
+
 // ---- rope ------------------------------------------------------------------------------------
 
 // One thread per (row, head, i < half), q heads then k heads of each row.
 __global__ void rope_kernel(int64_t n_rows, int32_t n_heads_q, int32_t n_heads_kv, int32_t half,
                             const float* __restrict__ cos, const float* __restrict__ sin,
                             float* __restrict__ q, float* __restrict__ k) {
+  oscar::cuda::pdl_trigger();
+  oscar::cuda::pdl_wait();
   const int64_t heads = n_heads_q + n_heads_kv;
   const int64_t total = n_rows * heads * half;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
@@ -163,6 +223,50 @@ __global__ void rope_kernel(int64_t n_rows, int32_t n_heads_q, int32_t n_heads_k
                                : k + (row * n_heads_kv + (hh - n_heads_q)) * (2 * half);
     const float cs = cos[row * half + i], sn = sin[row * half + i];
     const float a = xh[i], b = xh[i + half];
+    xh[i] = __fmaf_rn(a, cs, -__fmul_rn(b, sn));
+    xh[i + half] = __fmaf_rn(b, cs, __fmul_rn(a, sn));
+  }
+}
+
+// q/k norm and RoPE in one launch: one warp per (row, head), lane holding d = lane + 32j
+// (NJ = head_dim / 32 values; head_dim % 64 == 0 puts both halves of a rotation pair in the
+// lane). The norm is rms_norm_warp_kernel's (same order: the same bits), the rotation
+// rope_kernel's, so the result equals rms_norm_cuda twice then rope_cuda.
+template <int NJ>
+__global__ void norm_rope_kernel(int64_t n_rows, int32_t n_heads_q, int32_t n_heads_kv,
+                                 const float* __restrict__ cos, const float* __restrict__ sin,
+                                 float* __restrict__ q, float* __restrict__ k,
+                                 const float* __restrict__ wq, const float* __restrict__ wk,
+                                 float eps) {
+  oscar::cuda::pdl_trigger();
+  oscar::cuda::pdl_wait();
+  constexpr int D = 32 * NJ, half = D / 2;
+  const int64_t heads = n_heads_q + n_heads_kv;
+  const int64_t wid = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (wid >= n_rows * heads) return;
+  const int64_t row = wid / heads;
+  const int32_t hh = static_cast<int32_t>(wid % heads);
+  float* xh = hh < n_heads_q ? q + (row * n_heads_q + hh) * D
+                             : k + (row * n_heads_kv + (hh - n_heads_q)) * D;
+  const float* w = hh < n_heads_q ? wq : wk;
+  float v[NJ];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) v[j] = xh[lane + 32 * j];
+  if (w != nullptr) {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) ss = __fmaf_rn(v[j], v[j], ss);
+    ss = warp_sum(ss);
+    const float inv = rms_inv(ss, D, eps);
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) v[j] = __fmul_rn(w[lane + 32 * j], __fmul_rn(v[j], inv));
+  }
+#pragma unroll
+  for (int j = 0; j < NJ / 2; ++j) {
+    const int i = lane + 32 * j;
+    const float cs = cos[row * half + i], sn = sin[row * half + i];
+    const float a = v[j], b = v[j + NJ / 2];
     xh[i] = __fmaf_rn(a, cs, -__fmul_rn(b, sn));
     xh[i + half] = __fmaf_rn(b, cs, __fmul_rn(a, sn));
   }
@@ -184,6 +288,8 @@ struct AddOp {
 template <bool kVec, typename Op>
 __global__ void binary_inplace_kernel(float* __restrict__ x, const float* __restrict__ y,
                                       int64_t n, Op op) {
+  oscar::cuda::pdl_trigger();
+  oscar::cuda::pdl_wait();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if constexpr (kVec) {
@@ -254,14 +360,41 @@ Status rms_norm_cuda(const float* x, int64_t rows, int64_t dim, const float* w, 
     const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
     if (blocks > 0x7fffffff)
       return invalid_argument("rms_norm_cuda: %lld rows", static_cast<long long>(rows));
-    rms_norm_warp_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(x, rows, dim, w, eps,
-                                                                            y);
+    OSCAR_CUDA_CHECK(cuda::launch_pdl(rms_norm_warp_kernel, dim3(static_cast<unsigned>(blocks)),
+                                      dim3(kThreads), 0, s, x, rows, dim, w, eps, y));
     OSCAR_CUDA_LAUNCH_CHECK("rms_norm_warp_kernel");
   } else {
     if (rows > 0x7fffffff)
       return invalid_argument("rms_norm_cuda: %lld rows", static_cast<long long>(rows));
-    rms_norm_block_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, dim, w, eps, y);
+    OSCAR_CUDA_CHECK(cuda::launch_pdl(rms_norm_block_kernel, dim3(static_cast<unsigned>(rows)),
+                                      dim3(kThreads), 0, s, x, dim, w, eps, y));
     OSCAR_CUDA_LAUNCH_CHECK("rms_norm_block_kernel");
+  }
+  return Status();
+}
+
+Status add_rms_norm_cuda(float* x, const float* y, int64_t rows, int64_t dim, const float* w,
+                         float eps, float* h, void* stream) {
+  if (rows < 0 || dim <= 0)
+    return invalid_argument("add_rms_norm_cuda: bad shape (%lld rows, dim %lld)",
+                            static_cast<long long>(rows), static_cast<long long>(dim));
+  if (rows == 0) return Status();
+  if (x == nullptr || y == nullptr || w == nullptr || h == nullptr)
+    return invalid_argument("add_rms_norm_cuda: null x, y, w or h");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (dim <= 1024) {  // the split of rms_norm_cuda, so that the bits match it
+    const int64_t blocks = (rows + kThreads / 32 - 1) / (kThreads / 32);
+    if (blocks > 0x7fffffff)
+      return invalid_argument("add_rms_norm_cuda: %lld rows", static_cast<long long>(rows));
+    OSCAR_CUDA_CHECK(cuda::launch_pdl(add_rms_norm_warp_kernel, dim3(static_cast<unsigned>(blocks)),
+                                      dim3(kThreads), 0, s, x, y, rows, dim, w, eps, h));
+    OSCAR_CUDA_LAUNCH_CHECK("add_rms_norm_warp_kernel");
+  } else {
+    if (rows > 0x7fffffff)
+      return invalid_argument("add_rms_norm_cuda: %lld rows", static_cast<long long>(rows));
+    OSCAR_CUDA_CHECK(cuda::launch_pdl(add_rms_norm_block_kernel, dim3(static_cast<unsigned>(rows)),
+                                      dim3(kThreads), 0, s, x, y, dim, w, eps, h));
+    OSCAR_CUDA_LAUNCH_CHECK("add_rms_norm_block_kernel");
   }
   return Status();
 }
@@ -277,8 +410,39 @@ Status rope_cuda(const RopeParams& p, void* stream) {
   if (p.cos == nullptr || p.sin == nullptr || (p.n_heads_q > 0 && p.q == nullptr) ||
       (p.n_heads_kv > 0 && p.k == nullptr))
     return invalid_argument("rope_cuda: null cos, sin, q or k");
-  rope_kernel<<<grid_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      p.n_rows, p.n_heads_q, p.n_heads_kv, p.head_dim / 2, p.cos, p.sin, p.q, p.k);
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (p.q_norm != nullptr || p.k_norm != nullptr) {
+    const int64_t warps = p.n_rows * (p.n_heads_q + p.n_heads_kv);
+    const int64_t blocks = (warps + kThreads / 32 - 1) / (kThreads / 32);
+    const unsigned grid = static_cast<unsigned>(blocks);
+#define OSCAR_NORM_ROPE(NJ)                                                                      \
+  OSCAR_CUDA_CHECK(cuda::launch_pdl(norm_rope_kernel<NJ>, dim3(grid), dim3(kThreads), 0, st,     \
+                                    p.n_rows, p.n_heads_q, p.n_heads_kv, p.cos, p.sin, p.q, p.k, \
+                                    p.q_norm, p.k_norm, p.norm_eps))
+    if (blocks <= 0x7fffffff && p.head_dim == 128) {
+      OSCAR_NORM_ROPE(4);
+    } else if (blocks <= 0x7fffffff && p.head_dim == 64) {
+      OSCAR_NORM_ROPE(2);
+    } else if (blocks <= 0x7fffffff && p.head_dim == 256) {
+      OSCAR_NORM_ROPE(8);
+    } else {  // other head sizes: the two norms, then the rotation
+#undef OSCAR_NORM_ROPE
+      if (p.q_norm != nullptr)
+        OSCAR_RETURN_IF_ERROR(rms_norm_cuda(p.q, p.n_rows * p.n_heads_q, p.head_dim, p.q_norm,
+                                            p.norm_eps, p.q, stream));
+      if (p.k_norm != nullptr)
+        OSCAR_RETURN_IF_ERROR(rms_norm_cuda(p.k, p.n_rows * p.n_heads_kv, p.head_dim, p.k_norm,
+                                            p.norm_eps, p.k, stream));
+      RopeParams plain = p;
+      plain.q_norm = plain.k_norm = nullptr;
+      return rope_cuda(plain, stream);
+    }
+    OSCAR_CUDA_LAUNCH_CHECK("norm_rope_kernel");
+    return Status();
+  }
+  OSCAR_CUDA_CHECK(cuda::launch_pdl(rope_kernel, dim3(grid_for(total)), dim3(kThreads), 0, st,
+                                    p.n_rows, p.n_heads_q, p.n_heads_kv, p.head_dim / 2, p.cos,
+                                    p.sin, p.q, p.k));
   OSCAR_CUDA_LAUNCH_CHECK("rope_kernel");
   return Status();
 }
@@ -289,9 +453,12 @@ Status silu_mul_cuda(float* gate, const float* up, int64_t n, void* stream) {
   if (gate == nullptr || up == nullptr) return invalid_argument("silu_mul_cuda: null gate or up");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (aligned16(gate) && aligned16(up))
-    binary_inplace_kernel<true><<<grid_for((n + 3) / 4), kThreads, 0, s>>>(gate, up, n, SiluMulOp{});
+    OSCAR_CUDA_CHECK(cuda::launch_pdl(binary_inplace_kernel<true, SiluMulOp>,
+                                      dim3(grid_for((n + 3) / 4)), dim3(kThreads), 0, s, gate, up,
+                                      n, SiluMulOp{}));
   else
-    binary_inplace_kernel<false><<<grid_for(n), kThreads, 0, s>>>(gate, up, n, SiluMulOp{});
+    OSCAR_CUDA_CHECK(cuda::launch_pdl(binary_inplace_kernel<false, SiluMulOp>, dim3(grid_for(n)),
+                                      dim3(kThreads), 0, s, gate, up, n, SiluMulOp{}));
   OSCAR_CUDA_LAUNCH_CHECK("silu_mul (binary_inplace_kernel)");
   return Status();
 }
@@ -302,9 +469,12 @@ Status add_cuda(float* x, const float* y, int64_t n, void* stream) {
   if (x == nullptr || y == nullptr) return invalid_argument("add_cuda: null x or y");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (aligned16(x) && aligned16(y))
-    binary_inplace_kernel<true><<<grid_for((n + 3) / 4), kThreads, 0, s>>>(x, y, n, AddOp{});
+    OSCAR_CUDA_CHECK(cuda::launch_pdl(binary_inplace_kernel<true, AddOp>,
+                                      dim3(grid_for((n + 3) / 4)), dim3(kThreads), 0, s, x, y, n,
+                                      AddOp{}));
   else
-    binary_inplace_kernel<false><<<grid_for(n), kThreads, 0, s>>>(x, y, n, AddOp{});
+    OSCAR_CUDA_CHECK(cuda::launch_pdl(binary_inplace_kernel<false, AddOp>, dim3(grid_for(n)),
+                                      dim3(kThreads), 0, s, x, y, n, AddOp{}));
   OSCAR_CUDA_LAUNCH_CHECK("add (binary_inplace_kernel)");
   return Status();
 }

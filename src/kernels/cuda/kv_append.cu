@@ -71,6 +71,8 @@ __global__ void kv_append_kernel(KvPageLayout L, int32_t layer, int64_t n_tokens
                                  const float* __restrict__ k_mean,
                                  const float* __restrict__ k_rotation) {
   extern __shared__ float xs[];  // [kTile, d] centred keys of the tile, then [kSplit, kTile, d]
+  oscar::cuda::pdl_trigger();
+  oscar::cuda::pdl_wait();  // k, v and the pages come from earlier kernels
   const int d = L.head_dim, H = L.n_heads_kv, c = threadIdx.x, g = threadIdx.y;
   const int h = blockIdx.y;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTile;
@@ -109,6 +111,8 @@ __global__ void rotate_queries_kernel(int32_t layer, int64_t n_rows, int32_t n_h
                                       int32_t n_heads_kv, int32_t d, const float* __restrict__ q,
                                       const float* __restrict__ rot, float* __restrict__ o) {
   extern __shared__ float xs[];  // [kTile, d], then [kSplit, kTile, d]
+  oscar::cuda::pdl_trigger();
+  oscar::cuda::pdl_wait();
   const int c = threadIdx.x, g = threadIdx.y, h = blockIdx.y, gqa = n_heads_q / n_heads_kv;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int n = static_cast<int>(n_rows - t0 < kTile ? n_rows - t0 : kTile);
@@ -145,8 +149,9 @@ Status kv_append_cuda(const KvAppendParams& p, void* stream) {
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(H));
   const dim3 block(static_cast<unsigned>(d), kSplit);
   const size_t smem = sizeof(float) * (1 + kSplit) * kTile * d;  // 20 KiB at head_dim 128
-  kv_append_kernel<<<grid, block, smem, static_cast<cudaStream_t>(stream)>>>(
-      L, p.layer, p.n_tokens, p.k, p.v, p.slots, p.exact_pool, p.k_mean, p.k_rotation);
+  OSCAR_CUDA_CHECK(cuda::launch_pdl(kv_append_kernel, grid, block, smem,
+                                    static_cast<cudaStream_t>(stream), L, p.layer, p.n_tokens, p.k,
+                                    p.v, p.slots, p.exact_pool, p.k_mean, p.k_rotation));
   OSCAR_CUDA_LAUNCH_CHECK("kv_append_kernel");
   return Status();
 }
@@ -172,9 +177,10 @@ Status rotate_queries_cuda(const RotateQueriesParams& p, void* stream) {
   if (tiles > 0x7fffffff)
     return invalid_argument("rotate_queries_cuda: %lld rows", static_cast<long long>(p.n_rows));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.n_heads_q));
-  rotate_queries_kernel<<<grid, dim3(static_cast<unsigned>(d), kSplit),
-                          sizeof(float) * (1 + kSplit) * kTile * d, s>>>(
-      p.layer, p.n_rows, p.n_heads_q, p.n_heads_kv, d, p.q, p.q_rotation, p.out);
+  OSCAR_CUDA_CHECK(cuda::launch_pdl(rotate_queries_kernel, grid,
+                                    dim3(static_cast<unsigned>(d), kSplit),
+                                    sizeof(float) * (1 + kSplit) * kTile * d, s, p.layer, p.n_rows,
+                                    p.n_heads_q, p.n_heads_kv, d, p.q, p.q_rotation, p.out));
   OSCAR_CUDA_LAUNCH_CHECK("rotate_queries_kernel");
   return Status();
 }

@@ -80,15 +80,35 @@ struct Chunk<float> {
   }
 };
 
+// The matrices of one streaming launch: up to kMaxGroup products of the same x (q/k/v, gate/up),
+// blocks [first[m], first[m + 1]) taking matrix m's rows.
+constexpr int kMaxGroup = 4;
+struct StreamGroup {
+  int count = 0;
+  int first[kMaxGroup + 1] = {};
+  const void* w[kMaxGroup] = {};
+  const float* bias[kMaxGroup] = {};
+  float* y[kMaxGroup] = {};
+  int out[kMaxGroup] = {};
+};
+
 // y[i, r] for NX rows of x (x: [NX, in], y: [NX, out] with row stride out) and the kRows weight
-// rows of this block. Grid: ceil(out / kRows) blocks of kThreads.
+// rows of this block. Grid: Σ ceil(out_m / kRows) blocks of kThreads.
 template <typename T, int NX>
 __global__ void __launch_bounds__(kThreads)
-    linear_stream_kernel(const float* __restrict__ x, const T* __restrict__ w,
-                         const float* __restrict__ bias, float* __restrict__ y, int in, int out) {
+    linear_stream_kernel(const float* __restrict__ x, const __grid_constant__ StreamGroup g, int in,
+                         int64_t x_row0) {
   constexpr int E = Chunk<T>::kElems;
   __shared__ float red[kWarpsPerBlock][NX * kRows];
-  const int r0 = blockIdx.x * kRows;
+  int m = 0;
+#pragma unroll
+  for (int j = 1; j < kMaxGroup; ++j)
+    m += (j < g.count && static_cast<int>(blockIdx.x) >= g.first[j]);
+  const T* __restrict__ w = static_cast<const T*>(g.w[m]);
+  const float* __restrict__ bias = g.bias[m];
+  const int out = g.out[m];
+  float* __restrict__ y = g.y[m] + x_row0 * out;
+  const int r0 = (static_cast<int>(blockIdx.x) - g.first[m]) * kRows;
   const int C = in / E;  // 16-byte chunks per weight row
   const uint4* wr[kRows];
 #pragma unroll
@@ -100,9 +120,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) acc[i][r] = 0.f;
 
-#pragma unroll 1
-  for (int c0 = threadIdx.x; c0 < C; c0 += kThreads * kUnroll) {
-    uint4 wv[kUnroll][kRows];
+  // The weights of an iteration are loaded before its arithmetic, and those of the first one
+  // before waiting for the kernel that writes x (programmatic dependent launch: common.cuh): for
+  // in = 4096 that is all of this block's weights.
+  uint4 wv[kUnroll][kRows];
+  auto load = [&](int c0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = c0 + u * kThreads;
@@ -110,6 +132,13 @@ __global__ void __launch_bounds__(kThreads)
       for (int r = 0; r < kRows; ++r)
         wv[u][r] = c < C ? ld_stream(wr[r] + c) : make_uint4(0, 0, 0, 0);
     }
+  };
+  oscar::cuda::pdl_trigger();
+  load(threadIdx.x);
+  oscar::cuda::pdl_wait();
+#pragma unroll 1
+  for (int c0 = threadIdx.x; c0 < C; c0 += kThreads * kUnroll) {
+    if (c0 != static_cast<int>(threadIdx.x)) load(c0);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = c0 + u * kThreads;
@@ -161,18 +190,29 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One launch per kLinearCudaFewRows rows of x for all the products of ps (same x, n, cols and
+// dtype; checked by the caller).
 template <typename T>
-Status launch_stream(const LinearParams& p, cudaStream_t stream) {
-  const int in = static_cast<int>(p.w.cols), out = static_cast<int>(p.w.rows);
-  const T* w = static_cast<const T*>(p.w.data);
-  const unsigned grid = static_cast<unsigned>((p.w.rows + kRows - 1) / kRows);
+Status launch_stream(const LinearParams* ps, int count, cudaStream_t stream) {
+  const LinearParams& p = ps[0];
+  const int in = static_cast<int>(p.w.cols);
+  StreamGroup g;
+  g.count = count;
+  for (int m = 0; m < count; ++m) {
+    g.w[m] = ps[m].w.data;
+    g.bias[m] = ps[m].bias;
+    g.y[m] = ps[m].y;
+    g.out[m] = static_cast<int>(ps[m].w.rows);
+    g.first[m + 1] = g.first[m] + static_cast<int>((ps[m].w.rows + kRows - 1) / kRows);
+  }
+  const unsigned grid = static_cast<unsigned>(g.first[count]);
   for (int64_t i0 = 0; i0 < p.n; i0 += kLinearCudaFewRows) {
     const int nx = static_cast<int>(std::min<int64_t>(kLinearCudaFewRows, p.n - i0));
     const float* x = p.x + i0 * p.w.cols;
-    float* y = p.y + i0 * p.w.rows;
-#define OSCAR_LINEAR_CASE(NX)                                                             \
-  case NX:                                                                                \
-    linear_stream_kernel<T, NX><<<grid, kThreads, 0, stream>>>(x, w, p.bias, y, in, out); \
+#define OSCAR_LINEAR_CASE(NX)                                                                     \
+  case NX:                                                                                        \
+    OSCAR_CUDA_CHECK(cuda::launch_pdl(linear_stream_kernel<T, NX>, dim3(grid), dim3(kThreads), 0, \
+                                      stream, x, g, in, i0));                                     \
     break;
     switch (nx) {
       OSCAR_LINEAR_CASE(1)
@@ -183,7 +223,8 @@ Status launch_stream(const LinearParams& p, cudaStream_t stream) {
       OSCAR_LINEAR_CASE(6)
       OSCAR_LINEAR_CASE(7)
       default:
-        linear_stream_kernel<T, 8><<<grid, kThreads, 0, stream>>>(x, w, p.bias, y, in, out);
+        OSCAR_CUDA_CHECK(cuda::launch_pdl(linear_stream_kernel<T, 8>, dim3(grid), dim3(kThreads), 0,
+                                          stream, x, g, in, i0));
     }
 #undef OSCAR_LINEAR_CASE
     OSCAR_CUDA_LAUNCH_CHECK("linear_stream_kernel");
@@ -430,12 +471,34 @@ Status linear_cuda_ex(const LinearParams& p, LinearCudaPath path, void* stream_p
   const bool few = path == LinearCudaPath::kStream ||
                    (path == LinearCudaPath::kAuto && linear_cuda_streams(p.n, p.w.rows, p.w.cols));
   if (!few) return gemm(p, stream);
-  return p.w.dtype == DType::kBF16 ? launch_stream<__nv_bfloat16>(p, stream)
-                                   : launch_stream<float>(p, stream);
+  return p.w.dtype == DType::kBF16 ? launch_stream<__nv_bfloat16>(&p, 1, stream)
+                                   : launch_stream<float>(&p, 1, stream);
 }
 
 Status linear_cuda(const LinearParams& p, void* stream) {
   return linear_cuda_ex(p, LinearCudaPath::kAuto, stream);
+}
+
+Status linear_group_cuda(const LinearParams* ps, int count, void* stream_ptr) {
+  if (count <= 0) return Status();
+  bool one_launch = count <= kMaxGroup;
+  int64_t rows = 0;
+  for (int m = 0; m < count; ++m) {
+    OSCAR_RETURN_IF_ERROR(check_cuda(ps[m]));
+    rows += ps[m].w.rows;
+    one_launch = one_launch && ps[m].x == ps[0].x && ps[m].n == ps[0].n &&
+                 ps[m].w.cols == ps[0].w.cols && ps[m].w.dtype == ps[0].w.dtype;
+  }
+  if (ps[0].n == 0) return Status();
+  one_launch = one_launch && rows <= (int64_t{1} << 31) - kRows * kMaxGroup &&
+               linear_cuda_streams(ps[0].n, rows, ps[0].w.cols);
+  if (!one_launch) {
+    for (int m = 0; m < count; ++m) OSCAR_RETURN_IF_ERROR(linear_cuda(ps[m], stream_ptr));
+    return Status();
+  }
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  return ps[0].w.dtype == DType::kBF16 ? launch_stream<__nv_bfloat16>(ps, count, stream)
+                                       : launch_stream<float>(ps, count, stream);
 }
 
 }  // namespace oscar::kernels
