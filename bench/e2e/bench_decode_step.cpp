@@ -43,6 +43,7 @@
 #include "phase_backend.h"
 
 #ifdef OSCAR_HAS_CUDA
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #endif
 
@@ -406,7 +407,19 @@ int main(int argc, char** argv) {
           chunks[b] = kv::StepChunk{caches[b].get(), std::span<const int32_t>(&next[b], 1), false};
         }
         const kv::StepPlan plan = kv::StepPlan::make(chunks, kv::AttendMode::kPrefill);
+#ifdef OSCAR_HAS_CUDA
+        // OSCAR_PROFILE_STEP=1: the last step's forward between cudaProfilerStart/Stop, for
+        // `ncu --profile-from-start off` (per-kernel GPU times of one step, graph nodes included).
+        const bool profile = s == steps - 1 && std::getenv("OSCAR_PROFILE_STEP") != nullptr;
+        if (profile) cudaProfilerStart();
+#endif
         check(rt.model().forward(plan, {}), "forward");
+#ifdef OSCAR_HAS_CUDA
+        if (profile) {
+          check(be.synchronize(), "synchronize");
+          cudaProfilerStop();
+        }
+#endif
         double dem = 0;
         std::vector<int32_t> status;
         if (!plan.demote_src.empty()) {

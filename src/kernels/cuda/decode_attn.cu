@@ -22,22 +22,22 @@ using cuda_detail::KernelArgs;
 thread_local DecodeAttnCudaLaunchInfo g_last;
 
 // Per-device facts, read once: multiprocessors and resident blocks per SM of each launch
-// configuration of the fast kernel (0 wide, 1 dense; see decode_attn.cuh).
+// configuration of the fast kernel ([0 wide, 1 dense][0 any page size, 1 pages of 16]; see
+// decode_attn.cuh).
 struct DeviceFacts {
   int sms = 0;
-  int blocks_per_sm[2] = {0, 0};
+  int blocks_per_sm[2][2] = {};
 };
 
-template <int kRing, int kBlocks>
+template <int kRing, int kBlocks, int kPage>
 Status kernel_occupancy(int* blocks) {
   const int smem = cuda_detail::kWarps * kRing;
-  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(cuda_detail::decode_attn_kernel<kRing, kBlocks>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(cuda_detail::decode_attn_kernel<kRing, kBlocks>,
-                                        cudaFuncAttributePreferredSharedMemoryCarveout,
+  auto* kernel = cuda_detail::decode_attn_kernel<kRing, kBlocks, kPage>;
+  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
-  OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      blocks, cuda_detail::decode_attn_kernel<kRing, kBlocks>, cuda_detail::kThreads, smem));
+  OSCAR_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, cuda_detail::kThreads, smem));
   *blocks = std::max(1, *blocks);
   return Status();
 }
@@ -53,10 +53,14 @@ Status device_facts(DeviceFacts* out) {
   if (!ready[dev]) {
     DeviceFacts f;
     OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev));
-    OSCAR_RETURN_IF_ERROR((kernel_occupancy<cuda_detail::kRingWide, cuda_detail::kBlocksWide>(
-        &f.blocks_per_sm[0])));
-    OSCAR_RETURN_IF_ERROR((kernel_occupancy<cuda_detail::kRingDense, cuda_detail::kBlocksDense>(
-        &f.blocks_per_sm[1])));
+    using cuda_detail::kBlocksDense;
+    using cuda_detail::kBlocksWide;
+    using cuda_detail::kRingDense;
+    using cuda_detail::kRingWide;
+    OSCAR_RETURN_IF_ERROR((kernel_occupancy<kRingWide, kBlocksWide, 0>(&f.blocks_per_sm[0][0])));
+    OSCAR_RETURN_IF_ERROR((kernel_occupancy<kRingWide, kBlocksWide, 16>(&f.blocks_per_sm[0][1])));
+    OSCAR_RETURN_IF_ERROR((kernel_occupancy<kRingDense, kBlocksDense, 0>(&f.blocks_per_sm[1][0])));
+    OSCAR_RETURN_IF_ERROR((kernel_occupancy<kRingDense, kBlocksDense, 16>(&f.blocks_per_sm[1][1])));
     facts[dev] = f;
     ready[dev] = true;
   }
@@ -188,10 +192,11 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   // Dense configuration when there is history (INT2 tiles are issue-bound: more warps), wide
   // otherwise (exact tiles want two stages).
   const int cfg = opts.config == 1 ? 0 : opts.config == 2 ? 1 : (p.hist_pool != nullptr ? 1 : 0);
+  const int page16 = P == 16;  // the instance with the page size fixed (the default)
   const int64_t units = static_cast<int64_t>(p.n_seqs) * L.n_heads_kv * a.n_hgroups;
   int n_splits = opts.n_splits;
   if (n_splits <= 0) {
-    const int64_t target = static_cast<int64_t>(facts.sms) * facts.blocks_per_sm[cfg];
+    const int64_t target = static_cast<int64_t>(facts.sms) * facts.blocks_per_sm[cfg][page16];
     n_splits = static_cast<int>(std::max<int64_t>(1, target / units));
   }
   n_splits = std::min(n_splits, cuda_detail::kMaxSplits);
@@ -206,16 +211,23 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   if (units * n_splits > (int64_t{1} << 31) - 1 || p.n_seqs > 65535)
     return invalid_argument("decode_attn_cuda: batch of %d sequences too large", p.n_seqs);
   const dim3 grid(n_splits, L.n_heads_kv * a.n_hgroups, p.n_seqs);
+  using cuda_detail::kBlocksDense;
+  using cuda_detail::kBlocksWide;
+  using cuda_detail::kRingDense;
+  using cuda_detail::kRingWide;
   using cuda_detail::kThreads;
   using cuda_detail::kWarps;
-  if (cfg == 0)
-    OSCAR_CUDA_CHECK(cuda::launch_pdl(
-        cuda_detail::decode_attn_kernel<cuda_detail::kRingWide, cuda_detail::kBlocksWide>, grid,
-        dim3(kThreads), kWarps * cuda_detail::kRingWide, stream, a));
-  else
-    OSCAR_CUDA_CHECK(cuda::launch_pdl(
-        cuda_detail::decode_attn_kernel<cuda_detail::kRingDense, cuda_detail::kBlocksDense>, grid,
-        dim3(kThreads), kWarps * cuda_detail::kRingDense, stream, a));
+  auto* kernel = cfg == 0 ? (page16 ? cuda_detail::decode_attn_kernel<kRingWide, kBlocksWide, 16>
+                                    : cuda_detail::decode_attn_kernel<kRingWide, kBlocksWide, 0>)
+                          : (page16 ? cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16>
+                                    : cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0>);
+  // Launched early (programmatic dependent launch) only when the grid fills every resident slot:
+  // with fewer blocks, starting while the previous kernel still holds SMs packed them unevenly
+  // (the 43-sequence step of bench_decode_step went from 52.5 to 64.4 ms on the H200).
+  const bool full =
+      units * n_splits >= static_cast<int64_t>(facts.sms) * facts.blocks_per_sm[cfg][page16];
+  OSCAR_CUDA_CHECK(cuda::launch_pdl_if(full, kernel, grid, dim3(kThreads),
+                                       kWarps * (cfg == 0 ? kRingWide : kRingDense), stream, a));
   OSCAR_CUDA_LAUNCH_CHECK("decode_attn_kernel");
   if (n_splits > 1) {
     OSCAR_CUDA_CHECK(cuda::launch_pdl(cuda_detail::combine_kernel,
@@ -224,7 +236,7 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
     OSCAR_CUDA_LAUNCH_CHECK("decode_attn combine_kernel");
   }
   g_last = DecodeAttnCudaLaunchInfo{0, n_splits, static_cast<int32_t>(units * n_splits),
-                                    facts.blocks_per_sm[cfg], cfg};
+                                    facts.blocks_per_sm[cfg][page16], cfg};
   return Status();
 }
 

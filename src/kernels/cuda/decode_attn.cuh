@@ -99,12 +99,17 @@ struct KernelArgs {
   float* out;      // [n_seqs, n_heads_q, head_dim]
 };
 
-// Page index and slot of token t of a region (t / page_size, t % page_size), by shifts when the
-// page size is a power of two.
+// Page index and slot of token t of a region (t / page_size, t % page_size): by a compile-time
+// page size kPage (> 0; the kernel's instance for the default page of 16 tokens, where a tile is
+// one page), else by shifts when the page size is a power of two.
+template <int kPage>
 __device__ __forceinline__ int page_index(const KernelArgs& a, int t) {
+  if constexpr (kPage > 0) return t / kPage;
   return a.page_shift >= 0 ? t >> a.page_shift : t / a.page_size;
 }
+template <int kPage>
 __device__ __forceinline__ int page_slot(const KernelArgs& a, int t) {
+  if constexpr (kPage > 0) return t % kPage;
   return a.page_shift >= 0 ? t & (a.page_size - 1) : t % a.page_size;
 }
 
@@ -692,15 +697,16 @@ __device__ __forceinline__ void pipeline(int n, Load&& load, Compute&& compute) 
 // Page ids of a warp's tiles are prefetched 32 at a time (lane j holds the page of the warp's
 // tile base + j) for page sizes that are multiples of 16 (a tile inside one page), so that no
 // cp.async waits on a page-table load.
-template <class TileOf>
+template <int kPage, class TileOf>
 __device__ __forceinline__ int prefetch_page(const KernelArgs& a, const PageTableView& pt,
                                              int pbase, int n, int k, TileOf tile_of) {
   if (k >= n) return 0;
-  return pt.page_ids[pbase + page_index(a, tile_of(k) * kTileTokens)];
+  return pt.page_ids[pbase + page_index<kPage>(a, tile_of(k) * kTileTokens)];
 }
 
-// The whole block: see the file comment.
-template <int kRingBytes, int kMinBlocks>
+// The whole block: see the file comment. kPage: the page size when fixed at compile time (16,
+// the default: the tile loads reduce to a page id and constant per-lane offsets), 0 for any.
+template <int kRingBytes, int kMinBlocks, int kPage>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     decode_attn_kernel(const __grid_constant__ KernelArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -710,7 +716,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int split = blockIdx.x;
   const int kvh = blockIdx.y / a.n_hgroups, hg = blockIdx.y % a.n_hgroups;
   const int seq = blockIdx.z;
-  const int P = a.page_size;
+  const int P = kPage > 0 ? kPage : a.page_size;
   const int head0 = kvh * a.gqa + hg * kGroupHeads;
   const int nh = min(kGroupHeads, a.gqa - hg * kGroupHeads);
 
@@ -763,14 +769,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       static_assert(kStage * NST <= kRingBytes);
       int pf_cur = 0, pf_nxt = 0;
       if (P % kTileTokens == 0) {
-        pf_cur = prefetch_page(a, pt, pbase, n_my, lane, tile_of);
-        pf_nxt = prefetch_page(a, pt, pbase, n_my, 32 + lane, tile_of);
+        pf_cur = prefetch_page<kPage>(a, pt, pbase, n_my, lane, tile_of);
+        pf_nxt = prefetch_page<kPage>(a, pt, pbase, n_my, 32 + lane, tile_of);
       }
       oscar::cuda::pdl_wait();  // q and the pages: written by earlier kernels
       to_int2(st, convbuf, g, t);
       QInt2 qf;
       make_q_int2(qf, qrow, a.scale_log2, g, t);
       const int n_pairs = (n_my + 1) / 2;
+      // A tile's K and V rows are 576 contiguous bytes each in their page: 72 chunks of 16
+      // bytes, staged as [K | V]; lane copies chunks lane, 32 + lane and (lanes < 8) 64 + lane,
+      // at byte offsets from the tile's first row fixed for the whole loop.
+      uint32_t lane_off[3];
+#pragma unroll
+      for (int c3 = 0; c3 < 3; ++c3) {
+        const int c = 32 * c3 + lane, kv = c >= 36;
+        lane_off[c3] = (kv ? off_v : off_k) + 16 * (c - 36 * kv);
+      }
       auto load = [&](int j, int stg) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -781,19 +796,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
           if (P % kTileTokens == 0) {
             if (i == 0 && (k & 31) == 0 && k > 0) {
               pf_cur = pf_nxt;
-              pf_nxt = prefetch_page(a, pt, pbase, n_my, k + 32 + lane, tile_of);
+              pf_nxt = prefetch_page<kPage>(a, pt, pbase, n_my, k + 32 + lane, tile_of);
             }
             const int page = __shfl_sync(0xffffffffu, pf_cur, k & 31);
             const uint8_t* base = a.hist_pool + static_cast<uint64_t>(page) * hpb +
-                                  page_slot(a, tile * kTileTokens) * 36 + 16 * lane;
-            const uint8_t* bk = exists ? base + off_k : a.hist_pool;
-            const uint8_t* bv = exists ? base + off_v : a.hist_pool;
-            cp_async16(dst + 16 * lane, bk, exists);
-            cp_async16(dst + 576 + 16 * lane, bv, exists);
-            if (lane < 4) {
-              cp_async16(dst + 512 + 16 * lane, bk + (exists ? 512 : 0), exists);
-              cp_async16(dst + 576 + 512 + 16 * lane, bv + (exists ? 512 : 0), exists);
-            }
+                                  page_slot<kPage>(a, tile * kTileTokens) * 36;
+#pragma unroll
+            for (int c3 = 0; c3 < 3; ++c3)
+              if (c3 < 2 || lane < 8)
+                cp_async16(dst + 16 * (32 * c3 + lane), exists ? base + lane_off[c3] : a.hist_pool,
+                           exists);
           } else {  // pages of 8 tokens (or fewer): a tile spans several pages
             const int run = P * 36;
 #pragma unroll 1
@@ -801,7 +813,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
               const int kv = c >= 36, b = 16 * (c - 36 * kv), sub = b / run;
               const int tok = tile * kTileTokens + sub * P;
               const bool valid = exists && tok < ntk;
-              const int page = valid ? pt.page_ids[pbase + page_index(a, tok)] : 0;
+              const int page = valid ? pt.page_ids[pbase + page_index<kPage>(a, tok)] : 0;
               const uint8_t* src = a.hist_pool + static_cast<uint64_t>(page) * hpb +
                                    (kv ? off_v : off_k) + (b - sub * run);
               cp_async16(dst + 16 * c, valid ? src : a.hist_pool, valid);
@@ -866,8 +878,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       const uint64_t plane_v = plane_k + static_cast<uint64_t>(a.n_heads_kv) * P * 256;
       int pf_cur = 0, pf_nxt = 0;
       if (P % kTileTokens == 0) {
-        pf_cur = prefetch_page(a, pt, pbase, n_my, lane, tile_of);
-        pf_nxt = prefetch_page(a, pt, pbase, n_my, 32 + lane, tile_of);
+        pf_cur = prefetch_page<kPage>(a, pt, pbase, n_my, lane, tile_of);
+        pf_nxt = prefetch_page<kPage>(a, pt, pbase, n_my, 32 + lane, tile_of);
       }
       oscar::cuda::pdl_wait();
       to_natural(st, convbuf, g, t);
@@ -883,7 +895,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         if (P % kTileTokens == 0) {
           if ((k & 31) == 0 && k > 0) {
             pf_cur = pf_nxt;
-            pf_nxt = prefetch_page(a, pt, pbase, n_my, k + 32 + lane, tile_of);
+            pf_nxt = prefetch_page<kPage>(a, pt, pbase, n_my, k + 32 + lane, tile_of);
           }
           page_tile = __shfl_sync(0xffffffffu, pf_cur, k & 31);
         }
@@ -894,10 +906,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
           const bool valid = tok < ntk;
           int page = page_tile, slot;
           if (P % kTileTokens == 0) {
-            slot = page_slot(a, tile * kTileTokens) + row;
+            slot = page_slot<kPage>(a, tile * kTileTokens) + row;
           } else {
-            page = valid ? pt.page_ids[pbase + page_index(a, tok)] : 0;
-            slot = page_slot(a, tok);
+            page = valid ? pt.page_ids[pbase + page_index<kPage>(a, tok)] : 0;
+            slot = page_slot<kPage>(a, tok);
           }
           const uint8_t* base = a.exact_pool + static_cast<uint64_t>(page) * a.exact_page_bytes +
                                 slot * 256 + 16 * c;

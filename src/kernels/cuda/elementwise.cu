@@ -203,6 +203,108 @@ __global__ void add_rms_norm_block_kernel(float* x, const float* __restrict__ y,
     hr[c] = __fmul_rn(w[c], __fmul_rn(xr[c], inv));
 }
 
+// The hidden-state norms (dim > 1024, dim % 4 == 0, 16-byte aligned rows, dim <= 16384): one
+// block of 1024 threads per row, thread t holding float4 chunks t, t + 1024, ... in registers, so
+// the row is read once (and x written once) with every load in flight together, and w is loaded
+// before the wait for the previous kernel. The 256-thread kernels above walk the row twice (a
+// one-row norm took ~10 us on the H200, ncu, 2026-12-01). kAdd: x += y first (add_rms_norm).
+// rms_norm_cuda and add_rms_norm_cuda take this kernel for the same shapes, so they keep giving
+// the same bits; the sum order (each thread's chunks, then a warp tree, then the 32 warps in
+// order) is another order of the same sum as the CPU's (test_ops_cuda's bound).
+constexpr int kRowThreads = 1024;
+template <bool kAdd, int kChunks>
+__global__ void __launch_bounds__(kRowThreads)
+    norm_row_vec_kernel(const float* x_in, float* x_out, const float* __restrict__ y, int64_t dim,
+                        const float* __restrict__ w, float eps, float* h) {
+  oscar::cuda::pdl_trigger();
+  __shared__ float part[kRowThreads / 32];
+  const int n4 = static_cast<int>(dim / 4);
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  float4 wv[kChunks], v[kChunks];
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const int c = threadIdx.x + kRowThreads * i;
+    if (c < n4) wv[i] = w4[c];
+  }
+  oscar::cuda::pdl_wait();
+  const float4* x4 = reinterpret_cast<const float4*>(x_in + base);
+  const float4* y4 = reinterpret_cast<const float4*>(y + (kAdd ? base : 0));
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const int c = threadIdx.x + kRowThreads * i;
+    if (c < n4) {
+      v[i] = x4[c];
+      if constexpr (kAdd) {
+        const float4 b = y4[c];
+        v[i] = make_float4(__fadd_rn(v[i].x, b.x), __fadd_rn(v[i].y, b.y), __fadd_rn(v[i].z, b.z),
+                           __fadd_rn(v[i].w, b.w));
+      }
+    }
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const int c = threadIdx.x + kRowThreads * i;
+    if (c < n4) {
+      if constexpr (kAdd) reinterpret_cast<float4*>(x_out + base)[c] = v[i];
+      ss = __fmaf_rn(v[i].x, v[i].x, ss);
+      ss = __fmaf_rn(v[i].y, v[i].y, ss);
+      ss = __fmaf_rn(v[i].z, v[i].z, ss);
+      ss = __fmaf_rn(v[i].w, v[i].w, ss);
+    }
+  }
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll
+  for (int i = 0; i < kRowThreads / 32; ++i) tot += part[i];
+  const float inv = rms_inv(tot, dim, eps);
+  float4* h4 = reinterpret_cast<float4*>(h + base);
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const int c = threadIdx.x + kRowThreads * i;
+    if (c < n4)
+      h4[c] = make_float4(
+          __fmul_rn(wv[i].x, __fmul_rn(v[i].x, inv)), __fmul_rn(wv[i].y, __fmul_rn(v[i].y, inv)),
+          __fmul_rn(wv[i].z, __fmul_rn(v[i].z, inv)), __fmul_rn(wv[i].w, __fmul_rn(v[i].w, inv)));
+  }
+}
+
+// Launches norm_row_vec_kernel where it applies (see above); false when the shape or alignment
+// needs the scalar kernels.
+template <bool kAdd>
+Result<bool> launch_norm_row_vec(const float* x_in, float* x_out, const float* y, int64_t rows,
+                                 int64_t dim, const float* w, float eps, float* h, cudaStream_t s) {
+  if (dim % 4 != 0 || dim > 4 * kRowThreads * 4 || rows > 0x7fffffff || !aligned16(x_in) ||
+      !aligned16(w) || !aligned16(h) || (kAdd && !aligned16(y)))
+    return false;
+  const int chunks = static_cast<int>((dim / 4 + kRowThreads - 1) / kRowThreads);
+  const dim3 grid(static_cast<unsigned>(rows)), block(kRowThreads);
+  cudaError_t e;
+  switch (chunks) {
+    case 1:
+      e = cuda::launch_pdl(norm_row_vec_kernel<kAdd, 1>, grid, block, 0, s, x_in, x_out, y, dim, w,
+                           eps, h);
+      break;
+    case 2:
+      e = cuda::launch_pdl(norm_row_vec_kernel<kAdd, 2>, grid, block, 0, s, x_in, x_out, y, dim, w,
+                           eps, h);
+      break;
+    case 3:
+      e = cuda::launch_pdl(norm_row_vec_kernel<kAdd, 3>, grid, block, 0, s, x_in, x_out, y, dim, w,
+                           eps, h);
+      break;
+    default:
+      e = cuda::launch_pdl(norm_row_vec_kernel<kAdd, 4>, grid, block, 0, s, x_in, x_out, y, dim, w,
+                           eps, h);
+  }
+  OSCAR_CUDA_CHECK(e);
+  OSCAR_CUDA_LAUNCH_CHECK("norm_row_vec_kernel");
+  return true;
+}
+
 // ---- rope ------------------------------------------------------------------------------------
 
 // One thread per (row, head, i < half), q heads then k heads of each row.
@@ -366,6 +468,9 @@ Status rms_norm_cuda(const float* x, int64_t rows, int64_t dim, const float* w, 
   } else {
     if (rows > 0x7fffffff)
       return invalid_argument("rms_norm_cuda: %lld rows", static_cast<long long>(rows));
+    OSCAR_ASSIGN_OR_RETURN(
+        const bool vec, launch_norm_row_vec<false>(x, nullptr, nullptr, rows, dim, w, eps, y, s));
+    if (vec) return Status();
     OSCAR_CUDA_CHECK(cuda::launch_pdl(rms_norm_block_kernel, dim3(static_cast<unsigned>(rows)),
                                       dim3(kThreads), 0, s, x, dim, w, eps, y));
     OSCAR_CUDA_LAUNCH_CHECK("rms_norm_block_kernel");
@@ -392,6 +497,9 @@ Status add_rms_norm_cuda(float* x, const float* y, int64_t rows, int64_t dim, co
   } else {
     if (rows > 0x7fffffff)
       return invalid_argument("add_rms_norm_cuda: %lld rows", static_cast<long long>(rows));
+    OSCAR_ASSIGN_OR_RETURN(const bool vec,
+                           launch_norm_row_vec<true>(x, x, y, rows, dim, w, eps, h, s));
+    if (vec) return Status();
     OSCAR_CUDA_CHECK(cuda::launch_pdl(add_rms_norm_block_kernel, dim3(static_cast<unsigned>(rows)),
                                       dim3(kThreads), 0, s, x, y, dim, w, eps, h));
     OSCAR_CUDA_LAUNCH_CHECK("add_rms_norm_block_kernel");
