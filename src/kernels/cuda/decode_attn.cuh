@@ -37,8 +37,9 @@
 // raw rows into a BF16 tile in shared memory (16-byte stores, no run-time divisions), then runs
 // the exact-tile code on it (the element-wise version measured 40x slower than the INT2 tiles
 // on the H200: docs/results/decode_attn_cuda.md; this one is not measured yet).
-// Measured on the H200 (2026-12-01): INT2 tiles issue-bound at ~273 instructions per tile
-// (2.2-2.4 TB/s at 128K, batch >= 8); exact tiles at the copy bandwidth.
+// Measured on the H200 (2026-12-01, docs/results/cuda_backend.md): INT2 tiles issue-bound at
+// ~252 instructions per tile with 16-token pages (2.4-2.6 TB/s at 128K, batch >= 8); exact tiles
+// at the copy bandwidth.
 //
 // Also here: the naive kernel (one block per query head, scalar FP32), the simplest correct
 // version and the fallback for shapes the fast kernel does not take. Host side: decode_attn.cu.
