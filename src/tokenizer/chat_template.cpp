@@ -1,8 +1,8 @@
 // ChatTemplate: parse once, validate filter/test names, render per request (see chat_template.h).
 #include "tokenizer/chat_template.h"
 
-#include "tokenizer/jinja_eval.h"
-#include "tokenizer/jinja_parser.h"
+#include "jinja/eval.h"
+#include "jinja/parser.h"
 
 namespace oscar::tok {
 

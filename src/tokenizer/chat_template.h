@@ -11,7 +11,7 @@
 // variables, loop filter, else, break/continue), set (tuples, namespace attributes, blocks),
 // macro (defaults, varargs, kwargs), filter blocks, with, generation; Python operators, literals,
 // slicing, str/dict methods, printf-style % and str.format ({} {0} {name}); the common filters
-// and tests (jinja_builtins.cpp). Not supported (an error, never a wrong rendering): groupby and
+// and tests (jinja/builtins.cpp). Not supported (an error, never a wrong rendering): groupby and
 // a few rare filters, recursive loops, {% call %}, non-string dict keys, integers beyond int64,
 // format specs in str.format. Tested against Python's Jinja2 on hand-written and random
 // templates (tests/chat_template/).

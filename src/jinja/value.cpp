@@ -1,6 +1,6 @@
 // Value model of the Jinja2 subset: constructors, Python semantics of ==, str(), repr(), and the
-// JSON conversions. See jinja_value.h.
-#include "tokenizer/jinja_value.h"
+// JSON conversions. See jinja/value.h.
+#include "jinja/value.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <limits>
 
-namespace oscar::tok::jinja {
+namespace oscar::jinja {
 
 Value Value::undefined(std::string hint) {
   Value v;
@@ -565,4 +565,4 @@ size_t utf8_length(std::string_view s) {
   return ascii ? s.size() : utf8_decode(s).size();
 }
 
-}  // namespace oscar::tok::jinja
+}  // namespace oscar::jinja

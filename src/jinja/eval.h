@@ -1,8 +1,8 @@
-// Evaluator of the Jinja2 subset: walks a parsed template (jinja_ast.h) against a context and
+// Evaluator of the Jinja2 subset: walks a parsed template (jinja/ast.h) against a context and
 // appends the rendered text to a string, with Jinja's scoping (a for-loop iteration and a macro
 // call get their own scope; if/set do not), Jinja's default Undefined, and the caps that keep a
 // hostile template from hanging or exhausting memory (loop iterations, work units, recursion
-// depth, output size). Filters, tests, methods and globals live in jinja_builtins.cpp.
+// depth, output size). Filters, tests, methods and globals live in jinja/builtins.cpp.
 // An Evaluator is single-use and not thread-safe; the tree it walks must outlive it.
 #pragma once
 
@@ -11,10 +11,10 @@
 #include <string>
 
 #include "core/status.h"
-#include "tokenizer/jinja_ast.h"
-#include "tokenizer/jinja_value.h"
+#include "jinja/ast.h"
+#include "jinja/value.h"
 
-namespace oscar::tok::jinja {
+namespace oscar::jinja {
 
 struct EvalLimits {
   int64_t max_loop_iterations = 1'000'000;  // summed over all loops of one render
@@ -94,7 +94,7 @@ class Evaluator {
   int64_t work_ = 0;
 };
 
-// ---- builtins (jinja_builtins.cpp) ----
+// ---- builtins (jinja/builtins.cpp) ----
 bool has_filter(const std::string& name);
 bool has_test(const std::string& name);
 Result<Value> apply_filter(Evaluator& ev, const std::string& name, const Value& operand,
@@ -113,4 +113,4 @@ Result<List> iterate(Evaluator& ev, const Value& v);
 Result<Value> binary_op(Evaluator& ev, const std::string& op, const Value& a, const Value& b);
 Result<bool> compare_op(Evaluator& ev, const std::string& op, const Value& a, const Value& b);
 
-}  // namespace oscar::tok::jinja
+}  // namespace oscar::jinja

@@ -1,12 +1,12 @@
-// Lexer of the Jinja2 subset; mirrors the rules of jinja2/lexer.py (see jinja_lexer.h).
-#include "tokenizer/jinja_lexer.h"
+// Lexer of the Jinja2 subset; mirrors the rules of jinja2/lexer.py (see jinja/lexer.h).
+#include "jinja/lexer.h"
 
 #include <cerrno>
 #include <cstdlib>
 
-#include "tokenizer/jinja_value.h"
+#include "jinja/value.h"
 
-namespace oscar::tok::jinja {
+namespace oscar::jinja {
 namespace {
 
 bool is_space(char c) {
@@ -426,4 +426,4 @@ Result<std::vector<Token>> lex_template(std::string_view source, const LexerOpti
   return Lexer(std::move(src), options).run();
 }
 
-}  // namespace oscar::tok::jinja
+}  // namespace oscar::jinja

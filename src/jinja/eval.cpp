@@ -1,9 +1,9 @@
-// Evaluator of the Jinja2 subset: statements, expressions, scoping and caps (see jinja_eval.h).
-#include "tokenizer/jinja_eval.h"
+// Evaluator of the Jinja2 subset: statements, expressions, scoping and caps (see jinja/eval.h).
+#include "jinja/eval.h"
 
 #include <algorithm>
 
-namespace oscar::tok::jinja {
+namespace oscar::jinja {
 namespace {
 
 struct DepthGuard {
@@ -546,4 +546,4 @@ Result<Value> Evaluator::eval_inner(const Expr& e) {
   return Value::undefined();
 }
 
-}  // namespace oscar::tok::jinja
+}  // namespace oscar::jinja

@@ -1,6 +1,6 @@
 // Builtins of the Jinja2 subset: Python operators, filters, tests, the methods of str and dict
 // reachable from templates, and the globals that transformers' chat templates use (range,
-// namespace, dict, raise_exception, strftime_now). Declared in jinja_eval.h. Mutating methods
+// namespace, dict, raise_exception, strftime_now). Declared in jinja/eval.h. Mutating methods
 // (list.append, dict.update, ...) are absent on purpose, as in Jinja's ImmutableSandbox.
 #include <algorithm>
 #include <cmath>
@@ -10,9 +10,9 @@
 
 #include <utf8proc.h>
 
-#include "tokenizer/jinja_eval.h"
+#include "jinja/eval.h"
 
-namespace oscar::tok::jinja {
+namespace oscar::jinja {
 namespace {
 
 using K = Value::Kind;
@@ -1634,4 +1634,4 @@ Result<bool> compare_op(Evaluator& ev, const std::string& op, const Value& a, co
   return ev.fail(str_format("unknown comparison '%s'", op.c_str()));
 }
 
-}  // namespace oscar::tok::jinja
+}  // namespace oscar::jinja

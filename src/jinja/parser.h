@@ -1,4 +1,4 @@
-// Parser of the Jinja2 subset: tokens (jinja_lexer.h) to a syntax tree (jinja_ast.h), with
+// Parser of the Jinja2 subset: tokens (jinja/lexer.h) to a syntax tree (jinja/ast.h), with
 // Jinja's operator precedence. Errors name the line and what was expected. Tags that need files
 // or modules (include, import, extends, block) are refused: templates are sandboxed.
 #pragma once
@@ -6,10 +6,10 @@
 #include <string_view>
 
 #include "core/status.h"
-#include "tokenizer/jinja_ast.h"
-#include "tokenizer/jinja_lexer.h"
+#include "jinja/ast.h"
+#include "jinja/lexer.h"
 
-namespace oscar::tok::jinja {
+namespace oscar::jinja {
 
 struct ParseLimits {
   int max_expr_depth = 200;  // height of one expression tree
@@ -19,4 +19,4 @@ struct ParseLimits {
 Result<Body> parse_template(std::string_view source, const LexerOptions& lexer_options,
                             const ParseLimits& limits);
 
-}  // namespace oscar::tok::jinja
+}  // namespace oscar::jinja

@@ -3,7 +3,7 @@
 // callable) with Python's truthiness, equality, str() and repr(), plus the conversions from and
 // to JSON (json.dumps style, key order preserved). Strings, lists and dicts are immutable and
 // shared by pointer, so copying a Value is cheap; only a namespace is mutable (by `set ns.x`).
-// Nothing here parses or evaluates templates: see jinja_lexer.h, jinja_parser.h, jinja_eval.h.
+// Nothing here parses or evaluates templates: see jinja/lexer.h, jinja/parser.h, jinja/eval.h.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,7 @@
 
 #include "core/status.h"
 
-namespace oscar::tok::jinja {
+namespace oscar::jinja {
 
 struct Value;
 struct Dict;
@@ -119,4 +119,4 @@ std::u32string utf8_decode(std::string_view s);
 std::string utf8_encode(std::u32string_view s);
 size_t utf8_length(std::string_view s);
 
-}  // namespace oscar::tok::jinja
+}  // namespace oscar::jinja

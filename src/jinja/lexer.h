@@ -11,7 +11,7 @@
 
 #include "core/status.h"
 
-namespace oscar::tok::jinja {
+namespace oscar::jinja {
 
 enum class TokKind {
   kText,        // literal template text (after whitespace control)
@@ -45,4 +45,4 @@ struct LexerOptions {
 // unexpected character.
 Result<std::vector<Token>> lex_template(std::string_view source, const LexerOptions& options);
 
-}  // namespace oscar::tok::jinja
+}  // namespace oscar::jinja

@@ -1,4 +1,4 @@
-// Syntax tree of the Jinja2 subset, produced by jinja_parser.h and walked by jinja_eval.h.
+// Syntax tree of the Jinja2 subset, produced by jinja/parser.h and walked by jinja/eval.h.
 // Expressions and statements are single tagged structs (one kind field, children owned by
 // unique_ptr) rather than class hierarchies: the tree is small, built once per template, and
 // read-only afterwards. Every expression records its subtree depth, which the parser caps so
@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "tokenizer/jinja_value.h"
+#include "jinja/value.h"
 
-namespace oscar::tok::jinja {
+namespace oscar::jinja {
 
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
@@ -82,4 +82,4 @@ struct Node {
   std::vector<ExprPtr> defaults;     // kMacro param defaults (null if none), kWith values
 };
 
-}  // namespace oscar::tok::jinja
+}  // namespace oscar::jinja

@@ -1,10 +1,10 @@
-// Parser of the Jinja2 subset; follows the grammar of jinja2/parser.py (see jinja_parser.h).
-#include "tokenizer/jinja_parser.h"
+// Parser of the Jinja2 subset; follows the grammar of jinja2/parser.py (see jinja/parser.h).
+#include "jinja/parser.h"
 
 #include <algorithm>
 #include <initializer_list>
 
-namespace oscar::tok::jinja {
+namespace oscar::jinja {
 namespace {
 
 std::string describe(const Token& t) {
@@ -813,4 +813,4 @@ Result<Body> parse_template(std::string_view source, const LexerOptions& lexer_o
   return Parser(std::move(tokens), limits).run();
 }
 
-}  // namespace oscar::tok::jinja
+}  // namespace oscar::jinja
