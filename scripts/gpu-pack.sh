@@ -45,5 +45,11 @@ tar -C "$DEST" -cf - . | xz -T2 -6 > "$OUTDIR/bin.tar.xz"
 cp scripts/gpu-check.sh "$OUTDIR/"
 rm -rf "$DEST"
 ls -la "$OUTDIR"
+# A call carries at most 64 MiB: the tracked files, .gpu and .peers together.
+tracked=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+carried=$(du -cb "$OUTDIR" "$(dirname "$OUTDIR")/.peers" 2>/dev/null | tail -1 | cut -f1)
+total=$(( tracked + carried ))
+echo "carry: $(( total / 1048576 )) MiB of 64 (checkout $(( tracked / 1048576 )) MiB)"
+[ "$total" -le $(( 64 * 1048576 )) ] || echo "warning: over the 64 MiB a device call carries: pack fewer binaries (GPU_TESTS / GPU_BENCHES)" >&2
 # On the device (carry .gpu and .peers):
 #   mkdir -p /tmp/g && tar -xJf .gpu/bin.tar.xz -C /tmp/g && bash /tmp/g/gpu-check.sh test model
