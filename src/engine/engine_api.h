@@ -36,6 +36,10 @@ struct SamplingParams {
   uint64_t seed = 0;         // used only when has_seed
 };
 
+// Log-probabilities are the log-softmax of the model's raw logits (before penalties, masks and
+// temperature: vLLM's default "raw logprobs").
+inline constexpr int kMaxLogprobs = 20;
+
 struct GenerationRequest {
   std::string request_id;           // unique among live requests; cancel() uses it
   std::vector<int32_t> prompt_ids;  // [n_prompt_tokens], each in [0, vocab_size)
@@ -43,6 +47,15 @@ struct GenerationRequest {
   int max_tokens = 16;              // > 0; prompt + max_tokens <= max_context_tokens
   std::vector<std::string> stop;    // stop strings, matched on the decoded text; not emitted
   bool ignore_eos = false;          // keep generating past the end-of-sequence token
+  // -1: no log-probabilities. k in [0, kMaxLogprobs]: each kToken event carries the token's
+  // log-probability and the k most likely tokens with theirs.
+  int logprobs = -1;
+};
+
+struct TokenLogprob {
+  int32_t token_id = -1;
+  std::string bytes;  // what the token decodes to, raw (may be part of a UTF-8 character)
+  float logprob = 0.f;
 };
 
 struct GenerationEvent {
@@ -52,6 +65,10 @@ struct GenerationEvent {
   // and any text that could still become a stop string). May be empty.
   std::string text_delta;
   int32_t token_id = -1;       // kToken: the sampled token
+  // kToken of a request with logprobs >= 0 (not the end-of-sequence token that ends it):
+  bool has_logprobs = false;
+  TokenLogprob chosen;                     // the sampled token
+  std::vector<TokenLogprob> top_logprobs;  // [logprobs] most likely first, ties lower id
   std::string finish_reason;   // kFinished: "stop" (EOS or stop string) | "length" | "cancelled"
   Status error;                // kError: why the request failed
   // Usage so far; final on the terminal event.

@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "kv/admission.h"
+#include "kernels/logits.h"
 #include "kernels/sample.h"
 #include "tokenizer/chat_prompt.h"
 
@@ -67,6 +68,10 @@ struct Scheduler::Sequence {
   std::string text;      // decoded output so far, whole UTF-8 characters
   size_t emitted = 0;    // bytes of `text` already streamed
   int32_t next_token = -1;
+  // The log-probabilities of the token being handled (req.logprobs >= 0), filled by run_step.
+  bool has_logprobs = false;
+  float token_logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // [req.logprobs]
   Clock::time_point t_submit, t_last;
   bool done = false;
 
@@ -201,6 +206,9 @@ Status Scheduler::submit(GenerationRequest req,
         req.prompt_ids.size(), req.max_tokens, static_cast<long long>(total), max_model_len_);
   kernels::SamplingConfig sc{req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, 0};
   OSCAR_RETURN_IF_ERROR(kernels::validate_sampling(sc));
+  if (req.logprobs < -1 || req.logprobs > kMaxLogprobs)
+    return invalid_argument("logprobs %d must be in [0, %d] (or -1: none)", req.logprobs,
+                            kMaxLogprobs);
   // A request whose peak pages exceed a whole pool could never finish, even alone: a client
   // error (400), not a retryable one. Anything smaller runs, preempting others if it must.
   const kv::PageNeed need = pages_needed(total);
@@ -540,6 +548,15 @@ void Scheduler::handle_token(Sequence& s, int32_t token) {
   }
   GenerationEvent e = s.event(GenerationEvent::kToken);
   e.token_id = token;
+  if (s.has_logprobs && !is_eos) {
+    const tok::Tokenizer& t = runtime_->tokenizer();
+    e.has_logprobs = true;
+    e.chosen = TokenLogprob{token, std::string(t.token_bytes(token)), s.token_logprob};
+    e.top_logprobs.reserve(s.top_logprobs.size());
+    for (const auto& [id, lp] : s.top_logprobs)
+      e.top_logprobs.push_back(TokenLogprob{id, std::string(t.token_bytes(id)), lp});
+  }
+  s.has_logprobs = false;
   e.text_delta = s.text.substr(s.emitted, send_to - s.emitted);
   s.emitted = send_to;
   s.on_event(e);
@@ -710,6 +727,48 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
   sp.ids = ids.data();
   st = model.backend().sample(sp);
   OSCAR_CHECK(st.ok(), "sampling configs were validated at submit: %s", st.to_string().c_str());
+  // Log-probabilities of the drawn tokens, for the requests that ask (off the common path).
+  {
+    std::vector<int32_t> lp_rows, lp_tokens, lp_seq;
+    int32_t top_k = 0;
+    for (int32_t p = 0; p < plan.n_seqs(); ++p) {
+      const Sequence& s = *owners[plan.chunk[p]];
+      const int64_t n = plan.cu_seqlens[p + 1] - plan.cu_seqlens[p];
+      const int32_t id = ids[plan.cu_logits[p]];
+      if (s.req.logprobs < 0 || id < 0 || !per_chunk[plan.chunk[p]].ok()) continue;
+      if (s.prefilled + n < static_cast<int64_t>(s.context.size())) continue;  // mid-prefill
+      lp_rows.push_back(plan.cu_logits[p]);
+      lp_tokens.push_back(id);
+      lp_seq.push_back(p);
+      top_k = std::max(top_k, s.req.logprobs);
+    }
+    if (!lp_rows.empty()) {
+      const size_t n = lp_rows.size();
+      std::vector<float> token_lp(n), top_lp(n * top_k);
+      std::vector<int32_t> top_ids(n * top_k);
+      kernels::LogprobsParams lp;
+      lp.logits = model.logits();
+      lp.n_rows = plan.n_logit_rows();
+      lp.vocab = model.config().vocab_size;
+      lp.n = static_cast<int32_t>(n);
+      lp.rows = lp_rows.data();
+      lp.tokens = lp_tokens.data();
+      lp.top_k = top_k;
+      lp.token_logprob = token_lp.data();
+      lp.top_ids = top_ids.data();
+      lp.top_logprobs = top_lp.data();
+      st = model.backend().logprobs(lp);
+      OSCAR_CHECK(st.ok(), "logprobs: %s", st.to_string().c_str());
+      for (size_t i = 0; i < n; ++i) {
+        Sequence& s = *owners[plan.chunk[lp_seq[i]]];
+        s.has_logprobs = true;
+        s.token_logprob = token_lp[i];
+        s.top_logprobs.clear();
+        for (int32_t k = 0; k < s.req.logprobs; ++k)
+          s.top_logprobs.emplace_back(top_ids[i * top_k + k], top_lp[i * top_k + k]);
+      }
+    }
+  }
   for (int32_t p = 0; p < plan.n_seqs(); ++p) {
     Sequence& s = *owners[plan.chunk[p]];
     if (!per_chunk[plan.chunk[p]].ok()) {

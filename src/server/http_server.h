@@ -26,8 +26,10 @@
 // Chat output: when the request has tools (and tool_choice is not "none"), <tool_call> blocks
 // become tool_calls with finish_reason "tool_calls"; with reasoning_parser "qwen3", <think>
 // becomes reasoning_content (output_parser.h), streamed as deltas too.
-// Not here: TLS, HTTP/2, rate limiting, n > 1, logprobs, constrained decoding (tool_choice
-// "required" or named).
+// logprobs: each token's entry rides with the chunk of its choice that follows it (openai_response.h
+// has the shapes).
+// Not here: TLS, HTTP/2, rate limiting, n > 1, constrained decoding (tool_choice "required" or
+// named).
 #pragma once
 
 #include <chrono>

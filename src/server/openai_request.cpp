@@ -409,12 +409,9 @@ std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) 
     const std::string& k = it.key();
     const json& v = it.value();
     if (v.is_null()) continue;
-    if (k == "logprobs") {
-      if (endpoint == Endpoint::kChatCompletions ? v == false : number_is(v, 0)) continue;
-      return refuse(k, v, "log probabilities are not returned");
-    }
-    if (k == "top_logprobs" && !number_is(v, 0)) {
-      return refuse(k, v, "log probabilities are not returned");
+    if (endpoint == Endpoint::kResponses && (k == "logprobs" || k == "top_logprobs") &&
+        v != false && !number_is(v, 0)) {
+      return refuse(k, v, "use /v1/chat/completions or /v1/completions for log probabilities");
     }
     if ((k == "presence_penalty" || k == "frequency_penalty") && !number_is(v, 0)) {
       return refuse(k, v, "penalties are not implemented (use 0)");
@@ -592,6 +589,26 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
   if (seed) {
     req->sampling.has_seed = true;
     req->sampling.seed = static_cast<uint64_t>(*seed);
+  }
+
+  // logprobs. Chat: logprobs (boolean) and top_logprobs (0..20, needs logprobs); completions:
+  // logprobs (0..20 alternatives; 0 = the chosen token's only).
+  if (req->endpoint == Endpoint::kChatCompletions) {
+    bool logprobs = false;
+    if (auto e = get_bool(body, "logprobs", &logprobs)) return e;
+    std::optional<int64_t> top;
+    if (auto e = get_int(body, "top_logprobs", 0, engine::kMaxLogprobs, &top)) return e;
+    if (top && *top > 0 && !logprobs) {
+      return invalid_request(
+          str_format("'top_logprobs' = %lld needs 'logprobs' set to true",
+                     static_cast<long long>(*top)),
+          "top_logprobs");
+    }
+    if (logprobs) req->logprobs = top ? static_cast<int>(*top) : 0;
+  } else if (req->endpoint == Endpoint::kCompletions) {
+    std::optional<int64_t> lp;
+    if (auto e = get_int(body, "logprobs", 0, engine::kMaxLogprobs, &lp)) return e;
+    if (lp) req->logprobs = static_cast<int>(*lp);
   }
 
   if (auto e = parse_stop(body, req)) return e;

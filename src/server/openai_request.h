@@ -8,9 +8,10 @@
 // list of token ids, or a list of exactly one string / one id list), max_tokens,
 // max_completion_tokens, temperature, top_p, top_k (extension), seed, stop (string or list), n
 // (only 1), stream, stream_options.include_usage, tools and chat_template_kwargs (chat,
-// extensions passed to the template), ignore_eos (extension). A null value means "not given".
+// extensions passed to the template), ignore_eos (extension), logprobs (chat: boolean with
+// top_logprobs 0..20; completions: 0..20). A null value means "not given".
 // Unknown fields are ignored, as OpenAI clients expect; known ones this server does not implement
-// (logprobs, top_logprobs, presence/frequency/repetition penalties, min_p, logit_bias, best_of,
+// (presence/frequency/repetition penalties, min_p, logit_bias, best_of,
 // echo, suffix, beam search, stop_token_ids, response_format other than text, functions,
 // tool_choice other than "auto"/"none", audio output, guided decoding) get a 400 naming them
 // unless set to their no-op value.
@@ -100,6 +101,9 @@ struct OpenAIRequest {
   engine::SamplingParams sampling;
   std::vector<std::string> stop;  // <= kMaxStopStrings, each 1..kMaxStopStringBytes bytes
   bool ignore_eos = false;
+  // -1: none. Else the alternatives per token (chat: top_logprobs with logprobs true;
+  // completions: logprobs), in [0, engine::kMaxLogprobs].
+  int logprobs = -1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
 };

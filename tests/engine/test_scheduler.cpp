@@ -30,6 +30,8 @@ struct Collector {
   Status error;
   bool done = false;
   int events = 0;
+  std::vector<GenerationEvent> tokens;  // every kToken event
+  int cached_tokens = 0;                 // of the terminal event
 
   std::function<void(const GenerationEvent&)> callback() {
     return [this](const GenerationEvent& e) {
@@ -38,8 +40,10 @@ struct Collector {
       if (e.kind == GenerationEvent::kToken) {
         text += e.text_delta;
         ids.push_back(e.token_id);
+        tokens.push_back(e);
       } else {
         finish = e.finish_reason;
+        cached_tokens = e.cached_tokens;
         error = e.error;
         done = true;
         cv.notify_all();
@@ -240,6 +244,61 @@ TEST(Scheduler, PrefixCacheReusesSharedPrefix) {
     ASSERT_TRUE(third.wait());
     EXPECT_EQ(third.finish, "length");
   }
+}
+
+// logprobs: each token carries its log-probability and the top alternatives, the log-softmax of
+// the raw logits: the greedy token is the first alternative, a sampled request (temperature 1.5)
+// reports the same alternatives for its first token (temperature is not applied), and asking
+// changes no token.
+TEST(Scheduler, LogprobsAreTheRawLogSoftmax) {
+  auto sched = make_scheduler("bf16");
+  const auto prompt = sched->tokenize("def fibonacci(n):\n").value();
+  Collector plain, with_lp, hot;
+  ASSERT_TRUE(sched->submit(greedy("plain", prompt, 12), plain.callback()).ok());
+  GenerationRequest r = greedy("lp", prompt, 12);
+  r.logprobs = 5;
+  ASSERT_TRUE(sched->submit(r, with_lp.callback()).ok());
+  GenerationRequest h = r;
+  h.request_id = "hot";
+  h.sampling.temperature = 1.5f;
+  h.sampling.has_seed = true;
+  h.sampling.seed = 3;
+  ASSERT_TRUE(sched->submit(h, hot.callback()).ok());
+  ASSERT_TRUE(plain.wait() && with_lp.wait() && hot.wait());
+  EXPECT_EQ(with_lp.ids, plain.ids);
+  ASSERT_EQ(with_lp.tokens.size(), 12u);
+  std::string bytes;
+  for (const GenerationEvent& e : with_lp.tokens) {
+    ASSERT_TRUE(e.has_logprobs);
+    EXPECT_EQ(e.chosen.token_id, e.token_id);
+    ASSERT_EQ(e.top_logprobs.size(), 5u);
+    EXPECT_EQ(e.top_logprobs[0].token_id, e.token_id);  // greedy: the most likely token
+    EXPECT_FLOAT_EQ(e.top_logprobs[0].logprob, e.chosen.logprob);
+    double mass = 0;
+    for (size_t k = 0; k < 5; ++k) {
+      EXPECT_LE(e.top_logprobs[k].logprob, 0.f);
+      if (k > 0) {
+        EXPECT_LE(e.top_logprobs[k].logprob, e.top_logprobs[k - 1].logprob);
+      }
+      mass += std::exp(e.top_logprobs[k].logprob);
+    }
+    EXPECT_LE(mass, 1.0 + 1e-5);
+    bytes += e.chosen.bytes;
+  }
+  EXPECT_EQ(bytes, with_lp.text);
+  ASSERT_FALSE(hot.tokens.empty());
+  ASSERT_TRUE(hot.tokens[0].has_logprobs);
+  for (size_t k = 0; k < 5; ++k) {
+    EXPECT_EQ(hot.tokens[0].top_logprobs[k].token_id, with_lp.tokens[0].top_logprobs[k].token_id);
+    EXPECT_FLOAT_EQ(hot.tokens[0].top_logprobs[k].logprob,
+                    with_lp.tokens[0].top_logprobs[k].logprob);
+  }
+  EXPECT_TRUE(plain.tokens[0].top_logprobs.empty());
+  EXPECT_FALSE(plain.tokens[0].has_logprobs);
+  GenerationRequest bad = greedy("bad", prompt, 4);
+  bad.logprobs = 21;
+  Collector unused;
+  EXPECT_EQ(sched->submit(bad, unused.callback()).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(Scheduler, RefusesImpossibleRequests) {

@@ -1039,6 +1039,106 @@ TEST_F(HttpServerTest, ResponsesEndpoint) {
   EXPECT_EQ(get("/v1/responses").status, 405);
 }
 
+// logprobs in OpenAI's shapes (the fake engine scripts the values: the token -0.25, alternative
+// k is the token id + k with -0.25 * (k + 1)).
+TEST_F(HttpServerTest, ChatLogprobs) {
+  start();
+  const std::string body =
+      R"({"model":"fake-model","messages":[{"role":"user","content":"Hi"}],"max_tokens":3,
+          "logprobs":true,"top_logprobs":2)";
+  Reply r = post("/v1/chat/completions", body + "}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  const json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 3u) << r.body;
+  EXPECT_EQ(content[0]["token"], "<");
+  EXPECT_FLOAT_EQ(content[0]["logprob"].get<float>(), -0.25f);
+  EXPECT_EQ(content[0]["bytes"], json::array({60}));
+  ASSERT_EQ(content[0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(content[0]["top_logprobs"][1]["token"], "=");
+  EXPECT_FLOAT_EQ(content[0]["top_logprobs"][1]["logprob"].get<float>(), -0.5f);
+  EXPECT_EQ(content[0]["top_logprobs"][1]["bytes"], json::array({61}));
+  EXPECT_EQ(content[1]["token"], "|");
+  EXPECT_EQ(content[2]["token"], "u");
+  EXPECT_EQ(engine_->submitted()[0].logprobs, 2);
+
+  // Streamed: each token's entry rides with a chunk of its choice.
+  Reply s = post("/v1/chat/completions", body + R"(,"stream":true})");
+  ASSERT_EQ(s.status, 200) << s.body;
+  std::string tokens;
+  for (const std::string& ev : sse_payloads(s.body)) {
+    if (ev == "[DONE]") continue;
+    const json chunk = json::parse(ev);
+    const json& lp = chunk["choices"][0]["logprobs"];
+    if (lp.is_null()) continue;
+    for (const json& e : lp["content"]) {
+      tokens += e["token"].get<std::string>();
+      EXPECT_EQ(e["top_logprobs"].size(), 2u);
+    }
+  }
+  EXPECT_EQ(tokens, "<|u");
+
+  // Not asked: null.
+  Reply plain = post("/v1/chat/completions", kChat);
+  EXPECT_TRUE(json::parse(plain.body)["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(engine_->submitted().back().logprobs, -1);
+}
+
+TEST_F(HttpServerTest, CompletionLogprobs) {
+  start();
+  const std::string body = R"({"model":"fake-model","prompt":"abcdef","max_tokens":3,"logprobs":1)";
+  Reply r = post("/v1/completions", body + "}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json lp = json::parse(r.body)["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], json::array({"a", "b", "c"}));
+  EXPECT_EQ(lp["token_logprobs"], json::array({-0.25, -0.25, -0.25}));
+  EXPECT_EQ(lp["text_offset"], json::array({0, 1, 2}));
+  ASSERT_EQ(lp["top_logprobs"].size(), 3u);
+  EXPECT_EQ(lp["top_logprobs"][0], json({{"a", -0.25}}));
+
+  Reply s = post("/v1/completions", body + R"(,"stream":true})");
+  ASSERT_EQ(s.status, 200) << s.body;
+  json tokens = json::array(), offsets = json::array();
+  for (const std::string& ev : sse_payloads(s.body)) {
+    if (ev == "[DONE]") continue;
+    const json chunk = json::parse(ev);
+    const json& l = chunk["choices"][0]["logprobs"];
+    ASSERT_TRUE(l.is_object()) << ev;
+    for (const json& t : l["tokens"]) tokens.push_back(t);
+    for (const json& o : l["text_offset"]) offsets.push_back(o);
+  }
+  EXPECT_EQ(tokens, json::array({"a", "b", "c"}));
+  EXPECT_EQ(offsets, json::array({0, 1, 2}));
+}
+
+TEST_F(HttpServerTest, BadLogprobsAreRefusedByName) {
+  start();
+  struct Case {
+    const char* target;
+    const char* extra;
+    const char* param;
+  };
+  const Case cases[] = {
+      {"/v1/chat/completions", R"("top_logprobs":3)", "top_logprobs"},
+      {"/v1/chat/completions", R"("logprobs":true,"top_logprobs":21)", "top_logprobs"},
+      {"/v1/chat/completions", R"("logprobs":true,"top_logprobs":-1)", "top_logprobs"},
+      {"/v1/chat/completions", R"("logprobs":5)", "logprobs"},
+      {"/v1/completions", R"("logprobs":21)", "logprobs"},
+      {"/v1/completions", R"("logprobs":true)", "logprobs"},
+      {"/v1/responses", R"("top_logprobs":2)", "top_logprobs"},
+  };
+  for (const Case& c : cases) {
+    const std::string target = c.target;
+    std::string body = target == "/v1/chat/completions"
+                           ? R"({"model":"fake-model","messages":[{"role":"user","content":"Hi"}],)"
+                       : target == "/v1/completions" ? R"({"model":"fake-model","prompt":"ab",)"
+                                                     : R"({"model":"fake-model","input":"ab",)";
+    Reply r = post(target, body + c.extra + "}");
+    EXPECT_EQ(r.status, 400) << c.extra << " " << r.body;
+    EXPECT_EQ(json::parse(r.body)["error"]["param"], c.param) << c.extra << " " << r.body;
+  }
+}
+
 TEST(HttpServerStart, HostNamesResolve) {
   FakeEngine engine;
   ServerOptions opt;

@@ -32,7 +32,8 @@ struct BadCase {
 const std::string kMsgs = R"("messages":[{"role":"user","content":"hi"}])";
 
 std::vector<BadCase> bad_cases() {
-  const Endpoint C = Endpoint::kChatCompletions, P = Endpoint::kCompletions;
+  const Endpoint C = Endpoint::kChatCompletions, P = Endpoint::kCompletions,
+                 R = Endpoint::kResponses;
   std::string deep = R"({"model":"m","x":)" + std::string(65, '[') + std::string(65, ']') + "}";
   return {
       {"malformed_json", C, R"({"model":"m",)", 400, "", "not valid JSON"},
@@ -158,12 +159,18 @@ std::vector<BadCase> bad_cases() {
        R"({"model":"m","messages":[{"role":"assistant","content":"x","reasoning_content":1}]})",
        400, "messages[0].reasoning_content", "string"},
       // Parameters that stay unsupported are named (item 5).
-      {"logprobs", C, R"({"model":"m","logprobs":true,)" + kMsgs + "}", 400, "logprobs",
-       "'logprobs' = true is not supported"},
-      {"top_logprobs", C, R"({"model":"m","top_logprobs":3,)" + kMsgs + "}", 400,
-       "top_logprobs", "not supported"},
-      {"completion_logprobs", P, R"({"model":"m","prompt":"x","logprobs":2})", 400, "logprobs",
-       "'logprobs' = 2"},
+      // logprobs: OpenAI's ranges and types, top_logprobs only with logprobs.
+      {"logprobs_type", C, R"({"model":"m","logprobs":2,)" + kMsgs + "}", 400, "logprobs",
+       "'logprobs' must be a boolean"},
+      {"top_logprobs_alone", C, R"({"model":"m","top_logprobs":3,)" + kMsgs + "}", 400,
+       "top_logprobs", "needs 'logprobs' set to true"},
+      {"top_logprobs_range", C, R"({"model":"m","logprobs":true,"top_logprobs":21,)" + kMsgs +
+                                    "}",
+       400, "top_logprobs", "[0, 20], got 21"},
+      {"completion_logprobs", P, R"({"model":"m","prompt":"x","logprobs":21})", 400, "logprobs",
+       "[0, 20], got 21"},
+      {"responses_logprobs", R, R"({"model":"m","input":"x","top_logprobs":2})", 400,
+       "top_logprobs", "/v1/chat/completions"},
       {"presence_penalty", C, R"({"model":"m","presence_penalty":1.5,)" + kMsgs + "}", 400,
        "presence_penalty", "penalties"},
       {"frequency_penalty", C, R"({"model":"m","frequency_penalty":0.5,)" + kMsgs + "}", 400,
