@@ -34,6 +34,10 @@ struct SamplingParams {
   float top_p = 1.0f;        // (0, 1]; 1 = off
   bool has_seed = false;     // false: the engine picks a seed
   uint64_t seed = 0;         // used only when has_seed
+  // Penalties (kernels/logits.h), applied to the logits before temperature, greedy included.
+  float presence_penalty = 0.f;    // [-2, 2], OpenAI: output tokens, once each
+  float frequency_penalty = 0.f;   // [-2, 2], OpenAI: output tokens, per occurrence
+  float repetition_penalty = 1.f;  // > 0, vLLM/HF: prompt and output tokens; 1 = off
 };
 
 // Log-probabilities are the log-softmax of the model's raw logits (before penalties, masks and

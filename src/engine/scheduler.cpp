@@ -69,6 +69,19 @@ struct Scheduler::Sequence {
   size_t emitted = 0;    // bytes of `text` already streamed
   int32_t next_token = -1;
   // The log-probabilities of the token being handled (req.logprobs >= 0), filled by run_step.
+  // Penalties (req.sampling's, when any is on): the distinct tokens seen (the prompt's only when
+  // the repetition penalty is on) and their counts in the output.
+  bool penalized = false;
+  std::vector<int32_t> seen_ids, seen_counts;
+  std::unordered_map<int32_t, int32_t> seen_at;  // token id -> index in seen_ids
+  void see(int32_t id, bool in_output) {
+    auto [it, fresh] = seen_at.emplace(id, static_cast<int32_t>(seen_ids.size()));
+    if (fresh) {
+      seen_ids.push_back(id);
+      seen_counts.push_back(0);
+    }
+    if (in_output) seen_counts[it->second] += 1;
+  }
   bool has_logprobs = false;
   float token_logprob = 0.f;
   std::vector<std::pair<int32_t, float>> top_logprobs;  // [req.logprobs]
@@ -206,6 +219,13 @@ Status Scheduler::submit(GenerationRequest req,
         req.prompt_ids.size(), req.max_tokens, static_cast<long long>(total), max_model_len_);
   kernels::SamplingConfig sc{req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, 0};
   OSCAR_RETURN_IF_ERROR(kernels::validate_sampling(sc));
+  const SamplingParams& sp = req.sampling;
+  if (!(std::abs(sp.presence_penalty) <= 2.f) || !(std::abs(sp.frequency_penalty) <= 2.f))
+    return invalid_argument("presence_penalty %g and frequency_penalty %g must be in [-2, 2]",
+                            sp.presence_penalty, sp.frequency_penalty);
+  if (!(sp.repetition_penalty > 0.f) || !std::isfinite(sp.repetition_penalty))
+    return invalid_argument("repetition_penalty %g must be a finite number > 0",
+                            sp.repetition_penalty);
   if (req.logprobs < -1 || req.logprobs > kMaxLogprobs)
     return invalid_argument("logprobs %d must be in [0, %d] (or -1: none)", req.logprobs,
                             kMaxLogprobs);
@@ -230,6 +250,10 @@ Status Scheduler::submit(GenerationRequest req,
   s->decoder = std::make_unique<tok::StreamDecoder>(runtime_->tokenizer(), /*skip_special=*/true);
   s->req = std::move(req);
   s->context = s->req.prompt_ids;
+  s->penalized = sp.presence_penalty != 0.f || sp.frequency_penalty != 0.f ||
+                 sp.repetition_penalty != 1.f;
+  if (s->penalized && sp.repetition_penalty != 1.f)
+    for (int32_t id : s->req.prompt_ids) s->see(id, /*in_output=*/false);
   s->on_event = std::move(on_event);
   s->t_submit = Clock::now();
   {
@@ -513,6 +537,7 @@ void Scheduler::handle_token(Sequence& s, int32_t token) {
   }
   s.t_last = now;
   s.output.push_back(token);
+  if (s.penalized) s.see(token, /*in_output=*/true);
   const auto eos = runtime_->tokenizer().eos_token_id();
   const bool is_eos = !s.req.ignore_eos && eos && token == *eos;
   const bool at_length = static_cast<int>(s.output.size()) >= s.req.max_tokens;
@@ -718,8 +743,54 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
     configs[plan.cu_logits[p]] = s.sampling;
     draws[plan.cu_logits[p]] = s.output.size();
   }
+  // Penalties (and masks) for the rows that ask, on a copy of the logits, so that the raw logits
+  // stay for log-probabilities; nothing of this runs when no row asks.
+  const float* sample_logits = model.logits();
+  std::vector<kernels::LogitsRowEdit> edits;
+  std::vector<int32_t> edit_seqs;  // the plan sequence of each edit
+  for (int32_t p = 0; p < plan.n_seqs(); ++p) {
+    Sequence& s = *owners[plan.chunk[p]];
+    const int64_t n = plan.cu_seqlens[p + 1] - plan.cu_seqlens[p];
+    if (!s.penalized) continue;
+    if (s.prefilled + n < static_cast<int64_t>(s.context.size())) continue;  // mid-prefill
+    kernels::LogitsRowEdit e;
+    e.row = plan.cu_logits[p];
+    e.repetition_penalty = s.req.sampling.repetition_penalty;
+    e.presence_penalty = s.req.sampling.presence_penalty;
+    e.frequency_penalty = s.req.sampling.frequency_penalty;
+    e.token_ids = s.seen_ids.data();
+    e.output_counts = s.seen_counts.data();
+    e.n_tokens = static_cast<int32_t>(s.seen_ids.size());
+    edits.push_back(e);
+    edit_seqs.push_back(p);
+  }
+  if (!edits.empty()) {
+    const int32_t vocab = model.config().vocab_size;
+    const size_t bytes = static_cast<size_t>(plan.n_logit_rows()) * vocab * sizeof(float);
+    st = Status();
+    if (logits_scratch_.bytes() < bytes) {
+      logits_scratch_.reset();
+      auto buf = model.backend().alloc(bytes, "processed logits");
+      if (buf.ok()) logits_scratch_ = std::move(buf).value();
+      else st = buf.status();
+    }
+    float* processed = logits_scratch_.as<float>();
+    if (st.ok()) st = model.backend().copy(model.logits(), bytes, processed);
+    if (st.ok())
+      st = model.backend().process_logits({processed, plan.n_logit_rows(), vocab, edits.data(),
+                                           static_cast<int32_t>(edits.size())});
+    if (st.ok()) {
+      sample_logits = processed;
+    } else {  // the requests that asked fail; the others are sampled from the raw logits
+      OSCAR_LOG_ERROR("scheduler: logits processing failed: %s", st.to_string().c_str());
+      for (int32_t p : edit_seqs) {
+        Sequence& s = *owners[plan.chunk[p]];
+        fail(s, st);
+      }
+    }
+  }
   kernels::SampleParams sp;
-  sp.logits = model.logits();
+  sp.logits = sample_logits;
   sp.n_rows = plan.n_logit_rows();
   sp.vocab = model.config().vocab_size;
   sp.config = configs.data();
@@ -735,7 +806,7 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
       const Sequence& s = *owners[plan.chunk[p]];
       const int64_t n = plan.cu_seqlens[p + 1] - plan.cu_seqlens[p];
       const int32_t id = ids[plan.cu_logits[p]];
-      if (s.req.logprobs < 0 || id < 0 || !per_chunk[plan.chunk[p]].ok()) continue;
+      if (s.done || s.req.logprobs < 0 || id < 0 || !per_chunk[plan.chunk[p]].ok()) continue;
       if (s.prefilled + n < static_cast<int64_t>(s.context.size())) continue;  // mid-prefill
       lp_rows.push_back(plan.cu_logits[p]);
       lp_tokens.push_back(id);
@@ -771,6 +842,7 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
   }
   for (int32_t p = 0; p < plan.n_seqs(); ++p) {
     Sequence& s = *owners[plan.chunk[p]];
+    if (s.done) continue;  // failed in this step (logits processing)
     if (!per_chunk[plan.chunk[p]].ok()) {
       OSCAR_LOG_WARN("scheduler: request %s failed: %s", s.req.request_id.c_str(),
                      per_chunk[plan.chunk[p]].to_string().c_str());

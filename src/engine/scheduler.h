@@ -134,6 +134,7 @@ class Scheduler : public Engine {
   std::atomic<bool> ready_{false};
 
   // Loop-thread state.
+  DeviceBuffer logits_scratch_;  // [n_logit_rows, vocab] processed logits (grown when needed)
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::thread thread_;

@@ -413,12 +413,6 @@ std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) 
         v != false && !number_is(v, 0)) {
       return refuse(k, v, "use /v1/chat/completions or /v1/completions for log probabilities");
     }
-    if ((k == "presence_penalty" || k == "frequency_penalty") && !number_is(v, 0)) {
-      return refuse(k, v, "penalties are not implemented (use 0)");
-    }
-    if (k == "repetition_penalty" && !number_is(v, 1)) {
-      return refuse(k, v, "penalties are not implemented (use 1)");
-    }
     if (k == "min_p" && !number_is(v, 0)) return refuse(k, v, "");
     if (k == "logit_bias" && !(v.is_object() && v.empty())) return refuse(k, v, "");
     if (k == "best_of" && !number_is(v, 1)) return refuse(k, v, "one sequence per request");
@@ -577,6 +571,24 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
     }
     req->sampling.top_p = static_cast<float>(*top_p);
   }
+  // Penalties: OpenAI's presence/frequency in [-2, 2], vLLM's repetition_penalty > 0.
+  std::optional<double> presence, frequency, repetition;
+  if (auto e = get_number(body, "presence_penalty", -2.0, 2.0, &presence)) return e;
+  if (auto e = get_number(body, "frequency_penalty", -2.0, 2.0, &frequency)) return e;
+  if (const json* rp = field(body, "repetition_penalty")) {
+    if (!rp->is_number()) return wrong_type("repetition_penalty", "a number", *rp);
+    const double x = rp->get<double>();
+    if (!std::isfinite(x) || !(x > 0.0) || static_cast<float>(x) <= 0.0f ||
+        !std::isfinite(static_cast<float>(x))) {
+      return invalid_request(
+          str_format("'repetition_penalty' must be a finite number > 0, got %.17g", x),
+          "repetition_penalty");
+    }
+    repetition = x;
+  }
+  if (presence) req->sampling.presence_penalty = static_cast<float>(*presence);
+  if (frequency) req->sampling.frequency_penalty = static_cast<float>(*frequency);
+  if (repetition) req->sampling.repetition_penalty = static_cast<float>(*repetition);
   // top_k: 0 or -1 (vLLM's spelling) mean off.
   std::optional<int64_t> top_k;
   if (auto e = get_int(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &top_k)) return e;

@@ -9,9 +9,10 @@
 // max_completion_tokens, temperature, top_p, top_k (extension), seed, stop (string or list), n
 // (only 1), stream, stream_options.include_usage, tools and chat_template_kwargs (chat,
 // extensions passed to the template), ignore_eos (extension), logprobs (chat: boolean with
-// top_logprobs 0..20; completions: 0..20). A null value means "not given".
+// top_logprobs 0..20; completions: 0..20), presence_penalty and frequency_penalty (OpenAI, [-2,
+// 2]), repetition_penalty (vLLM, > 0). A null value means "not given".
 // Unknown fields are ignored, as OpenAI clients expect; known ones this server does not implement
-// (presence/frequency/repetition penalties, min_p, logit_bias, best_of,
+// (min_p, logit_bias, best_of,
 // echo, suffix, beam search, stop_token_ids, response_format other than text, functions,
 // tool_choice other than "auto"/"none", audio output, guided decoding) get a 400 naming them
 // unless set to their no-op value.

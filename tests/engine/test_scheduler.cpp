@@ -10,8 +10,10 @@
 #include <cmath>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <variant>
 
 #include "engine/scheduler.h"
@@ -299,6 +301,51 @@ TEST(Scheduler, LogprobsAreTheRawLogSoftmax) {
   bad.logprobs = 21;
   Collector unused;
   EXPECT_EQ(sched->submit(bad, unused.callback()).code(), StatusCode::kInvalidArgument);
+}
+
+// Penalties act on the logits before greedy: with presence p and frequency f, every greedy token
+// maximises raw logprob - f * count - p * (count > 0) over the output so far (checked against the
+// top 20 raw alternatives); the repetition penalty changes the greedy output; bad values are
+// refused at submit.
+TEST(Scheduler, PenaltiesApplyBeforeGreedy) {
+  auto sched = make_scheduler("bf16");
+  const auto prompt = sched->tokenize("def fibonacci(n):\n").value();
+  Collector plain, pen, rep;
+  ASSERT_TRUE(sched->submit(greedy("plain", prompt, 24), plain.callback()).ok());
+  GenerationRequest r = greedy("pen", prompt, 24);
+  r.logprobs = 20;
+  r.sampling.presence_penalty = 1.f;
+  r.sampling.frequency_penalty = 2.f;
+  ASSERT_TRUE(sched->submit(r, pen.callback()).ok());
+  GenerationRequest q = greedy("rep", prompt, 24);
+  q.sampling.repetition_penalty = 2.f;
+  ASSERT_TRUE(sched->submit(q, rep.callback()).ok());
+  ASSERT_TRUE(plain.wait() && pen.wait() && rep.wait());
+  EXPECT_NE(pen.ids, plain.ids);
+  EXPECT_NE(rep.ids, plain.ids);
+  std::map<int32_t, int> counts;
+  for (const GenerationEvent& e : pen.tokens) {
+    if (!e.has_logprobs) continue;  // the end-of-sequence token
+    auto score = [&](int32_t id, float lp) {
+      const int c = counts.count(id) ? counts[id] : 0;
+      return lp - 2.f * c - 1.f * (c > 0);
+    };
+    const float chosen = score(e.token_id, e.chosen.logprob);
+    for (const TokenLogprob& a : e.top_logprobs)
+      EXPECT_LE(score(a.token_id, a.logprob), chosen + 1e-4f)
+          << "token " << a.token_id << " beats the drawn " << e.token_id;
+    counts[e.token_id] += 1;
+  }
+  for (auto [p, f, rp] : {std::tuple{2.5f, 0.f, 1.f}, {0.f, -2.1f, 1.f}, {0.f, 0.f, 0.f},
+                          {0.f, 0.f, -1.f}, {0.f, 0.f, std::nanf("")}}) {
+    GenerationRequest bad = greedy("bad", prompt, 4);
+    bad.sampling.presence_penalty = p;
+    bad.sampling.frequency_penalty = f;
+    bad.sampling.repetition_penalty = rp;
+    Collector unused;
+    EXPECT_EQ(sched->submit(bad, unused.callback()).code(), StatusCode::kInvalidArgument)
+        << p << " " << f << " " << rp;
+  }
 }
 
 TEST(Scheduler, RefusesImpossibleRequests) {

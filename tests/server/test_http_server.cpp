@@ -192,7 +192,8 @@ TEST_F(HttpServerTest, SamplingParametersReachTheEngine) {
   Reply r = post("/v1/chat/completions",
                  R"({"model":"fake-model","messages":[{"role":"user","content":"Hi"}],
                      "max_completion_tokens":5,"temperature":0.5,"top_p":0.8,"top_k":7,
-                     "seed":11,"stop":["zz"],"ignore_eos":true,
+                     "seed":11,"stop":["zz"],"ignore_eos":true,"presence_penalty":-0.5,
+                     "frequency_penalty":1.5,"repetition_penalty":1.2,
                      "chat_template_kwargs":{"enable_thinking":false}})");
   ASSERT_EQ(r.status, 200) << r.body;
   auto reqs = engine_->submitted();
@@ -206,6 +207,9 @@ TEST_F(HttpServerTest, SamplingParametersReachTheEngine) {
   EXPECT_EQ(g.sampling.seed, 11u);
   EXPECT_EQ(g.stop, std::vector<std::string>{"zz"});
   EXPECT_TRUE(g.ignore_eos);
+  EXPECT_FLOAT_EQ(g.sampling.presence_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(g.sampling.frequency_penalty, 1.5f);
+  EXPECT_FLOAT_EQ(g.sampling.repetition_penalty, 1.2f);
   // The template saw the kwargs: the prompt ends with the fake's "<nothink>" marker.
   std::string prompt(g.prompt_ids.begin(), g.prompt_ids.end());
   EXPECT_NE(prompt.find("<nothink>"), std::string::npos) << prompt;
@@ -696,7 +700,7 @@ TEST_F(HttpServerTest, ChatInputIsNormalizedBeforeTheTemplate) {
   EXPECT_EQ(role.status, 400);
   EXPECT_NE(role.body.find("narrator"), std::string::npos);
   Reply pen = post("/v1/chat/completions",
-                   R"({"model":"fake-model","presence_penalty":1,"messages":[{"role":"user","content":"x"}]})");
+                   R"({"model":"fake-model","presence_penalty":3,"messages":[{"role":"user","content":"x"}]})");
   EXPECT_EQ(pen.status, 400);
   EXPECT_EQ(json::parse(pen.body)["error"]["param"], "presence_penalty");
   EXPECT_EQ(engine_->submitted().size(), 1u);
