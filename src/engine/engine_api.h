@@ -54,6 +54,11 @@ struct GenerationRequest {
   // -1: no log-probabilities. k in [0, kMaxLogprobs]: each kToken event carries the token's
   // log-probability and the k most likely tokens with theirs.
   int logprobs = -1;
+  // The id of a request submitted just before with the same prompt (the choices of n > 1): this
+  // one is admitted only once that one's prompt is in the prefix cache, so that the prompt's
+  // pages are shared, not computed and stored again. Ignored without the prefix cache, or when
+  // that request is no longer live.
+  std::string share_prompt_with;
 };
 
 struct TokenLogprob {

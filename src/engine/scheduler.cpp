@@ -461,6 +461,13 @@ void Scheduler::attach_prefix(Sequence& s, const kv::PrefixMatch& m) {
   if (s.preemptions == 0) s.cached_tokens = m.n_tokens_matched;
 }
 
+// Whether the running request `id` is still prefilling (false when it is not running).
+bool Scheduler::prefilling(const std::string& id) const {
+  for (const auto& sp : running_)
+    if (sp->req.request_id == id) return !sp->done && sp->prefilling();
+  return false;
+}
+
 // Memory follows use: a waiting request is admitted when the pages its prefill will hold fit
 // what is available (available_pages) with a watermark to spare (1% of each pool, as vLLM's
 // default), not its peak. FIFO: the head waits until it fits. With nothing running the head is
@@ -471,6 +478,10 @@ void Scheduler::admit() {
     int64_t avail[2];
     available_pages(avail);
     const bool idle = running_.empty();
+    // n > 1: a choice waits until the choice it shares its prompt with has prefilled it (then the
+    // prompt's pages are in the prefix cache, and this admission adopts them instead of storing
+    // a copy).
+    if (radix_ && !s.req.share_prompt_with.empty() && prefilling(s.req.share_prompt_with)) break;
     // Nothing was freed since the head was last refused: do not probe the prefix cache again.
     if (!idle && s.blocked_avail >= 0 && avail[0] + avail[1] <= s.blocked_avail) break;
     kv::PrefixMatch m = match_prefix(s);

@@ -467,7 +467,7 @@ class Session : public std::enable_shared_from_this<Session> {
     include_usage_ = req.include_usage;
     logprobs_ = req.logprobs;
     usage_ = Usage{static_cast<int>(prompt_ids.size()), 0, 0};
-    const int n_choices = 1;
+    const int n_choices = req.n;
     choices_.assign(n_choices, Choice{});
     for (int i = 0; i < n_choices; ++i) {
       Choice& c = choices_[i];
@@ -494,6 +494,10 @@ class Session : public std::enable_shared_from_this<Session> {
     for (int i = 0; i < n_choices; ++i) {
       engine::GenerationRequest one = greq;
       one.request_id = choices_[i].request_id;
+      // Choice i draws with seed + i (vLLM's rule); unseeded choices get their own seeds from the
+      // engine. Choices after the first share the first's prompt pages.
+      if (one.sampling.has_seed) one.sampling.seed += static_cast<uint64_t>(i);
+      if (i > 0) one.share_prompt_with = choices_[0].request_id;
       Status submitted = st_->engine->submit(
           std::move(one), [weak, gate, executor, i](const engine::GenerationEvent& ev) {
             std::lock_guard<std::mutex> lock(gate->mu);

@@ -28,8 +28,10 @@
 // becomes reasoning_content (output_parser.h), streamed as deltas too.
 // logprobs: each token's entry rides with the chunk of its choice that follows it (openai_response.h
 // has the shapes).
-// Not here: TLS, HTTP/2, rate limiting, n > 1, constrained decoding (tool_choice "required" or
-// named).
+// n > 1: n engine requests ("<id>-<i>"), the later ones sharing the first's prompt pages
+// (engine_api.h: share_prompt_with); the body has n choices, a stream carries each choice's chunks
+// with its index and ends after the last choice; usage counts the prompt once.
+// Not here: TLS, HTTP/2, rate limiting, constrained decoding (tool_choice "required" or named).
 #pragma once
 
 #include <chrono>

@@ -415,7 +415,7 @@ std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) 
     }
     if (k == "min_p" && !number_is(v, 0)) return refuse(k, v, "");
     if (k == "logit_bias" && !(v.is_object() && v.empty())) return refuse(k, v, "");
-    if (k == "best_of" && !number_is(v, 1)) return refuse(k, v, "one sequence per request");
+    if (k == "best_of" && !number_is(v, 1)) return refuse(k, v, "use 'n' for several choices");
     if (k == "echo" && v != false) return refuse(k, v, "");
     if (k == "suffix" && !(v.is_string() && v.get<std::string>().empty())) {
       return refuse(k, v, "");
@@ -534,15 +534,16 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
     if (auto e = parse_prompt(body, limits, req)) return e;
   }
 
-  // n: only one choice per request.
+  // n: choices per request (chat and completions).
   std::optional<int64_t> n;
-  if (auto e = get_int(body, "n", 1, std::numeric_limits<int32_t>::max(), &n)) return e;
-  if (n && *n != 1) {
+  if (auto e = get_int(body, "n", 1, kMaxChoices, &n)) return e;
+  if (n && *n != 1 && req->endpoint == Endpoint::kResponses) {
     return invalid_request(
-        str_format("'n' = %lld is not supported; this server returns exactly one choice (n = 1)",
-               static_cast<long long>(*n)),
+        str_format("'n' = %lld is not supported by /v1/responses (one output per response)",
+                   static_cast<long long>(*n)),
         "n");
   }
+  if (n) req->n = static_cast<int>(*n);
 
   // max_completion_tokens (current name) wins over max_tokens (legacy).
   std::optional<int64_t> max_tokens;

@@ -7,7 +7,7 @@
 // Accepted (both endpoints unless noted): model, messages (chat), prompt (completions: string,
 // list of token ids, or a list of exactly one string / one id list), max_tokens,
 // max_completion_tokens, temperature, top_p, top_k (extension), seed, stop (string or list), n
-// (only 1), stream, stream_options.include_usage, tools and chat_template_kwargs (chat,
+// (1..kMaxChoices; not /v1/responses), stream, stream_options.include_usage, tools and chat_template_kwargs (chat,
 // extensions passed to the template), ignore_eos (extension), logprobs (chat: boolean with
 // top_logprobs 0..20; completions: 0..20), presence_penalty and frequency_penalty (OpenAI, [-2,
 // 2]), repetition_penalty (vLLM, > 0). A null value means "not given".
@@ -55,6 +55,8 @@ inline constexpr int kMaxJsonDepth = 64;
 // OpenAI's own limits on stop sequences.
 inline constexpr size_t kMaxStopStrings = 4;
 inline constexpr size_t kMaxStopStringBytes = 256;
+// Choices per request (n) at most.
+inline constexpr int kMaxChoices = 16;
 // OpenAI's temperature range.
 inline constexpr double kMaxTemperature = 2.0;
 
@@ -105,6 +107,8 @@ struct OpenAIRequest {
   // -1: none. Else the alternatives per token (chat: top_logprobs with logprobs true;
   // completions: logprobs), in [0, engine::kMaxLogprobs].
   int logprobs = -1;
+  // Choices: n engine requests sharing the prompt (the seed of choice i is seed + i, as vLLM).
+  int n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
 };

@@ -348,6 +348,61 @@ TEST(Scheduler, PenaltiesApplyBeforeGreedy) {
   }
 }
 
+// n > 1: the second choice names the first in share_prompt_with, waits for its prefill and
+// adopts its prompt pages from the prefix cache: every full page of the prompt (BF16) is stored
+// once, not twice; greedy choices are equal; seeded choices with seeds s and s + 1 are the
+// requests run alone with those seeds.
+TEST(Scheduler, NChoicesSharePromptPages) {
+  auto sched = make_scheduler("bf16", 64, 256, /*prefix_cache=*/true);
+  const int64_t page = 16;
+  const std::vector<int32_t> prompt = code_prompt(*sched, 170, "def add(a, b):\n    return a + b\n");
+  const int64_t prompt_pages = (static_cast<int64_t>(prompt.size()) + page - 1) / page;  // 11
+  Collector a, b;
+  GenerationRequest ra = greedy("n-0", prompt, 24);
+  GenerationRequest rb = greedy("n-1", prompt, 24);
+  rb.share_prompt_with = "n-0";
+  ASSERT_TRUE(sched->submit(ra, a.callback()).ok());
+  ASSERT_TRUE(sched->submit(rb, b.callback()).ok());
+  int64_t peak = 0;
+  for (int i = 0; i < 6000; ++i) {
+    peak = std::max(peak, used_pages(*sched));
+    {
+      std::lock_guard<std::mutex> la(a.mu), lb(b.mu);
+      if (a.done && b.done) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_TRUE(a.wait() && b.wait());
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(a.cached_tokens, 0);
+  EXPECT_EQ(b.cached_tokens, (static_cast<int64_t>(prompt.size()) - 1) / page * page);  // 160
+  // Shared: the prompt's pages once, plus each choice's own last page and 24 generated tokens.
+  const int64_t own = 1 + (24 + page - 1) / page;
+  EXPECT_GE(peak, prompt_pages);
+  EXPECT_LE(peak, prompt_pages + 2 * own) << "duplicated would be " << 2 * (prompt_pages + own - 1);
+
+  // Seeded: choice i uses seed + i (the server's rule); each equals the request run alone.
+  auto sampled = [&](const std::string& id, uint64_t seed, const std::string& share) {
+    GenerationRequest r = greedy(id, prompt, 12);
+    r.sampling.temperature = 2.0f;
+    r.sampling.has_seed = true;
+    r.sampling.seed = seed;
+    r.share_prompt_with = share;
+    return r;
+  };
+  Collector s0, s1, alone0, alone1;
+  ASSERT_TRUE(sched->submit(sampled("s-0", 7, ""), s0.callback()).ok());
+  ASSERT_TRUE(sched->submit(sampled("s-1", 8, "s-0"), s1.callback()).ok());
+  ASSERT_TRUE(s0.wait() && s1.wait());
+  ASSERT_TRUE(sched->submit(sampled("alone-0", 7, ""), alone0.callback()).ok());
+  ASSERT_TRUE(alone0.wait());
+  ASSERT_TRUE(sched->submit(sampled("alone-1", 8, ""), alone1.callback()).ok());
+  ASSERT_TRUE(alone1.wait());
+  EXPECT_EQ(s0.ids, alone0.ids);
+  EXPECT_EQ(s1.ids, alone1.ids);
+  EXPECT_NE(s0.ids, s1.ids);
+}
+
 TEST(Scheduler, RefusesImpossibleRequests) {
   // 1 MiB of BF16 pages = 8 pages = 128 tokens: max_model_len defaults to that.
   auto sched = make_scheduler("bf16", 1);

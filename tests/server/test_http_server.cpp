@@ -8,6 +8,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <string>
@@ -309,7 +310,7 @@ TEST_F(HttpServerTest, ErrorsAreOpenAIShaped) {
   EXPECT_EQ(model.status, 404);
   EXPECT_EQ(json::parse(model.body)["error"]["code"], "model_not_found");
 
-  Reply n = post("/v1/completions", R"({"model":"fake-model","prompt":"x","n":3})");
+  Reply n = post("/v1/completions", R"({"model":"fake-model","prompt":"x","n":17})");
   EXPECT_EQ(n.status, 400);
   EXPECT_EQ(json::parse(n.body)["error"]["param"], "n");
 
@@ -1140,6 +1141,66 @@ TEST_F(HttpServerTest, BadLogprobsAreRefusedByName) {
     Reply r = post(target, body + c.extra + "}");
     EXPECT_EQ(r.status, 400) << c.extra << " " << r.body;
     EXPECT_EQ(json::parse(r.body)["error"]["param"], c.param) << c.extra << " " << r.body;
+  }
+}
+
+// n > 1: n engine requests (the later ones sharing the first's prompt pages, seeds seed + i),
+// n choices in the body, each choice's chunks with its index in a stream that ends once.
+TEST_F(HttpServerTest, SeveralChoices) {
+  start();
+  Reply r = post("/v1/chat/completions",
+                 R"({"model":"fake-model","messages":[{"role":"user","content":"Hi"}],"n":2,
+                     "seed":11})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  ASSERT_EQ(j["choices"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["message"]["content"], kChatEcho);
+    EXPECT_EQ(j["choices"][i]["finish_reason"], "stop");
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 24);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 48);
+  auto reqs = engine_->submitted();
+  ASSERT_EQ(reqs.size(), 2u);
+  const std::string id = j["id"];
+  EXPECT_EQ(reqs[0].request_id, id + "-0");
+  EXPECT_EQ(reqs[1].request_id, id + "-1");
+  EXPECT_EQ(reqs[0].sampling.seed, 11u);
+  EXPECT_EQ(reqs[1].sampling.seed, 12u);
+  EXPECT_TRUE(reqs[0].share_prompt_with.empty());
+  EXPECT_EQ(reqs[1].share_prompt_with, id + "-0");
+  EXPECT_EQ(reqs[0].prompt_ids, reqs[1].prompt_ids);
+
+  Reply s = post("/v1/completions", R"({"model":"fake-model","prompt":"abcdef","n":3,
+                                       "max_tokens":4,"logprobs":0,"stream":true,
+                                       "stream_options":{"include_usage":true}})");
+  ASSERT_EQ(s.status, 200) << s.body;
+  std::vector<std::string> events = sse_payloads(s.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(std::count(events.begin(), events.end(), "[DONE]"), 1);
+  std::map<int, std::string> text;
+  std::map<int, int> finishes, tokens;
+  for (const std::string& ev : events) {
+    if (ev == "[DONE]") continue;
+    const json c = json::parse(ev);
+    if (c["choices"].empty()) {
+      EXPECT_EQ(c["usage"]["completion_tokens"], 12);
+      EXPECT_EQ(c["usage"]["prompt_tokens"], 6);
+      continue;
+    }
+    const json& ch = c["choices"][0];
+    const int i = ch["index"];
+    text[i] += ch["text"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) finishes[i] += 1;
+    tokens[i] += static_cast<int>(ch["logprobs"]["tokens"].size());
+  }
+  ASSERT_EQ(text.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(text[i], "abcd") << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+    EXPECT_EQ(tokens[i], 4) << i;
   }
 }
 
