@@ -54,6 +54,10 @@ struct GenerationRequest {
   // -1: no log-probabilities. k in [0, kMaxLogprobs]: each kToken event carries the token's
   // log-probability and the k most likely tokens with theirs.
   int logprobs = -1;
+  // Non-empty: the output is constrained to be exactly one tool call to one of these functions,
+  // `<tool_call>\n{"name": "<name>", "arguments": <JSON object>}\n</tool_call>`, after which the
+  // request finishes with "stop" (engine/tool_constraint.h says what is constrained).
+  std::vector<std::string> tool_call_names;
   // The id of a request submitted just before with the same prompt (the choices of n > 1): this
   // one is admitted only once that one's prompt is in the prefix cache, so that the prompt's
   // pages are shared, not computed and stored again. Ignored without the prefix cache, or when

@@ -10,6 +10,7 @@
 #include "kv/admission.h"
 #include "kernels/logits.h"
 #include "kernels/sample.h"
+#include "engine/tool_constraint.h"
 #include "tokenizer/chat_prompt.h"
 
 namespace oscar::engine {
@@ -82,6 +83,9 @@ struct Scheduler::Sequence {
     }
     if (in_output) seen_counts[it->second] += 1;
   }
+  // tool_call_names: the constrained decoding of one tool call, and its mask for the next token.
+  std::unique_ptr<ToolCallConstraint> constraint;
+  std::vector<uint8_t> allowed;  // [vocab]
   bool has_logprobs = false;
   float token_logprob = 0.f;
   std::vector<std::pair<int32_t, float>> top_logprobs;  // [req.logprobs]
@@ -245,6 +249,11 @@ Status Scheduler::submit(GenerationRequest req,
         static_cast<long long>(int2_total));
 
   auto s = std::make_unique<Sequence>();
+  if (!req.tool_call_names.empty()) {
+    auto c = ToolCallConstraint::create(runtime_->tokenizer(), req.tool_call_names);
+    if (!c.ok()) return c.status();
+    s->constraint = std::move(c).value();
+  }
   sc.seed = req.sampling.has_seed ? req.sampling.seed : std::random_device{}();
   s->sampling = sc;
   s->decoder = std::make_unique<tok::StreamDecoder>(runtime_->tokenizer(), /*skip_special=*/true);
@@ -548,12 +557,24 @@ void Scheduler::handle_token(Sequence& s, int32_t token) {
   }
   s.t_last = now;
   s.output.push_back(token);
+  // The constrained tool call: the token was drawn from its mask; the call's end ends the request.
+  bool call_done = false;
+  if (s.constraint) {
+    if (!s.constraint->advance(token)) {
+      const Status bad =
+          internal_error("constrained decoding drew token %d, which its mask excluded", token);
+      OSCAR_LOG_ERROR("scheduler: request %s failed: %s", s.req.request_id.c_str(),
+                      bad.to_string().c_str());
+      return fail(s, bad);
+    }
+    call_done = s.constraint->done();
+  }
   if (s.penalized) s.see(token, /*in_output=*/true);
   const auto eos = runtime_->tokenizer().eos_token_id();
   const bool is_eos = !s.req.ignore_eos && eos && token == *eos;
   const bool at_length = static_cast<int>(s.output.size()) >= s.req.max_tokens;
   if (!is_eos) s.text += s.decoder->push(token);
-  if (is_eos || at_length) s.text += s.decoder->flush();
+  if (is_eos || at_length || call_done) s.text += s.decoder->flush();
 
   // Stop strings: find the earliest match in the text not yet streamed (plus the overlap a match
   // may have with what was streamed), stream what precedes it, finish.
@@ -569,7 +590,7 @@ void Scheduler::handle_token(Sequence& s, int32_t token) {
   size_t send_to = s.text.size();
   if (stop_at != std::string::npos) {
     send_to = std::max(stop_at, s.emitted);
-  } else if (!is_eos && !at_length) {
+  } else if (!is_eos && !at_length && !call_done) {
     // Hold back a tail that could still grow into a stop string.
     for (size_t hold = std::min(max_stop - (max_stop > 0), s.text.size() - s.emitted); hold > 0; --hold) {
       bool prefix = false;
@@ -597,7 +618,7 @@ void Scheduler::handle_token(Sequence& s, int32_t token) {
   s.emitted = send_to;
   s.on_event(e);
 
-  if (stop_at != std::string::npos || is_eos) finish(s, "stop");
+  if (stop_at != std::string::npos || is_eos || call_done) finish(s, "stop");
   else if (at_length) finish(s, "length");
   else s.next_token = token;
 }
@@ -754,7 +775,7 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
     configs[plan.cu_logits[p]] = s.sampling;
     draws[plan.cu_logits[p]] = s.output.size();
   }
-  // Penalties (and masks) for the rows that ask, on a copy of the logits, so that the raw logits
+  // Penalties and tool-call masks for the rows that ask, on a copy of the logits, so that the raw logits
   // stay for log-probabilities; nothing of this runs when no row asks.
   const float* sample_logits = model.logits();
   std::vector<kernels::LogitsRowEdit> edits;
@@ -762,7 +783,7 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
   for (int32_t p = 0; p < plan.n_seqs(); ++p) {
     Sequence& s = *owners[plan.chunk[p]];
     const int64_t n = plan.cu_seqlens[p + 1] - plan.cu_seqlens[p];
-    if (!s.penalized) continue;
+    if (!s.penalized && !s.constraint) continue;
     if (s.prefilled + n < static_cast<int64_t>(s.context.size())) continue;  // mid-prefill
     kernels::LogitsRowEdit e;
     e.row = plan.cu_logits[p];
@@ -772,6 +793,11 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
     e.token_ids = s.seen_ids.data();
     e.output_counts = s.seen_counts.data();
     e.n_tokens = static_cast<int32_t>(s.seen_ids.size());
+    if (s.constraint) {
+      s.constraint->allowed_tokens(&s.allowed, s.req.max_tokens - static_cast<int64_t>(s.output.size()));
+      s.allowed.resize(model.config().vocab_size, 0);  // ids past the tokenizer's: never drawn
+      e.allowed = s.allowed.data();
+    }
     edits.push_back(e);
     edit_seqs.push_back(p);
   }

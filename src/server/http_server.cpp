@@ -487,6 +487,7 @@ class Session : public std::enable_shared_from_this<Session> {
     greq.stop = std::move(req.stop);
     greq.ignore_eos = req.ignore_eos;
     greq.logprobs = req.logprobs;
+    greq.tool_call_names = req.tool_call_names;
 
     std::weak_ptr<Session> weak = weak_from_this();
     std::shared_ptr<EventGate> gate = st_->gate;

@@ -31,7 +31,10 @@
 // n > 1: n engine requests ("<id>-<i>"), the later ones sharing the first's prompt pages
 // (engine_api.h: share_prompt_with); the body has n choices, a stream carries each choice's chunks
 // with its index and ends after the last choice; usage counts the prompt once.
-// Not here: TLS, HTTP/2, rate limiting, constrained decoding (tool_choice "required" or named).
+// tool_choice "required" / named: the engine constrains the output to one call
+// (engine/tool_constraint.h), parsed as any other.
+// Not here: TLS, HTTP/2, rate limiting, parallel constrained calls, response_format / guided
+// decoding.
 #pragma once
 
 #include <chrono>

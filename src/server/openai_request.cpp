@@ -261,6 +261,63 @@ std::optional<ApiError> check_tool_calls(const json& calls, const std::string& n
   return std::nullopt;
 }
 
+// tool_choice: "auto" / "none"; "required" (a call to one of the tools) or
+// {"type": "function", "function": {"name": f}} (a call to f), both constrained in the engine.
+std::optional<ApiError> parse_tool_choice(const json& body, OpenAIRequest* req) {
+  const json* tc = field(body, "tool_choice");
+  if (!tc) return std::nullopt;
+  const bool has_tools = req->tools.is_array() && !req->tools.empty();
+  auto tool_names = [&] {
+    std::vector<std::string> names;
+    if (has_tools)
+      for (const json& t : req->tools) names.push_back(t.at("function").at("name").get<std::string>());
+    return names;
+  };
+  if (tc->is_string()) {
+    const std::string v = tc->get<std::string>();
+    if (v == "auto" || v == "none") {
+      req->tool_choice = v;
+      return std::nullopt;
+    }
+    if (v != "required") {
+      return invalid_request(
+          str_format("'tool_choice' = \"%s\" is not one of \"none\", \"auto\", \"required\" or "
+                     "an object naming a function",
+                     v.c_str()),
+          "tool_choice");
+    }
+    if (!has_tools) {
+      return invalid_request("'tool_choice' = \"required\" needs a non-empty 'tools' array",
+                             "tool_choice");
+    }
+    req->tool_choice = "required";
+    req->tool_call_names = tool_names();
+    return std::nullopt;
+  }
+  if (!tc->is_object()) return wrong_type("tool_choice", "a string or an object", *tc);
+  if (const json* type = field(*tc, "type"); !type || *type != "function") {
+    return invalid_request("'tool_choice.type' must be \"function\"", "tool_choice.type");
+  }
+  const json* fn = field(*tc, "function");
+  if (!fn) return invalid_request("'tool_choice.function' is required", "tool_choice.function");
+  if (!fn->is_object()) return wrong_type("tool_choice.function", "an object", *fn);
+  const json* name = field(*fn, "name");
+  if (!name) {
+    return invalid_request("'tool_choice.function.name' is required", "tool_choice.function.name");
+  }
+  if (!name->is_string()) return wrong_type("tool_choice.function.name", "a string", *name);
+  const std::string f = name->get<std::string>();
+  const std::vector<std::string> names = tool_names();
+  if (std::find(names.begin(), names.end(), f) == names.end()) {
+    return invalid_request(
+        str_format("'tool_choice' names the function '%s', which is not in 'tools'", f.c_str()),
+        "tool_choice.function.name");
+  }
+  req->tool_choice = "named";
+  req->tool_call_names = {f};
+  return std::nullopt;
+}
+
 // The roles the chat template is given. "developer" (OpenAI's newer name) becomes "system".
 constexpr const char* kRoles = "system, developer, user, assistant, tool";
 
@@ -349,9 +406,7 @@ std::optional<ApiError> parse_messages(const json& body, OpenAIRequest* req) {
     }
     if (!t->empty()) req->tools = *t;
   }
-  if (const json* tc = field(body, "tool_choice"); tc && tc->is_string()) {
-    req->tool_choice = tc->get<std::string>();  // refuse_unsupported let only auto/none through
-  }
+  if (auto e = parse_tool_choice(body, req)) return e;
   if (const json* k = field(body, "chat_template_kwargs")) {
     if (!k->is_object()) return wrong_type("chat_template_kwargs", "an object", *k);
     req->chat_template_kwargs = *k;
@@ -431,9 +486,9 @@ std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) 
     if (k == "functions" || k == "function_call") {
       return refuse(k, v, "use 'tools' (the legacy function-calling fields are not supported)");
     }
-    if (k == "tool_choice") {
-      if (v == "auto" || v == "none") continue;
-      return refuse(k, v, "only \"auto\" and \"none\" (tool calls are returned as text)");
+    if (k == "tool_choice" && endpoint != Endpoint::kChatCompletions && v != "auto" &&
+        v != "none") {
+      return refuse(k, v, "tool calls are a /v1/chat/completions feature");
     }
     if (k == "modalities" && !(v.is_array() && v.size() == 1 && v[0] == "text")) {
       return refuse(k, v, "text output only");

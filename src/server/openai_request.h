@@ -14,7 +14,7 @@
 // Unknown fields are ignored, as OpenAI clients expect; known ones this server does not implement
 // (min_p, logit_bias, best_of,
 // echo, suffix, beam search, stop_token_ids, response_format other than text, functions,
-// tool_choice other than "auto"/"none", audio output, guided decoding) get a 400 naming them
+// tool_choice outside chat, audio output, guided decoding) get a 400 naming them
 // unless set to their no-op value.
 //
 // /v1/responses: input (a string, or message items {role, content} whose content is a string or
@@ -93,7 +93,10 @@ struct OpenAIRequest {
   nlohmann::ordered_json messages;
   nlohmann::ordered_json tools;                 // array or null
   nlohmann::ordered_json chat_template_kwargs;  // object or null
-  std::string tool_choice;                      // "auto", "none" or "" (not given: auto)
+  // "auto", "none", "required", "named" or "" (not given: auto). required / named: the output is
+  // constrained to one call to one of tool_call_names (engine/tool_constraint.h).
+  std::string tool_choice;
+  std::vector<std::string> tool_call_names;
 
   // /v1/completions: either text or ids.
   bool prompt_is_ids = false;

@@ -403,6 +403,51 @@ TEST(Scheduler, NChoicesSharePromptPages) {
   EXPECT_NE(s0.ids, s1.ids);
 }
 
+// tool_call_names: the embedded model (which knows nothing of tools) is made to write one valid
+// call to one of the names, greedy and sampled, within max_tokens (it never closes its arguments
+// by itself: the budget rule closes them), and the request ends with "stop" right after it.
+TEST(Scheduler, ConstrainedToolCallIsValid) {
+  auto sched = make_scheduler("bf16");
+  const auto prompt = sched->tokenize("def fibonacci(n):\n").value();
+  struct Case {
+    std::vector<std::string> names;
+    float temperature;
+  };
+  const Case cases[] = {{{"get_weather", "get_time"}, 0.f},
+                        {{"get_weather", "get_time"}, 1.5f},
+                        {{"get_time"}, 0.f},
+                        {{"get_time"}, 2.f}};
+  int i = 0;
+  for (const Case& c : cases) {
+    GenerationRequest r = greedy("tool" + std::to_string(i), prompt, 80);
+    r.sampling.temperature = c.temperature;
+    r.sampling.has_seed = true;
+    r.sampling.seed = static_cast<uint64_t>(i++);
+    r.tool_call_names = c.names;
+    Collector col;
+    ASSERT_TRUE(sched->submit(r, col.callback()).ok());
+    ASSERT_TRUE(col.wait());
+    EXPECT_EQ(col.finish, "stop") << col.text;
+    const std::string open = "<tool_call>\n", close = "}\n</tool_call>";
+    ASSERT_EQ(col.text.rfind(open, 0), 0u) << col.text;
+    ASSERT_GE(col.text.size(), open.size() + close.size()) << col.text;
+    ASSERT_EQ(col.text.substr(col.text.size() - close.size()), close) << col.text;
+    const std::string body =
+        col.text.substr(open.size(), col.text.size() - open.size() - close.size() + 1);
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(body)) << body;
+    ASSERT_TRUE(j["name"].is_string()) << body;
+    EXPECT_NE(std::find(c.names.begin(), c.names.end(), j["name"].get<std::string>()),
+              c.names.end())
+        << body;
+    EXPECT_TRUE(j["arguments"].is_object()) << body;
+  }
+  GenerationRequest bad = greedy("bad", prompt, 4);
+  bad.tool_call_names = {""};
+  Collector unused;
+  EXPECT_EQ(sched->submit(bad, unused.callback()).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(Scheduler, RefusesImpossibleRequests) {
   // 1 MiB of BF16 pages = 8 pages = 128 tokens: max_model_len defaults to that.
   auto sched = make_scheduler("bf16", 1);

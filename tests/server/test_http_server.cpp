@@ -1204,6 +1204,40 @@ TEST_F(HttpServerTest, SeveralChoices) {
   }
 }
 
+// tool_choice "required" and named reach the engine as the names its output is constrained to
+// (the fake engine does not constrain; tests/engine and e2e check the real one); the parser is on.
+TEST_F(HttpServerTest, ToolChoiceRequiredAndNamed) {
+  FakeEngine::Options o;
+  o.chat_prompt_is_last_content = true;
+  start(o);
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"get_weather"}},
+                  {"type":"function","function":{"name":"get_time"}}])";
+  const std::string call = R"(<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>)";
+  Reply r = post("/v1/chat/completions",
+                 R"({"model":"fake-model","messages":[{"role":"user","content":")" + call +
+                     R"("}],"tool_choice":"required",)" + tools + "}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls") << r.body;
+  EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_time");
+  EXPECT_EQ(engine_->submitted().back().tool_call_names,
+            (std::vector<std::string>{"get_weather", "get_time"}));
+  Reply named = post("/v1/chat/completions",
+                     R"({"model":"fake-model","messages":[{"role":"user","content":")" + call +
+                         R"("}],"stream":true,
+                         "tool_choice":{"type":"function","function":{"name":"get_time"}},)" +
+                         tools + "}");
+  ASSERT_EQ(named.status, 200) << named.body;
+  EXPECT_NE(named.body.find(R"("tool_calls":[{"index":0)"), std::string::npos) << named.body;
+  EXPECT_EQ(engine_->submitted().back().tool_call_names, std::vector<std::string>{"get_time"});
+  Reply none = post("/v1/chat/completions",
+                    R"({"model":"fake-model","messages":[{"role":"user","content":"x"}],
+                        "tool_choice":"none",)" + tools + "}");
+  ASSERT_EQ(none.status, 200) << none.body;
+  EXPECT_TRUE(engine_->submitted().back().tool_call_names.empty());
+}
+
 TEST(HttpServerStart, HostNamesResolve) {
   FakeEngine engine;
   ServerOptions opt;

@@ -193,12 +193,29 @@ std::vector<BadCase> bad_cases() {
       {"response_format", C, R"({"model":"m","response_format":{"type":"json_object"},)" +
                                  kMsgs + "}",
        400, "response_format", "structured output"},
+      // tool_choice: required needs tools, a named function must be one of them.
       {"tool_choice_required", C, R"({"model":"m","tool_choice":"required",)" + kMsgs + "}",
-       400, "tool_choice", "\"required\""},
+       400, "tool_choice", "needs a non-empty 'tools'"},
       {"tool_choice_named", C,
        R"({"model":"m","tool_choice":{"type":"function","function":{"name":"f"}},)" + kMsgs +
            "}",
-       400, "tool_choice", "only \"auto\" and \"none\""},
+       400, "tool_choice.function.name", "'f', which is not in 'tools'"},
+      {"tool_choice_named_unknown", C,
+       R"({"model":"m","tools":[{"type":"function","function":{"name":"g"}}],
+           "tool_choice":{"type":"function","function":{"name":"f"}},)" +
+           kMsgs + "}",
+       400, "tool_choice.function.name", "not in 'tools'"},
+      {"tool_choice_word", C, R"({"model":"m","tool_choice":"always",)" + kMsgs + "}", 400,
+       "tool_choice", "\"always\" is not one of"},
+      {"tool_choice_type", C, R"({"model":"m","tool_choice":{"type":"web"},)" + kMsgs + "}", 400,
+       "tool_choice.type", "\"function\""},
+      {"tool_choice_no_name", C, R"({"model":"m","tool_choice":{"type":"function","function":{}},)" +
+                                     kMsgs + "}",
+       400, "tool_choice.function.name", "required"},
+      {"tool_choice_number", C, R"({"model":"m","tool_choice":3,)" + kMsgs + "}", 400,
+       "tool_choice", "a string or an object"},
+      {"tool_choice_completions", P, R"({"model":"m","prompt":"x","tool_choice":"required"})",
+       400, "tool_choice", "/v1/chat/completions"},
       {"functions", C, R"({"model":"m","functions":[{"name":"f"}],)" + kMsgs + "}", 400,
        "functions", "use 'tools'"},
       {"best_of", P, R"({"model":"m","prompt":"x","best_of":3})", 400, "best_of", "3"},
