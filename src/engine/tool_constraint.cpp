@@ -3,9 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
-
 #include <nlohmann/json.hpp>
-
 
 namespace oscar::engine {
 
@@ -31,20 +29,29 @@ bool JsonObjectPrefix::after_value() {
 bool JsonObjectPrefix::number(unsigned char c) {
   switch (num_) {
     case Num::kMinus:
-      if (c == '0') num_ = Num::kZero;
-      else if (is_digit(c)) num_ = Num::kInt;
-      else return false;
+      if (c == '0')
+        num_ = Num::kZero;
+      else if (is_digit(c))
+        num_ = Num::kInt;
+      else
+        return false;
       return true;
     case Num::kZero:
-      if (c == '.') num_ = Num::kDot;
-      else if (c == 'e' || c == 'E') num_ = Num::kE;
-      else return false;
+      if (c == '.')
+        num_ = Num::kDot;
+      else if (c == 'e' || c == 'E')
+        num_ = Num::kE;
+      else
+        return false;
       return true;
     case Num::kInt:
       if (is_digit(c)) return true;
-      if (c == '.') num_ = Num::kDot;
-      else if (c == 'e' || c == 'E') num_ = Num::kE;
-      else return false;
+      if (c == '.')
+        num_ = Num::kDot;
+      else if (c == 'e' || c == 'E')
+        num_ = Num::kE;
+      else
+        return false;
       return true;
     case Num::kDot:
       if (!is_digit(c)) return false;
@@ -56,15 +63,19 @@ bool JsonObjectPrefix::number(unsigned char c) {
       num_ = Num::kE;
       return true;
     case Num::kE:
-      if (c == '+' || c == '-') num_ = Num::kESign;
-      else if (is_digit(c)) num_ = Num::kExp;
-      else return false;
+      if (c == '+' || c == '-')
+        num_ = Num::kESign;
+      else if (is_digit(c))
+        num_ = Num::kExp;
+      else
+        return false;
       return true;
     case Num::kESign:
       if (!is_digit(c)) return false;
       num_ = Num::kExp;
       return true;
-    case Num::kExp: return is_digit(c);
+    case Num::kExp:
+      return is_digit(c);
   }
   return false;
 }
@@ -129,13 +140,15 @@ bool JsonObjectPrefix::structural(unsigned char c) {
       if (c == '}') return pop('O');
       if (c == ']') return pop('A');
       return false;
-    default: return false;
+    default:
+      return false;
   }
 }
 
 bool JsonObjectPrefix::feed(unsigned char c) {
   switch (lex_) {
-    case Lex::kDone: return false;
+    case Lex::kDone:
+      return false;
     case Lex::kString:
       if (utf8_left_ > 0) {
         if (c < utf8_lo_ || c > utf8_hi_) return false;
@@ -205,14 +218,16 @@ bool JsonObjectPrefix::feed(unsigned char c) {
       if (c != static_cast<unsigned char>(literal_[lit_pos_])) return false;
       if (literal_[++lit_pos_] == '\0') return after_value();
       return true;
-    default: return structural(c);
+    default:
+      return structural(c);
   }
 }
 
 std::string JsonObjectPrefix::closing() const {
   std::string out;
   switch (lex_) {
-    case Lex::kDone: return out;
+    case Lex::kDone:
+      return out;
     case Lex::kString:
       for (uint8_t i = 0; i < utf8_left_; ++i) out += static_cast<char>(i == 0 ? utf8_lo_ : 0x80);
       out += in_key_ ? "\":null" : "\"";
@@ -237,7 +252,8 @@ std::string JsonObjectPrefix::closing() const {
       break;
     case Lex::kValueOrClose:
     case Lex::kKeyOrClose:
-    case Lex::kCommaOrClose: break;
+    case Lex::kCommaOrClose:
+      break;
     case Lex::kKey:
       out += "\"\":null";
       break;
@@ -252,20 +268,29 @@ std::string JsonObjectPrefix::closing() const {
 int64_t JsonObjectPrefix::closing_size() const {
   int64_t n = depth_;  // one closer per open container
   switch (lex_) {
-    case Lex::kDone: return 0;
-    case Lex::kString: return n + utf8_left_ + (in_key_ ? 6 : 1);
-    case Lex::kEscape: return n + (in_key_ ? 7 : 2);
-    case Lex::kHex: return n + (4 - hex_pos_) + (in_key_ ? 6 : 1);
+    case Lex::kDone:
+      return 0;
+    case Lex::kString:
+      return n + utf8_left_ + (in_key_ ? 6 : 1);
+    case Lex::kEscape:
+      return n + (in_key_ ? 7 : 2);
+    case Lex::kHex:
+      return n + (4 - hex_pos_) + (in_key_ ? 6 : 1);
     case Lex::kNumber:
-      return n + (num_ == Num::kMinus || num_ == Num::kDot || num_ == Num::kE ||
-                  num_ == Num::kESign);
-    case Lex::kLiteral: return n + static_cast<int64_t>(std::strlen(literal_)) - lit_pos_;
-    case Lex::kValue: return depth_ == 0 ? 2 : n + 4;
+      return n +
+             (num_ == Num::kMinus || num_ == Num::kDot || num_ == Num::kE || num_ == Num::kESign);
+    case Lex::kLiteral:
+      return n + static_cast<int64_t>(std::strlen(literal_)) - lit_pos_;
+    case Lex::kValue:
+      return depth_ == 0 ? 2 : n + 4;
     case Lex::kValueOrClose:
     case Lex::kKeyOrClose:
-    case Lex::kCommaOrClose: return n;
-    case Lex::kKey: return n + 7;
-    case Lex::kColon: return n + 5;
+    case Lex::kCommaOrClose:
+      return n;
+    case Lex::kKey:
+      return n + 7;
+    case Lex::kColon:
+      return n + 5;
   }
   return n;
 }
@@ -276,8 +301,8 @@ Result<std::unique_ptr<ToolCallConstraint>> ToolCallConstraint::create(
   std::unique_ptr<ToolCallConstraint> c(new ToolCallConstraint());
   for (const std::string& name : names) {
     if (name.empty()) return invalid_argument("tool call constraint: an empty function name");
-    const std::string quoted = nlohmann::json(name).dump(-1, ' ', false,
-                                                         nlohmann::json::error_handler_t::replace);
+    const std::string quoted =
+        nlohmann::json(name).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::string target = quoted.substr(1) + kArgsKey;  // `name", "arguments": `
     if (std::find(c->targets_.begin(), c->targets_.end(), target) == c->targets_.end())
       c->targets_.push_back(std::move(target));
@@ -305,8 +330,12 @@ void ToolCallConstraint::allowed_tokens(std::vector<uint8_t>* allowed, int64_t t
   const int32_t vocab = static_cast<int32_t>(bytes_.size());
   allowed->assign(vocab, 0);
   switch (phase_) {
-    case Phase::kPrefix: (*allowed)[prefix_[forced_pos_]] = 1; return;
-    case Phase::kSuffix: (*allowed)[suffix_[forced_pos_]] = 1; return;
+    case Phase::kPrefix:
+      (*allowed)[prefix_[forced_pos_]] = 1;
+      return;
+    case Phase::kSuffix:
+      (*allowed)[suffix_[forced_pos_]] = 1;
+      return;
     case Phase::kName:
       for (int32_t t = 0; t < vocab; ++t) (*allowed)[t] = name_allows(bytes_[t]);
       return;
@@ -328,7 +357,8 @@ void ToolCallConstraint::allowed_tokens(std::vector<uint8_t>* allowed, int64_t t
       }
       return;
     }
-    case Phase::kDone: return;
+    case Phase::kDone:
+      return;
   }
 }
 
@@ -362,7 +392,8 @@ bool ToolCallConstraint::advance(int32_t token) {
       if (token != suffix_[forced_pos_]) return false;
       if (++forced_pos_ == suffix_.size()) phase_ = Phase::kDone;
       return true;
-    case Phase::kDone: return false;
+    case Phase::kDone:
+      return false;
   }
   return false;
 }

@@ -84,7 +84,7 @@ class JsonObjectPrefix {
   uint8_t lit_pos_ = 0;
   uint8_t hex_pos_ = 0;
   bool hex_high_d_ = false;  // \uD...: the next digit must keep it outside the surrogates
-  uint8_t utf8_left_ = 0;     // continuation bytes still expected
+  uint8_t utf8_left_ = 0;    // continuation bytes still expected
   uint8_t utf8_lo_ = 0x80, utf8_hi_ = 0xBF;  // range of the next continuation byte
   uint8_t ws_run_ = 0;
 };
@@ -108,7 +108,7 @@ class ToolCallConstraint {
   ToolCallConstraint() = default;
   bool name_allows(std::string_view bytes) const;
 
-  std::vector<std::string> bytes_;  // [vocab] what each token decodes to; "" for added tokens
+  std::vector<std::string> bytes_;        // [vocab] what each token decodes to; "" for added tokens
   std::vector<int32_t> prefix_, suffix_;  // forced tokens
   std::vector<std::string> targets_;      // `<name>", "arguments": ` per name (JSON-escaped)
   Phase phase_ = Phase::kPrefix;

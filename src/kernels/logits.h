@@ -31,10 +31,10 @@ inline constexpr int32_t kMaxTopLogprobs = 20;
 
 // The edits of one row. All pointers in host memory.
 struct LogitsRowEdit {
-  int32_t row = 0;                  // logits row this edit applies to
-  float repetition_penalty = 1.f;   // > 0; 1 = off
-  float presence_penalty = 0.f;     // 0 = off
-  float frequency_penalty = 0.f;    // 0 = off
+  int32_t row = 0;                         // logits row this edit applies to
+  float repetition_penalty = 1.f;          // > 0; 1 = off
+  float presence_penalty = 0.f;            // 0 = off
+  float frequency_penalty = 0.f;           // 0 = off
   const int32_t* token_ids = nullptr;      // [n_tokens] distinct ids of the prompt and output
   const int32_t* output_counts = nullptr;  // [n_tokens] occurrences in the output (0: prompt only)
   int32_t n_tokens = 0;

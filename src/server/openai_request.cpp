@@ -270,7 +270,8 @@ std::optional<ApiError> parse_tool_choice(const json& body, OpenAIRequest* req) 
   auto tool_names = [&] {
     std::vector<std::string> names;
     if (has_tools)
-      for (const json& t : req->tools) names.push_back(t.at("function").at("name").get<std::string>());
+      for (const json& t : req->tools)
+        names.push_back(t.at("function").at("name").get<std::string>());
     return names;
   };
   if (tc->is_string()) {
@@ -667,10 +668,9 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
     std::optional<int64_t> top;
     if (auto e = get_int(body, "top_logprobs", 0, engine::kMaxLogprobs, &top)) return e;
     if (top && *top > 0 && !logprobs) {
-      return invalid_request(
-          str_format("'top_logprobs' = %lld needs 'logprobs' set to true",
-                     static_cast<long long>(*top)),
-          "top_logprobs");
+      return invalid_request(str_format("'top_logprobs' = %lld needs 'logprobs' set to true",
+                                        static_cast<long long>(*top)),
+                             "top_logprobs");
     }
     if (logprobs) req->logprobs = top ? static_cast<int>(*top) : 0;
   } else if (req->endpoint == Endpoint::kCompletions) {

@@ -165,8 +165,7 @@ json chat_choice(int index, const ChatOutput& out, const std::string& finish_rea
 
 json chat_completion_body(const ResponseMeta& meta, const ChatOutput& out,
                           const std::string& finish_reason, const Usage& usage) {
-  return body_with_choices(meta, json::array({chat_choice(0, out, finish_reason, nullptr)}),
-                           usage);
+  return body_with_choices(meta, json::array({chat_choice(0, out, finish_reason, nullptr)}), usage);
 }
 
 json chat_delta_chunk(const ResponseMeta& meta, const OutputDelta& d, int first_call_index,

@@ -3,15 +3,14 @@
 // constraint, driven by random choices among the allowed tokens of the real Qwen3 tokenizer and
 // of the embedded model's, always ends in a call that output_parser-style parsing accepts, with
 // one of the allowed names.
-#include "engine/tool_constraint.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include "engine/tool_constraint.h"
 
 namespace oscar::engine {
 namespace {
@@ -46,9 +45,24 @@ TEST(JsonObjectPrefix, AcceptsObjectsAndEveryPrefix) {
     }
   }
   const char* invalid[] = {
-      "[1]",  "\"a\"", "1", "{a:1}", "{\"a\" 1}", "{\"a\":01}", "{\"a\":1.}", "{\"a\":-}",
-      "{\"a\":1,}", "{\"a\":tru}", "{\"a\":\"\\x\"}", "{\"a\":\"\x01\"}", "{\"a\":\"\xc0\xaf\"}",
-      "{\"a\":\"\xed\xa0\x80\"}", "{\"a\":\"\\ud800\"}", "{\"a\":[1}", "{\"a\":{]}", "{,}",
+      "[1]",
+      "\"a\"",
+      "1",
+      "{a:1}",
+      "{\"a\" 1}",
+      "{\"a\":01}",
+      "{\"a\":1.}",
+      "{\"a\":-}",
+      "{\"a\":1,}",
+      "{\"a\":tru}",
+      "{\"a\":\"\\x\"}",
+      "{\"a\":\"\x01\"}",
+      "{\"a\":\"\xc0\xaf\"}",
+      "{\"a\":\"\xed\xa0\x80\"}",
+      "{\"a\":\"\\ud800\"}",
+      "{\"a\":[1}",
+      "{\"a\":{]}",
+      "{,}",
   };
   for (const char* v : invalid) {
     const std::string s = v;
@@ -79,10 +93,9 @@ TEST(JsonObjectPrefix, AcceptsObjectsAndEveryPrefix) {
       EXPECT_TRUE(nlohmann::json::accept(str.substr(0, n) + close)) << str.substr(0, n) + close;
     }
   }
-  for (const char* partial : {"{\"a\":\"\\u0", "{\"a\":\"\\ud", "{\"a\":\"\\", "{\"k",
-                              "{\"a\":-", "{\"a\":1.", "{\"a\":1e+", "{\"a\":[tr",
-                              "{\"a\":\"\xe0", "{\"a\":\"\xf4\x8f", "{\"a\":{\"b\":[[",
-                              "{\"a\":1,", "{\"a\":[1,"}) {
+  for (const char* partial : {"{\"a\":\"\\u0", "{\"a\":\"\\ud", "{\"a\":\"\\", "{\"k", "{\"a\":-",
+                              "{\"a\":1.", "{\"a\":1e+", "{\"a\":[tr", "{\"a\":\"\xe0",
+                              "{\"a\":\"\xf4\x8f", "{\"a\":{\"b\":[[", "{\"a\":1,", "{\"a\":[1,"}) {
     JsonObjectPrefix p;
     ASSERT_EQ(accepted(partial, &p), std::string(partial).size()) << partial;
     EXPECT_EQ(p.closing_size(), static_cast<int64_t>(p.closing().size())) << partial;

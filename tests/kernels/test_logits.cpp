@@ -4,8 +4,6 @@
 // the float64 log-softmax with the top alternatives in order, and Backend's default
 // implementations (download, CPU reference, upload: what a device backend without kernels uses)
 // give the CPU backend's results.
-#include "kernels/logits.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/logits.h"
 #include "kernels/sample.h"
 
 namespace oscar::kernels {
@@ -44,8 +43,8 @@ TEST(ProcessLogits, PenaltiesFollowTheirFormulas) {
   e.n_tokens = 3;
   LogitsProcessParams p{l.data(), 1, V, &e, 1};
   ASSERT_TRUE(process_logits_ref(p).ok());
-  EXPECT_FLOAT_EQ(l[0], 2.f / 2.f);                        // repetition only (prompt)
-  EXPECT_FLOAT_EQ(l[1], -2.f * 2.f - 0.25f * 2 - 0.5f);    // negative: multiplied
+  EXPECT_FLOAT_EQ(l[0], 2.f / 2.f);                      // repetition only (prompt)
+  EXPECT_FLOAT_EQ(l[1], -2.f * 2.f - 0.25f * 2 - 0.5f);  // negative: multiplied
   EXPECT_FLOAT_EQ(l[2], 1.f / 2.f - 0.25f * 1 - 0.5f);
   for (int t = 3; t < V; ++t) EXPECT_EQ(l[t], orig[t]) << t;
 }

@@ -45,8 +45,8 @@ Status process_logits_ref(const LogitsProcessParams& p) {
 Status logprobs_ref(const LogprobsParams& p) {
   if (p.n_rows < 0 || p.vocab <= 0 || p.n < 0 || p.top_k < 0 || p.top_k > kMaxTopLogprobs ||
       p.top_k > p.vocab)
-    return invalid_argument("logprobs: bad shape (%d rows, vocab %d, %d asked, top_k %d)",
-                            p.n_rows, p.vocab, p.n, p.top_k);
+    return invalid_argument("logprobs: bad shape (%d rows, vocab %d, %d asked, top_k %d)", p.n_rows,
+                            p.vocab, p.n, p.top_k);
   if (p.n > 0 && (!p.logits || !p.rows || !p.tokens || !p.token_logprob ||
                   (p.top_k > 0 && (!p.top_ids || !p.top_logprobs))))
     return invalid_argument("logprobs: null pointer");
@@ -69,8 +69,7 @@ Status logprobs_ref(const LogprobsParams& p) {
                       [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
     for (int32_t k = 0; k < p.top_k; ++k) {
       p.top_ids[static_cast<int64_t>(i) * p.top_k + k] = order[k];
-      p.top_logprobs[static_cast<int64_t>(i) * p.top_k + k] =
-          static_cast<float>(l[order[k]] - lse);
+      p.top_logprobs[static_cast<int64_t>(i) * p.top_k + k] = static_cast<float>(l[order[k]] - lse);
     }
   }
   return Status();
