@@ -33,7 +33,7 @@ struct Collector {
   bool done = false;
   int events = 0;
   std::vector<GenerationEvent> tokens;  // every kToken event
-  int cached_tokens = 0;                 // of the terminal event
+  int cached_tokens = 0;                // of the terminal event
 
   std::function<void(const GenerationEvent&)> callback() {
     return [this](const GenerationEvent& e) {
@@ -143,6 +143,8 @@ TEST(Scheduler, BatchedGreedyEqualsSequential) {
   }
   wait_idle(*sched);
   EXPECT_EQ(used_pages(*sched), 0);
+  // Idle: nothing is stored, so 0 bits per element (not the last request's value, not 0/0).
+  EXPECT_EQ(sched->metrics().kv_effective_bits_per_element, 0.0);
 }
 
 TEST(Scheduler, StopStringEndsAndIsNotEmitted) {
@@ -336,8 +338,11 @@ TEST(Scheduler, PenaltiesApplyBeforeGreedy) {
           << "token " << a.token_id << " beats the drawn " << e.token_id;
     counts[e.token_id] += 1;
   }
-  for (auto [p, f, rp] : {std::tuple{2.5f, 0.f, 1.f}, {0.f, -2.1f, 1.f}, {0.f, 0.f, 0.f},
-                          {0.f, 0.f, -1.f}, {0.f, 0.f, std::nanf("")}}) {
+  for (auto [p, f, rp] : {std::tuple{2.5f, 0.f, 1.f},
+                          {0.f, -2.1f, 1.f},
+                          {0.f, 0.f, 0.f},
+                          {0.f, 0.f, -1.f},
+                          {0.f, 0.f, std::nanf("")}}) {
     GenerationRequest bad = greedy("bad", prompt, 4);
     bad.sampling.presence_penalty = p;
     bad.sampling.frequency_penalty = f;
@@ -355,7 +360,8 @@ TEST(Scheduler, PenaltiesApplyBeforeGreedy) {
 TEST(Scheduler, NChoicesSharePromptPages) {
   auto sched = make_scheduler("bf16", 64, 256, /*prefix_cache=*/true);
   const int64_t page = 16;
-  const std::vector<int32_t> prompt = code_prompt(*sched, 170, "def add(a, b):\n    return a + b\n");
+  const std::vector<int32_t> prompt =
+      code_prompt(*sched, 170, "def add(a, b):\n    return a + b\n");
   const int64_t prompt_pages = (static_cast<int64_t>(prompt.size()) + page - 1) / page;  // 11
   Collector a, b;
   GenerationRequest ra = greedy("n-0", prompt, 24);
