@@ -260,14 +260,14 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   // One choice of the response (n of them): one engine request each.
   struct Choice {
-    std::string request_id;             // the engine request (response id, "-<i>" when n > 1)
-    bool live = false;                  // submitted, terminal event not yet seen
-    std::string text;                   // completions (non-streaming) and responses: text so far
+    std::string request_id;              // the engine request (response id, "-<i>" when n > 1)
+    bool live = false;                   // submitted, terminal event not yet seen
+    std::string text;                    // completions (non-streaming) and responses: text so far
     std::optional<OutputParser> parser;  // chat: tool calls and reasoning out of the text
-    ChatOutput chat_out;                // non-streaming chat: the answer so far
-    int calls_sent = 0;                 // streaming chat: tool calls sent (their index)
+    ChatOutput chat_out;                 // non-streaming chat: the answer so far
+    int calls_sent = 0;                  // streaming chat: tool calls sent (their index)
     std::vector<LogprobEntry> logprobs;  // not yet sent (streaming) / all (non-streaming)
-    int64_t text_offset = 0;            // bytes of the tokens so far (completions' text_offset)
+    int64_t text_offset = 0;             // bytes of the tokens so far (completions' text_offset)
     std::string finish_reason;
     int completion_tokens = 0;
     int cached_tokens = 0;
@@ -492,6 +492,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::weak_ptr<Session> weak = weak_from_this();
     std::shared_ptr<EventGate> gate = st_->gate;
     auto executor = stream_.get_executor();
+    const uint64_t gen = ++response_gen_;
     for (int i = 0; i < n_choices; ++i) {
       engine::GenerationRequest one = greq;
       one.request_id = choices_[i].request_id;
@@ -500,11 +501,11 @@ class Session : public std::enable_shared_from_this<Session> {
       if (one.sampling.has_seed) one.sampling.seed += static_cast<uint64_t>(i);
       if (i > 0) one.share_prompt_with = choices_[0].request_id;
       Status submitted = st_->engine->submit(
-          std::move(one), [weak, gate, executor, i](const engine::GenerationEvent& ev) {
+          std::move(one), [weak, gate, executor, gen, i](const engine::GenerationEvent& ev) {
             std::lock_guard<std::mutex> lock(gate->mu);
             if (!gate->open) return;
             if (std::shared_ptr<Session> s = weak.lock()) {
-              net::post(executor, [s, ev, i] { s->on_event(i, ev); });
+              net::post(executor, [s, ev, gen, i] { s->on_event(gen, i, ev); });
             }
           });
       if (!submitted.ok()) {
@@ -557,9 +558,11 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
-  // One event of choice i (the engine request choices_[i].request_id).
-  void on_event(int i, const engine::GenerationEvent& ev) {
-    if (!generating_) return;  // after a disconnect or an error: only terminal events are left
+  // One event of choice i (the engine request choices_[i].request_id) of the response `gen`.
+  void on_event(uint64_t gen, int i, const engine::GenerationEvent& ev) {
+    // A late event of an earlier response on this connection (a choice cancelled after another
+    // failed), or after an error: nothing is left to send for it.
+    if (gen != response_gen_ || !generating_) return;
     if (token_api_) return on_generate_event(ev);
     Choice& c = choices_[i];
     if (!c.live) return;
@@ -588,8 +591,8 @@ class Session : public std::enable_shared_from_this<Session> {
           relay(i, c.parser->push(ev.text_delta), "");
         } else if (streaming_) {
           if ((!ev.text_delta.empty() || !c.logprobs.empty()) && !client_gone_) {
-            queue_event(sse_event(stream_chunk(meta_, ev.text_delta, false, "", i,
-                                               take_logprobs(c))));
+            queue_event(
+                sse_event(stream_chunk(meta_, ev.text_delta, false, "", i, take_logprobs(c))));
             flush();
           }
         } else {
@@ -616,7 +619,8 @@ class Session : public std::enable_shared_from_this<Session> {
         generating_ = false;
         self_hold_.reset();
         if (client_gone_) return;
-        if (meta_.endpoint == Endpoint::kResponses) return finish_response(choices_[0].finish_reason);
+        if (meta_.endpoint == Endpoint::kResponses)
+          return finish_response(choices_[0].finish_reason);
         if (streaming_) {
           if (include_usage_) queue_event(sse_event(usage_chunk(meta_, usage_)));
           return end_stream();
@@ -625,8 +629,8 @@ class Session : public std::enable_shared_from_this<Session> {
         for (size_t k = 0; k < choices_.size(); ++k) {
           Choice& ck = choices_[k];
           if (meta_.endpoint == Endpoint::kChatCompletions) {
-            all.push_back(chat_choice(static_cast<int>(k), ck.chat_out, ck.finish_reason,
-                                      take_logprobs(ck)));
+            all.push_back(
+                chat_choice(static_cast<int>(k), ck.chat_out, ck.finish_reason, take_logprobs(ck)));
           } else {
             all.push_back(completion_choice(static_cast<int>(k), ck.text, ck.finish_reason,
                                             take_logprobs(ck)));
@@ -672,15 +676,12 @@ class Session : public std::enable_shared_from_this<Session> {
     return j;
   }
 
-  // Cancels every engine request of the response that is still live (its events are then
-  // ignored: generating_ is false, or the choice is no longer live).
+  // Cancels every engine request of the response that is still live. Their terminal events still
+  // come (and end the response when generating_ is still true, e.g. after a disconnect).
   void cancel_engine_requests() {
     if (token_api_) return st_->engine->cancel(request_id_);
-    for (Choice& c : choices_) {
-      if (!c.live) continue;
-      c.live = false;
-      st_->engine->cancel(c.request_id);
-    }
+    for (const Choice& c : choices_)
+      if (c.live) st_->engine->cancel(c.request_id);
   }
 
   // ---- /v1/generate and /v1/abort (generate_endpoint.h) ----
@@ -728,14 +729,16 @@ class Session : public std::enable_shared_from_this<Session> {
     std::weak_ptr<Session> weak = weak_from_this();
     std::shared_ptr<EventGate> gate = st_->gate;
     auto executor = stream_.get_executor();
+    const uint64_t gen = ++response_gen_;
     Status submitted = st_->engine->submit(
-        std::move(greq), [weak, gate, executor, registry, id](const engine::GenerationEvent& ev) {
+        std::move(greq),
+        [weak, gate, executor, registry, id, gen](const engine::GenerationEvent& ev) {
           // The id leaves the registry with the terminal event, whatever became of the session.
           if (ev.kind != engine::GenerationEvent::kToken) registry->remove(id);
           std::lock_guard<std::mutex> lock(gate->mu);
           if (!gate->open) return;
           if (std::shared_ptr<Session> s = weak.lock()) {
-            net::post(executor, [s, ev] { s->on_event(0, ev); });
+            net::post(executor, [s, ev, gen] { s->on_event(gen, 0, ev); });
           }
         });
     if (!submitted.ok()) {
@@ -848,8 +851,8 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     if (client_gone_ || (d.empty() && finish_reason.empty() && c.logprobs.empty())) return;
-    queue_event(sse_event(chat_delta_chunk(meta_, d, c.calls_sent, finish_reason, i,
-                                           take_logprobs(c))));
+    queue_event(
+        sse_event(chat_delta_chunk(meta_, d, c.calls_sent, finish_reason, i, take_logprobs(c))));
     c.calls_sent += static_cast<int>(d.tool_calls.size());
     flush();
   }
@@ -918,12 +921,10 @@ class Session : public std::enable_shared_from_this<Session> {
       stop_watching();
       return send(200, dump_json(r), "application/json");
     }
-    queue_event(response_event("response.output_text.done",
-                               json{{"item_id", item_id_},
-                                    {"output_index", 0},
-                                    {"content_index", 0},
-                                    {"text", text}},
-                               &seq_));
+    queue_event(response_event(
+        "response.output_text.done",
+        json{{"item_id", item_id_}, {"output_index", 0}, {"content_index", 0}, {"text", text}},
+        &seq_));
     queue_event(response_event("response.content_part.done",
                                json{{"item_id", item_id_},
                                     {"output_index", 0},
@@ -1144,7 +1145,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool chunked_ = true;
   ResponseMeta meta_;
   std::vector<Choice> choices_;
-  int logprobs_ = -1;  // the request's logprobs (-1: none)
+  int logprobs_ = -1;                       // the request's logprobs (-1: none)
+  uint64_t response_gen_ = 0;               // counts the responses started; events carry theirs
   std::string item_id_;                     // responses: the output message item's id
   int seq_ = 0;                             // responses: the next event's sequence_number
   Usage usage_;

@@ -1,26 +1,24 @@
 // End-to-end tests of HttpServer over real sockets: a server on 127.0.0.1 with an ephemeral port
 // and a FakeEngine, driven by a small blocking HTTP client written with Beast. Each socket has a
 // 10 s receive timeout so a server bug fails the test instead of hanging it.
-#include "server/http_server.h"
-
+#include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <chrono>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
+#include "server/http_server.h"
 #include "tests/server/fake_engine.h"
 
 namespace oscar::server {
@@ -700,8 +698,9 @@ TEST_F(HttpServerTest, ChatInputIsNormalizedBeforeTheTemplate) {
                     R"({"model":"fake-model","messages":[{"role":"narrator","content":"x"}]})");
   EXPECT_EQ(role.status, 400);
   EXPECT_NE(role.body.find("narrator"), std::string::npos);
-  Reply pen = post("/v1/chat/completions",
-                   R"({"model":"fake-model","presence_penalty":3,"messages":[{"role":"user","content":"x"}]})");
+  Reply pen = post(
+      "/v1/chat/completions",
+      R"({"model":"fake-model","presence_penalty":3,"messages":[{"role":"user","content":"x"}]})");
   EXPECT_EQ(pen.status, 400);
   EXPECT_EQ(json::parse(pen.body)["error"]["param"], "presence_penalty");
   EXPECT_EQ(engine_->submitted().size(), 1u);
@@ -1213,7 +1212,8 @@ TEST_F(HttpServerTest, ToolChoiceRequiredAndNamed) {
   const std::string tools =
       R"("tools":[{"type":"function","function":{"name":"get_weather"}},
                   {"type":"function","function":{"name":"get_time"}}])";
-  const std::string call = R"(<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>)";
+  const std::string call =
+      R"(<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>)";
   Reply r = post("/v1/chat/completions",
                  R"({"model":"fake-model","messages":[{"role":"user","content":")" + call +
                      R"("}],"tool_choice":"required",)" + tools + "}");
@@ -1233,9 +1233,41 @@ TEST_F(HttpServerTest, ToolChoiceRequiredAndNamed) {
   EXPECT_EQ(engine_->submitted().back().tool_call_names, std::vector<std::string>{"get_time"});
   Reply none = post("/v1/chat/completions",
                     R"({"model":"fake-model","messages":[{"role":"user","content":"x"}],
-                        "tool_choice":"none",)" + tools + "}");
+                        "tool_choice":"none",)" +
+                        tools + "}");
   ASSERT_EQ(none.status, 200) << none.body;
   EXPECT_TRUE(engine_->submitted().back().tool_call_names.empty());
+}
+
+// A client that hangs up on an n = 3 stream cancels every choice, and the server keeps serving
+// on new connections (no stale choice event reaches a later response).
+TEST_F(HttpServerTest, DisconnectCancelsEveryChoice) {
+  start(FakeEngine::Options{.token_delay = std::chrono::milliseconds(5)});
+  {
+    Client c(server_->port());
+    std::string body =
+        R"({"model":"fake-model","prompt":"abcdefgh","stream":true,"max_tokens":400,"ignore_eos":true,"n":3})";
+    std::string req =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    net::write(c.socket(), net::buffer(req));
+    std::string got;
+    char buf[4096];
+    while (got.find("\"text\":\"c\"") == std::string::npos) {
+      beast::error_code ec;
+      size_t n = c.socket().read_some(net::buffer(buf), ec);
+      ASSERT_FALSE(ec) << ec.message() << " after: " << got;
+      got.append(buf, n);
+    }
+    EXPECT_EQ(engine_->live_requests(), 3);
+  }
+  EXPECT_TRUE(wait_until([&] { return engine_->live_requests() == 0; }));
+  EXPECT_EQ(engine_->cancelled_requests(), 3u);
+  EXPECT_EQ(engine_->pages_used(), 0);
+  Reply r = post("/v1/completions", R"({"model":"fake-model","prompt":"ok","n":2})");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(json::parse(r.body)["choices"].size(), 2u);
 }
 
 TEST(HttpServerStart, HostNamesResolve) {
