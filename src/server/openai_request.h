@@ -10,16 +10,17 @@
 // (1..kMaxChoices; not /v1/responses), stream, stream_options.include_usage, tools and
 // chat_template_kwargs (chat, extensions passed to the template), ignore_eos (extension), logprobs
 // (chat: boolean with top_logprobs 0..20; completions: 0..20), presence_penalty and
-// frequency_penalty (OpenAI, [-2, 2]), repetition_penalty (vLLM, > 0). A null value means "not
-// given". Unknown fields are ignored, as OpenAI clients expect; known ones this server does not
-// implement (min_p, logit_bias, best_of, echo, suffix, beam search, stop_token_ids, response_format
-// other than text, functions, tool_choice outside chat, audio output, guided decoding) get a 400
-// naming them unless set to their no-op value.
+// frequency_penalty (OpenAI, [-2, 2]), repetition_penalty (vLLM, > 0), tool_choice (chat: "auto",
+// "none", "required" with tools, or {"type": "function", "function": {"name"}} naming one of the
+// tools). A null value means "not given". Unknown fields are ignored, as OpenAI clients expect;
+// known ones this server does not implement (min_p, logit_bias, best_of, echo, suffix, beam search,
+// stop_token_ids, response_format other than text, functions, tool_choice outside chat, audio
+// output, guided decoding) get a 400 naming them unless set to their no-op value.
 //
 // /v1/responses: input (a string, or message items {role, content} whose content is a string or
 // input_text/output_text parts), instructions (a system message first), max_output_tokens,
-// temperature, top_p, stream; tools, previous_response_id, background, conversation and
-// non-text output formats get a 400.
+// temperature, top_p, stream; tools, previous_response_id, background, conversation, n > 1,
+// logprobs / top_logprobs and non-text output formats get a 400.
 //
 // Chat messages are normalized for the chat template (the validator accepts exactly what the
 // template is given): roles system, developer (sent as system), user, assistant, tool, anything
