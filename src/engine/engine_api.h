@@ -34,7 +34,15 @@ struct SamplingParams {
   float top_p = 1.0f;        // (0, 1]; 1 = off
   bool has_seed = false;     // false: the engine picks a seed
   uint64_t seed = 0;         // used only when has_seed
+  // Penalties (kernels/logits.h), applied to the logits before temperature, greedy included.
+  float presence_penalty = 0.f;    // [-2, 2], OpenAI: output tokens, once each
+  float frequency_penalty = 0.f;   // [-2, 2], OpenAI: output tokens, per occurrence
+  float repetition_penalty = 1.f;  // > 0, vLLM/HF: prompt and output tokens; 1 = off
 };
+
+// Log-probabilities are the log-softmax of the model's raw logits (before penalties, masks and
+// temperature: vLLM's default "raw logprobs").
+inline constexpr int kMaxLogprobs = 20;
 
 struct GenerationRequest {
   std::string request_id;           // unique among live requests; cancel() uses it
@@ -43,6 +51,24 @@ struct GenerationRequest {
   int max_tokens = 16;              // > 0; prompt + max_tokens <= max_context_tokens
   std::vector<std::string> stop;    // stop strings, matched on the decoded text; not emitted
   bool ignore_eos = false;          // keep generating past the end-of-sequence token
+  // -1: no log-probabilities. k in [0, kMaxLogprobs]: each kToken event carries the token's
+  // log-probability and the k most likely tokens with theirs.
+  int logprobs = -1;
+  // Non-empty: the output is constrained to be exactly one tool call to one of these functions,
+  // `<tool_call>\n{"name": "<name>", "arguments": <JSON object>}\n</tool_call>`, after which the
+  // request finishes with "stop" (engine/tool_constraint.h says what is constrained).
+  std::vector<std::string> tool_call_names;
+  // The id of a request submitted just before with the same prompt (the choices of n > 1): this
+  // one is admitted only once that one's prompt is in the prefix cache, so that the prompt's
+  // pages are shared, not computed and stored again. Ignored without the prefix cache, or when
+  // that request is no longer live.
+  std::string share_prompt_with;
+};
+
+struct TokenLogprob {
+  int32_t token_id = -1;
+  std::string bytes;  // what the token decodes to, raw (may be part of a UTF-8 character)
+  float logprob = 0.f;
 };
 
 struct GenerationEvent {
@@ -52,6 +78,10 @@ struct GenerationEvent {
   // and any text that could still become a stop string). May be empty.
   std::string text_delta;
   int32_t token_id = -1;       // kToken: the sampled token
+  // kToken of a request with logprobs >= 0 (not the end-of-sequence token that ends it):
+  bool has_logprobs = false;
+  TokenLogprob chosen;                     // the sampled token
+  std::vector<TokenLogprob> top_logprobs;  // [logprobs] most likely first, ties lower id
   std::string finish_reason;   // kFinished: "stop" (EOS or stop string) | "length" | "cancelled"
   Status error;                // kError: why the request failed
   // Usage so far; final on the terminal event.

@@ -7,8 +7,10 @@
 
 #include "core/check.h"
 #include "core/log.h"
-#include "kv/admission.h"
+#include "engine/tool_constraint.h"
+#include "kernels/logits.h"
 #include "kernels/sample.h"
+#include "kv/admission.h"
 #include "tokenizer/chat_prompt.h"
 
 namespace oscar::engine {
@@ -67,6 +69,26 @@ struct Scheduler::Sequence {
   std::string text;      // decoded output so far, whole UTF-8 characters
   size_t emitted = 0;    // bytes of `text` already streamed
   int32_t next_token = -1;
+  // Penalties (req.sampling's, when any is on): the distinct tokens seen (the prompt's only when
+  // the repetition penalty is on) and their counts in the output.
+  bool penalized = false;
+  std::vector<int32_t> seen_ids, seen_counts;
+  std::unordered_map<int32_t, int32_t> seen_at;  // token id -> index in seen_ids
+  void see(int32_t id, bool in_output) {
+    auto [it, fresh] = seen_at.emplace(id, static_cast<int32_t>(seen_ids.size()));
+    if (fresh) {
+      seen_ids.push_back(id);
+      seen_counts.push_back(0);
+    }
+    if (in_output) seen_counts[it->second] += 1;
+  }
+  // tool_call_names: the constrained decoding of one tool call, and its mask for the next token.
+  std::unique_ptr<ToolCallConstraint> constraint;
+  std::vector<uint8_t> allowed;  // [vocab]
+  // The log-probabilities of the token being handled (req.logprobs >= 0), filled by run_step.
+  bool has_logprobs = false;
+  float token_logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // [req.logprobs]
   Clock::time_point t_submit, t_last;
   bool done = false;
 
@@ -201,6 +223,16 @@ Status Scheduler::submit(GenerationRequest req,
         req.prompt_ids.size(), req.max_tokens, static_cast<long long>(total), max_model_len_);
   kernels::SamplingConfig sc{req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, 0};
   OSCAR_RETURN_IF_ERROR(kernels::validate_sampling(sc));
+  const SamplingParams& sp = req.sampling;
+  if (!(std::abs(sp.presence_penalty) <= 2.f) || !(std::abs(sp.frequency_penalty) <= 2.f))
+    return invalid_argument("presence_penalty %g and frequency_penalty %g must be in [-2, 2]",
+                            sp.presence_penalty, sp.frequency_penalty);
+  if (!(sp.repetition_penalty > 0.f) || !std::isfinite(sp.repetition_penalty))
+    return invalid_argument("repetition_penalty %g must be a finite number > 0",
+                            sp.repetition_penalty);
+  if (req.logprobs < -1 || req.logprobs > kMaxLogprobs)
+    return invalid_argument("logprobs %d must be in [0, %d] (or -1: none)", req.logprobs,
+                            kMaxLogprobs);
   // A request whose peak pages exceed a whole pool could never finish, even alone: a client
   // error (400), not a retryable one. Anything smaller runs, preempting others if it must.
   const kv::PageNeed need = pages_needed(total);
@@ -217,11 +249,20 @@ Status Scheduler::submit(GenerationRequest req,
         static_cast<long long>(int2_total));
 
   auto s = std::make_unique<Sequence>();
+  if (!req.tool_call_names.empty()) {
+    auto c = ToolCallConstraint::create(runtime_->tokenizer(), req.tool_call_names);
+    if (!c.ok()) return c.status();
+    s->constraint = std::move(c).value();
+  }
   sc.seed = req.sampling.has_seed ? req.sampling.seed : std::random_device{}();
   s->sampling = sc;
   s->decoder = std::make_unique<tok::StreamDecoder>(runtime_->tokenizer(), /*skip_special=*/true);
   s->req = std::move(req);
   s->context = s->req.prompt_ids;
+  s->penalized =
+      sp.presence_penalty != 0.f || sp.frequency_penalty != 0.f || sp.repetition_penalty != 1.f;
+  if (s->penalized && sp.repetition_penalty != 1.f)
+    for (int32_t id : s->req.prompt_ids) s->see(id, /*in_output=*/false);
   s->on_event = std::move(on_event);
   s->t_submit = Clock::now();
   {
@@ -429,6 +470,13 @@ void Scheduler::attach_prefix(Sequence& s, const kv::PrefixMatch& m) {
   if (s.preemptions == 0) s.cached_tokens = m.n_tokens_matched;
 }
 
+// Whether the running request `id` is still prefilling (false when it is not running).
+bool Scheduler::prefilling(const std::string& id) const {
+  for (const auto& sp : running_)
+    if (sp->req.request_id == id) return !sp->done && sp->prefilling();
+  return false;
+}
+
 // Memory follows use: a waiting request is admitted when the pages its prefill will hold fit
 // what is available (available_pages) with a watermark to spare (1% of each pool, as vLLM's
 // default), not its peak. FIFO: the head waits until it fits. With nothing running the head is
@@ -439,6 +487,10 @@ void Scheduler::admit() {
     int64_t avail[2];
     available_pages(avail);
     const bool idle = running_.empty();
+    // n > 1: a choice waits until the choice it shares its prompt with has prefilled it (then the
+    // prompt's pages are in the prefix cache, and this admission adopts them instead of storing
+    // a copy).
+    if (radix_ && !s.req.share_prompt_with.empty() && prefilling(s.req.share_prompt_with)) break;
     // Nothing was freed since the head was last refused: do not probe the prefix cache again.
     if (!idle && s.blocked_avail >= 0 && avail[0] + avail[1] <= s.blocked_avail) break;
     kv::PrefixMatch m = match_prefix(s);
@@ -505,11 +557,24 @@ void Scheduler::handle_token(Sequence& s, int32_t token) {
   }
   s.t_last = now;
   s.output.push_back(token);
+  // The constrained tool call: the token was drawn from its mask; the call's end ends the request.
+  bool call_done = false;
+  if (s.constraint) {
+    if (!s.constraint->advance(token)) {
+      const Status bad =
+          internal_error("constrained decoding drew token %d, which its mask excluded", token);
+      OSCAR_LOG_ERROR("scheduler: request %s failed: %s", s.req.request_id.c_str(),
+                      bad.to_string().c_str());
+      return fail(s, bad);
+    }
+    call_done = s.constraint->done();
+  }
+  if (s.penalized) s.see(token, /*in_output=*/true);
   const auto eos = runtime_->tokenizer().eos_token_id();
   const bool is_eos = !s.req.ignore_eos && eos && token == *eos;
   const bool at_length = static_cast<int>(s.output.size()) >= s.req.max_tokens;
   if (!is_eos) s.text += s.decoder->push(token);
-  if (is_eos || at_length) s.text += s.decoder->flush();
+  if (is_eos || at_length || call_done) s.text += s.decoder->flush();
 
   // Stop strings: find the earliest match in the text not yet streamed (plus the overlap a match
   // may have with what was streamed), stream what precedes it, finish.
@@ -525,7 +590,7 @@ void Scheduler::handle_token(Sequence& s, int32_t token) {
   size_t send_to = s.text.size();
   if (stop_at != std::string::npos) {
     send_to = std::max(stop_at, s.emitted);
-  } else if (!is_eos && !at_length) {
+  } else if (!is_eos && !at_length && !call_done) {
     // Hold back a tail that could still grow into a stop string.
     for (size_t hold = std::min(max_stop - (max_stop > 0), s.text.size() - s.emitted); hold > 0; --hold) {
       bool prefix = false;
@@ -540,11 +605,21 @@ void Scheduler::handle_token(Sequence& s, int32_t token) {
   }
   GenerationEvent e = s.event(GenerationEvent::kToken);
   e.token_id = token;
+  if (s.has_logprobs && !is_eos) {
+    const tok::Tokenizer& t = runtime_->tokenizer();
+    e.has_logprobs = true;
+    e.chosen = TokenLogprob{token, std::string(t.token_bytes(token)), s.token_logprob};
+    e.top_logprobs.reserve(s.top_logprobs.size());
+    for (const auto& [id, lp] : s.top_logprobs)
+      e.top_logprobs.push_back(TokenLogprob{id, std::string(t.token_bytes(id)), lp});
+  }
+  s.has_logprobs = false;
   e.text_delta = s.text.substr(s.emitted, send_to - s.emitted);
   s.emitted = send_to;
   s.on_event(e);
 
-  if (stop_at != std::string::npos || is_eos) finish(s, "stop");
+  if (stop_at != std::string::npos || is_eos || call_done)
+    finish(s, "stop");
   else if (at_length) finish(s, "length");
   else s.next_token = token;
 }
@@ -701,8 +776,59 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
     configs[plan.cu_logits[p]] = s.sampling;
     draws[plan.cu_logits[p]] = s.output.size();
   }
+  // Penalties and tool-call masks for the rows that ask, on a copy of the logits, so that the raw
+  // logits stay for log-probabilities; nothing of this runs when no row asks.
+  const float* sample_logits = model.logits();
+  std::vector<kernels::LogitsRowEdit> edits;
+  std::vector<int32_t> edit_seqs;  // the plan sequence of each edit
+  for (int32_t p = 0; p < plan.n_seqs(); ++p) {
+    Sequence& s = *owners[plan.chunk[p]];
+    const int64_t n = plan.cu_seqlens[p + 1] - plan.cu_seqlens[p];
+    if (!s.penalized && !s.constraint) continue;
+    if (s.prefilled + n < static_cast<int64_t>(s.context.size())) continue;  // mid-prefill
+    kernels::LogitsRowEdit e;
+    e.row = plan.cu_logits[p];
+    e.repetition_penalty = s.req.sampling.repetition_penalty;
+    e.presence_penalty = s.req.sampling.presence_penalty;
+    e.frequency_penalty = s.req.sampling.frequency_penalty;
+    e.token_ids = s.seen_ids.data();
+    e.output_counts = s.seen_counts.data();
+    e.n_tokens = static_cast<int32_t>(s.seen_ids.size());
+    if (s.constraint) {
+      s.constraint->allowed_tokens(&s.allowed,
+                                   s.req.max_tokens - static_cast<int64_t>(s.output.size()));
+      s.allowed.resize(model.config().vocab_size, 0);  // ids past the tokenizer's: never drawn
+      e.allowed = s.allowed.data();
+    }
+    edits.push_back(e);
+    edit_seqs.push_back(p);
+  }
+  if (!edits.empty()) {
+    const int32_t vocab = model.config().vocab_size;
+    const size_t bytes = static_cast<size_t>(plan.n_logit_rows()) * vocab * sizeof(float);
+    st = Status();
+    if (logits_scratch_.bytes() < bytes) {
+      logits_scratch_.reset();
+      auto buf = model.backend().alloc(bytes, "processed logits");
+      if (buf.ok())
+        logits_scratch_ = std::move(buf).value();
+      else
+        st = buf.status();
+    }
+    float* processed = logits_scratch_.as<float>();
+    if (st.ok()) st = model.backend().copy(model.logits(), bytes, processed);
+    if (st.ok())
+      st = model.backend().process_logits({processed, plan.n_logit_rows(), vocab, edits.data(),
+                                           static_cast<int32_t>(edits.size())});
+    if (st.ok()) {
+      sample_logits = processed;
+    } else {  // the requests that asked fail; the others are sampled from the raw logits
+      OSCAR_LOG_ERROR("scheduler: logits processing failed: %s", st.to_string().c_str());
+      for (int32_t p : edit_seqs) fail(*owners[plan.chunk[p]], st);
+    }
+  }
   kernels::SampleParams sp;
-  sp.logits = model.logits();
+  sp.logits = sample_logits;
   sp.n_rows = plan.n_logit_rows();
   sp.vocab = model.config().vocab_size;
   sp.config = configs.data();
@@ -710,8 +836,55 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
   sp.ids = ids.data();
   st = model.backend().sample(sp);
   OSCAR_CHECK(st.ok(), "sampling configs were validated at submit: %s", st.to_string().c_str());
+  // Log-probabilities of the drawn tokens, for the requests that ask (off the common path).
+  {
+    std::vector<int32_t> lp_rows, lp_tokens, lp_seq;
+    int32_t top_k = 0;
+    for (int32_t p = 0; p < plan.n_seqs(); ++p) {
+      const Sequence& s = *owners[plan.chunk[p]];
+      const int64_t n = plan.cu_seqlens[p + 1] - plan.cu_seqlens[p];
+      const int32_t id = ids[plan.cu_logits[p]];
+      if (s.done || s.req.logprobs < 0 || id < 0 || !per_chunk[plan.chunk[p]].ok()) continue;
+      if (s.prefilled + n < static_cast<int64_t>(s.context.size())) continue;  // mid-prefill
+      lp_rows.push_back(plan.cu_logits[p]);
+      lp_tokens.push_back(id);
+      lp_seq.push_back(p);
+      top_k = std::max(top_k, s.req.logprobs);
+    }
+    if (!lp_rows.empty()) {
+      const size_t n = lp_rows.size();
+      std::vector<float> token_lp(n), top_lp(n * top_k);
+      std::vector<int32_t> top_ids(n * top_k);
+      kernels::LogprobsParams lp;
+      lp.logits = model.logits();
+      lp.n_rows = plan.n_logit_rows();
+      lp.vocab = model.config().vocab_size;
+      lp.n = static_cast<int32_t>(n);
+      lp.rows = lp_rows.data();
+      lp.tokens = lp_tokens.data();
+      lp.top_k = top_k;
+      lp.token_logprob = token_lp.data();
+      lp.top_ids = top_ids.data();
+      lp.top_logprobs = top_lp.data();
+      st = model.backend().logprobs(lp);
+      if (!st.ok()) OSCAR_LOG_ERROR("scheduler: logprobs failed: %s", st.to_string().c_str());
+      for (size_t i = 0; i < n; ++i) {
+        Sequence& s = *owners[plan.chunk[lp_seq[i]]];
+        if (!st.ok()) {  // the requests that asked fail; the others go on
+          fail(s, st);
+          continue;
+        }
+        s.has_logprobs = true;
+        s.token_logprob = token_lp[i];
+        s.top_logprobs.clear();
+        for (int32_t k = 0; k < s.req.logprobs; ++k)
+          s.top_logprobs.emplace_back(top_ids[i * top_k + k], top_lp[i * top_k + k]);
+      }
+    }
+  }
   for (int32_t p = 0; p < plan.n_seqs(); ++p) {
     Sequence& s = *owners[plan.chunk[p]];
+    if (s.done) continue;  // failed in this step (logits processing)
     if (!per_chunk[plan.chunk[p]].ok()) {
       OSCAR_LOG_WARN("scheduler: request %s failed: %s", s.req.request_id.c_str(),
                      per_chunk[plan.chunk[p]].to_string().c_str());
@@ -790,7 +963,8 @@ void Scheduler::loop() {
     if (runtime_->int2_pool())
       metrics_.kv_pools.push_back({"int2", runtime_->int2_pool()->n_used(),
                                    runtime_->int2_pool()->n_pages()});
-    if (elements > 0) metrics_.kv_effective_bits_per_element = 8.0 * bytes / elements;
+    // Idle (nothing stored): 0, not the last request's value or 0/0.
+    metrics_.kv_effective_bits_per_element = elements > 0 ? 8.0 * bytes / elements : 0.0;
     if (radix_) {
       metrics_.prefix_cache_pages = 0;
       for (int64_t n : radix_->stats().cached_pages) metrics_.prefix_cache_pages += n;

@@ -23,6 +23,11 @@
 // sampling draw index, so it continues exactly where it was; its stream is never re-sent. A
 // request that cannot fit even alone fails with OutOfRange; one whose peak pages exceed a pool
 // is refused at submit (InvalidArgument). tests/engine/test_scheduler.cpp: Preemption*.
+//
+// The choices of n > 1 are separate requests; each after the first names the first in
+// share_prompt_with and waits at the head of the queue until the first's prefill is done, then
+// adopts its prompt pages from the prefix cache (all but the last partial page with a BF16 cache;
+// sinks and history with INT2: the recent window is recomputed). tests: NChoicesSharePromptPages.
 #pragma once
 
 #include <atomic>
@@ -99,6 +104,7 @@ class Scheduler : public Engine {
   kv::PageNeed prefill_pages(int64_t n_tokens, int64_t cached_tokens) const;
   void available_pages(int64_t out[2]) const;
   void admit();
+  bool prefilling(const std::string& id) const;
   void preempt(Sequence& s);
   kv::PrefixMatch match_prefix(const Sequence& s);
   void attach_prefix(Sequence& s, const kv::PrefixMatch& m);
@@ -134,6 +140,7 @@ class Scheduler : public Engine {
   std::atomic<bool> ready_{false};
 
   // Loop-thread state.
+  DeviceBuffer logits_scratch_;  // [n_logit_rows, vocab] processed logits (grown when needed)
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::thread thread_;

@@ -6,7 +6,7 @@
 //
 // Pointers handed to an op are in this backend's memory (host memory for the CPU backend). Ops
 // may run asynchronously on the backend's stream; synchronize() waits for them. Only sample()
-// hands results to the host (token ids).
+// hands results to the host (token ids), and logprobs() when a request asks for them.
 //
 // OSCAR_HAS_CUDA is tested only in make_backend() (cpu/backend_cpu.cpp).
 #pragma once
@@ -21,6 +21,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/kv_append.h"
 #include "kernels/linear.h"
+#include "kernels/logits.h"
 #include "kernels/prefill_attn.h"
 #include "kernels/sample.h"
 
@@ -97,6 +98,17 @@ class Backend {
   // logits in this backend's memory; config, step and ids in host memory (the backend stages
   // them): only the ids come back.
   virtual Status sample(const SampleParams& p) = 0;
+  // Logits processing (penalties, allowed-token masks) in place and log-probabilities, for the
+  // rows of requests that ask (kernels/logits.h); p.logits in this backend's memory, the rest in
+  // host memory. Called only in steps where some request asks. The defaults (backend_cpu.cpp)
+  // download each row asked for, run the CPU reference on it and upload it back (process_logits):
+  // correct on any backend, one row's transfer per asking request; a device backend may replace
+  // them with kernels.
+  virtual Status process_logits(const LogitsProcessParams& p);
+  virtual Status logprobs(const LogprobsParams& p);
+  // A copy within this backend's memory (both pointers device memory). The default stages it
+  // through the host.
+  virtual Status copy(const void* src, size_t bytes, void* dst);
   // Weights for --dummy-weights (elementwise.h: fill_normal_bf16), in this backend's memory.
   virtual Status fill_normal_bf16(bf16_t* dst, int64_t n, float std, uint64_t seed) = 0;
 };

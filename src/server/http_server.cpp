@@ -237,7 +237,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // [DONE], a request waiting for its whole answer gets a 503; then the connection closes.
   void force_close() {
     if (generating_) {
-      st_->engine->cancel(request_id_);
+      cancel_engine_requests();
       generating_ = false;
       self_hold_.reset();  // the pending write keeps the session alive until it is done
       if (!client_gone_ && !closed_) {
@@ -258,6 +258,21 @@ class Session : public std::enable_shared_from_this<Session> {
   void release_after_join() { self_hold_.reset(); }
 
  private:
+  // One choice of the response (n of them): one engine request each.
+  struct Choice {
+    std::string request_id;              // the engine request (response id, "-<i>" when n > 1)
+    bool live = false;                   // submitted, terminal event not yet seen
+    std::string text;                    // completions (non-streaming) and responses: text so far
+    std::optional<OutputParser> parser;  // chat: tool calls and reasoning out of the text
+    ChatOutput chat_out;                 // non-streaming chat: the answer so far
+    int calls_sent = 0;                  // streaming chat: tool calls sent (their index)
+    std::vector<LogprobEntry> logprobs;  // not yet sent (streaming) / all (non-streaming)
+    int64_t text_offset = 0;             // bytes of the tokens so far (completions' text_offset)
+    std::string finish_reason;
+    int completion_tokens = 0;
+    int cached_tokens = 0;
+  };
+
   // ---- reading ----
 
   void do_read() {
@@ -450,38 +465,56 @@ class Session : public std::enable_shared_from_this<Session> {
     request_id_ = meta_.id;
     streaming_ = req.stream;
     include_usage_ = req.include_usage;
-    text_.clear();
-    chat_out_ = ChatOutput{};
-    calls_sent_ = 0;
-    out_parser_.reset();
-    if (endpoint == Endpoint::kChatCompletions) {
-      const bool tools = req.tools.is_array() && req.tool_choice != "none";
-      const bool reasoning = st_->options.reasoning_parser == "qwen3";
-      out_parser_.emplace(tools, reasoning);
-      chat_out_.with_reasoning = reasoning;
-    }
+    logprobs_ = req.logprobs;
     usage_ = Usage{static_cast<int>(prompt_ids.size()), 0, 0};
+    const int n_choices = req.n;
+    choices_.assign(n_choices, Choice{});
+    for (int i = 0; i < n_choices; ++i) {
+      Choice& c = choices_[i];
+      c.request_id = n_choices == 1 ? meta_.id : str_format("%s-%d", meta_.id.c_str(), i);
+      if (endpoint == Endpoint::kChatCompletions) {
+        const bool tools = req.tools.is_array() && req.tool_choice != "none";
+        const bool reasoning = st_->options.reasoning_parser == "qwen3";
+        c.parser.emplace(tools, reasoning);
+        c.chat_out.with_reasoning = reasoning;
+      }
+    }
 
     engine::GenerationRequest greq;
-    greq.request_id = request_id_;
     greq.prompt_ids = std::move(prompt_ids);
     greq.sampling = req.sampling;
     greq.max_tokens = std::get<int>(fit);
     greq.stop = std::move(req.stop);
     greq.ignore_eos = req.ignore_eos;
+    greq.logprobs = req.logprobs;
+    greq.tool_call_names = req.tool_call_names;
 
     std::weak_ptr<Session> weak = weak_from_this();
     std::shared_ptr<EventGate> gate = st_->gate;
     auto executor = stream_.get_executor();
-    Status submitted = st_->engine->submit(
-        std::move(greq), [weak, gate, executor](const engine::GenerationEvent& ev) {
-          std::lock_guard<std::mutex> lock(gate->mu);
-          if (!gate->open) return;
-          if (std::shared_ptr<Session> s = weak.lock()) {
-            net::post(executor, [s, ev] { s->on_event(ev); });
-          }
-        });
-    if (!submitted.ok()) return send_error(error_from_status(submitted, "engine"), keep_alive_);
+    const uint64_t gen = ++response_gen_;
+    for (int i = 0; i < n_choices; ++i) {
+      engine::GenerationRequest one = greq;
+      one.request_id = choices_[i].request_id;
+      // Choice i draws with seed + i (vLLM's rule); unseeded choices get their own seeds from the
+      // engine. Choices after the first share the first's prompt pages.
+      if (one.sampling.has_seed) one.sampling.seed += static_cast<uint64_t>(i);
+      if (i > 0) one.share_prompt_with = choices_[0].request_id;
+      Status submitted = st_->engine->submit(
+          std::move(one), [weak, gate, executor, gen, i](const engine::GenerationEvent& ev) {
+            std::lock_guard<std::mutex> lock(gate->mu);
+            if (!gate->open) return;
+            if (std::shared_ptr<Session> s = weak.lock()) {
+              net::post(executor, [s, ev, gen, i] { s->on_event(gen, i, ev); });
+            }
+          });
+      if (!submitted.ok()) {
+        cancel_engine_requests();  // the choices already submitted (their events are ignored)
+        choices_.clear();
+        return send_error(error_from_status(submitted, "engine"), keep_alive_);
+      }
+      choices_[i].live = true;
+    }
 
     generating_ = true;
     self_hold_ = shared_from_this();
@@ -501,7 +534,8 @@ class Session : public std::enable_shared_from_this<Session> {
       pending_ += head;
       st_->count_response(200);
       if (endpoint == Endpoint::kChatCompletions) {
-        queue_event(sse_event(stream_chunk(meta_, "", /*role_first=*/true, "")));
+        for (int i = 0; i < n_choices; ++i)
+          queue_event(sse_event(stream_chunk(meta_, "", /*role_first=*/true, "", i)));
       }
       if (endpoint == Endpoint::kResponses) {
         using json = nlohmann::ordered_json;
@@ -524,16 +558,26 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
-  void on_event(const engine::GenerationEvent& ev) {
-    if (!generating_) return;  // after a disconnect: only the terminal event is left to come
+  // One event of choice i (the engine request choices_[i].request_id) of the response `gen`.
+  void on_event(uint64_t gen, int i, const engine::GenerationEvent& ev) {
+    // A late event of an earlier response on this connection (a choice cancelled after another
+    // failed), or after an error: nothing is left to send for it.
+    if (gen != response_gen_ || !generating_) return;
     if (token_api_) return on_generate_event(ev);
+    Choice& c = choices_[i];
+    if (!c.live) return;
     usage_.prompt_tokens = ev.prompt_tokens > 0 ? ev.prompt_tokens : usage_.prompt_tokens;
-    usage_.completion_tokens = ev.completion_tokens;
-    usage_.cached_tokens = ev.cached_tokens;
+    c.completion_tokens = ev.completion_tokens;
+    c.cached_tokens = ev.cached_tokens;
+    update_usage();
     switch (ev.kind) {
       case engine::GenerationEvent::kToken:
+        if (ev.has_logprobs) {
+          c.logprobs.push_back(LogprobEntry{ev.chosen, ev.top_logprobs, c.text_offset});
+          c.text_offset += static_cast<int64_t>(ev.chosen.bytes.size());
+        }
         if (meta_.endpoint == Endpoint::kResponses) {
-          text_ += ev.text_delta;
+          c.text += ev.text_delta;
           if (streaming_ && !ev.text_delta.empty() && !client_gone_) {
             queue_event(response_event("response.output_text.delta",
                                        {{"item_id", item_id_},
@@ -543,49 +587,63 @@ class Session : public std::enable_shared_from_this<Session> {
                                        &seq_));
             flush();
           }
-        } else if (out_parser_) {
-          relay(out_parser_->push(ev.text_delta), "");
+        } else if (c.parser) {
+          relay(i, c.parser->push(ev.text_delta), "");
         } else if (streaming_) {
-          if (!ev.text_delta.empty() && !client_gone_) {
-            queue_event(sse_event(stream_chunk(meta_, ev.text_delta, false, "")));
+          if ((!ev.text_delta.empty() || !c.logprobs.empty()) && !client_gone_) {
+            queue_event(
+                sse_event(stream_chunk(meta_, ev.text_delta, false, "", i, take_logprobs(c))));
             flush();
           }
         } else {
-          text_ += ev.text_delta;
+          c.text += ev.text_delta;
         }
         return;
       case engine::GenerationEvent::kFinished: {
+        c.live = false;
+        std::string reason = ev.finish_reason;
+        if (c.parser) {
+          OutputDelta last = c.parser->finish();
+          if (c.parser->tool_calls_seen() > 0 && reason == "stop") reason = "tool_calls";
+          c.finish_reason = reason;
+          if (!client_gone_) relay(i, std::move(last), streaming_ ? reason : "");
+        } else {
+          c.finish_reason = reason;
+          if (streaming_ && !client_gone_ && meta_.endpoint != Endpoint::kResponses) {
+            queue_event(sse_event(stream_chunk(meta_, "", false, reason, i, take_logprobs(c))));
+            flush();
+          }
+        }
+        for (const Choice& other : choices_)
+          if (other.live) return;  // the response ends with its last choice
         generating_ = false;
         self_hold_.reset();
         if (client_gone_) return;
-        std::string reason = ev.finish_reason;
-        if (meta_.endpoint == Endpoint::kResponses) return finish_response(reason);
-        if (out_parser_) {
-          OutputDelta last = out_parser_->finish();
-          if (out_parser_->tool_calls_seen() > 0 && reason == "stop") reason = "tool_calls";
-          if (streaming_) {
-            relay(std::move(last), reason);
-          } else {
-            relay(std::move(last), "");
-            stop_watching();
-            send(200, dump_json(chat_completion_body(meta_, chat_out_, reason, usage_)),
-                 "application/json");
-            return;
-          }
-        } else if (streaming_) {
-          queue_event(sse_event(stream_chunk(meta_, "", false, reason)));
-        }
+        if (meta_.endpoint == Endpoint::kResponses)
+          return finish_response(choices_[0].finish_reason);
         if (streaming_) {
           if (include_usage_) queue_event(sse_event(usage_chunk(meta_, usage_)));
-          end_stream();
-        } else {
-          stop_watching();
-          send(200, dump_json(completion_body(meta_, text_, reason, usage_)), "application/json");
+          return end_stream();
         }
+        json all = json::array();
+        for (size_t k = 0; k < choices_.size(); ++k) {
+          Choice& ck = choices_[k];
+          if (meta_.endpoint == Endpoint::kChatCompletions) {
+            all.push_back(
+                chat_choice(static_cast<int>(k), ck.chat_out, ck.finish_reason, take_logprobs(ck)));
+          } else {
+            all.push_back(completion_choice(static_cast<int>(k), ck.text, ck.finish_reason,
+                                            take_logprobs(ck)));
+          }
+        }
+        stop_watching();
+        send(200, dump_json(body_with_choices(meta_, std::move(all), usage_)), "application/json");
         return;
       }
       case engine::GenerationEvent::kError: {
+        c.live = false;
         generating_ = false;
+        cancel_engine_requests();  // the other choices: their events are ignored from now on
         self_hold_.reset();
         if (client_gone_) return;
         ApiError e = error_from_status(ev.error, "generation failed");
@@ -598,6 +656,32 @@ class Session : public std::enable_shared_from_this<Session> {
         return;
       }
     }
+  }
+
+  // Usage of the whole response: the prompt once, the completion tokens of every choice.
+  void update_usage() {
+    usage_.completion_tokens = 0;
+    for (const Choice& c : choices_) usage_.completion_tokens += c.completion_tokens;
+    usage_.cached_tokens = choices_.empty() ? 0 : choices_[0].cached_tokens;
+  }
+
+  // The choice's log-probabilities not yet sent, as the endpoint's JSON (null when the request
+  // asked for none), and forgets them.
+  nlohmann::ordered_json take_logprobs(Choice& c) {
+    if (logprobs_ < 0) return nullptr;
+    nlohmann::ordered_json j = meta_.endpoint == Endpoint::kChatCompletions
+                                   ? chat_logprobs_json(c.logprobs)
+                                   : completion_logprobs_json(c.logprobs);
+    c.logprobs.clear();
+    return j;
+  }
+
+  // Cancels every engine request of the response that is still live. Their terminal events still
+  // come (and end the response when generating_ is still true, e.g. after a disconnect).
+  void cancel_engine_requests() {
+    if (token_api_) return st_->engine->cancel(request_id_);
+    for (const Choice& c : choices_)
+      if (c.live) st_->engine->cancel(c.request_id);
   }
 
   // ---- /v1/generate and /v1/abort (generate_endpoint.h) ----
@@ -645,14 +729,16 @@ class Session : public std::enable_shared_from_this<Session> {
     std::weak_ptr<Session> weak = weak_from_this();
     std::shared_ptr<EventGate> gate = st_->gate;
     auto executor = stream_.get_executor();
+    const uint64_t gen = ++response_gen_;
     Status submitted = st_->engine->submit(
-        std::move(greq), [weak, gate, executor, registry, id](const engine::GenerationEvent& ev) {
+        std::move(greq),
+        [weak, gate, executor, registry, id, gen](const engine::GenerationEvent& ev) {
           // The id leaves the registry with the terminal event, whatever became of the session.
           if (ev.kind != engine::GenerationEvent::kToken) registry->remove(id);
           std::lock_guard<std::mutex> lock(gate->mu);
           if (!gate->open) return;
           if (std::shared_ptr<Session> s = weak.lock()) {
-            net::post(executor, [s, ev] { s->on_event(ev); });
+            net::post(executor, [s, ev, gen] { s->on_event(gen, 0, ev); });
           }
         });
     if (!submitted.ok()) {
@@ -753,18 +839,21 @@ class Session : public std::enable_shared_from_this<Session> {
          "application/json");
   }
 
-  // A parsed chat delta: streamed as one chunk (with finish_reason when given, even if the delta
-  // is empty), or added to the whole answer.
-  void relay(OutputDelta d, const std::string& finish_reason) {
+  // A parsed chat delta of choice i: streamed as one chunk (with finish_reason when given, even if
+  // the delta is empty; with the log-probabilities of the tokens since the last chunk), or added
+  // to the whole answer.
+  void relay(int i, OutputDelta d, const std::string& finish_reason) {
+    Choice& c = choices_[i];
     if (!streaming_) {
-      chat_out_.content += d.content;
-      chat_out_.reasoning += d.reasoning;
-      for (ToolCall& c : d.tool_calls) chat_out_.tool_calls.push_back(std::move(c));
+      c.chat_out.content += d.content;
+      c.chat_out.reasoning += d.reasoning;
+      for (ToolCall& call : d.tool_calls) c.chat_out.tool_calls.push_back(std::move(call));
       return;
     }
-    if (client_gone_ || (d.empty() && finish_reason.empty())) return;
-    queue_event(sse_event(chat_delta_chunk(meta_, d, calls_sent_, finish_reason)));
-    calls_sent_ += static_cast<int>(d.tool_calls.size());
+    if (client_gone_ || (d.empty() && finish_reason.empty() && c.logprobs.empty())) return;
+    queue_event(
+        sse_event(chat_delta_chunk(meta_, d, c.calls_sent, finish_reason, i, take_logprobs(c))));
+    c.calls_sent += static_cast<int>(d.tool_calls.size());
     flush();
   }
 
@@ -804,7 +893,7 @@ class Session : public std::enable_shared_from_this<Session> {
     client_gone_ = true;
     if (generating_) {
       st_->count_disconnect();
-      st_->engine->cancel(request_id_);
+      cancel_engine_requests();
       OSCAR_LOG_INFO("server: client disconnected, cancelled request_id=%s", request_id_.c_str());
     }
     close();
@@ -826,26 +915,25 @@ class Session : public std::enable_shared_from_this<Session> {
   void finish_response(const std::string& reason) {
     using json = nlohmann::ordered_json;
     const std::string status = response_status(reason);
-    json r = response_object(meta_, status, item_id_, text_, usage_);
+    const std::string& text = choices_[0].text;
+    json r = response_object(meta_, status, item_id_, text, usage_);
     if (!streaming_) {
       stop_watching();
       return send(200, dump_json(r), "application/json");
     }
-    queue_event(response_event("response.output_text.done",
-                               json{{"item_id", item_id_},
-                                    {"output_index", 0},
-                                    {"content_index", 0},
-                                    {"text", text_}},
-                               &seq_));
+    queue_event(response_event(
+        "response.output_text.done",
+        json{{"item_id", item_id_}, {"output_index", 0}, {"content_index", 0}, {"text", text}},
+        &seq_));
     queue_event(response_event("response.content_part.done",
                                json{{"item_id", item_id_},
                                     {"output_index", 0},
                                     {"content_index", 0},
-                                    {"part", output_text_part(text_)}},
+                                    {"part", output_text_part(text)}},
                                &seq_));
     queue_event(response_event(
         "response.output_item.done",
-        json{{"output_index", 0}, {"item", response_message_item(item_id_, "completed", &text_)}},
+        json{{"output_index", 0}, {"item", response_message_item(item_id_, "completed", &text)}},
         &seq_));
     queue_event(response_event(status == "completed" ? "response.completed" : "response.incomplete",
                                json{{"response", r}}, &seq_));
@@ -1056,10 +1144,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool include_usage_ = false;
   bool chunked_ = true;
   ResponseMeta meta_;
-  std::string text_;  // non-streaming completions: the text so far
-  std::optional<OutputParser> out_parser_;  // chat: tool calls and reasoning out of the text
-  ChatOutput chat_out_;                     // non-streaming chat: the answer so far
-  int calls_sent_ = 0;                      // streaming chat: tool calls sent (their index)
+  std::vector<Choice> choices_;
+  int logprobs_ = -1;                       // the request's logprobs (-1: none)
+  uint64_t response_gen_ = 0;               // counts the responses started; events carry theirs
   std::string item_id_;                     // responses: the output message item's id
   int seq_ = 0;                             // responses: the next event's sequence_number
   Usage usage_;

@@ -26,8 +26,14 @@
 // Chat output: when the request has tools (and tool_choice is not "none"), <tool_call> blocks
 // become tool_calls with finish_reason "tool_calls"; with reasoning_parser "qwen3", <think>
 // becomes reasoning_content (output_parser.h), streamed as deltas too.
-// Not here: TLS, HTTP/2, rate limiting, n > 1, logprobs, constrained decoding (tool_choice
-// "required" or named).
+// logprobs: each token's entry rides with the chunk of its choice that follows it
+// (openai_response.h has the shapes). n > 1: n engine requests ("<id>-<i>"), the later ones sharing
+// the first's prompt pages (engine_api.h: share_prompt_with); the body has n choices, a stream
+// carries each choice's chunks with its index and ends after the last choice; usage counts the
+// prompt once. tool_choice "required" / named: the engine constrains the output to one call
+// (engine/tool_constraint.h), parsed as any other.
+// Not here: TLS, HTTP/2, rate limiting, parallel constrained calls, response_format / guided
+// decoding.
 #pragma once
 
 #include <chrono>

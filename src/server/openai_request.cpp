@@ -261,6 +261,64 @@ std::optional<ApiError> check_tool_calls(const json& calls, const std::string& n
   return std::nullopt;
 }
 
+// tool_choice: "auto" / "none"; "required" (a call to one of the tools) or
+// {"type": "function", "function": {"name": f}} (a call to f), both constrained in the engine.
+std::optional<ApiError> parse_tool_choice(const json& body, OpenAIRequest* req) {
+  const json* tc = field(body, "tool_choice");
+  if (!tc) return std::nullopt;
+  const bool has_tools = req->tools.is_array() && !req->tools.empty();
+  auto tool_names = [&] {
+    std::vector<std::string> names;
+    if (has_tools)
+      for (const json& t : req->tools)
+        names.push_back(t.at("function").at("name").get<std::string>());
+    return names;
+  };
+  if (tc->is_string()) {
+    const std::string v = tc->get<std::string>();
+    if (v == "auto" || v == "none") {
+      req->tool_choice = v;
+      return std::nullopt;
+    }
+    if (v != "required") {
+      return invalid_request(
+          str_format("'tool_choice' = \"%s\" is not one of \"none\", \"auto\", \"required\" or "
+                     "an object naming a function",
+                     v.c_str()),
+          "tool_choice");
+    }
+    if (!has_tools) {
+      return invalid_request("'tool_choice' = \"required\" needs a non-empty 'tools' array",
+                             "tool_choice");
+    }
+    req->tool_choice = "required";
+    req->tool_call_names = tool_names();
+    return std::nullopt;
+  }
+  if (!tc->is_object()) return wrong_type("tool_choice", "a string or an object", *tc);
+  if (const json* type = field(*tc, "type"); !type || *type != "function") {
+    return invalid_request("'tool_choice.type' must be \"function\"", "tool_choice.type");
+  }
+  const json* fn = field(*tc, "function");
+  if (!fn) return invalid_request("'tool_choice.function' is required", "tool_choice.function");
+  if (!fn->is_object()) return wrong_type("tool_choice.function", "an object", *fn);
+  const json* name = field(*fn, "name");
+  if (!name) {
+    return invalid_request("'tool_choice.function.name' is required", "tool_choice.function.name");
+  }
+  if (!name->is_string()) return wrong_type("tool_choice.function.name", "a string", *name);
+  const std::string f = name->get<std::string>();
+  const std::vector<std::string> names = tool_names();
+  if (std::find(names.begin(), names.end(), f) == names.end()) {
+    return invalid_request(
+        str_format("'tool_choice' names the function '%s', which is not in 'tools'", f.c_str()),
+        "tool_choice.function.name");
+  }
+  req->tool_choice = "named";
+  req->tool_call_names = {f};
+  return std::nullopt;
+}
+
 // The roles the chat template is given. "developer" (OpenAI's newer name) becomes "system".
 constexpr const char* kRoles = "system, developer, user, assistant, tool";
 
@@ -349,9 +407,7 @@ std::optional<ApiError> parse_messages(const json& body, OpenAIRequest* req) {
     }
     if (!t->empty()) req->tools = *t;
   }
-  if (const json* tc = field(body, "tool_choice"); tc && tc->is_string()) {
-    req->tool_choice = tc->get<std::string>();  // refuse_unsupported let only auto/none through
-  }
+  if (auto e = parse_tool_choice(body, req)) return e;
   if (const json* k = field(body, "chat_template_kwargs")) {
     if (!k->is_object()) return wrong_type("chat_template_kwargs", "an object", *k);
     req->chat_template_kwargs = *k;
@@ -409,22 +465,13 @@ std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) 
     const std::string& k = it.key();
     const json& v = it.value();
     if (v.is_null()) continue;
-    if (k == "logprobs") {
-      if (endpoint == Endpoint::kChatCompletions ? v == false : number_is(v, 0)) continue;
-      return refuse(k, v, "log probabilities are not returned");
-    }
-    if (k == "top_logprobs" && !number_is(v, 0)) {
-      return refuse(k, v, "log probabilities are not returned");
-    }
-    if ((k == "presence_penalty" || k == "frequency_penalty") && !number_is(v, 0)) {
-      return refuse(k, v, "penalties are not implemented (use 0)");
-    }
-    if (k == "repetition_penalty" && !number_is(v, 1)) {
-      return refuse(k, v, "penalties are not implemented (use 1)");
+    if (endpoint == Endpoint::kResponses && (k == "logprobs" || k == "top_logprobs") &&
+        v != false && !number_is(v, 0)) {
+      return refuse(k, v, "use /v1/chat/completions or /v1/completions for log probabilities");
     }
     if (k == "min_p" && !number_is(v, 0)) return refuse(k, v, "");
     if (k == "logit_bias" && !(v.is_object() && v.empty())) return refuse(k, v, "");
-    if (k == "best_of" && !number_is(v, 1)) return refuse(k, v, "one sequence per request");
+    if (k == "best_of" && !number_is(v, 1)) return refuse(k, v, "use 'n' for several choices");
     if (k == "echo" && v != false) return refuse(k, v, "");
     if (k == "suffix" && !(v.is_string() && v.get<std::string>().empty())) {
       return refuse(k, v, "");
@@ -440,9 +487,9 @@ std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) 
     if (k == "functions" || k == "function_call") {
       return refuse(k, v, "use 'tools' (the legacy function-calling fields are not supported)");
     }
-    if (k == "tool_choice") {
-      if (v == "auto" || v == "none") continue;
-      return refuse(k, v, "only \"auto\" and \"none\" (tool calls are returned as text)");
+    if (k == "tool_choice" && endpoint != Endpoint::kChatCompletions && v != "auto" &&
+        v != "none") {
+      return refuse(k, v, "tool calls are a /v1/chat/completions feature");
     }
     if (k == "modalities" && !(v.is_array() && v.size() == 1 && v[0] == "text")) {
       return refuse(k, v, "text output only");
@@ -543,15 +590,16 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
     if (auto e = parse_prompt(body, limits, req)) return e;
   }
 
-  // n: only one choice per request.
+  // n: choices per request (chat and completions).
   std::optional<int64_t> n;
-  if (auto e = get_int(body, "n", 1, std::numeric_limits<int32_t>::max(), &n)) return e;
-  if (n && *n != 1) {
+  if (auto e = get_int(body, "n", 1, kMaxChoices, &n)) return e;
+  if (n && *n != 1 && req->endpoint == Endpoint::kResponses) {
     return invalid_request(
-        str_format("'n' = %lld is not supported; this server returns exactly one choice (n = 1)",
-               static_cast<long long>(*n)),
+        str_format("'n' = %lld is not supported by /v1/responses (one output per response)",
+                   static_cast<long long>(*n)),
         "n");
   }
+  if (n) req->n = static_cast<int>(*n);
 
   // max_completion_tokens (current name) wins over max_tokens (legacy).
   std::optional<int64_t> max_tokens;
@@ -580,6 +628,24 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
     }
     req->sampling.top_p = static_cast<float>(*top_p);
   }
+  // Penalties: OpenAI's presence/frequency in [-2, 2], vLLM's repetition_penalty > 0.
+  std::optional<double> presence, frequency, repetition;
+  if (auto e = get_number(body, "presence_penalty", -2.0, 2.0, &presence)) return e;
+  if (auto e = get_number(body, "frequency_penalty", -2.0, 2.0, &frequency)) return e;
+  if (const json* rp = field(body, "repetition_penalty")) {
+    if (!rp->is_number()) return wrong_type("repetition_penalty", "a number", *rp);
+    const double x = rp->get<double>();
+    if (!std::isfinite(x) || !(x > 0.0) || static_cast<float>(x) <= 0.0f ||
+        !std::isfinite(static_cast<float>(x))) {
+      return invalid_request(
+          str_format("'repetition_penalty' must be a finite number > 0, got %.17g", x),
+          "repetition_penalty");
+    }
+    repetition = x;
+  }
+  if (presence) req->sampling.presence_penalty = static_cast<float>(*presence);
+  if (frequency) req->sampling.frequency_penalty = static_cast<float>(*frequency);
+  if (repetition) req->sampling.repetition_penalty = static_cast<float>(*repetition);
   // top_k: 0 or -1 (vLLM's spelling) mean off.
   std::optional<int64_t> top_k;
   if (auto e = get_int(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &top_k)) return e;
@@ -592,6 +658,25 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
   if (seed) {
     req->sampling.has_seed = true;
     req->sampling.seed = static_cast<uint64_t>(*seed);
+  }
+
+  // logprobs. Chat: logprobs (boolean) and top_logprobs (0..20, needs logprobs); completions:
+  // logprobs (0..20 alternatives; 0 = the chosen token's only).
+  if (req->endpoint == Endpoint::kChatCompletions) {
+    bool logprobs = false;
+    if (auto e = get_bool(body, "logprobs", &logprobs)) return e;
+    std::optional<int64_t> top;
+    if (auto e = get_int(body, "top_logprobs", 0, engine::kMaxLogprobs, &top)) return e;
+    if (top && *top > 0 && !logprobs) {
+      return invalid_request(str_format("'top_logprobs' = %lld needs 'logprobs' set to true",
+                                        static_cast<long long>(*top)),
+                             "top_logprobs");
+    }
+    if (logprobs) req->logprobs = top ? static_cast<int>(*top) : 0;
+  } else if (req->endpoint == Endpoint::kCompletions) {
+    std::optional<int64_t> lp;
+    if (auto e = get_int(body, "logprobs", 0, engine::kMaxLogprobs, &lp)) return e;
+    if (lp) req->logprobs = static_cast<int>(*lp);
   }
 
   if (auto e = parse_stop(body, req)) return e;

@@ -7,18 +7,20 @@
 // Accepted (both endpoints unless noted): model, messages (chat), prompt (completions: string,
 // list of token ids, or a list of exactly one string / one id list), max_tokens,
 // max_completion_tokens, temperature, top_p, top_k (extension), seed, stop (string or list), n
-// (only 1), stream, stream_options.include_usage, tools and chat_template_kwargs (chat,
-// extensions passed to the template), ignore_eos (extension). A null value means "not given".
-// Unknown fields are ignored, as OpenAI clients expect; known ones this server does not implement
-// (logprobs, top_logprobs, presence/frequency/repetition penalties, min_p, logit_bias, best_of,
-// echo, suffix, beam search, stop_token_ids, response_format other than text, functions,
-// tool_choice other than "auto"/"none", audio output, guided decoding) get a 400 naming them
-// unless set to their no-op value.
+// (1..kMaxChoices; not /v1/responses), stream, stream_options.include_usage, tools and
+// chat_template_kwargs (chat, extensions passed to the template), ignore_eos (extension), logprobs
+// (chat: boolean with top_logprobs 0..20; completions: 0..20), presence_penalty and
+// frequency_penalty (OpenAI, [-2, 2]), repetition_penalty (vLLM, > 0), tool_choice (chat: "auto",
+// "none", "required" with tools, or {"type": "function", "function": {"name"}} naming one of the
+// tools). A null value means "not given". Unknown fields are ignored, as OpenAI clients expect;
+// known ones this server does not implement (min_p, logit_bias, best_of, echo, suffix, beam search,
+// stop_token_ids, response_format other than text, functions, tool_choice outside chat, audio
+// output, guided decoding) get a 400 naming them unless set to their no-op value.
 //
 // /v1/responses: input (a string, or message items {role, content} whose content is a string or
 // input_text/output_text parts), instructions (a system message first), max_output_tokens,
-// temperature, top_p, stream; tools, previous_response_id, background, conversation and
-// non-text output formats get a 400.
+// temperature, top_p, stream; tools, previous_response_id, background, conversation, n > 1,
+// logprobs / top_logprobs and non-text output formats get a 400.
 //
 // Chat messages are normalized for the chat template (the validator accepts exactly what the
 // template is given): roles system, developer (sent as system), user, assistant, tool, anything
@@ -53,6 +55,8 @@ inline constexpr int kMaxJsonDepth = 64;
 // OpenAI's own limits on stop sequences.
 inline constexpr size_t kMaxStopStrings = 4;
 inline constexpr size_t kMaxStopStringBytes = 256;
+// Choices per request (n) at most.
+inline constexpr int kMaxChoices = 16;
 // OpenAI's temperature range.
 inline constexpr double kMaxTemperature = 2.0;
 
@@ -89,7 +93,10 @@ struct OpenAIRequest {
   nlohmann::ordered_json messages;
   nlohmann::ordered_json tools;                 // array or null
   nlohmann::ordered_json chat_template_kwargs;  // object or null
-  std::string tool_choice;                      // "auto", "none" or "" (not given: auto)
+  // "auto", "none", "required", "named" or "" (not given: auto). required / named: the output is
+  // constrained to one call to one of tool_call_names (engine/tool_constraint.h).
+  std::string tool_choice;
+  std::vector<std::string> tool_call_names;
 
   // /v1/completions: either text or ids.
   bool prompt_is_ids = false;
@@ -100,6 +107,11 @@ struct OpenAIRequest {
   engine::SamplingParams sampling;
   std::vector<std::string> stop;  // <= kMaxStopStrings, each 1..kMaxStopStringBytes bytes
   bool ignore_eos = false;
+  // -1: none. Else the alternatives per token (chat: top_logprobs with logprobs true;
+  // completions: logprobs), in [0, engine::kMaxLogprobs].
+  int logprobs = -1;
+  // Choices: n engine requests sharing the prompt (the seed of choice i is seed + i, as vLLM).
+  int n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
 };

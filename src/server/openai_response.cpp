@@ -57,21 +57,77 @@ json finish_json(const std::string& reason) {
 
 }  // namespace
 
+json completion_choice(int index, const std::string& text, const std::string& finish_reason,
+                       const json& logprobs) {
+  json choice = json::object();
+  choice["index"] = index;
+  choice["text"] = text;
+  choice["logprobs"] = logprobs;
+  choice["finish_reason"] = finish_json(finish_reason);
+  return choice;
+}
+
+json body_with_choices(const ResponseMeta& meta, json choices, const Usage& usage) {
+  json j = header(meta, "chat.completion");
+  j["choices"] = std::move(choices);
+  j["usage"] = usage_json(usage);
+  return j;
+}
+
 json completion_body(const ResponseMeta& meta, const std::string& text,
                      const std::string& finish_reason, const Usage& usage) {
-  json j = header(meta, "chat.completion");
-  json choice = json::object();
-  choice["index"] = 0;
   if (meta.endpoint == Endpoint::kChatCompletions) {
-    choice["message"] = json{{"role", "assistant"}, {"content", text}};
-    choice["logprobs"] = nullptr;
-  } else {
-    choice["text"] = text;
-    choice["logprobs"] = nullptr;
+    ChatOutput out;
+    out.content = text;
+    return chat_completion_body(meta, out, finish_reason, usage);
   }
-  choice["finish_reason"] = finish_json(finish_reason);
-  j["choices"] = json::array({choice});
-  j["usage"] = usage_json(usage);
+  return body_with_choices(meta, json::array({completion_choice(0, text, finish_reason, nullptr)}),
+                           usage);
+}
+
+namespace {
+
+json token_json(const engine::TokenLogprob& t, bool with_top,
+                const std::vector<engine::TokenLogprob>* top) {
+  json j = json::object();
+  j["token"] = t.bytes;
+  j["logprob"] = t.logprob;
+  json bytes = json::array();
+  for (unsigned char c : t.bytes) bytes.push_back(static_cast<int>(c));
+  j["bytes"] = std::move(bytes);
+  if (with_top) {
+    json alts = json::array();
+    for (const engine::TokenLogprob& a : *top) alts.push_back(token_json(a, false, nullptr));
+    j["top_logprobs"] = std::move(alts);
+  }
+  return j;
+}
+
+}  // namespace
+
+json chat_logprobs_json(const std::vector<LogprobEntry>& entries) {
+  json content = json::array();
+  for (const LogprobEntry& e : entries) content.push_back(token_json(e.chosen, true, &e.top));
+  return json{{"content", std::move(content)}};
+}
+
+json completion_logprobs_json(const std::vector<LogprobEntry>& entries) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       offsets = json::array();
+  for (const LogprobEntry& e : entries) {
+    tokens.push_back(e.chosen.bytes);
+    token_logprobs.push_back(e.chosen.logprob);
+    json alts = json::object();
+    for (const engine::TokenLogprob& a : e.top) alts[a.bytes] = a.logprob;
+    alts[e.chosen.bytes] = e.chosen.logprob;
+    top.push_back(std::move(alts));
+    offsets.push_back(e.text_offset);
+  }
+  json j = json::object();
+  j["tokens"] = std::move(tokens);
+  j["token_logprobs"] = std::move(token_logprobs);
+  j["top_logprobs"] = std::move(top);
+  j["text_offset"] = std::move(offsets);
   return j;
 }
 
@@ -85,9 +141,8 @@ json tool_call_json(const ToolCall& c) {
 
 }  // namespace
 
-json chat_completion_body(const ResponseMeta& meta, const ChatOutput& out,
-                          const std::string& finish_reason, const Usage& usage) {
-  json j = header(meta, "chat.completion");
+json chat_choice(int index, const ChatOutput& out, const std::string& finish_reason,
+                 const json& logprobs) {
   json msg = json::object();
   msg["role"] = "assistant";
   msg["content"] = out.content.empty() && !out.tool_calls.empty() ? json(nullptr)
@@ -101,17 +156,20 @@ json chat_completion_body(const ResponseMeta& meta, const ChatOutput& out,
     msg["tool_calls"] = std::move(calls);
   }
   json choice = json::object();
-  choice["index"] = 0;
+  choice["index"] = index;
   choice["message"] = std::move(msg);
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = logprobs;
   choice["finish_reason"] = finish_json(finish_reason);
-  j["choices"] = json::array({choice});
-  j["usage"] = usage_json(usage);
-  return j;
+  return choice;
+}
+
+json chat_completion_body(const ResponseMeta& meta, const ChatOutput& out,
+                          const std::string& finish_reason, const Usage& usage) {
+  return body_with_choices(meta, json::array({chat_choice(0, out, finish_reason, nullptr)}), usage);
 }
 
 json chat_delta_chunk(const ResponseMeta& meta, const OutputDelta& d, int first_call_index,
-                      const std::string& finish_reason) {
+                      const std::string& finish_reason, int index, const json& logprobs) {
   json j = header(meta, "chat.completion.chunk");
   json delta = json::object();
   if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
@@ -130,19 +188,19 @@ json chat_delta_chunk(const ResponseMeta& meta, const OutputDelta& d, int first_
     delta["tool_calls"] = std::move(calls);
   }
   json choice = json::object();
-  choice["index"] = 0;
+  choice["index"] = index;
   choice["delta"] = std::move(delta);
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = logprobs;
   choice["finish_reason"] = finish_json(finish_reason);
   j["choices"] = json::array({choice});
   return j;
 }
 
 json stream_chunk(const ResponseMeta& meta, const std::string& text_delta, bool role_first,
-                  const std::string& finish_reason) {
+                  const std::string& finish_reason, int index, const json& logprobs) {
   json j = header(meta, "chat.completion.chunk");
   json choice = json::object();
-  choice["index"] = 0;
+  choice["index"] = index;
   if (meta.endpoint == Endpoint::kChatCompletions) {
     json delta = json::object();
     if (role_first) delta["role"] = "assistant";
@@ -151,7 +209,7 @@ json stream_chunk(const ResponseMeta& meta, const std::string& text_delta, bool 
   } else {
     choice["text"] = text_delta;
   }
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = logprobs;
   choice["finish_reason"] = finish_json(finish_reason);
   j["choices"] = json::array({choice});
   return j;

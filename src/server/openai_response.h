@@ -5,11 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
+#include <vector>
 
 #include "server/openai_request.h"
 #include "server/output_parser.h"
@@ -38,14 +38,39 @@ std::string openai_finish_reason(const std::string& engine_reason);
 
 nlohmann::ordered_json usage_json(const Usage& usage);
 
+// ---- logprobs ----
+// One generated token with its log-probability and alternatives (engine::GenerationEvent), and
+// where its text starts in the choice's text (bytes; completions' text_offset).
+struct LogprobEntry {
+  engine::TokenLogprob chosen;
+  std::vector<engine::TokenLogprob> top;
+  int64_t text_offset = 0;
+};
+// Chat: {"content": [{"token", "logprob", "bytes": [...], "top_logprobs": [{"token", "logprob",
+// "bytes"}]}]}. A token's text is its bytes as UTF-8 (a partial character becomes U+FFFD on the
+// wire); "bytes" are exact.
+nlohmann::ordered_json chat_logprobs_json(const std::vector<LogprobEntry>& entries);
+// Completions: {"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}.
+// Each top_logprobs object holds the alternatives and the chosen token (as vLLM does).
+nlohmann::ordered_json completion_logprobs_json(const std::vector<LogprobEntry>& entries);
+
 // Non-streaming body: object "chat.completion" / "text_completion", one choice.
 nlohmann::ordered_json completion_body(const ResponseMeta& meta, const std::string& text,
                                        const std::string& finish_reason, const Usage& usage);
+// One choice of a non-streaming body; logprobs null or an *_logprobs_json object.
+nlohmann::ordered_json completion_choice(int index, const std::string& text,
+                                         const std::string& finish_reason,
+                                         const nlohmann::ordered_json& logprobs);
+// A non-streaming body with these choices (chat.completion / text_completion).
+nlohmann::ordered_json body_with_choices(const ResponseMeta& meta, nlohmann::ordered_json choices,
+                                         const Usage& usage);
 
 // One streaming chunk, object "chat.completion.chunk" / "text_completion". For chat, role_first
 // adds delta.role = "assistant" (the first chunk). finish_reason empty -> null.
 nlohmann::ordered_json stream_chunk(const ResponseMeta& meta, const std::string& text_delta,
-                                    bool role_first, const std::string& finish_reason);
+                                    bool role_first, const std::string& finish_reason,
+                                    int index = 0,
+                                    const nlohmann::ordered_json& logprobs = nullptr);
 // The final chunk of stream_options.include_usage: choices is empty and usage is set.
 nlohmann::ordered_json usage_chunk(const ResponseMeta& meta, const Usage& usage);
 
@@ -61,11 +86,16 @@ struct ChatOutput {
 // calls), reasoning_content (with_reasoning; null when empty) and tool_calls (when any).
 nlohmann::ordered_json chat_completion_body(const ResponseMeta& meta, const ChatOutput& out,
                                             const std::string& finish_reason, const Usage& usage);
+nlohmann::ordered_json chat_choice(int index, const ChatOutput& out,
+                                   const std::string& finish_reason,
+                                   const nlohmann::ordered_json& logprobs);
 
 // One streaming chat chunk for a parsed delta: delta.content / delta.reasoning_content /
 // delta.tool_calls (each call whole, with "index" = first_call_index + its position).
 nlohmann::ordered_json chat_delta_chunk(const ResponseMeta& meta, const OutputDelta& delta,
-                                        int first_call_index, const std::string& finish_reason);
+                                        int first_call_index, const std::string& finish_reason,
+                                        int index = 0,
+                                        const nlohmann::ordered_json& logprobs = nullptr);
 
 // ---- /v1/responses ----
 // The Response object: status "in_progress" (no output yet), "completed" or "incomplete" (cut by

@@ -10,8 +10,10 @@
 #include <cmath>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <variant>
 
 #include "engine/scheduler.h"
@@ -30,6 +32,8 @@ struct Collector {
   Status error;
   bool done = false;
   int events = 0;
+  std::vector<GenerationEvent> tokens;  // every kToken event
+  int cached_tokens = 0;                // of the terminal event
 
   std::function<void(const GenerationEvent&)> callback() {
     return [this](const GenerationEvent& e) {
@@ -38,8 +42,10 @@ struct Collector {
       if (e.kind == GenerationEvent::kToken) {
         text += e.text_delta;
         ids.push_back(e.token_id);
+        tokens.push_back(e);
       } else {
         finish = e.finish_reason;
+        cached_tokens = e.cached_tokens;
         error = e.error;
         done = true;
         cv.notify_all();
@@ -137,6 +143,8 @@ TEST(Scheduler, BatchedGreedyEqualsSequential) {
   }
   wait_idle(*sched);
   EXPECT_EQ(used_pages(*sched), 0);
+  // Idle: nothing is stored, so 0 bits per element (not the last request's value, not 0/0).
+  EXPECT_EQ(sched->metrics().kv_effective_bits_per_element, 0.0);
 }
 
 TEST(Scheduler, StopStringEndsAndIsNotEmitted) {
@@ -240,6 +248,210 @@ TEST(Scheduler, PrefixCacheReusesSharedPrefix) {
     ASSERT_TRUE(third.wait());
     EXPECT_EQ(third.finish, "length");
   }
+}
+
+// logprobs: each token carries its log-probability and the top alternatives, the log-softmax of
+// the raw logits: the greedy token is the first alternative, a sampled request (temperature 1.5)
+// reports the same alternatives for its first token (temperature is not applied), and asking
+// changes no token.
+TEST(Scheduler, LogprobsAreTheRawLogSoftmax) {
+  auto sched = make_scheduler("bf16");
+  const auto prompt = sched->tokenize("def fibonacci(n):\n").value();
+  Collector plain, with_lp, hot;
+  ASSERT_TRUE(sched->submit(greedy("plain", prompt, 12), plain.callback()).ok());
+  GenerationRequest r = greedy("lp", prompt, 12);
+  r.logprobs = 5;
+  ASSERT_TRUE(sched->submit(r, with_lp.callback()).ok());
+  GenerationRequest h = r;
+  h.request_id = "hot";
+  h.sampling.temperature = 1.5f;
+  h.sampling.has_seed = true;
+  h.sampling.seed = 3;
+  ASSERT_TRUE(sched->submit(h, hot.callback()).ok());
+  ASSERT_TRUE(plain.wait() && with_lp.wait() && hot.wait());
+  EXPECT_EQ(with_lp.ids, plain.ids);
+  ASSERT_EQ(with_lp.tokens.size(), 12u);
+  std::string bytes;
+  for (const GenerationEvent& e : with_lp.tokens) {
+    ASSERT_TRUE(e.has_logprobs);
+    EXPECT_EQ(e.chosen.token_id, e.token_id);
+    ASSERT_EQ(e.top_logprobs.size(), 5u);
+    EXPECT_EQ(e.top_logprobs[0].token_id, e.token_id);  // greedy: the most likely token
+    EXPECT_FLOAT_EQ(e.top_logprobs[0].logprob, e.chosen.logprob);
+    double mass = 0;
+    for (size_t k = 0; k < 5; ++k) {
+      EXPECT_LE(e.top_logprobs[k].logprob, 0.f);
+      if (k > 0) {
+        EXPECT_LE(e.top_logprobs[k].logprob, e.top_logprobs[k - 1].logprob);
+      }
+      mass += std::exp(e.top_logprobs[k].logprob);
+    }
+    EXPECT_LE(mass, 1.0 + 1e-5);
+    bytes += e.chosen.bytes;
+  }
+  EXPECT_EQ(bytes, with_lp.text);
+  ASSERT_FALSE(hot.tokens.empty());
+  ASSERT_TRUE(hot.tokens[0].has_logprobs);
+  for (size_t k = 0; k < 5; ++k) {
+    EXPECT_EQ(hot.tokens[0].top_logprobs[k].token_id, with_lp.tokens[0].top_logprobs[k].token_id);
+    EXPECT_FLOAT_EQ(hot.tokens[0].top_logprobs[k].logprob,
+                    with_lp.tokens[0].top_logprobs[k].logprob);
+  }
+  EXPECT_TRUE(plain.tokens[0].top_logprobs.empty());
+  EXPECT_FALSE(plain.tokens[0].has_logprobs);
+  GenerationRequest bad = greedy("bad", prompt, 4);
+  bad.logprobs = 21;
+  Collector unused;
+  EXPECT_EQ(sched->submit(bad, unused.callback()).code(), StatusCode::kInvalidArgument);
+}
+
+// Penalties act on the logits before greedy: with presence p and frequency f, every greedy token
+// maximises raw logprob - f * count - p * (count > 0) over the output so far (checked against the
+// top 20 raw alternatives); the repetition penalty changes the greedy output; bad values are
+// refused at submit.
+TEST(Scheduler, PenaltiesApplyBeforeGreedy) {
+  auto sched = make_scheduler("bf16");
+  const auto prompt = sched->tokenize("def fibonacci(n):\n").value();
+  Collector plain, pen, rep;
+  ASSERT_TRUE(sched->submit(greedy("plain", prompt, 24), plain.callback()).ok());
+  GenerationRequest r = greedy("pen", prompt, 24);
+  r.logprobs = 20;
+  r.sampling.presence_penalty = 1.f;
+  r.sampling.frequency_penalty = 2.f;
+  ASSERT_TRUE(sched->submit(r, pen.callback()).ok());
+  GenerationRequest q = greedy("rep", prompt, 24);
+  q.sampling.repetition_penalty = 2.f;
+  ASSERT_TRUE(sched->submit(q, rep.callback()).ok());
+  ASSERT_TRUE(plain.wait() && pen.wait() && rep.wait());
+  EXPECT_NE(pen.ids, plain.ids);
+  EXPECT_NE(rep.ids, plain.ids);
+  std::map<int32_t, int> counts;
+  for (const GenerationEvent& e : pen.tokens) {
+    if (!e.has_logprobs) continue;  // the end-of-sequence token
+    auto score = [&](int32_t id, float lp) {
+      const int c = counts.count(id) ? counts[id] : 0;
+      return lp - 2.f * c - 1.f * (c > 0);
+    };
+    const float chosen = score(e.token_id, e.chosen.logprob);
+    for (const TokenLogprob& a : e.top_logprobs)
+      EXPECT_LE(score(a.token_id, a.logprob), chosen + 1e-4f)
+          << "token " << a.token_id << " beats the drawn " << e.token_id;
+    counts[e.token_id] += 1;
+  }
+  for (auto [p, f, rp] : {std::tuple{2.5f, 0.f, 1.f},
+                          {0.f, -2.1f, 1.f},
+                          {0.f, 0.f, 0.f},
+                          {0.f, 0.f, -1.f},
+                          {0.f, 0.f, std::nanf("")}}) {
+    GenerationRequest bad = greedy("bad", prompt, 4);
+    bad.sampling.presence_penalty = p;
+    bad.sampling.frequency_penalty = f;
+    bad.sampling.repetition_penalty = rp;
+    Collector unused;
+    EXPECT_EQ(sched->submit(bad, unused.callback()).code(), StatusCode::kInvalidArgument)
+        << p << " " << f << " " << rp;
+  }
+}
+
+// n > 1: the second choice names the first in share_prompt_with, waits for its prefill and
+// adopts its prompt pages from the prefix cache: every full page of the prompt (BF16) is stored
+// once, not twice; greedy choices are equal; seeded choices with seeds s and s + 1 are the
+// requests run alone with those seeds.
+TEST(Scheduler, NChoicesSharePromptPages) {
+  auto sched = make_scheduler("bf16", 64, 256, /*prefix_cache=*/true);
+  const int64_t page = 16;
+  const std::vector<int32_t> prompt =
+      code_prompt(*sched, 170, "def add(a, b):\n    return a + b\n");
+  const int64_t prompt_pages = (static_cast<int64_t>(prompt.size()) + page - 1) / page;  // 11
+  Collector a, b;
+  GenerationRequest ra = greedy("n-0", prompt, 24);
+  GenerationRequest rb = greedy("n-1", prompt, 24);
+  rb.share_prompt_with = "n-0";
+  ASSERT_TRUE(sched->submit(ra, a.callback()).ok());
+  ASSERT_TRUE(sched->submit(rb, b.callback()).ok());
+  int64_t peak = 0;
+  for (int i = 0; i < 6000; ++i) {
+    peak = std::max(peak, used_pages(*sched));
+    {
+      std::lock_guard<std::mutex> la(a.mu), lb(b.mu);
+      if (a.done && b.done) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_TRUE(a.wait() && b.wait());
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(a.cached_tokens, 0);
+  EXPECT_EQ(b.cached_tokens, (static_cast<int64_t>(prompt.size()) - 1) / page * page);  // 160
+  // Shared: the prompt's pages once, plus each choice's own last page and 24 generated tokens.
+  const int64_t own = 1 + (24 + page - 1) / page;
+  EXPECT_GE(peak, prompt_pages);
+  EXPECT_LE(peak, prompt_pages + 2 * own) << "duplicated would be " << 2 * (prompt_pages + own - 1);
+
+  // Seeded: choice i uses seed + i (the server's rule); each equals the request run alone.
+  auto sampled = [&](const std::string& id, uint64_t seed, const std::string& share) {
+    GenerationRequest r = greedy(id, prompt, 12);
+    r.sampling.temperature = 2.0f;
+    r.sampling.has_seed = true;
+    r.sampling.seed = seed;
+    r.share_prompt_with = share;
+    return r;
+  };
+  Collector s0, s1, alone0, alone1;
+  ASSERT_TRUE(sched->submit(sampled("s-0", 7, ""), s0.callback()).ok());
+  ASSERT_TRUE(sched->submit(sampled("s-1", 8, "s-0"), s1.callback()).ok());
+  ASSERT_TRUE(s0.wait() && s1.wait());
+  ASSERT_TRUE(sched->submit(sampled("alone-0", 7, ""), alone0.callback()).ok());
+  ASSERT_TRUE(alone0.wait());
+  ASSERT_TRUE(sched->submit(sampled("alone-1", 8, ""), alone1.callback()).ok());
+  ASSERT_TRUE(alone1.wait());
+  EXPECT_EQ(s0.ids, alone0.ids);
+  EXPECT_EQ(s1.ids, alone1.ids);
+  EXPECT_NE(s0.ids, s1.ids);
+}
+
+// tool_call_names: the embedded model (which knows nothing of tools) is made to write one valid
+// call to one of the names, greedy and sampled, within max_tokens (it never closes its arguments
+// by itself: the budget rule closes them), and the request ends with "stop" right after it.
+TEST(Scheduler, ConstrainedToolCallIsValid) {
+  auto sched = make_scheduler("bf16");
+  const auto prompt = sched->tokenize("def fibonacci(n):\n").value();
+  struct Case {
+    std::vector<std::string> names;
+    float temperature;
+  };
+  const Case cases[] = {{{"get_weather", "get_time"}, 0.f},
+                        {{"get_weather", "get_time"}, 1.5f},
+                        {{"get_time"}, 0.f},
+                        {{"get_time"}, 2.f}};
+  int i = 0;
+  for (const Case& c : cases) {
+    GenerationRequest r = greedy("tool" + std::to_string(i), prompt, 80);
+    r.sampling.temperature = c.temperature;
+    r.sampling.has_seed = true;
+    r.sampling.seed = static_cast<uint64_t>(i++);
+    r.tool_call_names = c.names;
+    Collector col;
+    ASSERT_TRUE(sched->submit(r, col.callback()).ok());
+    ASSERT_TRUE(col.wait());
+    EXPECT_EQ(col.finish, "stop") << col.text;
+    const std::string open = "<tool_call>\n", close = "}\n</tool_call>";
+    ASSERT_EQ(col.text.rfind(open, 0), 0u) << col.text;
+    ASSERT_GE(col.text.size(), open.size() + close.size()) << col.text;
+    ASSERT_EQ(col.text.substr(col.text.size() - close.size()), close) << col.text;
+    const std::string body =
+        col.text.substr(open.size(), col.text.size() - open.size() - close.size() + 1);
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(body)) << body;
+    ASSERT_TRUE(j["name"].is_string()) << body;
+    EXPECT_NE(std::find(c.names.begin(), c.names.end(), j["name"].get<std::string>()),
+              c.names.end())
+        << body;
+    EXPECT_TRUE(j["arguments"].is_object()) << body;
+  }
+  GenerationRequest bad = greedy("bad", prompt, 4);
+  bad.tool_call_names = {""};
+  Collector unused;
+  EXPECT_EQ(sched->submit(bad, unused.callback()).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(Scheduler, RefusesImpossibleRequests) {

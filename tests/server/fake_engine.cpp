@@ -278,6 +278,18 @@ void FakeEngine::worker() {
           }
           ev.kind = engine::GenerationEvent::kToken;
           ev.token_id = id;
+          if (l.req.logprobs >= 0) {
+            // Scripted values: the token has logprob -0.25; alternative k is token id + k with
+            // logprob -0.25 * (k + 1).
+            auto bytes = [](int32_t t) {
+              return t < 256 ? std::string(1, static_cast<char>(t)) : "<" + std::to_string(t) + ">";
+            };
+            ev.has_logprobs = true;
+            ev.chosen = engine::TokenLogprob{id, bytes(id), -0.25f};
+            for (int k = 0; k < l.req.logprobs; ++k)
+              ev.top_logprobs.push_back(
+                  engine::TokenLogprob{id + k, bytes(id + k), -0.25f * static_cast<float>(k + 1)});
+          }
           if (end > l.emitted) ev.text_delta = l.text.substr(l.emitted, end - l.emitted);
           l.emitted = std::max(l.emitted, end);
           ev.completion_tokens = l.n_generated;

@@ -3,7 +3,8 @@
 // template is "<|role|>content\n" per message plus "<|assistant|>", and generation echoes the
 // prompt: output token i is prompt token i % n_prompt. Without ignore_eos a request ends with
 // "stop" once the prompt has been echoed once; at max_tokens it ends with "length". Stop strings
-// are honoured (held back while they could still match, never emitted).
+// are honoured (held back while they could still match, never emitted). With logprobs >= 0 every
+// token carries scripted log-probabilities (fake_engine.cpp says which).
 //
 // A worker thread advances every live request by one token per token_delay (a toy continuous
 // batch), delivering events outside its lock, per the contract of engine_api.h. Each request holds

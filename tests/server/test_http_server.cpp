@@ -1,25 +1,24 @@
 // End-to-end tests of HttpServer over real sockets: a server on 127.0.0.1 with an ephemeral port
 // and a FakeEngine, driven by a small blocking HTTP client written with Beast. Each socket has a
 // 10 s receive timeout so a server bug fails the test instead of hanging it.
-#include "server/http_server.h"
-
+#include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <chrono>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
+#include "server/http_server.h"
 #include "tests/server/fake_engine.h"
 
 namespace oscar::server {
@@ -192,7 +191,8 @@ TEST_F(HttpServerTest, SamplingParametersReachTheEngine) {
   Reply r = post("/v1/chat/completions",
                  R"({"model":"fake-model","messages":[{"role":"user","content":"Hi"}],
                      "max_completion_tokens":5,"temperature":0.5,"top_p":0.8,"top_k":7,
-                     "seed":11,"stop":["zz"],"ignore_eos":true,
+                     "seed":11,"stop":["zz"],"ignore_eos":true,"presence_penalty":-0.5,
+                     "frequency_penalty":1.5,"repetition_penalty":1.2,
                      "chat_template_kwargs":{"enable_thinking":false}})");
   ASSERT_EQ(r.status, 200) << r.body;
   auto reqs = engine_->submitted();
@@ -206,6 +206,9 @@ TEST_F(HttpServerTest, SamplingParametersReachTheEngine) {
   EXPECT_EQ(g.sampling.seed, 11u);
   EXPECT_EQ(g.stop, std::vector<std::string>{"zz"});
   EXPECT_TRUE(g.ignore_eos);
+  EXPECT_FLOAT_EQ(g.sampling.presence_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(g.sampling.frequency_penalty, 1.5f);
+  EXPECT_FLOAT_EQ(g.sampling.repetition_penalty, 1.2f);
   // The template saw the kwargs: the prompt ends with the fake's "<nothink>" marker.
   std::string prompt(g.prompt_ids.begin(), g.prompt_ids.end());
   EXPECT_NE(prompt.find("<nothink>"), std::string::npos) << prompt;
@@ -305,7 +308,7 @@ TEST_F(HttpServerTest, ErrorsAreOpenAIShaped) {
   EXPECT_EQ(model.status, 404);
   EXPECT_EQ(json::parse(model.body)["error"]["code"], "model_not_found");
 
-  Reply n = post("/v1/completions", R"({"model":"fake-model","prompt":"x","n":3})");
+  Reply n = post("/v1/completions", R"({"model":"fake-model","prompt":"x","n":17})");
   EXPECT_EQ(n.status, 400);
   EXPECT_EQ(json::parse(n.body)["error"]["param"], "n");
 
@@ -695,8 +698,9 @@ TEST_F(HttpServerTest, ChatInputIsNormalizedBeforeTheTemplate) {
                     R"({"model":"fake-model","messages":[{"role":"narrator","content":"x"}]})");
   EXPECT_EQ(role.status, 400);
   EXPECT_NE(role.body.find("narrator"), std::string::npos);
-  Reply pen = post("/v1/chat/completions",
-                   R"({"model":"fake-model","presence_penalty":1,"messages":[{"role":"user","content":"x"}]})");
+  Reply pen = post(
+      "/v1/chat/completions",
+      R"({"model":"fake-model","presence_penalty":3,"messages":[{"role":"user","content":"x"}]})");
   EXPECT_EQ(pen.status, 400);
   EXPECT_EQ(json::parse(pen.body)["error"]["param"], "presence_penalty");
   EXPECT_EQ(engine_->submitted().size(), 1u);
@@ -1037,6 +1041,233 @@ TEST_F(HttpServerTest, ResponsesEndpoint) {
   EXPECT_EQ(json::parse(prev.body)["error"]["param"], "previous_response_id");
   EXPECT_EQ(post("/v1/responses", R"({"model":"fake-model"})").status, 400);
   EXPECT_EQ(get("/v1/responses").status, 405);
+}
+
+// logprobs in OpenAI's shapes (the fake engine scripts the values: the token -0.25, alternative
+// k is the token id + k with -0.25 * (k + 1)).
+TEST_F(HttpServerTest, ChatLogprobs) {
+  start();
+  const std::string body =
+      R"({"model":"fake-model","messages":[{"role":"user","content":"Hi"}],"max_tokens":3,
+          "logprobs":true,"top_logprobs":2)";
+  Reply r = post("/v1/chat/completions", body + "}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  const json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 3u) << r.body;
+  EXPECT_EQ(content[0]["token"], "<");
+  EXPECT_FLOAT_EQ(content[0]["logprob"].get<float>(), -0.25f);
+  EXPECT_EQ(content[0]["bytes"], json::array({60}));
+  ASSERT_EQ(content[0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(content[0]["top_logprobs"][1]["token"], "=");
+  EXPECT_FLOAT_EQ(content[0]["top_logprobs"][1]["logprob"].get<float>(), -0.5f);
+  EXPECT_EQ(content[0]["top_logprobs"][1]["bytes"], json::array({61}));
+  EXPECT_EQ(content[1]["token"], "|");
+  EXPECT_EQ(content[2]["token"], "u");
+  EXPECT_EQ(engine_->submitted()[0].logprobs, 2);
+
+  // Streamed: each token's entry rides with a chunk of its choice.
+  Reply s = post("/v1/chat/completions", body + R"(,"stream":true})");
+  ASSERT_EQ(s.status, 200) << s.body;
+  std::string tokens;
+  for (const std::string& ev : sse_payloads(s.body)) {
+    if (ev == "[DONE]") continue;
+    const json chunk = json::parse(ev);
+    const json& lp = chunk["choices"][0]["logprobs"];
+    if (lp.is_null()) continue;
+    for (const json& e : lp["content"]) {
+      tokens += e["token"].get<std::string>();
+      EXPECT_EQ(e["top_logprobs"].size(), 2u);
+    }
+  }
+  EXPECT_EQ(tokens, "<|u");
+
+  // Not asked: null.
+  Reply plain = post("/v1/chat/completions", kChat);
+  EXPECT_TRUE(json::parse(plain.body)["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(engine_->submitted().back().logprobs, -1);
+}
+
+TEST_F(HttpServerTest, CompletionLogprobs) {
+  start();
+  const std::string body = R"({"model":"fake-model","prompt":"abcdef","max_tokens":3,"logprobs":1)";
+  Reply r = post("/v1/completions", body + "}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json lp = json::parse(r.body)["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], json::array({"a", "b", "c"}));
+  EXPECT_EQ(lp["token_logprobs"], json::array({-0.25, -0.25, -0.25}));
+  EXPECT_EQ(lp["text_offset"], json::array({0, 1, 2}));
+  ASSERT_EQ(lp["top_logprobs"].size(), 3u);
+  EXPECT_EQ(lp["top_logprobs"][0], json({{"a", -0.25}}));
+
+  Reply s = post("/v1/completions", body + R"(,"stream":true})");
+  ASSERT_EQ(s.status, 200) << s.body;
+  json tokens = json::array(), offsets = json::array();
+  for (const std::string& ev : sse_payloads(s.body)) {
+    if (ev == "[DONE]") continue;
+    const json chunk = json::parse(ev);
+    const json& l = chunk["choices"][0]["logprobs"];
+    ASSERT_TRUE(l.is_object()) << ev;
+    for (const json& t : l["tokens"]) tokens.push_back(t);
+    for (const json& o : l["text_offset"]) offsets.push_back(o);
+  }
+  EXPECT_EQ(tokens, json::array({"a", "b", "c"}));
+  EXPECT_EQ(offsets, json::array({0, 1, 2}));
+}
+
+TEST_F(HttpServerTest, BadLogprobsAreRefusedByName) {
+  start();
+  struct Case {
+    const char* target;
+    const char* extra;
+    const char* param;
+  };
+  const Case cases[] = {
+      {"/v1/chat/completions", R"("top_logprobs":3)", "top_logprobs"},
+      {"/v1/chat/completions", R"("logprobs":true,"top_logprobs":21)", "top_logprobs"},
+      {"/v1/chat/completions", R"("logprobs":true,"top_logprobs":-1)", "top_logprobs"},
+      {"/v1/chat/completions", R"("logprobs":5)", "logprobs"},
+      {"/v1/completions", R"("logprobs":21)", "logprobs"},
+      {"/v1/completions", R"("logprobs":true)", "logprobs"},
+      {"/v1/responses", R"("top_logprobs":2)", "top_logprobs"},
+  };
+  for (const Case& c : cases) {
+    const std::string target = c.target;
+    std::string body = target == "/v1/chat/completions"
+                           ? R"({"model":"fake-model","messages":[{"role":"user","content":"Hi"}],)"
+                       : target == "/v1/completions" ? R"({"model":"fake-model","prompt":"ab",)"
+                                                     : R"({"model":"fake-model","input":"ab",)";
+    Reply r = post(target, body + c.extra + "}");
+    EXPECT_EQ(r.status, 400) << c.extra << " " << r.body;
+    EXPECT_EQ(json::parse(r.body)["error"]["param"], c.param) << c.extra << " " << r.body;
+  }
+}
+
+// n > 1: n engine requests (the later ones sharing the first's prompt pages, seeds seed + i),
+// n choices in the body, each choice's chunks with its index in a stream that ends once.
+TEST_F(HttpServerTest, SeveralChoices) {
+  start();
+  Reply r = post("/v1/chat/completions",
+                 R"({"model":"fake-model","messages":[{"role":"user","content":"Hi"}],"n":2,
+                     "seed":11})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  ASSERT_EQ(j["choices"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["message"]["content"], kChatEcho);
+    EXPECT_EQ(j["choices"][i]["finish_reason"], "stop");
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 24);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 48);
+  auto reqs = engine_->submitted();
+  ASSERT_EQ(reqs.size(), 2u);
+  const std::string id = j["id"];
+  EXPECT_EQ(reqs[0].request_id, id + "-0");
+  EXPECT_EQ(reqs[1].request_id, id + "-1");
+  EXPECT_EQ(reqs[0].sampling.seed, 11u);
+  EXPECT_EQ(reqs[1].sampling.seed, 12u);
+  EXPECT_TRUE(reqs[0].share_prompt_with.empty());
+  EXPECT_EQ(reqs[1].share_prompt_with, id + "-0");
+  EXPECT_EQ(reqs[0].prompt_ids, reqs[1].prompt_ids);
+
+  Reply s = post("/v1/completions", R"({"model":"fake-model","prompt":"abcdef","n":3,
+                                       "max_tokens":4,"logprobs":0,"stream":true,
+                                       "stream_options":{"include_usage":true}})");
+  ASSERT_EQ(s.status, 200) << s.body;
+  std::vector<std::string> events = sse_payloads(s.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(std::count(events.begin(), events.end(), "[DONE]"), 1);
+  std::map<int, std::string> text;
+  std::map<int, int> finishes, tokens;
+  for (const std::string& ev : events) {
+    if (ev == "[DONE]") continue;
+    const json c = json::parse(ev);
+    if (c["choices"].empty()) {
+      EXPECT_EQ(c["usage"]["completion_tokens"], 12);
+      EXPECT_EQ(c["usage"]["prompt_tokens"], 6);
+      continue;
+    }
+    const json& ch = c["choices"][0];
+    const int i = ch["index"];
+    text[i] += ch["text"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) finishes[i] += 1;
+    tokens[i] += static_cast<int>(ch["logprobs"]["tokens"].size());
+  }
+  ASSERT_EQ(text.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(text[i], "abcd") << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+    EXPECT_EQ(tokens[i], 4) << i;
+  }
+}
+
+// tool_choice "required" and named reach the engine as the names its output is constrained to
+// (the fake engine does not constrain; tests/engine and e2e check the real one); the parser is on.
+TEST_F(HttpServerTest, ToolChoiceRequiredAndNamed) {
+  FakeEngine::Options o;
+  o.chat_prompt_is_last_content = true;
+  start(o);
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"get_weather"}},
+                  {"type":"function","function":{"name":"get_time"}}])";
+  const std::string call =
+      R"(<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>)";
+  Reply r = post("/v1/chat/completions",
+                 R"({"model":"fake-model","messages":[{"role":"user","content":")" + call +
+                     R"("}],"tool_choice":"required",)" + tools + "}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls") << r.body;
+  EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_time");
+  EXPECT_EQ(engine_->submitted().back().tool_call_names,
+            (std::vector<std::string>{"get_weather", "get_time"}));
+  Reply named = post("/v1/chat/completions",
+                     R"({"model":"fake-model","messages":[{"role":"user","content":")" + call +
+                         R"("}],"stream":true,
+                         "tool_choice":{"type":"function","function":{"name":"get_time"}},)" +
+                         tools + "}");
+  ASSERT_EQ(named.status, 200) << named.body;
+  EXPECT_NE(named.body.find(R"("tool_calls":[{"index":0)"), std::string::npos) << named.body;
+  EXPECT_EQ(engine_->submitted().back().tool_call_names, std::vector<std::string>{"get_time"});
+  Reply none = post("/v1/chat/completions",
+                    R"({"model":"fake-model","messages":[{"role":"user","content":"x"}],
+                        "tool_choice":"none",)" +
+                        tools + "}");
+  ASSERT_EQ(none.status, 200) << none.body;
+  EXPECT_TRUE(engine_->submitted().back().tool_call_names.empty());
+}
+
+// A client that hangs up on an n = 3 stream cancels every choice, and the server keeps serving
+// on new connections (no stale choice event reaches a later response).
+TEST_F(HttpServerTest, DisconnectCancelsEveryChoice) {
+  start(FakeEngine::Options{.token_delay = std::chrono::milliseconds(5)});
+  {
+    Client c(server_->port());
+    std::string body =
+        R"({"model":"fake-model","prompt":"abcdefgh","stream":true,"max_tokens":400,"ignore_eos":true,"n":3})";
+    std::string req =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    net::write(c.socket(), net::buffer(req));
+    std::string got;
+    char buf[4096];
+    while (got.find("\"text\":\"c\"") == std::string::npos) {
+      beast::error_code ec;
+      size_t n = c.socket().read_some(net::buffer(buf), ec);
+      ASSERT_FALSE(ec) << ec.message() << " after: " << got;
+      got.append(buf, n);
+    }
+    EXPECT_EQ(engine_->live_requests(), 3);
+  }
+  EXPECT_TRUE(wait_until([&] { return engine_->live_requests() == 0; }));
+  EXPECT_EQ(engine_->cancelled_requests(), 3u);
+  EXPECT_EQ(engine_->pages_used(), 0);
+  Reply r = post("/v1/completions", R"({"model":"fake-model","prompt":"ok","n":2})");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(json::parse(r.body)["choices"].size(), 2u);
 }
 
 TEST(HttpServerStart, HostNamesResolve) {

@@ -2,6 +2,7 @@
 // through OpenMP). Ops run synchronously, so synchronize() has nothing to wait for.
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "kernels/backend.h"
 #ifdef OSCAR_HAS_CUDA
@@ -59,12 +60,82 @@ class CpuBackend final : public Backend {
   }
   Status demote_pages(const DemotePagesParams& p) override { return kernels::demote_pages(p); }
   Status sample(const SampleParams& p) override { return kernels::sample(p); }
+  Status process_logits(const LogitsProcessParams& p) override { return process_logits_ref(p); }
+  Status logprobs(const LogprobsParams& p) override { return logprobs_ref(p); }
+  Status copy(const void* src, size_t bytes, void* dst) override {
+    if (bytes > 0) std::memmove(dst, src, bytes);
+    return Status();
+  }
   Status fill_normal_bf16(bf16_t* dst, int64_t n, float std, uint64_t seed) override {
     return kernels::fill_normal_bf16(dst, n, std, seed);
   }
 };
 
 }  // namespace
+
+// Backend's defaults for the ops that run only when a request asks (kernels/logits.h): each row
+// goes to the host, through the CPU reference, and (process_logits) back. A device backend with
+// its own kernels overrides them.
+Status Backend::process_logits(const LogitsProcessParams& p) {
+  if (p.n_edits <= 0) return Status();
+  if (p.vocab <= 0 || p.logits == nullptr || p.edits == nullptr)
+    return invalid_argument("process_logits: bad shape (vocab %d) or null pointers", p.vocab);
+  std::vector<float> row(static_cast<size_t>(p.vocab));
+  const size_t row_bytes = row.size() * sizeof(float);
+  for (int32_t e = 0; e < p.n_edits; ++e) {
+    LogitsRowEdit one = p.edits[e];
+    if (one.row < 0 || one.row >= p.n_rows)
+      return invalid_argument("process_logits: row %d out of range [0, %d)", one.row, p.n_rows);
+    float* dev = p.logits + static_cast<int64_t>(one.row) * p.vocab;
+    OSCAR_RETURN_IF_ERROR(download(dev, row_bytes, row.data()));
+    OSCAR_RETURN_IF_ERROR(synchronize());
+    one.row = 0;
+    LogitsProcessParams h = p;
+    h.logits = row.data();
+    h.n_rows = 1;
+    h.edits = &one;
+    h.n_edits = 1;
+    OSCAR_RETURN_IF_ERROR(process_logits_ref(h));
+    OSCAR_RETURN_IF_ERROR(upload(row.data(), row_bytes, dev));
+  }
+  return synchronize();
+}
+
+Status Backend::logprobs(const LogprobsParams& p) {
+  if (p.n <= 0) return Status();
+  if (p.vocab <= 0 || p.logits == nullptr || p.rows == nullptr)
+    return invalid_argument("logprobs: bad shape (vocab %d) or null pointers", p.vocab);
+  std::vector<float> row(static_cast<size_t>(p.vocab));
+  for (int32_t i = 0; i < p.n; ++i) {
+    if (p.rows[i] < 0 || p.rows[i] >= p.n_rows)
+      return invalid_argument("logprobs: row %d out of range [0, %d)", p.rows[i], p.n_rows);
+    OSCAR_RETURN_IF_ERROR(download(p.logits + static_cast<int64_t>(p.rows[i]) * p.vocab,
+                                   row.size() * sizeof(float), row.data()));
+    OSCAR_RETURN_IF_ERROR(synchronize());
+    const int32_t zero = 0;
+    LogprobsParams h = p;
+    h.logits = row.data();
+    h.n_rows = 1;
+    h.n = 1;
+    h.rows = &zero;
+    h.tokens = p.tokens + i;
+    h.token_logprob = p.token_logprob + i;
+    if (p.top_k > 0) {
+      h.top_ids = p.top_ids + static_cast<int64_t>(i) * p.top_k;
+      h.top_logprobs = p.top_logprobs + static_cast<int64_t>(i) * p.top_k;
+    }
+    OSCAR_RETURN_IF_ERROR(logprobs_ref(h));
+  }
+  return Status();
+}
+
+Status Backend::copy(const void* src, size_t bytes, void* dst) {
+  std::vector<unsigned char> host(bytes);
+  OSCAR_RETURN_IF_ERROR(download(src, bytes, host.data()));
+  OSCAR_RETURN_IF_ERROR(synchronize());
+  OSCAR_RETURN_IF_ERROR(upload(host.data(), bytes, dst));
+  return synchronize();
+}
 
 Backend& cpu_backend() {
   static CpuBackend backend;

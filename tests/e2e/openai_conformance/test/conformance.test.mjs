@@ -191,11 +191,119 @@ test('error: unknown model is 404 model_not_found', async () => {
   );
 });
 
-test('error: n > 1 is 400 naming n', async () => {
+test('error: n beyond 16 and best_of are 400 naming them', async () => {
   await expectApiError(
-    client.chat.completions.create({ model, messages, n: 2 }),
+    client.chat.completions.create({ model, messages, n: 17 }),
     400,
     (err) => assert.equal(err.param, 'n'),
+  );
+  await expectApiError(
+    client.completions.create({ model, prompt: 'x', best_of: 2 }),
+    400,
+    (err) => assert.equal(err.param, 'best_of'),
+  );
+});
+
+test('logprobs: chat top_logprobs and completions logprobs, whole and streamed', async () => {
+  const params = { model, messages, max_tokens: 6, temperature: 0, logprobs: true, top_logprobs: 3 };
+  const r = await client.chat.completions.create(params);
+  const content = r.choices[0].logprobs.content;
+  assert.ok(content.length >= 1 && content.length <= r.usage.completion_tokens);
+  for (const e of content) {
+    assert.equal(typeof e.token, 'string');
+    assert.ok(e.logprob <= 0);
+    assert.ok(Array.isArray(e.bytes));
+    assert.equal(e.top_logprobs.length, 3);
+    assert.equal(e.top_logprobs[0].logprob, e.logprob);  // greedy: the most likely token
+  }
+  const stream = await client.chat.completions.create({ ...params, stream: true });
+  const streamed = [];
+  for await (const chunk of stream) streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+  assert.deepEqual(streamed.map((e) => e.token), content.map((e) => e.token));
+
+  const c = await client.completions.create({
+    model, prompt: 'The capital of France is', max_tokens: 5, temperature: 0, logprobs: 2,
+  });
+  const lp = c.choices[0].logprobs;
+  assert.equal(lp.tokens.length, lp.token_logprobs.length);
+  assert.equal(lp.tokens.length, lp.text_offset.length);
+  assert.equal(lp.tokens.length, lp.top_logprobs.length);
+  assert.ok(Object.keys(lp.top_logprobs[0]).length >= 1);
+  await expectApiError(
+    client.chat.completions.create({ model, messages, top_logprobs: 2 }),
+    400,
+    (err) => assert.equal(err.param, 'top_logprobs'),
+  );
+});
+
+test('n = 2: greedy choices are equal, streamed with their index', async () => {
+  const params = { model, messages, max_tokens: 6, temperature: 0, n: 2 };
+  const r = await client.chat.completions.create(params);
+  assert.equal(r.choices.length, 2);
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1]);
+  assert.equal(r.choices[0].message.content, r.choices[1].message.content);
+  const stream = await client.chat.completions.create({ ...params, stream: true });
+  const text = ['', ''];
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) text[c.index] += c.delta.content ?? '';
+  }
+  assert.deepEqual(text, [r.choices[0].message.content, r.choices[1].message.content]);
+});
+
+test('penalties are accepted; out of range is 400 naming them', async () => {
+  const r = await client.chat.completions.create({
+    model, messages, max_tokens: 4, presence_penalty: 0.5, frequency_penalty: 0.5,
+  });
+  assert.equal(r.choices.length, 1);
+  await expectApiError(
+    client.chat.completions.create({ model, messages, presence_penalty: 3 }),
+    400,
+    (err) => assert.equal(err.param, 'presence_penalty'),
+  );
+});
+
+const tools = [
+  { type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } },
+  { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } },
+];
+
+test('tool_choice required and named: a valid call comes back, whole and streamed', async () => {
+  for (const [toolChoice, names] of [
+    ['required', ['get_weather', 'get_time']],
+    [{ type: 'function', function: { name: 'get_time' } }, ['get_time']],
+  ]) {
+    const params = {
+      model, messages: [{ role: 'user', content: 'What time is it?' }], tools,
+      tool_choice: toolChoice, max_tokens: 64, temperature: 0,
+    };
+    const r = await client.chat.completions.create(params);
+    const choice = r.choices[0];
+    assert.equal(choice.finish_reason, 'tool_calls', JSON.stringify(choice));
+    assert.equal(choice.message.tool_calls.length, 1);
+    const call = choice.message.tool_calls[0];
+    assert.equal(call.type, 'function');
+    assert.ok(names.includes(call.function.name), call.function.name);
+    assert.equal(typeof JSON.parse(call.function.arguments), 'object');
+
+    const stream = await client.chat.completions.create({ ...params, stream: true });
+    let streamedName = null;
+    let finish = null;
+    for await (const chunk of stream) {
+      const c = chunk.choices[0];
+      if (!c) continue;
+      for (const tc of c.delta.tool_calls ?? []) {
+        streamedName ??= tc.function?.name;
+        JSON.parse(tc.function.arguments);
+      }
+      finish = c.finish_reason ?? finish;
+    }
+    assert.equal(streamedName, call.function.name);
+    assert.equal(finish, 'tool_calls');
+  }
+  await expectApiError(
+    client.chat.completions.create({ model, messages, tool_choice: 'required' }),
+    400,
+    (err) => assert.equal(err.param, 'tool_choice'),
   );
 });
 

@@ -1,0 +1,401 @@
+// ToolCallConstraint and its JSON prefix automaton (see tool_constraint.h).
+#include "engine/tool_constraint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+namespace oscar::engine {
+
+namespace {
+
+bool is_space(unsigned char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+bool is_hex(unsigned char c) {
+  return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+constexpr const char* kCallPrefix = "<tool_call>\n{\"name\": \"";
+constexpr const char* kArgsKey = ", \"arguments\": ";
+constexpr const char* kCallSuffix = "}\n</tool_call>";
+
+}  // namespace
+
+bool JsonObjectPrefix::after_value() {
+  lex_ = depth_ == 0 ? Lex::kDone : Lex::kCommaOrClose;
+  return true;
+}
+
+bool JsonObjectPrefix::number(unsigned char c) {
+  switch (num_) {
+    case Num::kMinus:
+      if (c == '0')
+        num_ = Num::kZero;
+      else if (is_digit(c))
+        num_ = Num::kInt;
+      else
+        return false;
+      return true;
+    case Num::kZero:
+      if (c == '.')
+        num_ = Num::kDot;
+      else if (c == 'e' || c == 'E')
+        num_ = Num::kE;
+      else
+        return false;
+      return true;
+    case Num::kInt:
+      if (is_digit(c)) return true;
+      if (c == '.')
+        num_ = Num::kDot;
+      else if (c == 'e' || c == 'E')
+        num_ = Num::kE;
+      else
+        return false;
+      return true;
+    case Num::kDot:
+      if (!is_digit(c)) return false;
+      num_ = Num::kFrac;
+      return true;
+    case Num::kFrac:
+      if (is_digit(c)) return true;
+      if (c != 'e' && c != 'E') return false;
+      num_ = Num::kE;
+      return true;
+    case Num::kE:
+      if (c == '+' || c == '-')
+        num_ = Num::kESign;
+      else if (is_digit(c))
+        num_ = Num::kExp;
+      else
+        return false;
+      return true;
+    case Num::kESign:
+      if (!is_digit(c)) return false;
+      num_ = Num::kExp;
+      return true;
+    case Num::kExp:
+      return is_digit(c);
+  }
+  return false;
+}
+
+// Whitespace and the characters that open or separate values.
+bool JsonObjectPrefix::structural(unsigned char c) {
+  if (is_space(c)) return ++ws_run_ <= kMaxWhitespace;
+  ws_run_ = 0;
+  auto push = [&](char kind, Lex next) {
+    if (depth_ >= kMaxDepth) return false;
+    stack_[depth_++] = kind;
+    lex_ = next;
+    return true;
+  };
+  auto pop = [&](char kind) {
+    if (depth_ == 0 || stack_[depth_ - 1] != kind) return false;
+    --depth_;
+    return after_value();
+  };
+  switch (lex_) {
+    case Lex::kValue:
+    case Lex::kValueOrClose:
+      if (depth_ == 0) return c == '{' && push('O', Lex::kKeyOrClose);  // the top level
+      if (c == ']' && lex_ == Lex::kValueOrClose) return pop('A');
+      if (c == '{') return push('O', Lex::kKeyOrClose);
+      if (c == '[') return push('A', Lex::kValueOrClose);
+      if (c == '"') {
+        lex_ = Lex::kString;
+        in_key_ = false;
+        return true;
+      }
+      if (c == '-' || is_digit(c)) {
+        lex_ = Lex::kNumber;
+        num_ = c == '-' ? Num::kMinus : c == '0' ? Num::kZero : Num::kInt;
+        num_bytes_ = 1;
+        return true;
+      }
+      if (c == 't' || c == 'f' || c == 'n') {
+        lex_ = Lex::kLiteral;
+        literal_ = c == 't' ? "true" : c == 'f' ? "false" : "null";
+        lit_pos_ = 1;
+        return true;
+      }
+      return false;
+    case Lex::kKeyOrClose:
+      if (c == '}') return pop('O');
+      [[fallthrough]];
+    case Lex::kKey:
+      if (c != '"') return false;
+      lex_ = Lex::kString;
+      in_key_ = true;
+      return true;
+    case Lex::kColon:
+      if (c != ':') return false;
+      lex_ = Lex::kValue;
+      return true;
+    case Lex::kCommaOrClose:
+      if (c == ',') {
+        lex_ = stack_[depth_ - 1] == 'O' ? Lex::kKey : Lex::kValue;
+        return true;
+      }
+      if (c == '}') return pop('O');
+      if (c == ']') return pop('A');
+      return false;
+    default:
+      return false;
+  }
+}
+
+bool JsonObjectPrefix::feed(unsigned char c) {
+  switch (lex_) {
+    case Lex::kDone:
+      return false;
+    case Lex::kString:
+      if (utf8_left_ > 0) {
+        if (c < utf8_lo_ || c > utf8_hi_) return false;
+        --utf8_left_;
+        utf8_lo_ = 0x80;
+        utf8_hi_ = 0xBF;
+        return true;
+      }
+      if (c == '"') {
+        if (in_key_) {
+          lex_ = Lex::kColon;
+          return true;
+        }
+        return after_value();
+      }
+      if (c == '\\') {
+        lex_ = Lex::kEscape;
+        return true;
+      }
+      if (c < 0x20) return false;
+      if (c < 0x80) return true;
+      // UTF-8 lead bytes, with the ranges of the first continuation that exclude overlong forms,
+      // surrogates and code points above U+10FFFF.
+      if (c >= 0xC2 && c <= 0xDF) {
+        utf8_left_ = 1;
+      } else if (c >= 0xE0 && c <= 0xEF) {
+        utf8_left_ = 2;
+        if (c == 0xE0) utf8_lo_ = 0xA0;
+        if (c == 0xED) utf8_hi_ = 0x9F;
+      } else if (c >= 0xF0 && c <= 0xF4) {
+        utf8_left_ = 3;
+        if (c == 0xF0) utf8_lo_ = 0x90;
+        if (c == 0xF4) utf8_hi_ = 0x8F;
+      } else {
+        return false;
+      }
+      return true;
+    case Lex::kEscape:
+      if (c == 'u') {
+        lex_ = Lex::kHex;
+        hex_pos_ = 0;
+        return true;
+      }
+      if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' ||
+          c == 't') {
+        lex_ = Lex::kString;
+        return true;
+      }
+      return false;
+    case Lex::kHex:
+      if (!is_hex(c)) return false;
+      // \uD800-\uDFFF (surrogates) need a pair; refusing them keeps every escape valid alone.
+      if (hex_pos_ == 0) hex_high_d_ = c == 'd' || c == 'D';
+      if (hex_pos_ == 1 && hex_high_d_ && !(is_digit(c) && c < '8')) return false;
+      if (++hex_pos_ == 4) lex_ = Lex::kString;
+      return true;
+    case Lex::kNumber:
+      if (num_bytes_ < kMaxNumberBytes && number(c)) {
+        ++num_bytes_;
+        return true;
+      }
+      if (num_ != Num::kZero && num_ != Num::kInt && num_ != Num::kFrac && num_ != Num::kExp)
+        return false;
+      after_value();  // the number ends here; c is structural
+      return lex_ != Lex::kDone && structural(c);
+    case Lex::kLiteral:
+      if (c != static_cast<unsigned char>(literal_[lit_pos_])) return false;
+      if (literal_[++lit_pos_] == '\0') return after_value();
+      return true;
+    default:
+      return structural(c);
+  }
+}
+
+std::string JsonObjectPrefix::closing() const {
+  std::string out;
+  switch (lex_) {
+    case Lex::kDone:
+      return out;
+    case Lex::kString:
+      for (uint8_t i = 0; i < utf8_left_; ++i) out += static_cast<char>(i == 0 ? utf8_lo_ : 0x80);
+      out += in_key_ ? "\":null" : "\"";
+      break;
+    case Lex::kEscape:
+      out += in_key_ ? "n\":null" : "n\"";
+      break;
+    case Lex::kHex:
+      out.append(4 - hex_pos_, '0');
+      out += in_key_ ? "\":null" : "\"";
+      break;
+    case Lex::kNumber:
+      if (num_ == Num::kMinus || num_ == Num::kDot || num_ == Num::kE || num_ == Num::kESign)
+        out += "0";
+      break;
+    case Lex::kLiteral:
+      out += literal_ + lit_pos_;
+      break;
+    case Lex::kValue:
+      out += depth_ == 0 ? "{}" : "null";
+      if (depth_ == 0) return out;
+      break;
+    case Lex::kValueOrClose:
+    case Lex::kKeyOrClose:
+    case Lex::kCommaOrClose:
+      break;
+    case Lex::kKey:
+      out += "\"\":null";
+      break;
+    case Lex::kColon:
+      out += ":null";
+      break;
+  }
+  for (int d = depth_ - 1; d >= 0; --d) out += stack_[d] == 'O' ? '}' : ']';
+  return out;
+}
+
+int64_t JsonObjectPrefix::closing_size() const {
+  int64_t n = depth_;  // one closer per open container
+  switch (lex_) {
+    case Lex::kDone:
+      return 0;
+    case Lex::kString:
+      return n + utf8_left_ + (in_key_ ? 6 : 1);
+    case Lex::kEscape:
+      return n + (in_key_ ? 7 : 2);
+    case Lex::kHex:
+      return n + (4 - hex_pos_) + (in_key_ ? 6 : 1);
+    case Lex::kNumber:
+      return n +
+             (num_ == Num::kMinus || num_ == Num::kDot || num_ == Num::kE || num_ == Num::kESign);
+    case Lex::kLiteral:
+      return n + static_cast<int64_t>(std::strlen(literal_)) - lit_pos_;
+    case Lex::kValue:
+      return depth_ == 0 ? 2 : n + 4;
+    case Lex::kValueOrClose:
+    case Lex::kKeyOrClose:
+    case Lex::kCommaOrClose:
+      return n;
+    case Lex::kKey:
+      return n + 7;
+    case Lex::kColon:
+      return n + 5;
+  }
+  return n;
+}
+
+Result<std::unique_ptr<ToolCallConstraint>> ToolCallConstraint::create(
+    const tok::Tokenizer& tokenizer, const std::vector<std::string>& names) {
+  if (names.empty()) return invalid_argument("tool call constraint: no function names");
+  std::unique_ptr<ToolCallConstraint> c(new ToolCallConstraint());
+  for (const std::string& name : names) {
+    if (name.empty()) return invalid_argument("tool call constraint: an empty function name");
+    const std::string quoted =
+        nlohmann::json(name).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    std::string target = quoted.substr(1) + kArgsKey;  // `name", "arguments": `
+    if (std::find(c->targets_.begin(), c->targets_.end(), target) == c->targets_.end())
+      c->targets_.push_back(std::move(target));
+  }
+  const int32_t vocab = tokenizer.vocab_size();
+  c->bytes_.resize(vocab);
+  for (int32_t t = 0; t < vocab; ++t)
+    if (!tokenizer.is_added(t)) c->bytes_[t] = std::string(tokenizer.token_bytes(t));
+  c->prefix_ = tokenizer.encode(kCallPrefix);
+  c->suffix_ = tokenizer.encode(kCallSuffix);
+  if (c->prefix_.empty() || c->suffix_.empty())
+    return internal_error("tool call constraint: the tokenizer encodes the call's tags to nothing");
+  return c;
+}
+
+bool ToolCallConstraint::name_allows(std::string_view bytes) const {
+  if (bytes.empty()) return false;
+  const std::string s = name_ + std::string(bytes);
+  for (const std::string& t : targets_)
+    if (t.size() >= s.size() && t.compare(0, s.size(), s) == 0) return true;
+  return false;
+}
+
+void ToolCallConstraint::allowed_tokens(std::vector<uint8_t>* allowed, int64_t tokens_left) const {
+  const int32_t vocab = static_cast<int32_t>(bytes_.size());
+  allowed->assign(vocab, 0);
+  switch (phase_) {
+    case Phase::kPrefix:
+      (*allowed)[prefix_[forced_pos_]] = 1;
+      return;
+    case Phase::kSuffix:
+      (*allowed)[suffix_[forced_pos_]] = 1;
+      return;
+    case Phase::kName:
+      for (int32_t t = 0; t < vocab; ++t) (*allowed)[t] = name_allows(bytes_[t]);
+      return;
+    case Phase::kArgs: {
+      // A token is allowed when the text stays a JSON object prefix and the shortest completion
+      // after it still fits the tokens left (one per byte, then the forced end): the call can
+      // always close within the budget, since the first byte of closing() is always allowed.
+      const int64_t room = tokens_left - 1 - static_cast<int64_t>(suffix_.size());
+      for (int32_t t = 0; t < vocab; ++t) {
+        const std::string& b = bytes_[t];
+        if (b.empty()) continue;
+        JsonObjectPrefix probe = json_;
+        bool ok = true;
+        for (size_t i = 0; ok && i < b.size(); ++i) {
+          // The object may close only at the token's last byte.
+          ok = !probe.complete() && probe.feed(static_cast<unsigned char>(b[i]));
+        }
+        (*allowed)[t] = ok && probe.closing_size() <= room;
+      }
+      return;
+    }
+    case Phase::kDone:
+      return;
+  }
+}
+
+bool ToolCallConstraint::advance(int32_t token) {
+  if (token < 0 || token >= static_cast<int32_t>(bytes_.size())) return false;
+  switch (phase_) {
+    case Phase::kPrefix:
+      if (token != prefix_[forced_pos_]) return false;
+      if (++forced_pos_ == prefix_.size()) {
+        phase_ = Phase::kName;
+        forced_pos_ = 0;
+      }
+      return true;
+    case Phase::kName:
+      if (!name_allows(bytes_[token])) return false;
+      name_ += bytes_[token];
+      if (std::find(targets_.begin(), targets_.end(), name_) != targets_.end())
+        phase_ = Phase::kArgs;
+      return true;
+    case Phase::kArgs: {
+      const std::string& b = bytes_[token];
+      if (b.empty()) return false;
+      JsonObjectPrefix next = json_;
+      for (char ch : b)
+        if (next.complete() || !next.feed(static_cast<unsigned char>(ch))) return false;
+      json_ = next;
+      if (json_.complete()) phase_ = Phase::kSuffix;
+      return true;
+    }
+    case Phase::kSuffix:
+      if (token != suffix_[forced_pos_]) return false;
+      if (++forced_pos_ == suffix_.size()) phase_ = Phase::kDone;
+      return true;
+    case Phase::kDone:
+      return false;
+  }
+  return false;
+}
+
+}  // namespace oscar::engine

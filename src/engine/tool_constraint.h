@@ -1,0 +1,120 @@
+// ToolCallConstraint: constrained decoding that makes a chat answer exactly one tool call in the
+// format Qwen3's chat template teaches (hermes style) and server/output_parser.h parses:
+//
+//   <tool_call>\n{"name": "<one of the names>", "arguments": <a JSON object>}\n</tool_call>
+//
+// tool_choice "required" passes every tool's name, a named tool_choice its one name. What is
+// constrained, token by token (allowed_tokens() is the mask the scheduler applies to the logits):
+//   1. `<tool_call>\n{"name": "` is forced, as the tokenizer encodes it (Qwen3: the <tool_call>
+//      token, then text);
+//   2. the name: only tokens that keep the text a prefix of `<name>", "arguments": ` for some
+//      allowed name (the name JSON-escaped), until one is complete;
+//   3. the arguments: only tokens that keep the text a prefix of a JSON object (RFC 8259: strings
+//      with valid escapes and UTF-8, numbers, literals, nesting up to kMaxDepth, at most
+//      kMaxWhitespace whitespace bytes in a row), ending exactly where the object closes;
+//   4. `}\n</tool_call>` is forced; then done() and the request ends.
+// The call always fits the request's token budget when it can: an argument token is allowed only
+// if the shortest completion after it (one token per byte of JsonObjectPrefix::closing(), then
+// the forced end) still fits the tokens left.
+// Added/special tokens are never allowed in 2 and 3, nor is the end-of-sequence token anywhere.
+// Not constrained: the arguments' schema (types, required properties), which the model chooses; a
+// max_tokens too small for the forced parts and the name cuts the call (finish_reason "length",
+// left as content by the parser);
+// one call only (no parallel calls); no reasoning (<think>) before the call.
+//
+// Single-threaded (one per sequence, on the scheduler's thread). The tokenizer outlives it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "tokenizer/tokenizer.h"
+
+namespace oscar::engine {
+
+// Whether a byte string is a prefix of a JSON object text (a copyable value: probing a token is
+// copy, feed its bytes). Public for its unit test.
+class JsonObjectPrefix {
+ public:
+  static constexpr int kMaxDepth = 16;
+  static constexpr int kMaxWhitespace = 16;
+  static constexpr int kMaxNumberBytes = 64;
+
+  // False: the byte makes the text no JSON object prefix (the state is then unspecified).
+  bool feed(unsigned char c);
+  // The top-level object is closed: any further byte is refused.
+  bool complete() const { return lex_ == Lex::kDone; }
+  // The shortest bytes that complete the object from here (an open string is closed, a key gets
+  // `:null`, an expected value is `null`, then every open array and object is closed). Feeding a
+  // prefix of it leaves the rest as the new closing().
+  std::string closing() const;
+  int64_t closing_size() const;  // closing().size(), without building it
+
+ private:
+  enum class Lex : uint8_t {
+    kValue,         // a value (the top level: only an object)
+    kValueOrClose,  // after '[': a value or ']'
+    kKeyOrClose,    // after '{': a key or '}'
+    kKey,           // after ',' in an object
+    kColon,
+    kCommaOrClose,
+    kString,
+    kEscape,
+    kHex,
+    kNumber,
+    kLiteral,
+    kDone,
+  };
+  enum class Num : uint8_t { kMinus, kZero, kInt, kDot, kFrac, kE, kESign, kExp };
+  bool after_value();
+  bool structural(unsigned char c);
+  bool number(unsigned char c);
+
+  std::array<char, kMaxDepth> stack_{};  // 'O' object, 'A' array
+  int8_t depth_ = 0;
+  Lex lex_ = Lex::kValue;
+  bool in_key_ = false;
+  Num num_ = Num::kInt;
+  uint8_t num_bytes_ = 0;
+  const char* literal_ = nullptr;  // "true", "false" or "null" while in kLiteral
+  uint8_t lit_pos_ = 0;
+  uint8_t hex_pos_ = 0;
+  bool hex_high_d_ = false;  // \uD...: the next digit must keep it outside the surrogates
+  uint8_t utf8_left_ = 0;    // continuation bytes still expected
+  uint8_t utf8_lo_ = 0x80, utf8_hi_ = 0xBF;  // range of the next continuation byte
+  uint8_t ws_run_ = 0;
+};
+
+class ToolCallConstraint {
+ public:
+  // names: the functions allowed (non-empty strings; duplicates are ignored).
+  static Result<std::unique_ptr<ToolCallConstraint>> create(const tok::Tokenizer& tokenizer,
+                                                            const std::vector<std::string>& names);
+
+  // allowed[t] = 1 for every token t that may come next (resized to the vocabulary), given the
+  // tokens the request may still generate (this one included). At least one token is allowed
+  // while !done().
+  void allowed_tokens(std::vector<uint8_t>* allowed, int64_t tokens_left) const;
+  // The token drawn. False (and no change) when allowed_tokens() did not allow it.
+  bool advance(int32_t token);
+  bool done() const { return phase_ == Phase::kDone; }
+
+ private:
+  enum class Phase { kPrefix, kName, kArgs, kSuffix, kDone };
+  ToolCallConstraint() = default;
+  bool name_allows(std::string_view bytes) const;
+
+  std::vector<std::string> bytes_;        // [vocab] what each token decodes to; "" for added tokens
+  std::vector<int32_t> prefix_, suffix_;  // forced tokens
+  std::vector<std::string> targets_;      // `<name>", "arguments": ` per name (JSON-escaped)
+  Phase phase_ = Phase::kPrefix;
+  size_t forced_pos_ = 0;
+  std::string name_;  // kName: the bytes so far
+  JsonObjectPrefix json_;
+};
+
+}  // namespace oscar::engine
