@@ -90,6 +90,13 @@ class PhaseBackend : public kernels::Backend {
   Status sample(const kernels::SampleParams& p) override {
     return run(Op::kSample, [&] { return in_.sample(p); });
   }
+  Status process_logits(const kernels::LogitsProcessParams& p) override {
+    return run(Op::kSample, [&] { return in_.process_logits(p); });
+  }
+  Status logprobs(const kernels::LogprobsParams& p) override {
+    return run(Op::kSample, [&] { return in_.logprobs(p); });
+  }
+  Status copy(const void* s, size_t b, void* d) override { return in_.copy(s, b, d); }
 
  protected:
   // Runs one op (f) and times it as the benchmark wants.

@@ -84,6 +84,10 @@ class CudaBackend final : public Backend {
   bool memory_info(size_t* free_bytes, size_t* total_bytes) override {
     return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess;
   }
+  Status copy(const void* src, size_t bytes, void* dst) override {
+    OSCAR_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    return Status();
+  }
   Status synchronize() override {
     OSCAR_CUDA_TRY(cudaStreamSynchronize(stream_));
     return Status();
