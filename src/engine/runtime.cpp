@@ -153,6 +153,18 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
     }
     if (!plan.ok()) return plan.status().with_context("rotation file " + path);
     spec.bit_plan = std::move(plan).value();
+    // oscar4 / oscar3 and --kv-bits plans do not clip their 3- and 4-bit rows: the file's clips
+    // are INT2's and cost more than they save at 3-4 bits (measured: oscar4 +1.25% perplexity
+    // over bf16 with them, +0.07% without; docs/results/precision_ladder.md). --k-clip /
+    // --v-clip still set every row's. The file's own plan keeps the clips it was chosen with.
+    if (quant::cache_mode_fixed_bits(mode) != 0 || o.kv_bits != 0.0) {
+      for (int l = 0; l < config.n_layers; ++l)
+        for (int h = 0; h < config.n_heads_kv; ++h) {
+          const size_t i = static_cast<size_t>(l) * config.n_heads_kv + h;
+          if (o.k_clip <= 0 && spec.bit_plan->bits(l, 0, h) >= 3) spec.k_clip[i] = 1.0f;
+          if (o.v_clip <= 0 && spec.bit_plan->bits(l, 1, h) >= 3) spec.v_clip[i] = 1.0f;
+        }
+    }
   }
   OSCAR_RETURN_IF_ERROR(spec.validate());
   return spec;
@@ -184,7 +196,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
     return unimplemented(
         "cache mode %s runs on the CPU only (the CUDA kernels read BF16 exact "
         "pages and uniform INT2 / bit-plan history rows: bf16, int2-naive, "
-        "int2-hadamard, oscar); use --device cpu",
+        "int2-hadamard, oscar, oscar4, oscar3); use --device cpu",
         o.cache_mode.c_str());
   OSCAR_ASSIGN_OR_RETURN(rt->spec_, make_cache_spec(config, o, mode));
   if (!rt->spec_.v_rotation.empty())

@@ -9,8 +9,9 @@
 // (OSCAR.md §3), so one Runtime serves exactly one mode. oscar also takes the file's bit plan,
 // if any (3-bit keys / 1-bit values for a few heads at the same bytes; kv/bit_plan.h), or, with
 // `kv_bits`, a plan for that average chosen from the file's statistics (kv::plan_for_bits).
-// oscar4 / oscar3: the same rotations, key scaling and clips with every history row at 4 / 3
-// bits (the precision ladder, docs/results/precision_ladder.md).
+// oscar4 / oscar3: the same rotations and key scaling with every history row at 4 / 3 bits, not
+// clipped (the file's clips are INT2's and cost more than they save at 3-4 bits; the same for
+// the 3-/4-bit planes of a kv_bits plan; the precision ladder, docs/results/precision_ladder.md).
 #pragma once
 
 #include <memory>

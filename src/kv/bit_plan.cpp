@@ -150,11 +150,13 @@ Result<std::shared_ptr<const BitPlan>> plan_for_bits(int n_layers, int n_heads_k
         const size_t i = static_cast<size_t>(l) * n_heads_kv + h;
         const int p = (l * 2 + kv) * n_heads_kv + h;
         const std::vector<float>& clips = kv == 0 ? s.k_clip : s.v_clip;
-        const float clip = clips.empty() ? 1.0f : clips[i];
+        // The given clips are the 2-bit rows'; wider rows are not clipped (the runtime's rule).
+        const float clip2 = clips.empty() ? 1.0f : clips[i];
         const double sum = kv == 0 ? sum_k : sum_v;
         const double w = sum > 0 ? (kv == 0 ? s.key_logit_error[i] : s.value_energy[i]) / sum : 0;
         min_bits[p] = kv == 0 ? 2 : 1;
         for (int b = 1; b <= 4; ++b) {
+          const float clip = b >= 3 ? 1.0f : clip2;
           auto it = noise.find({b, clip});
           if (it == noise.end())
             it = noise.emplace(std::pair{b, clip},

@@ -66,7 +66,9 @@ class BitPlan {
 //          w_p = value_energy_p    / Σ_values value_energy    for a value plane
 //          (the two calibration statistics of calib/bit_plan.h, each normalised so that keys and
 //          values weigh the same in total), and n_p(b) is the measured error per unit variance
-//          of the b-bit row codec with that plane's clip (row_noise_per_unit_variance).
+//          of the b-bit row codec with the clip that row gets (row_noise_per_unit_variance):
+//          the plane's clip at 1-2 bits, none at 3-4 bits (the runtime does not clip the wide
+//          rows of a plan: docs/results/precision_ladder.md).
 //   bytes: every bit more costs head_dim/8 bytes per row at any width (quant/bit_plan_layout.h),
 //          so a budget of X bits per element is a number of one-bit steps above all-1.
 //   plan:  the widths that minimise Σ_p w_p · n_p(b_p) within the budget, found exactly by
@@ -77,7 +79,7 @@ class BitPlan {
 struct PlanStatistics {
   std::vector<double> key_logit_error;  // [n_layers * n_heads_kv], >= 0
   std::vector<double> value_energy;     // [n_layers * n_heads_kv], >= 0 (tr C_S)
-  std::vector<float> k_clip, v_clip;    // [n_layers * n_heads_kv] clip quantiles; empty = 1
+  std::vector<float> k_clip, v_clip;    // [n_layers * n_heads_kv] 2-bit rows' clips; empty = 1
 };
 
 // Bits per element of the history with every row at `bits` (1..4), metadata included.

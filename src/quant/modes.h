@@ -17,8 +17,9 @@ enum class CacheMode {
   kKivi2,         // "kivi2": keys per channel / values per token, groups of 32 (quant/kivi.h)
   kOscar,         // "oscar": R = U · H · P_br, clipping, uniform INT2
   kOscarLloyd,    // "oscar-lloyd": as oscar with the Lloyd-Max quantizer
-  // The precision ladder (docs/results/precision_ladder.md): oscar's rotations, key scaling and
-  // clips with every history row at one width (a uniform kv::BitPlan), no mixed plan.
+  // The precision ladder (docs/results/precision_ladder.md): oscar's rotations and key scaling
+  // with every history row at one width (a uniform kv::BitPlan), no mixed plan, no clipping
+  // unless --k-clip / --v-clip say so (engine/runtime.cpp).
   kOscar4,        // "oscar4": 4-bit rows (quant/int4_layout.h), 4.25 bits per element at G 128
   kOscar3,        // "oscar3": 3-bit rows (quant/bit_plan_layout.h), 3.25 bits per element
 };
