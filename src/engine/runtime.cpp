@@ -77,17 +77,19 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
                                                               : kDefaultPageSize;
   spec.mode = mode;
   if (o.kv_bits != 0.0 && mode != quant::CacheMode::kOscar)
-    return invalid_argument("--kv-bits %g plans the widths of the oscar cache; cache mode %s has "
-                            "its own (use --kv-cache oscar)", o.kv_bits,
-                            quant::cache_mode_name(mode));
+    return invalid_argument(
+        "--kv-bits %g plans the widths of the oscar cache; cache mode %s has "
+        "its own (use --kv-cache oscar)",
+        o.kv_bits, quant::cache_mode_name(mode));
   if (o.kv_bits != 0.0 && quant::int2_valid_group(config.head_dim, o.group_size)) {
     // The range first: a bad value fails before any file is read
     const double lo = kv::uniform_plan_bits(2, config.head_dim, o.group_size);
     const double hi = kv::uniform_plan_bits(4, config.head_dim, o.group_size);
     if (!(o.kv_bits >= lo && o.kv_bits <= hi))
-      return invalid_argument("--kv-bits %g: expected %g..%g history bits per element (every row "
-                              "at 2 bits .. every row at 4, metadata included, group size %d)",
-                              o.kv_bits, lo, hi, o.group_size);
+      return invalid_argument(
+          "--kv-bits %g: expected %g..%g history bits per element (every row "
+          "at 2 bits .. every row at 4, metadata included, group size %d)",
+          o.kv_bits, lo, hi, o.group_size);
   }
   const size_t heads = static_cast<size_t>(config.n_layers) * config.n_heads_kv;
   const size_t dd = static_cast<size_t>(config.head_dim) * config.head_dim;
@@ -137,16 +139,18 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
                                   spec.group_size, fixed);
     } else if (o.kv_bits != 0.0) {  // mode is oscar (checked above)
       if (!rot.has_logit_error())
-        return invalid_argument("--kv-bits %g: rotation file %s has no layers.*.k.logit_error "
-                                "(written before version 4); re-run `oscar calibrate` to plan "
-                                "widths from it", o.kv_bits, path.c_str());
+        return invalid_argument(
+            "--kv-bits %g: rotation file %s has no layers.*.k.logit_error "
+            "(written before version 4); re-run `oscar calibrate` to plan "
+            "widths from it",
+            o.kv_bits, path.c_str());
       kv::PlanStatistics stats;
       stats.key_logit_error.assign(rot.k_logit_error.begin(), rot.k_logit_error.end());
       stats.value_energy = rot.value_energy();
       stats.k_clip = spec.k_clip;
       stats.v_clip = spec.v_clip;
-      plan = kv::plan_for_bits(config.n_layers, config.n_heads_kv, config.head_dim,
-                               spec.group_size, o.kv_bits, stats);
+      plan = kv::plan_for_bits(config.n_layers, config.n_heads_kv, config.head_dim, spec.group_size,
+                               o.kv_bits, stats);
     } else if (rot.has_bit_plan() && o.bit_plan && mode == quant::CacheMode::kOscar) {
       plan = kv::BitPlan::create(config.n_layers, config.n_heads_kv, config.head_dim,
                                  spec.group_size, rot.k_bits, rot.v_bits);

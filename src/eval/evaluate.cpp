@@ -4,12 +4,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <optional>
 #include <filesystem>
+#include <optional>
 
 #include "core/log.h"
-#include "eval/eval_data.h"
 #include "core/progress.h"
+#include "eval/eval_data.h"
 #include "quant/modes.h"
 #include "tokenizer/tokenizer.h"
 

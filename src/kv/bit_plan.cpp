@@ -38,8 +38,10 @@ Result<std::shared_ptr<const BitPlan>> BitPlan::create(int n_layers, int n_heads
       for (int h = 0; h < n_heads_kv; ++h) {
         const int8_t b = (kv == 0 ? k_bits : v_bits)[static_cast<size_t>(l) * n_heads_kv + h];
         if (quant::bit_plan_row_bytes(b, head_dim, group_size) == 0)
-          return invalid_argument("bit plan: layer %d %s head %d has %d bits per element; "
-                                  "expected 1, 2, 3 or 4", l, kv == 0 ? "K" : "V", h, b);
+          return invalid_argument(
+              "bit plan: layer %d %s head %d has %d bits per element; "
+              "expected 1, 2, 3 or 4",
+              l, kv == 0 ? "K" : "V", h, b);
         const size_t p = (static_cast<size_t>(l) * 2 + kv) * n_heads_kv + h;
         plan->plane_bits_[p] = b;
         plan->row_prefix_[p + 1] =
@@ -49,8 +51,8 @@ Result<std::shared_ptr<const BitPlan>> BitPlan::create(int n_layers, int n_heads
   return std::shared_ptr<const BitPlan>(std::move(plan));
 }
 
-Result<std::shared_ptr<const BitPlan>> BitPlan::uniform(int n_layers, int n_heads_kv,
-                                                        int head_dim, int group_size, int bits) {
+Result<std::shared_ptr<const BitPlan>> BitPlan::uniform(int n_layers, int n_heads_kv, int head_dim,
+                                                        int group_size, int bits) {
   const size_t heads = static_cast<size_t>(std::max(0, n_layers)) * std::max(0, n_heads_kv);
   const std::vector<int8_t> w(heads, static_cast<int8_t>(bits));
   return create(n_layers, n_heads_kv, head_dim, group_size, w, w);
@@ -121,9 +123,10 @@ Result<std::shared_ptr<const BitPlan>> plan_for_bits(int n_layers, int n_heads_k
   const double lo = uniform_plan_bits(2, head_dim, group_size);
   const double hi = uniform_plan_bits(4, head_dim, group_size);
   if (!std::isfinite(target_bits) || target_bits < lo || target_bits > hi)
-    return invalid_argument("--kv-bits %g: expected %g..%g bits per element (every history row "
-                            "at 2 bits .. at 4 bits, metadata included, group size %d)",
-                            target_bits, lo, hi, group_size);
+    return invalid_argument(
+        "--kv-bits %g: expected %g..%g bits per element (every history row "
+        "at 2 bits .. at 4 bits, metadata included, group size %d)",
+        target_bits, lo, hi, group_size);
   const size_t heads = static_cast<size_t>(n_layers) * n_heads_kv;
   if (s.key_logit_error.size() != heads || s.value_energy.size() != heads ||
       (!s.k_clip.empty() && s.k_clip.size() != heads) ||
@@ -143,7 +146,7 @@ Result<std::shared_ptr<const BitPlan>> plan_for_bits(int n_layers, int n_heads_k
   const int n_planes = 2 * static_cast<int>(heads);
   std::vector<int> min_bits(n_planes);
   std::vector<std::array<double, 5>> cost(n_planes);  // cost[p][b], b = 1..4
-  std::map<std::pair<int, float>, double> noise;       // (bits, clip) -> n(b)
+  std::map<std::pair<int, float>, double> noise;      // (bits, clip) -> n(b)
   for (int l = 0; l < n_layers; ++l)
     for (int kv = 0; kv < 2; ++kv)
       for (int h = 0; h < n_heads_kv; ++h) {
@@ -159,16 +162,17 @@ Result<std::shared_ptr<const BitPlan>> plan_for_bits(int n_layers, int n_heads_k
           const float clip = b >= 3 ? 1.0f : clip2;
           auto it = noise.find({b, clip});
           if (it == noise.end())
-            it = noise.emplace(std::pair{b, clip},
-                               row_noise_per_unit_variance(b, head_dim, group_size, clip))
+            it = noise
+                     .emplace(std::pair{b, clip},
+                              row_noise_per_unit_variance(b, head_dim, group_size, clip))
                      .first;
           cost[p][b] = w * it->second;
         }
       }
   // Budget in one-bit steps above all-1 rows (each step head_dim/8 bytes).
   const double budget_bytes = target_bits * n_planes * head_dim / 8.0;
-  const int64_t base = static_cast<int64_t>(n_planes) * quant::bit_plan_row_bytes(1, head_dim,
-                                                                                   group_size);
+  const int64_t base =
+      static_cast<int64_t>(n_planes) * quant::bit_plan_row_bytes(1, head_dim, group_size);
   const int step_bytes = head_dim / 8;
   const int steps = static_cast<int>(std::floor((budget_bytes - base) / step_bytes + 1e-9));
   // best[p][k]: least cost of planes [0, p) with k steps; choice[p][k]: width of plane p - 1.

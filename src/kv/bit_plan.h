@@ -31,8 +31,8 @@ class BitPlan {
                                                        const std::vector<int8_t>& k_bits,
                                                        const std::vector<int8_t>& v_bits);
   // Every plane at `bits` (1..4).
-  static Result<std::shared_ptr<const BitPlan>> uniform(int n_layers, int n_heads_kv,
-                                                        int head_dim, int group_size, int bits);
+  static Result<std::shared_ptr<const BitPlan>> uniform(int n_layers, int n_heads_kv, int head_dim,
+                                                        int group_size, int bits);
 
   int n_layers() const { return n_layers_; }
   int n_heads_kv() const { return n_heads_kv_; }

@@ -166,8 +166,10 @@ Status KvCacheSpec::validate() const {
   if (bit_plan) {
     if (mode != quant::CacheMode::kOscar && mode != quant::CacheMode::kInt2Naive &&
         mode != quant::CacheMode::kInt2Hadamard && quant::cache_mode_fixed_bits(mode) == 0)
-      return invalid_argument("kv cache: a bit plan needs a uniform mode (oscar, oscar4, oscar3, "
-                              "int2-naive, int2-hadamard), not %s", quant::cache_mode_name(mode));
+      return invalid_argument(
+          "kv cache: a bit plan needs a uniform mode (oscar, oscar4, oscar3, "
+          "int2-naive, int2-hadamard), not %s",
+          quant::cache_mode_name(mode));
     if (bit_plan->n_layers() != n_layers || bit_plan->n_heads_kv() != n_heads_kv ||
         bit_plan->head_dim() != head_dim || bit_plan->group_size() != group_size)
       return invalid_argument("kv cache: bit plan for %d layers x %d kv heads, head_dim %d, "

@@ -115,7 +115,8 @@ void dequantize_row_int4_ref(const uint8_t* row, int head_dim, int group_size, f
     const float scale = fp16_to_f32(m.slot0), min = fp16_to_f32(m.slot1);
     const uint8_t* codes = row + int4_group_codes_offset(g, group_size);
     for (int i = 0; i < group_size; ++i)
-      out[g * group_size + i] = min + static_cast<float>(int4_get_code(codes, i, group_size)) * scale;
+      out[g * group_size + i] =
+          min + static_cast<float>(int4_get_code(codes, i, group_size)) * scale;
   }
 }
 

@@ -44,14 +44,13 @@ OSCAR_HD constexpr int int4_group_meta_offset(int head_dim, int g) {
 
 // Code of element i (0 <= i < G) of one group ("by halves"). `group_codes`: [G/2] bytes.
 OSCAR_HD constexpr uint8_t int4_get_code(const uint8_t* group_codes, int i, int group_size) {
-  return static_cast<uint8_t>(
-      (group_codes[i % (group_size / 2)] >> (4 * (i / (group_size / 2)))) & 15u);
+  return static_cast<uint8_t>((group_codes[i % (group_size / 2)] >> (4 * (i / (group_size / 2)))) &
+                              15u);
 }
 OSCAR_HD constexpr void int4_set_code(uint8_t* group_codes, int i, int group_size, uint8_t code) {
   const int b = i % (group_size / 2);
   const int sh = 4 * (i / (group_size / 2));
-  group_codes[b] =
-      static_cast<uint8_t>((group_codes[b] & ~(15u << sh)) | ((code & 15u) << sh));
+  group_codes[b] = static_cast<uint8_t>((group_codes[b] & ~(15u << sh)) | ((code & 15u) << sh));
 }
 
 static_assert(int4_codes_bytes(128) == 64);

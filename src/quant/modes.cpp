@@ -5,11 +5,10 @@
 
 namespace oscar::quant {
 namespace {
-constexpr CacheMode kAllModes[] = {CacheMode::kBF16,         CacheMode::kF32,
-                                   CacheMode::kInt2Naive,    CacheMode::kInt2Hadamard,
-                                   CacheMode::kKivi2,        CacheMode::kOscar,
-                                   CacheMode::kOscarLloyd,   CacheMode::kOscar4,
-                                   CacheMode::kOscar3};
+constexpr CacheMode kAllModes[] = {
+    CacheMode::kBF16,         CacheMode::kF32,    CacheMode::kInt2Naive,
+    CacheMode::kInt2Hadamard, CacheMode::kKivi2,  CacheMode::kOscar,
+    CacheMode::kOscarLloyd,   CacheMode::kOscar4, CacheMode::kOscar3};
 }  // namespace
 
 const char* cache_mode_name(CacheMode mode) {
@@ -21,8 +20,10 @@ const char* cache_mode_name(CacheMode mode) {
     case CacheMode::kKivi2: return "kivi2";
     case CacheMode::kOscar: return "oscar";
     case CacheMode::kOscarLloyd: return "oscar-lloyd";
-    case CacheMode::kOscar4: return "oscar4";
-    case CacheMode::kOscar3: return "oscar3";
+    case CacheMode::kOscar4:
+      return "oscar4";
+    case CacheMode::kOscar3:
+      return "oscar3";
   }
   return "unknown";
 }

@@ -20,12 +20,13 @@ enum class CacheMode {
   // The precision ladder (docs/results/precision_ladder.md): oscar's rotations and key scaling
   // with every history row at one width (a uniform kv::BitPlan), no mixed plan, no clipping
   // unless --k-clip / --v-clip say so (engine/runtime.cpp).
-  kOscar4,        // "oscar4": 4-bit rows (quant/int4_layout.h), 4.25 bits per element at G 128
-  kOscar3,        // "oscar3": 3-bit rows (quant/bit_plan_layout.h), 3.25 bits per element
+  kOscar4,  // "oscar4": 4-bit rows (quant/int4_layout.h), 4.25 bits per element at G 128
+  kOscar3,  // "oscar3": 3-bit rows (quant/bit_plan_layout.h), 3.25 bits per element
 };
 
 // "bf16", "f32", "int2-naive", "int2-hadamard", "kivi2", "oscar", "oscar-lloyd", "oscar4",
-// "oscar3" (exact, lower case). Anything else is InvalidArgument naming the string and the accepted names.
+// "oscar3" (exact, lower case). Anything else is InvalidArgument naming the string and the accepted
+// names.
 Result<CacheMode> parse_cache_mode(std::string_view name);
 const char* cache_mode_name(CacheMode mode);
 

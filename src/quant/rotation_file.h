@@ -25,9 +25,10 @@
 // __metadata__ strings: format = "oscar-rotations", version, head_dim, n_layers, n_kv_heads,
 // group_size, value_objective, model_config_sha256, calibration, created_by.
 // Versioning: "1" (no key scaling), "2" (with k.scale / k.mean), "3" (with a bit plan) and "4"
-// (with k.logit_error) are read; a higher one is Unimplemented (refused), so a reader never silently misreads a newer
-// layout. Unknown tensors are refused as well. The writer writes the lowest version that holds
-// what the file has, so older readers keep reading files that do not need the newer tensors.
+// (with k.logit_error) are read; a higher one is Unimplemented (refused), so a reader never
+// silently misreads a newer layout. Unknown tensors are refused as well. The writer writes the
+// lowest version that holds what the file has, so older readers keep reading files that do not need
+// the newer tensors.
 #pragma once
 
 #include <map>
@@ -65,7 +66,7 @@ struct RotationSet {
   std::vector<int8_t> k_bits, v_bits;  // [n_layers, n_heads_kv], each 1, 2 or 3
   // Calibration's expected squared logit error of each head's keys per unit of quantization
   // noise (calib::KeyScaling::logit_error); empty when the file has none (written before v4).
-  std::vector<float> k_logit_error;  // [n_layers, n_heads_kv]
+  std::vector<float> k_logit_error;             // [n_layers, n_heads_kv]
   std::map<std::string, std::string> metadata;  // every __metadata__ string, as read
 
   // Pointers into the arrays above. Preconditions (checked): layer, head in range.

@@ -21,7 +21,9 @@ const RowCodec kCodecs[] = {
      [](const float* x, int d, int G, float clip, uint8_t* row) {
        return quantize_rows_lloyd(x, 1, d, G, clip, row);
      },
-     [](const uint8_t* row, int d, int G, float* out) { dequantize_rows_lloyd(row, 1, d, G, out); }},
+     [](const uint8_t* row, int d, int G, float* out) {
+       dequantize_rows_lloyd(row, 1, d, G, out);
+     }},
     {"int3", 3, [](int d, int G) { return int3_row_bytes(d, G); },
      [](const float* x, int d, int G, float clip, uint8_t* row) {
        return quantize_row_int3_ref(x, d, G, clip, row);
@@ -37,7 +39,9 @@ const RowCodec kCodecs[] = {
      [](const float* x, int d, int, float, uint8_t* row) {
        return quantize_kivi_value_row_ref(x, d, row);
      },
-     [](const uint8_t* row, int d, int, float* out) { dequantize_kivi_value_row_ref(row, d, out); }},
+     [](const uint8_t* row, int d, int, float* out) {
+       dequantize_kivi_value_row_ref(row, d, out);
+     }},
     {"kivi-key-block", 2, nullptr, nullptr, nullptr},  // not a row (checked in row_codec())
     {"int4", 4, [](int d, int G) { return int4_row_bytes(d, G); },
      [](const float* x, int d, int G, float clip, uint8_t* row) {

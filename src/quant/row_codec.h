@@ -17,13 +17,13 @@
 namespace oscar::quant {
 
 enum class RowFormat : int32_t {
-  kInt2Uniform = 0,  // 2 bits, uniform grid with clip (x̂ = min + q·s)
-  kInt2Lloyd = 1,    // 2 bits, Lloyd-Max levels (x̂ = μ + level[q]·σ)
-  kInt3 = 2,         // 3 bits, uniform with clip (bit plans)
-  kInt1 = 3,         // 1 bit, two Lloyd-Max levels, no clip (bit plans)
-  kKiviValue = 4,    // KIVI value row: 2 bits per token over groups of 32 channels, no clip
-  kKiviKeyBlock = 5, // KIVI key block (32 tokens, per channel): not a row, see above
-  kInt4 = 6,         // 4 bits, uniform with clip (oscar4, --kv-bits plans; quant/int4_layout.h)
+  kInt2Uniform = 0,   // 2 bits, uniform grid with clip (x̂ = min + q·s)
+  kInt2Lloyd = 1,     // 2 bits, Lloyd-Max levels (x̂ = μ + level[q]·σ)
+  kInt3 = 2,          // 3 bits, uniform with clip (bit plans)
+  kInt1 = 3,          // 1 bit, two Lloyd-Max levels, no clip (bit plans)
+  kKiviValue = 4,     // KIVI value row: 2 bits per token over groups of 32 channels, no clip
+  kKiviKeyBlock = 5,  // KIVI key block (32 tokens, per channel): not a row, see above
+  kInt4 = 6,          // 4 bits, uniform with clip (oscar4, --kv-bits plans; quant/int4_layout.h)
 };
 
 struct RowCodec {

@@ -129,8 +129,10 @@ Built build(const Case& c) {
     }
     kb[static_cast<size_t>(c.layer) * c.n_heads_kv] = 3;
     vb[static_cast<size_t>(c.layer) * c.n_heads_kv + c.n_heads_kv - 1] = 1;
-    if (c.n_heads_kv > 1) vb[static_cast<size_t>(c.layer) * c.n_heads_kv] = 4;
-    else kb[static_cast<size_t>(c.layer == 0 ? 1 : 0)] = 4;
+    if (c.n_heads_kv > 1)
+      vb[static_cast<size_t>(c.layer) * c.n_heads_kv] = 4;
+    else
+      kb[static_cast<size_t>(c.layer == 0 ? 1 : 0)] = 4;
     auto plan = kv::BitPlan::create(c.n_layers, c.n_heads_kv, c.head_dim, c.group_size, kb, vb);
     EXPECT_TRUE(plan.ok()) << plan.status().to_string();
     b.plan = plan.value();

@@ -73,8 +73,9 @@ struct Case {
 
   std::string name() const {
     char buf[256];
-    std::snprintf(buf, sizeof buf, "hq=%d hkv=%d d=%d P=%d G=%d %s plan=%d/%d gain=%g seed=%u seqs=",
-                  n_heads_q, n_heads_kv, head_dim, page_size, group_size,
+    std::snprintf(buf, sizeof buf,
+                  "hq=%d hkv=%d d=%d P=%d G=%d %s plan=%d/%d gain=%g seed=%u seqs=", n_heads_q,
+                  n_heads_kv, head_dim, page_size, group_size,
                   quantizer == Int2Quantizer::kLloyd ? "lloyd" : "uniform", bit_plan ? 1 : 0,
                   uniform_bits, q_gain, seed);
     std::string s = buf;

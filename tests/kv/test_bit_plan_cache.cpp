@@ -230,9 +230,9 @@ void rows_are_the_plane_widths_quantizer(quant::CacheMode mode, bool balanced) {
           }
           cache.read_row(layer, kv, h, t, got.data());
           for (int c = 0; c < d; ++c)
-            ASSERT_EQ(got[c], want[c]) << quant::cache_mode_name(mode) << " layer " << layer
-                                       << " kv " << kv << " head " << h
-                                       << " bits " << bits << " token " << t << " dim " << c;
+            ASSERT_EQ(got[c], want[c])
+                << quant::cache_mode_name(mode) << " layer " << layer << " kv " << kv << " head "
+                << h << " bits " << bits << " token " << t << " dim " << c;
         }
       }
 }

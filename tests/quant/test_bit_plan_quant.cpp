@@ -232,8 +232,8 @@ TEST(Int4Row, MatchesFloat64ReferenceOnFreshRows) {
               EXPECT_EQ(q, q_ref) << "G " << G << " rho " << rho << " element " << g * G + i
                                   << " t " << t;
             }
-            EXPECT_EQ(y[g * G + i], static_cast<float>(mn) + static_cast<float>(q) *
-                                                                static_cast<float>(s));
+            EXPECT_EQ(y[g * G + i],
+                      static_cast<float>(mn) + static_cast<float>(q) * static_cast<float>(s));
             EXPECT_LE(std::fabs(y[g * G + i] - xc[i]),
                       0.5 * s + std::ldexp(1.0, -11) * (std::fabs(lo) + 15 * s) +
                           std::ldexp(1.0, -24) + 1e-6 * std::fabs(thr < INFINITY ? thr : hi))
@@ -258,8 +258,7 @@ TEST(Int4Row, ConstantGroupIsExactAndBadInputIsRefused) {
   x[100] = INFINITY;
   const Status st = quantize_row_int4_ref(x.data(), 128, 32, 0.92f, row.data());
   ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("element 100 (group 3) is +Inf"), std::string::npos)
-      << st.message();
+  EXPECT_NE(st.message().find("element 100 (group 3) is +Inf"), std::string::npos) << st.message();
   for (uint8_t b : row) EXPECT_EQ(b, 0);
   x[100] = 1e9f;  // min/scale beyond fp16
   EXPECT_EQ(quantize_row_int4_ref(x.data(), 128, 32, 1.0f, row.data()).code(),

@@ -329,9 +329,9 @@ TEST(RotationFile, KeyLogitErrorRoundTripsAsVersion4) {
                         format::f32_tensor("layers.1.k.logit_error", {2}, neg))
                 .find("layers.1.k.logit_error head 0 = -1 must be finite and >= 0"),
             std::string::npos);
-  EXPECT_NE(load_edited(path, "layers.1.k.logit_error", "")
-                .find("'layers.1.k.logit_error' is missing"),
-            std::string::npos);
+  EXPECT_NE(
+      load_edited(path, "layers.1.k.logit_error", "").find("'layers.1.k.logit_error' is missing"),
+      std::string::npos);
   std::remove(path.c_str());
 }
 

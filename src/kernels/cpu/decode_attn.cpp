@@ -4,9 +4,10 @@
 // unpacked once per group. A chunk is processed in blocks of kBlock tokens: the block's K rows are
 // converted into a [kBlock, head_dim] float buffer (BF16: a shift; INT2: shifts, masks and a
 // 4-entry level table per group; the 3- and 1-bit rows of a bit plan likewise, with 8 and 2
-// levels; 4-bit rows as min + q·s from the nibbles), scored against every head of the group, the online softmax rescales what was
-// accumulated, then the block's V rows go through the same buffer into the accumulators. The
-// next block's rows are prefetched. merge_attn_states combines the partials.
+// levels; 4-bit rows as min + q·s from the nibbles), scored against every head of the group, the
+// online softmax rescales what was accumulated, then the block's V rows go through the same buffer
+// into the accumulators. The next block's rows are prefetched. merge_attn_states combines the
+// partials.
 //
 // AVX2+FMA (and F16C) intrinsics are used when the compiler targets them (-march=native);
 // otherwise portable loops that compute the same values.

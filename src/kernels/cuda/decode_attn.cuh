@@ -597,8 +597,8 @@ __device__ __forceinline__ void dequant_half_row_int4(const uint8_t* row, uint8_
         float x[2];
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-          const int q = static_cast<int>((((k + u) < 4 ? w0 : w1) >> (8 * ((k + u) & 3) + 4 * hh)) &
-                                         15u);
+          const int q =
+              static_cast<int>((((k + u) < 4 ? w0 : w1) >> (8 * ((k + u) & 3) + 4 * hh)) & 15u);
           x[u] = s1 + static_cast<float>(q) * s0;  // min + q·s
         }
         *reinterpret_cast<uint32_t*>(chunk + 2 * k) = pack_bf16(x[0], x[1]);

@@ -1,7 +1,8 @@
 // Device-side reading of one history row element (any bit-plan width 1-4, uniform INT2 or
 // Lloyd-Max INT2), shared by the decode (decode_attn.cuh) and prefill (prefill_attn.cu) kernels.
 // It computes what quant's *_ref dequantizers compute, from the layouts of quant/int2_layout.h,
-// quant/int4_layout.h and quant/bit_plan_layout.h. Not here: the fast INT2 tile arithmetic of decode_attn.cuh.
+// quant/int4_layout.h and quant/bit_plan_layout.h. Not here: the fast INT2 tile arithmetic of
+// decode_attn.cuh.
 #pragma once
 
 #include <cuda_fp16.h>
