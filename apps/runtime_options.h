@@ -14,7 +14,8 @@ inline void add_runtime_options(CLI::App& app, engine::RuntimeOptions& o) {
       ->capture_default_str();
   app.add_option("--kv-cache", o.cache_mode,
                  "KV cache: auto (what DIR/oscar_rotations.safetensors recommends, else bf16), "
-                 "bf16, f32, int2-naive, int2-hadamard, kivi2, oscar, oscar-lloyd")
+                 "bf16, f32, int2-naive, int2-hadamard, kivi2, oscar, oscar-lloyd, oscar4 (4-bit "
+                 "history, 4.25 bits), oscar3 (3.25 bits)")
       ->capture_default_str();
   app.add_option("--rotations", o.rotations,
                  "Rotation file for oscar modes (default DIR/oscar_rotations.safetensors)");
@@ -30,6 +31,10 @@ inline void add_runtime_options(CLI::App& app, engine::RuntimeOptions& o) {
   app.add_flag("!--no-bit-plan", o.bit_plan,
                "oscar: ignore the rotation file's mixed-precision bit plan (every history row "
                "INT2)");
+  app.add_option("--kv-bits", o.kv_bits,
+                 "oscar: history bits per element on average, 2.25..4.25 (group 128); widths "
+                 "1-4 bits spent where the rotation file's calibration statistics say they "
+                 "matter (kv/bit_plan.h). Replaces the file's own bit plan");
   app.add_flag("--dummy-weights", o.dummy_weights,
                "Random weights from DIR/config.json (speed tests at real sizes)");
   app.add_option("--folded-weights", o.folded_weights,

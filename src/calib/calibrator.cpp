@@ -386,6 +386,8 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
     }
   }
   result.decompose_s = seconds_since(t0);
+  // The statistic `--kv-bits` plans from (kv::plan_for_bits; rotation file version 4).
+  set.k_logit_error.assign(result.key_logit_error.begin(), result.key_logit_error.end());
 
   // Bit plan (calib/bit_plan.h), from the statistics above.
   if (options.bit_plan_pairs > 0) {

@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "kv/admission.h"
 #include "quant/hadamard.h"
+#include "quant/int2_layout.h"
 #include "quant/rotation_file.h"
 
 namespace oscar::engine {
@@ -75,6 +76,21 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
                            : mode == quant::CacheMode::kKivi2 ? 32
                                                               : kDefaultPageSize;
   spec.mode = mode;
+  if (o.kv_bits != 0.0 && mode != quant::CacheMode::kOscar)
+    return invalid_argument(
+        "--kv-bits %g plans the widths of the oscar cache; cache mode %s has "
+        "its own (use --kv-cache oscar)",
+        o.kv_bits, quant::cache_mode_name(mode));
+  if (o.kv_bits != 0.0 && quant::int2_valid_group(config.head_dim, o.group_size)) {
+    // The range first: a bad value fails before any file is read
+    const double lo = kv::uniform_plan_bits(2, config.head_dim, o.group_size);
+    const double hi = kv::uniform_plan_bits(4, config.head_dim, o.group_size);
+    if (!(o.kv_bits >= lo && o.kv_bits <= hi))
+      return invalid_argument(
+          "--kv-bits %g: expected %g..%g history bits per element (every row "
+          "at 2 bits .. every row at 4, metadata included, group size %d)",
+          o.kv_bits, lo, hi, o.group_size);
+  }
   const size_t heads = static_cast<size_t>(config.n_layers) * config.n_heads_kv;
   const size_t dd = static_cast<size_t>(config.head_dim) * config.head_dim;
 
@@ -86,7 +102,7 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
     spec.k_rotation.resize(heads * dd);
     for (size_t i = 0; i < heads; ++i) std::copy(hb.begin(), hb.end(), spec.k_rotation.begin() + i * dd);
     spec.v_rotation = spec.k_rotation;
-  } else if (mode == quant::CacheMode::kOscar || mode == quant::CacheMode::kOscarLloyd) {
+  } else if (quant::cache_mode_is_oscar(mode)) {
     const std::string path = default_rotations(o);
     OSCAR_ASSIGN_OR_RETURN(
         quant::RotationSet rot,
@@ -110,21 +126,50 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
       spec.k_rotation = std::move(rot.k_rot);
     }
     spec.v_rotation = std::move(rot.v_rot);
-    if (rot.has_bit_plan() && o.bit_plan && mode == quant::CacheMode::kOscar) {
-      auto plan = kv::BitPlan::create(config.n_layers, config.n_heads_kv, config.head_dim,
-                                      spec.group_size, rot.k_bits, rot.v_bits);
-      if (!plan.ok()) return plan.status().with_context("rotation file " + path);
-      spec.bit_plan = std::move(plan).value();
-    }
     spec.k_clip = rot.k_clip;
     spec.v_clip = rot.v_clip;
     if (spec.k_clip.empty()) spec.k_clip.assign(heads, kReleaseClipK);
     if (spec.v_clip.empty()) spec.v_clip.assign(heads, kReleaseClipV);
+    // Clip overrides belong to the oscar modes; the baselines stay as OSCAR.md §8 defines them.
+    if (o.k_clip > 0) spec.k_clip.assign(heads, o.k_clip);
+    if (o.v_clip > 0) spec.v_clip.assign(heads, o.v_clip);
+    Result<std::shared_ptr<const kv::BitPlan>> plan = std::shared_ptr<const kv::BitPlan>();
+    if (const int fixed = quant::cache_mode_fixed_bits(mode); fixed != 0) {
+      plan = kv::BitPlan::uniform(config.n_layers, config.n_heads_kv, config.head_dim,
+                                  spec.group_size, fixed);
+    } else if (o.kv_bits != 0.0) {  // mode is oscar (checked above)
+      if (!rot.has_logit_error())
+        return invalid_argument(
+            "--kv-bits %g: rotation file %s has no layers.*.k.logit_error "
+            "(written before version 4); re-run `oscar calibrate` to plan "
+            "widths from it",
+            o.kv_bits, path.c_str());
+      kv::PlanStatistics stats;
+      stats.key_logit_error.assign(rot.k_logit_error.begin(), rot.k_logit_error.end());
+      stats.value_energy = rot.value_energy();
+      stats.k_clip = spec.k_clip;
+      stats.v_clip = spec.v_clip;
+      plan = kv::plan_for_bits(config.n_layers, config.n_heads_kv, config.head_dim, spec.group_size,
+                               o.kv_bits, stats);
+    } else if (rot.has_bit_plan() && o.bit_plan && mode == quant::CacheMode::kOscar) {
+      plan = kv::BitPlan::create(config.n_layers, config.n_heads_kv, config.head_dim,
+                                 spec.group_size, rot.k_bits, rot.v_bits);
+    }
+    if (!plan.ok()) return plan.status().with_context("rotation file " + path);
+    spec.bit_plan = std::move(plan).value();
+    // oscar4 / oscar3 and --kv-bits plans do not clip their 3- and 4-bit rows: the file's clips
+    // are INT2's and cost more than they save at 3-4 bits (measured: oscar4 +1.25% perplexity
+    // over bf16 with them, +0.07% without; docs/results/precision_ladder.md). --k-clip /
+    // --v-clip still set every row's. The file's own plan keeps the clips it was chosen with.
+    if (quant::cache_mode_fixed_bits(mode) != 0 || o.kv_bits != 0.0) {
+      for (int l = 0; l < config.n_layers; ++l)
+        for (int h = 0; h < config.n_heads_kv; ++h) {
+          const size_t i = static_cast<size_t>(l) * config.n_heads_kv + h;
+          if (o.k_clip <= 0 && spec.bit_plan->bits(l, 0, h) >= 3) spec.k_clip[i] = 1.0f;
+          if (o.v_clip <= 0 && spec.bit_plan->bits(l, 1, h) >= 3) spec.v_clip[i] = 1.0f;
+        }
+    }
   }
-  // Clip overrides belong to the oscar modes; the baselines stay as OSCAR.md §8 defines them.
-  const bool oscar_mode = mode == quant::CacheMode::kOscar || mode == quant::CacheMode::kOscarLloyd;
-  if (oscar_mode && o.k_clip > 0) spec.k_clip.assign(heads, o.k_clip);
-  if (oscar_mode && o.v_clip > 0) spec.v_clip.assign(heads, o.v_clip);
   OSCAR_RETURN_IF_ERROR(spec.validate());
   return spec;
 }
@@ -155,7 +200,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
     return unimplemented(
         "cache mode %s runs on the CPU only (the CUDA kernels read BF16 exact "
         "pages and uniform INT2 / bit-plan history rows: bf16, int2-naive, "
-        "int2-hadamard, oscar); use --device cpu",
+        "int2-hadamard, oscar, oscar4, oscar3); use --device cpu",
         o.cache_mode.c_str());
   OSCAR_ASSIGN_OR_RETURN(rt->spec_, make_cache_spec(config, o, mode));
   if (!rt->spec_.v_rotation.empty()) {

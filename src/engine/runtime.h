@@ -7,7 +7,11 @@
 // shipped tiny-qwen3 file) when DIR/oscar_rotations.safetensors exists, bf16 otherwise. oscar
 // modes read the rotation file; its value rotation is folded into the model's v_proj/o_proj here
 // (OSCAR.md §3), so one Runtime serves exactly one mode. oscar also takes the file's bit plan,
-// if any (3-bit keys / 1-bit values for a few heads at the same bytes; kv/bit_plan.h).
+// if any (3-bit keys / 1-bit values for a few heads at the same bytes; kv/bit_plan.h), or, with
+// `kv_bits`, a plan for that average chosen from the file's statistics (kv::plan_for_bits).
+// oscar4 / oscar3: the same rotations and key scaling with every history row at 4 / 3 bits, not
+// clipped (the file's clips are INT2's and cost more than they save at 3-4 bits; the same for
+// the 3-/4-bit planes of a kv_bits plan; the precision ladder, docs/results/precision_ladder.md).
 #pragma once
 
 #include <memory>
@@ -43,6 +47,10 @@ struct RuntimeOptions {
   // oscar mode: use the rotation file's mixed-precision bit plan (kv/bit_plan.h) when it has
   // one; false = every history row INT2 (the ablation baseline). oscar-lloyd never uses one.
   bool bit_plan = true;
+  // > 0: history bits per element on average (2.25..4.25 at group 128) for the oscar mode, with
+  // widths 1..4 planned from the rotation file's statistics (kv::plan_for_bits; needs a version
+  // 4 file). Replaces the file's own plan. 0 = unset.
+  double kv_bits = 0.0;
   size_t kv_budget_bytes = size_t{1} << 30;  // split between the two pools, see split_tokens
   // The budget is split so that both pools run out together for sequences of this many tokens
   // (sinks + recent window in BF16 pages, the rest in INT2 pages).

@@ -4,12 +4,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <optional>
 #include <filesystem>
+#include <optional>
 
 #include "core/log.h"
-#include "eval/eval_data.h"
 #include "core/progress.h"
+#include "eval/eval_data.h"
+#include "quant/modes.h"
 #include "tokenizer/tokenizer.h"
 
 namespace oscar::eval {
@@ -67,7 +68,11 @@ Status run_mode(const EvalConfig& cfg, std::span<const int32_t> dev,
   if (!parsed.ok()) return parsed.status();
   engine::RuntimeOptions ro = std::move(parsed.value());
   // Clip overrides are for oscar modes only (make_cache_spec would apply them to any mode).
-  if (ro.cache_mode != "oscar" && ro.cache_mode != "oscar-lloyd") ro.k_clip = ro.v_clip = -1.f;
+  {
+    const auto m = quant::parse_cache_mode(ro.cache_mode);
+    if (!m.ok() || !quant::cache_mode_is_oscar(m.value())) ro.k_clip = ro.v_clip = -1.f;
+    if (!m.ok() || m.value() != quant::CacheMode::kOscar) ro.kv_bits = 0.0;
+  }
   auto created = engine::Runtime::create(ro);
   if (!created.ok()) {
     out.supported = false;
@@ -148,10 +153,12 @@ Result<engine::RuntimeOptions> apply_mode_variant(const std::string& label,
       (key == "sink" ? ro.n_sink : ro.n_recent) = static_cast<int>(num);
     } else if (key == "plan" && (val == "0" || val == "1")) {
       ro.bit_plan = val == "1";
+    } else if (key == "bits" && is_num) {
+      ro.kv_bits = num;  // range checked by the runtime (kv::plan_for_bits)
     } else {
       return invalid_argument(
           "eval mode '%s': unknown option or bad value '%s' (use k=RHO, v=RHO with 0 < RHO <= "
-          "1.5, rot=FILE, sink=N, recent=N, plan=0|1)",
+          "1.5, rot=FILE, sink=N, recent=N, plan=0|1, bits=X)",
           label.c_str(), item.c_str());
     }
   }

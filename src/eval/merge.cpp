@@ -132,6 +132,7 @@ Result<EvalReport> read_report_json(const std::string& path) {
     cfg.runtime.group_size = c.at("group_size").get<int>();
     cfg.runtime.k_clip = c.value("k_clip_override", -1.f);
     cfg.runtime.v_clip = c.value("v_clip_override", -1.f);
+    cfg.runtime.kv_bits = c.value("kv_bits", 0.0);
     cfg.runtime.rotations = c.value("rotations", std::string());
     cfg.dev_text = c.value("dev_text", std::string());
     cfg.niah_file = c.value("niah_file", std::string());

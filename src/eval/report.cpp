@@ -111,6 +111,7 @@ nlohmann::json report_json(const EvalReport& r) {
       {"group_size", c.runtime.group_size},
       {"k_clip_override", c.runtime.k_clip},
       {"v_clip_override", c.runtime.v_clip},
+      {"kv_bits", c.runtime.kv_bits},
       {"rotations", c.runtime.rotations},
       {"dev_text", c.dev_text},
       {"niah_file", c.niah_file},

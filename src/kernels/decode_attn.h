@@ -42,7 +42,7 @@ struct DecodeAttnParams {
   // Page layout: n_layers, n_heads_kv, head_dim, page_size, exact_elem_bytes (2 = bf16, 4 = f32),
   // int2_row_bytes (must equal quant::int2_row_bytes(head_dim, group_size) when history exists),
   // and optionally a bit plan (hist_bits, hist_row_prefix; uniform quantizer only): history rows
-  // of 3, 2 or 1 bits per element, per (K/V, KV head) of the layer.
+  // of 4, 3, 2 or 1 bits per element, per (K/V, KV head) of the layer.
   KvPageLayout layout;
 
   // [n_seqs, n_heads_q, head_dim] float, already rotated by R_K (OSCAR.md §3). Query head h reads

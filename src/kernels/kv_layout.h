@@ -15,7 +15,8 @@
 //     page_size is a multiple of 32, so a page never splits a block.
 //   bit-plan page (history pool of `oscar` with a mixed-precision bit plan, kv/bit_plan.h): the
 //     same planes [n_layers][2][n_heads_kv], but plane p = (layer, kv, head) holds rows of
-//     hist_bits[p] bits per element (3, 2 or 1: quant/bit_plan_layout.h, quant/int2_layout.h),
+//     hist_bits[p] bits per element (4, 3, 2 or 1: quant/int4_layout.h, quant/bit_plan_layout.h,
+//     quant/int2_layout.h; `oscar4` / `oscar3` are plans of one width),
 //     each of hist_row_prefix[p + 1] − hist_row_prefix[p] bytes, and starts at byte
 //     page_size · hist_row_prefix[p]. A page is page_size · hist_row_prefix[n_planes] bytes.
 // Plain data only: this header is included by CUDA code (methods are OSCAR_HD).
@@ -92,8 +93,10 @@ struct KvPageLayout {
   OSCAR_HD size_t hist_meta_offset(int layer, int kv, int head, int slot) const {
     const int bits = hist_row_bits(layer, kv, head);
     return int2_row_offset(layer, kv, head, slot) +
-           static_cast<size_t>(bits == 1 ? head_dim / 8 : bits == 3 ? head_dim / 4 + head_dim / 8
-                                                                    : head_dim / 4);
+           static_cast<size_t>(bits == 1   ? head_dim / 8
+                               : bits == 3 ? head_dim / 4 + head_dim / 8
+                               : bits == 4 ? head_dim / 2
+                                           : head_dim / 4);
   }
   // Every plane of a history page starts 16-byte aligned (whole planes can be staged with
   // 16-byte loads); KvCacheSpec::validate() checks it for the engine's layout.

@@ -165,15 +165,25 @@ Status KvCacheSpec::validate() const {
   }
   if (bit_plan) {
     if (mode != quant::CacheMode::kOscar && mode != quant::CacheMode::kInt2Naive &&
-        mode != quant::CacheMode::kInt2Hadamard)
-      return invalid_argument("kv cache: a bit plan needs a uniform INT2 mode (oscar, int2-naive, "
-                              "int2-hadamard), not %s", quant::cache_mode_name(mode));
+        mode != quant::CacheMode::kInt2Hadamard && quant::cache_mode_fixed_bits(mode) == 0)
+      return invalid_argument(
+          "kv cache: a bit plan needs a uniform mode (oscar, oscar4, oscar3, "
+          "int2-naive, int2-hadamard), not %s",
+          quant::cache_mode_name(mode));
     if (bit_plan->n_layers() != n_layers || bit_plan->n_heads_kv() != n_heads_kv ||
         bit_plan->head_dim() != head_dim || bit_plan->group_size() != group_size)
       return invalid_argument("kv cache: bit plan for %d layers x %d kv heads, head_dim %d, "
                               "group %d; the cache has %d x %d, %d, %d", bit_plan->n_layers(),
                               bit_plan->n_heads_kv(), bit_plan->head_dim(),
                               bit_plan->group_size(), n_layers, n_heads_kv, head_dim, group_size);
+  }
+  if (const int fixed = quant::cache_mode_fixed_bits(mode); fixed != 0) {
+    bool one_width = bit_plan != nullptr;
+    for (int p = 0; one_width && p < 2 * n_layers * n_heads_kv; ++p)
+      one_width = bit_plan->plane_bits()[p] == fixed;
+    if (!one_width)
+      return invalid_argument("kv cache: %s needs a bit plan of %d bits in every plane",
+                              quant::cache_mode_name(mode), fixed);
   }
   if (quantized() && !layout().hist_planes_aligned())
     return invalid_argument("kv cache: page_size %d puts history planes off 16-byte boundaries "

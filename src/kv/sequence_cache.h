@@ -6,8 +6,8 @@
 // Keys are rotated by R_K when written (all regions hold rotated K) and queries by the same R_K
 // before attention; the value rotation is folded into the model's weights (model/qwen3.h).
 // With a bit plan (kv/bit_plan.h) each (layer, K/V, head) of the history has its own row width
-// (3, 2 or 1 bits per element); demotion, the decode kernel and the materialising path all follow
-// it, and bytes() counts the pages as they are.
+// (4, 3, 2 or 1 bits per element; oscar4 / oscar3 are plans of one width); demotion, the decode
+// kernel and the materialising path all follow it, and bytes() counts the pages as they are.
 //
 // SequenceCache is the host bookkeeping of one sequence: its page lists per region, reserve /
 // commit, prefix adoption. The bytes are written and read by the batched kernel ops

@@ -1,7 +1,8 @@
-// Row formats for mixed-precision bit plans (docs/results/ablation.md, "Budget-equal mixed
-// precision"): a 3-bit row for the few key rows that carry long-range retrieval and a 1-bit row
-// for the value rows that can spare it, so that a plan keeps the INT2 cache's average bits
-// (for head_dim 128, G 128: 52 + 20 = 2 × 36 bytes). The INT2 row itself is quant/int2_layout.h.
+// Row formats for mixed-precision bit plans (and the 4-bit row of quant/int4_layout.h)
+// (docs/results/ablation.md, "Budget-equal mixed precision"): a 3-bit row for the few key rows that
+// carry long-range retrieval and a 1-bit row for the value rows that can spare it, so that a plan
+// keeps the INT2 cache's average bits (for head_dim 128, G 128: 52 + 20 = 2 × 36 bytes). The INT2
+// row itself is quant/int2_layout.h.
 //
 // INT3 row (x̂ = min + q·s, q in 0..7, s = (max − min)/7), for head_dim d and group size G:
 //   [d/4 bytes]   low planes: bits 0-1 of each code, packed exactly like INT2 codes ("by
@@ -12,12 +13,14 @@
 // INT1 row (x̂ = lo or hi):
 //   [d/8 bytes]   one plane "by eighths" (as the INT3 high plane), group g at byte g·G/8
 //   [d/G × Int2GroupMeta]  slot0 = lo, slot1 = hi (fp16): the two reconstruction levels
-// Plain data and constexpr helpers only, usable from CUDA; the quantizers are quant/bit_plan_quant.h.
+// Plain data and constexpr helpers only, usable from CUDA; the quantizers are
+// quant/bit_plan_quant.h.
 #pragma once
 
 #include <cstdint>
 
 #include "quant/int2_layout.h"
+#include "quant/int4_layout.h"
 
 namespace oscar::quant {
 
@@ -45,9 +48,11 @@ OSCAR_HD constexpr int int1_group_meta_offset(int head_dim, int g) {
   return bit_plane_bytes(head_dim) + g * static_cast<int>(sizeof(Int2GroupMeta));
 }
 
-// Bytes of one row of `bits` bits per element (3, 2 or 1); 0 for any other width.
+// Bytes of one row of `bits` bits per element (4, 3, 2 or 1); 0 for any other width. Every step
+// of one bit adds head_dim/8 bytes of codes; the metadata is the same at every width.
 OSCAR_HD constexpr int bit_plan_row_bytes(int bits, int head_dim, int group_size) {
-  return bits == 3   ? int3_row_bytes(head_dim, group_size)
+  return bits == 4   ? int4_row_bytes(head_dim, group_size)
+         : bits == 3 ? int3_row_bytes(head_dim, group_size)
          : bits == 2 ? int2_row_bytes(head_dim, group_size)
          : bits == 1 ? int1_row_bytes(head_dim, group_size)
                      : 0;
@@ -68,5 +73,8 @@ static_assert(int1_row_bytes(128, 128) == 20);
 static_assert(int3_row_bytes(128, 128) + int1_row_bytes(128, 128) == 2 * int2_row_bytes(128, 128),
               "one 3-bit row and one 1-bit row cost two INT2 rows");
 static_assert(int3_row_bytes(128, 32) == 64 && int1_row_bytes(128, 32) == 32);
+static_assert(bit_plan_row_bytes(4, 128, 128) - bit_plan_row_bytes(3, 128, 128) == 16 &&
+                  bit_plan_row_bytes(2, 128, 128) - bit_plan_row_bytes(1, 128, 128) == 16,
+              "one bit more costs head_dim/8 bytes at every width");
 
 }  // namespace oscar::quant

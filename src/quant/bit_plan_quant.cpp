@@ -1,4 +1,4 @@
-// 3-bit and 1-bit reference row quantizers (see bit_plan_quant.h).
+// 4-, 3- and 1-bit reference row quantizers (see bit_plan_quant.h).
 #include "quant/bit_plan_quant.h"
 
 #include <algorithm>
@@ -73,6 +73,50 @@ void dequantize_row_int3_ref(const uint8_t* row, int head_dim, int group_size, f
       const int q = int2_get_code(low, i, group_size) | (plane_get_bit(high, i, group_size) << 2);
       out[g * group_size + i] = min + static_cast<float>(q) * scale;
     }
+  }
+}
+
+Status quantize_row_int4_ref(const float* x, int head_dim, int group_size, float clip_ratio,
+                             uint8_t* row) {
+  check_row_preconditions(x, head_dim, group_size, clip_ratio, row);
+  static constexpr const char* kFn = "quantize_row_int4_ref";
+  const int row_bytes = int4_row_bytes(head_dim, group_size);
+  std::fill(row, row + row_bytes, uint8_t{0});
+  OSCAR_RETURN_IF_ERROR(check_row_finite(kFn, 0, x, head_dim, group_size));
+  for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
+    const float* xg = x + g * group_size;
+    const float thr = clip_threshold_ref(xg, group_size, clip_ratio);
+    float lo, hi;
+    clipped_range(xg, group_size, thr, &lo, &hi);
+    UniformParams p;
+    const Status st = uniform_params(kFn, 0, g, lo, hi, kInt4Levels - 1, &p);
+    if (!st.ok()) {
+      std::fill(row, row + row_bytes, uint8_t{0});
+      return st;
+    }
+    uint8_t* codes = row + int4_group_codes_offset(g, group_size);
+    for (int i = 0; i < group_size; ++i) {
+      int q = 0;
+      if (p.scale > 0.0f) {
+        const float t = (clamp_abs(xg[i], thr) - p.min) / p.scale;
+        q = std::clamp(static_cast<int>(std::floor(t + 0.5f)), 0, kInt4Levels - 1);
+      }
+      int4_set_code(codes, i, group_size, static_cast<uint8_t>(q));
+    }
+    std::memcpy(row + int4_group_meta_offset(head_dim, g), &p.stored, sizeof p.stored);
+  }
+  return Status();
+}
+
+void dequantize_row_int4_ref(const uint8_t* row, int head_dim, int group_size, float* out) {
+  check_row_preconditions(row, head_dim, group_size, 1.0f, out);
+  for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
+    const Int2GroupMeta m = read_meta(row, int4_group_meta_offset(head_dim, g));
+    const float scale = fp16_to_f32(m.slot0), min = fp16_to_f32(m.slot1);
+    const uint8_t* codes = row + int4_group_codes_offset(g, group_size);
+    for (int i = 0; i < group_size; ++i)
+      out[g * group_size + i] =
+          min + static_cast<float>(int4_get_code(codes, i, group_size)) * scale;
   }
 }
 

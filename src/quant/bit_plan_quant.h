@@ -1,5 +1,6 @@
-// Reference quantizers for the 3-bit and 1-bit rows of quant/bit_plan_layout.h (mixed-precision
-// bit plans; docs/results/ablation.md). They follow the INT2 quantizers' conventions
+// Reference quantizers for the 4-, 3- and 1-bit rows of quant/int4_layout.h and
+// quant/bit_plan_layout.h (the precision ladder oscar4 / oscar3 and mixed-precision bit plans;
+// docs/results/ablation.md, precision_ladder.md). They follow the INT2 quantizers' conventions
 // (quant/int2_quant.h): one row at a time, fp16 metadata rounded before the codes are chosen,
 // InvalidArgument naming the element for a non-finite input and OutOfRange for metadata beyond
 // fp16, the row zero-filled on error; dequantizers trust their input.
@@ -7,6 +8,8 @@
 // INT3, per group: clip to the ρ-quantile of |x| (clip_threshold_ref), lo/hi of the clipped
 //   values, min = fp16(lo), s = fp16((hi − min)/7), q = round-half-up((x_c − min)/s) clamped to
 //   0..7; constant group (s rounds to 0): codes 0, x̂ = min.
+// INT4, per group: as INT3 with 16 levels, s = fp16((hi − min)/15), q clamped to 0..15, codes
+//   packed "by halves" (int4_layout.h).
 // INT1, per group: the two-level Lloyd-Max quantizer of the group itself (no clip): starting from
 //   t = mean, rounds of lo = mean{x < t}, hi = mean{x >= t}, t = (lo + hi)/2 until the partition
 //   repeats (at most kInt1LloydRounds; one side empty: lo = hi = mean); lo and hi stored as fp16,
@@ -32,6 +35,11 @@ inline constexpr int kInt1LloydRounds = 32;
 Status quantize_row_int3_ref(const float* x, int head_dim, int group_size, float clip_ratio,
                              uint8_t* row);
 void dequantize_row_int3_ref(const uint8_t* row, int head_dim, int group_size, float* out);
+
+// x: [head_dim]; row: [int4_row_bytes(head_dim, G)].
+Status quantize_row_int4_ref(const float* x, int head_dim, int group_size, float clip_ratio,
+                             uint8_t* row);
+void dequantize_row_int4_ref(const uint8_t* row, int head_dim, int group_size, float* out);
 
 // x: [head_dim]; row: [int1_row_bytes(head_dim, G)].
 Status quantize_row_int1_ref(const float* x, int head_dim, int group_size, uint8_t* row);

@@ -5,10 +5,10 @@
 
 namespace oscar::quant {
 namespace {
-constexpr CacheMode kAllModes[] = {CacheMode::kBF16,         CacheMode::kF32,
-                                   CacheMode::kInt2Naive,    CacheMode::kInt2Hadamard,
-                                   CacheMode::kKivi2,        CacheMode::kOscar,
-                                   CacheMode::kOscarLloyd};
+constexpr CacheMode kAllModes[] = {
+    CacheMode::kBF16,         CacheMode::kF32,    CacheMode::kInt2Naive,
+    CacheMode::kInt2Hadamard, CacheMode::kKivi2,  CacheMode::kOscar,
+    CacheMode::kOscarLloyd,   CacheMode::kOscar4, CacheMode::kOscar3};
 }  // namespace
 
 const char* cache_mode_name(CacheMode mode) {
@@ -20,6 +20,10 @@ const char* cache_mode_name(CacheMode mode) {
     case CacheMode::kKivi2: return "kivi2";
     case CacheMode::kOscar: return "oscar";
     case CacheMode::kOscarLloyd: return "oscar-lloyd";
+    case CacheMode::kOscar4:
+      return "oscar4";
+    case CacheMode::kOscar3:
+      return "oscar3";
   }
   return "unknown";
 }
@@ -37,6 +41,15 @@ Result<CacheMode> parse_cache_mode(std::string_view name) {
 
 bool cache_mode_is_quantized(CacheMode mode) {
   return mode != CacheMode::kBF16 && mode != CacheMode::kF32;
+}
+
+bool cache_mode_is_oscar(CacheMode mode) {
+  return mode == CacheMode::kOscar || mode == CacheMode::kOscarLloyd ||
+         mode == CacheMode::kOscar4 || mode == CacheMode::kOscar3;
+}
+
+int cache_mode_fixed_bits(CacheMode mode) {
+  return mode == CacheMode::kOscar4 ? 4 : mode == CacheMode::kOscar3 ? 3 : 0;
 }
 
 }  // namespace oscar::quant

@@ -17,14 +17,27 @@ enum class CacheMode {
   kKivi2,         // "kivi2": keys per channel / values per token, groups of 32 (quant/kivi.h)
   kOscar,         // "oscar": R = U · H · P_br, clipping, uniform INT2
   kOscarLloyd,    // "oscar-lloyd": as oscar with the Lloyd-Max quantizer
+  // The precision ladder (docs/results/precision_ladder.md): oscar's rotations and key scaling
+  // with every history row at one width (a uniform kv::BitPlan), no mixed plan, no clipping
+  // unless --k-clip / --v-clip say so (engine/runtime.cpp).
+  kOscar4,  // "oscar4": 4-bit rows (quant/int4_layout.h), 4.25 bits per element at G 128
+  kOscar3,  // "oscar3": 3-bit rows (quant/bit_plan_layout.h), 3.25 bits per element
 };
 
-// "bf16", "f32", "int2-naive", "int2-hadamard", "kivi2", "oscar", "oscar-lloyd" (exact,
-// lower case). Anything else is InvalidArgument naming the string and the accepted names.
+// "bf16", "f32", "int2-naive", "int2-hadamard", "kivi2", "oscar", "oscar-lloyd", "oscar4",
+// "oscar3" (exact, lower case). Anything else is InvalidArgument naming the string and the accepted
+// names.
 Result<CacheMode> parse_cache_mode(std::string_view name);
 const char* cache_mode_name(CacheMode mode);
 
 // Whether a mode stores INT2 codes (and so has a quantized history region).
 bool cache_mode_is_quantized(CacheMode mode);
+
+// Whether a mode reads the rotation file (rotations, key scaling, clips): oscar, oscar-lloyd,
+// oscar4, oscar3.
+bool cache_mode_is_oscar(CacheMode mode);
+
+// The one width of every history row of oscar4 / oscar3 (4 / 3); 0 for every other mode.
+int cache_mode_fixed_bits(CacheMode mode);
 
 }  // namespace oscar::quant

@@ -1,6 +1,7 @@
 // Rotation file reader and writer (see rotation_file.h, OSCAR.md §7).
 #include "quant/rotation_file.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <set>
@@ -269,6 +270,20 @@ Result<RotationSet> load_rotation_file(const std::string& path,
       }
     }
   }
+  // Optional per-head key logit error (version 4): in every layer, or none anywhere.
+  if (file.find("layers.0.k.logit_error") != nullptr) {
+    set.k_logit_error.resize(lh);
+    for (int l = 0; l < n_layers; ++l) {
+      const std::string name = "layers." + std::to_string(l) + ".k.logit_error";
+      float* e = set.k_logit_error.data() + static_cast<size_t>(l) * n_heads_kv;
+      OSCAR_RETURN_IF_ERROR(read_per_head(file, name, n_heads_kv, {}, e));
+      for (int h = 0; h < n_heads_kv; ++h)
+        if (!(e[h] >= 0.0f) || !std::isfinite(e[h]))
+          return invalid_argument("rotation file %s: %s head %d = %g must be finite and >= 0",
+                                  path.c_str(), name.c_str(), h, static_cast<double>(e[h]));
+      expected_names.insert(name);
+    }
+  }
   for (const TensorView& t : file.tensors()) {
     if (expected_names.count(t.name) == 0) {
       return invalid_argument("rotation file %s: unexpected tensor '%s' (n_layers %d)",
@@ -276,6 +291,14 @@ Result<RotationSet> load_rotation_file(const std::string& path,
     }
   }
   return set;
+}
+
+std::vector<double> RotationSet::value_energy() const {
+  std::vector<double> e(static_cast<size_t>(n_layers) * n_heads_kv, 0.0);
+  for (size_t i = 0; i < e.size(); ++i)
+    for (int j = 0; j < head_dim; ++j)
+      e[i] += std::max(0.0, static_cast<double>(v_eig[i * head_dim + j]));
+  return e;
 }
 
 Status write_rotation_file(const std::string& path, const RotationSet& set) {
@@ -312,6 +335,8 @@ Status write_rotation_file(const std::string& path, const RotationSet& set) {
   } else if (!set.v_bits.empty()) {
     return invalid_argument("write_rotation_file %s: v_bits without k_bits", path.c_str());
   }
+  const bool stats = set.has_logit_error();
+  if (stats) OSCAR_RETURN_IF_ERROR(check_size("k_logit_error", set.k_logit_error.size(), lh));
   auto sha = set.metadata.find("model_config_sha256");
   if (sha == set.metadata.end() || sha->second.empty()) {
     return invalid_argument("write_rotation_file %s: metadata model_config_sha256 is required",
@@ -319,7 +344,7 @@ Status write_rotation_file(const std::string& path, const RotationSet& set) {
   }
   std::map<std::string, std::string> meta = set.metadata;
   meta["format"] = kRotationFileFormat;
-  meta["version"] = planned ? "3" : scaled ? "2" : "1";
+  meta["version"] = stats ? "4" : planned ? "3" : scaled ? "2" : "1";
   meta["head_dim"] = std::to_string(set.head_dim);
   meta["n_layers"] = std::to_string(set.n_layers);
   meta["n_kv_heads"] = std::to_string(set.n_heads_kv);
@@ -356,6 +381,10 @@ Status write_rotation_file(const std::string& path, const RotationSet& set) {
         std::vector<int32_t> b(bits.begin() + base, bits.begin() + base + set.n_heads_kv);
         tensors.push_back(format::i32_tensor(prefix + "bits", {h}, b));
       }
+      if (is_k && stats)
+        tensors.push_back(format::f32_tensor(
+            prefix + "logit_error", {h},
+            std::span<const float>(set.k_logit_error.data() + base, set.n_heads_kv)));
     }
   }
   return format::write_safetensors(path, tensors, meta).with_context("write_rotation_file");

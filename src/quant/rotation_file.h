@@ -19,12 +19,16 @@
 // and, optionally (version 3, a mixed-precision bit plan, kv/bit_plan.h; all layers or none):
 //   layers.{l}.k.bits           I32 [n_kv_heads]        bits per element of history key rows (1-3)
 //   layers.{l}.v.bits           I32 [n_kv_heads]        bits per element of history value rows
+// and, optionally (version 4, the statistic `--kv-bits` plans from, kv/bit_plan.h; all layers or
+// none):
+//   layers.{l}.k.logit_error    F32 [n_kv_heads]        calib::KeyScaling::logit_error (>= 0)
 // __metadata__ strings: format = "oscar-rotations", version, head_dim, n_layers, n_kv_heads,
 // group_size, value_objective, model_config_sha256, calibration, created_by.
-// Versioning: "1" (no key scaling), "2" (with k.scale / k.mean) and "3" (with a bit plan) are
-// read; a higher one is Unimplemented (refused), so a reader never silently misreads a newer
-// layout. Unknown tensors are refused as well. The writer writes the lowest version that holds
-// what the file has, so older readers keep reading files that do not need the newer tensors.
+// Versioning: "1" (no key scaling), "2" (with k.scale / k.mean), "3" (with a bit plan) and "4"
+// (with k.logit_error) are read; a higher one is Unimplemented (refused), so a reader never
+// silently misreads a newer layout. Unknown tensors are refused as well. The writer writes the
+// lowest version that holds what the file has, so older readers keep reading files that do not need
+// the newer tensors.
 #pragma once
 
 #include <map>
@@ -36,7 +40,7 @@
 namespace oscar::quant {
 
 inline constexpr const char* kRotationFileFormat = "oscar-rotations";
-inline constexpr int kRotationFileVersion = 3;
+inline constexpr int kRotationFileVersion = 4;
 // Loading refuses a rotation whose max |RᵀR − I| reaches this.
 inline constexpr double kRotationOrthogonalityTol = 1e-3;
 
@@ -60,6 +64,9 @@ struct RotationSet {
   std::vector<float> k_mean;   // [n_layers, n_heads_kv, head_dim] μ_K (key basis, pre-rotation)
   // Mixed-precision bit plan; both empty when the file has none (every history row INT2).
   std::vector<int8_t> k_bits, v_bits;  // [n_layers, n_heads_kv], each 1, 2 or 3
+  // Calibration's expected squared logit error of each head's keys per unit of quantization
+  // noise (calib::KeyScaling::logit_error); empty when the file has none (written before v4).
+  std::vector<float> k_logit_error;             // [n_layers, n_heads_kv]
   std::map<std::string, std::string> metadata;  // every __metadata__ string, as read
 
   // Pointers into the arrays above. Preconditions (checked): layer, head in range.
@@ -69,6 +76,10 @@ struct RotationSet {
   float v_clip_ratio(int layer, int head) const;
   bool has_key_scaling() const { return !k_scale.empty(); }
   bool has_bit_plan() const { return !k_bits.empty(); }
+  bool has_logit_error() const { return !k_logit_error.empty(); }
+  // tr C_S of each (layer, head): the sum of the value eigenvalues (negatives as 0), the energy
+  // of the values attention reads (calib/bit_plan.h). [n_layers * n_heads_kv].
+  std::vector<double> value_energy() const;
   // What the cache applies to keys (k' = (k − μ_K)·key_transform) and to queries
   // (q' = q·query_transform): R itself without key scaling, else quant::scaled_rotation.
   std::vector<float> key_transform(int layer, int head) const;    // [head_dim, head_dim]

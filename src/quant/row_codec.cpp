@@ -21,7 +21,9 @@ const RowCodec kCodecs[] = {
      [](const float* x, int d, int G, float clip, uint8_t* row) {
        return quantize_rows_lloyd(x, 1, d, G, clip, row);
      },
-     [](const uint8_t* row, int d, int G, float* out) { dequantize_rows_lloyd(row, 1, d, G, out); }},
+     [](const uint8_t* row, int d, int G, float* out) {
+       dequantize_rows_lloyd(row, 1, d, G, out);
+     }},
     {"int3", 3, [](int d, int G) { return int3_row_bytes(d, G); },
      [](const float* x, int d, int G, float clip, uint8_t* row) {
        return quantize_row_int3_ref(x, d, G, clip, row);
@@ -37,20 +39,30 @@ const RowCodec kCodecs[] = {
      [](const float* x, int d, int, float, uint8_t* row) {
        return quantize_kivi_value_row_ref(x, d, row);
      },
-     [](const uint8_t* row, int d, int, float* out) { dequantize_kivi_value_row_ref(row, d, out); }},
+     [](const uint8_t* row, int d, int, float* out) {
+       dequantize_kivi_value_row_ref(row, d, out);
+     }},
+    {"kivi-key-block", 2, nullptr, nullptr, nullptr},  // not a row (checked in row_codec())
+    {"int4", 4, [](int d, int G) { return int4_row_bytes(d, G); },
+     [](const float* x, int d, int G, float clip, uint8_t* row) {
+       return quantize_row_int4_ref(x, d, G, clip, row);
+     },
+     [](const uint8_t* row, int d, int G, float* out) { dequantize_row_int4_ref(row, d, G, out); }},
 };
 
 }  // namespace
 
 const RowCodec& row_codec(RowFormat format) {
   const int i = static_cast<int>(format);
-  OSCAR_CHECK(i >= 0 && i < static_cast<int>(sizeof(kCodecs) / sizeof(kCodecs[0])),
+  OSCAR_CHECK(i >= 0 && i < static_cast<int>(sizeof(kCodecs) / sizeof(kCodecs[0])) &&
+                  format != RowFormat::kKiviKeyBlock,
               "row format %d has no row codec (KIVI keys are blocks)", i);
   return kCodecs[i];
 }
 
 RowFormat hist_row_format(HistQuantizer quantizer, int kv, int bits) {
   if (quantizer == HistQuantizer::kKivi) return kv == 0 ? RowFormat::kKiviKeyBlock : RowFormat::kKiviValue;
+  if (bits == 4) return RowFormat::kInt4;
   if (bits == 3) return RowFormat::kInt3;
   if (bits == 1) return RowFormat::kInt1;
   return quantizer == HistQuantizer::kInt2Lloyd ? RowFormat::kInt2Lloyd : RowFormat::kInt2Uniform;

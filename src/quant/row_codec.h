@@ -6,7 +6,8 @@
 // A KIVI key is not a row but a block of 32 tokens quantized per channel (quant/kivi.h); it is the
 // one format outside this table, and kHistKivi's key planes say so (hist_row_format()).
 // Not here: the fast decode kernels' own unpacking (kernels/cpu/decode_attn.cpp, CUDA), which read
-// the same bytes; the layouts themselves (quant/int2_layout.h, quant/bit_plan_layout.h, kivi.h).
+// the same bytes; the layouts themselves (quant/int2_layout.h, quant/int4_layout.h,
+// quant/bit_plan_layout.h, kivi.h).
 #pragma once
 
 #include <cstdint>
@@ -16,12 +17,13 @@
 namespace oscar::quant {
 
 enum class RowFormat : int32_t {
-  kInt2Uniform = 0,  // 2 bits, uniform grid with clip (x̂ = min + q·s)
-  kInt2Lloyd = 1,    // 2 bits, Lloyd-Max levels (x̂ = μ + level[q]·σ)
-  kInt3 = 2,         // 3 bits, uniform with clip (bit plans)
-  kInt1 = 3,         // 1 bit, two Lloyd-Max levels, no clip (bit plans)
-  kKiviValue = 4,    // KIVI value row: 2 bits per token over groups of 32 channels, no clip
-  kKiviKeyBlock = 5, // KIVI key block (32 tokens, per channel): not a row, see above
+  kInt2Uniform = 0,   // 2 bits, uniform grid with clip (x̂ = min + q·s)
+  kInt2Lloyd = 1,     // 2 bits, Lloyd-Max levels (x̂ = μ + level[q]·σ)
+  kInt3 = 2,          // 3 bits, uniform with clip (bit plans)
+  kInt1 = 3,          // 1 bit, two Lloyd-Max levels, no clip (bit plans)
+  kKiviValue = 4,     // KIVI value row: 2 bits per token over groups of 32 channels, no clip
+  kKiviKeyBlock = 5,  // KIVI key block (32 tokens, per channel): not a row, see above
+  kInt4 = 6,          // 4 bits, uniform with clip (oscar4, --kv-bits plans; quant/int4_layout.h)
 };
 
 struct RowCodec {
@@ -42,7 +44,7 @@ const RowCodec& row_codec(RowFormat format);
 enum class HistQuantizer : int32_t { kInt2Uniform = 0, kInt2Lloyd = 1, kKivi = 2 };
 
 // The format of a history plane: K or V (kv 0/1) of a head whose bit plan width is `bits`
-// (2 without a plan).
+// (2 without a plan). Widths 1, 3 and 4 are uniform (Lloyd for 1) whatever the quantizer.
 RowFormat hist_row_format(HistQuantizer quantizer, int kv, int bits);
 
 }  // namespace oscar::quant

@@ -48,20 +48,36 @@ inline void set_layout(PagedCacheHost& h, int n_layers, int n_heads_kv, int head
   L.int2_row_bytes = quant::int2_row_bytes(head_dim, group_size);
 }
 
-// Random history row widths in 1..3, with layer `layer` holding a 3-bit K plane (head 0), a
-// 1-bit V plane (last head) and, with two heads or more, a 2-bit K plane (head 1).
+// Random history row widths in 1..4, with layer `layer` holding a 3-bit K plane (head 0), a
+// 1-bit V plane (last head) and, with two heads or more, a 2-bit K plane (head 1) and a 4-bit V
+// plane (head 0).
 inline void draw_bit_plan(PagedCacheHost& h, int layer, int group_size, std::mt19937& rng) {
   KvPageLayout& L = h.layout;
   const int np = L.n_planes();
-  std::uniform_int_distribution<int> width(1, 3);
+  std::uniform_int_distribution<int> width(1, 4);
   h.bits.resize(np);
   for (int p = 0; p < np; ++p) h.bits[p] = static_cast<int8_t>(width(rng));
   h.bits[L.plane(layer, 0, 0)] = 3;
   h.bits[L.plane(layer, 1, L.n_heads_kv - 1)] = 1;
-  if (L.n_heads_kv > 1) h.bits[L.plane(layer, 0, 1)] = 2;
+  if (L.n_heads_kv > 1) {
+    h.bits[L.plane(layer, 0, 1)] = 2;
+    h.bits[L.plane(layer, 1, 0)] = 4;
+  }
   h.prefix.assign(np + 1, 0);
   for (int p = 0; p < np; ++p)
     h.prefix[p + 1] = h.prefix[p] + quant::bit_plan_row_bytes(h.bits[p], L.head_dim, group_size);
+  L.hist_bits = h.bits.data();
+  L.hist_row_prefix = h.prefix.data();
+}
+
+// Every history plane at `bits` (the oscar4 / oscar3 modes' uniform plans).
+inline void set_uniform_bits(PagedCacheHost& h, int group_size, int bits) {
+  KvPageLayout& L = h.layout;
+  const int np = L.n_planes();
+  h.bits.assign(np, static_cast<int8_t>(bits));
+  h.prefix.assign(np + 1, 0);
+  for (int p = 0; p < np; ++p)
+    h.prefix[p + 1] = h.prefix[p] + quant::bit_plan_row_bytes(bits, L.head_dim, group_size);
   L.hist_bits = h.bits.data();
   L.hist_row_prefix = h.prefix.data();
 }

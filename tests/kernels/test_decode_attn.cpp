@@ -118,16 +118,21 @@ Built build(const Case& c) {
   std::mt19937 rng(c.seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   if (c.bit_plan) {
-    // Every width in every layer: the layer read gets at least one 3- and one 1-bit plane.
+    // Every width in every layer: the layer read gets at least one 4-, one 3- and one 1-bit
+    // plane.
     const size_t heads = static_cast<size_t>(c.n_layers) * c.n_heads_kv;
     std::vector<int8_t> kb(heads), vb(heads);
-    std::uniform_int_distribution<int> width(1, 3);
+    std::uniform_int_distribution<int> width(1, 4);
     for (size_t i = 0; i < heads; ++i) {
       kb[i] = static_cast<int8_t>(width(rng));
       vb[i] = static_cast<int8_t>(width(rng));
     }
     kb[static_cast<size_t>(c.layer) * c.n_heads_kv] = 3;
     vb[static_cast<size_t>(c.layer) * c.n_heads_kv + c.n_heads_kv - 1] = 1;
+    if (c.n_heads_kv > 1)
+      vb[static_cast<size_t>(c.layer) * c.n_heads_kv] = 4;
+    else
+      kb[static_cast<size_t>(c.layer == 0 ? 1 : 0)] = 4;
     auto plan = kv::BitPlan::create(c.n_layers, c.n_heads_kv, c.head_dim, c.group_size, kb, vb);
     EXPECT_TRUE(plan.ok()) << plan.status().to_string();
     b.plan = plan.value();
@@ -167,13 +172,16 @@ Built build(const Case& c) {
                          L.int2_row_offset(c.layer, kv, h, static_cast<int>(j % P));
           const int bits = L.hist_row_bits(c.layer, kv, h);
           const Status st =
-              bits == 3   ? quant::quantize_row_int3_ref(x.data(), d, c.group_size, 0.95f, dst)
+              bits == 4   ? quant::quantize_row_int4_ref(x.data(), d, c.group_size, 0.97f, dst)
+              : bits == 3 ? quant::quantize_row_int3_ref(x.data(), d, c.group_size, 0.95f, dst)
               : bits == 1 ? quant::quantize_row_int1_ref(x.data(), d, c.group_size, dst)
               : c.quantizer == Int2Quantizer::kLloyd
                   ? quant::quantize_rows_lloyd(x.data(), 1, d, c.group_size, 1.f, dst)
                   : quant::quantize_rows_int2(x.data(), 1, d, c.group_size, 1.f, dst);
           EXPECT_TRUE(st.ok()) << st.to_string();
-          if (bits == 3)
+          if (bits == 4)
+            quant::dequantize_row_int4_ref(dst, d, c.group_size, seen);
+          else if (bits == 3)
             quant::dequantize_row_int3_ref(dst, d, c.group_size, seen);
           else if (bits == 1)
             quant::dequantize_row_int1_ref(dst, d, c.group_size, seen);
@@ -779,6 +787,13 @@ void grow_and_compare(quant::CacheMode mode, int group_size, uint32_t seed,
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
     spec.bit_plan = plan.value();
   }
+  if (const int fixed = quant::cache_mode_fixed_bits(mode); fixed != 0) {  // oscar4, oscar3
+    auto plan = kv::BitPlan::uniform(2, 2, 64, group_size, fixed);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    spec.bit_plan = plan.value();
+    spec.k_clip.assign(4, 0.97f);
+    spec.v_clip.assign(4, 0.99f);
+  }
   const Status valid = spec.validate();
   ASSERT_TRUE(valid.ok()) << valid.to_string();
   const KvPageLayout L = spec.layout();
@@ -871,6 +886,9 @@ TEST(DecodeAttnCache, SequenceCacheDecodeStepsMatchExactAttention) {
   cache_test::grow_and_compare(quant::CacheMode::kOscar, 64, 8, /*key_scaling=*/true,
                                /*bit_plan=*/true);
   cache_test::grow_and_compare(quant::CacheMode::kInt2Naive, 32, 9, false, /*bit_plan=*/true);
+  cache_test::grow_and_compare(quant::CacheMode::kOscar4, 64, 10, /*key_scaling=*/true);
+  cache_test::grow_and_compare(quant::CacheMode::kOscar4, 32, 11);
+  cache_test::grow_and_compare(quant::CacheMode::kOscar3, 64, 12, /*key_scaling=*/true);
 }
 
 // Key scaling changes what is stored, never what exact attention computes: an f32 cache with

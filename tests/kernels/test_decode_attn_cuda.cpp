@@ -65,6 +65,7 @@ struct Case {
   int n_layers = 2;
   int layer = 1;
   bool bit_plan = false;
+  int uniform_bits = 0;  // with bit_plan: every plane at this width (oscar4 / oscar3)
   float q_gain = 1.f;
   bool naive_too = true;  // also run the naive kernel (slow at long context)
   std::vector<SeqSpec> seqs;
@@ -72,10 +73,11 @@ struct Case {
 
   std::string name() const {
     char buf[256];
-    std::snprintf(buf, sizeof buf, "hq=%d hkv=%d d=%d P=%d G=%d %s plan=%d gain=%g seed=%u seqs=",
-                  n_heads_q, n_heads_kv, head_dim, page_size, group_size,
+    std::snprintf(buf, sizeof buf,
+                  "hq=%d hkv=%d d=%d P=%d G=%d %s plan=%d/%d gain=%g seed=%u seqs=", n_heads_q,
+                  n_heads_kv, head_dim, page_size, group_size,
                   quantizer == Int2Quantizer::kLloyd ? "lloyd" : "uniform", bit_plan ? 1 : 0,
-                  q_gain, seed);
+                  uniform_bits, q_gain, seed);
     std::string s = buf;
     for (const SeqSpec& q : seqs) {
       std::snprintf(buf, sizeof buf, "(%lld,%lld,%lld)", static_cast<long long>(q.sink),
@@ -103,6 +105,7 @@ void build(const Case& c, Host& h) {
   std::mt19937 rng(c.seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   if (c.bit_plan) draw_bit_plan(h, c.layer, c.group_size, rng);
+  if (c.bit_plan && c.uniform_bits > 0) set_uniform_bits(h, c.group_size, c.uniform_bits);
   build_page_tables(c.seqs, true, rng, h);
   h.q.resize(static_cast<size_t>(ns) * c.n_heads_q * d);
   for (float& e : h.q) e = c.q_gain * normal(rng);
@@ -126,13 +129,16 @@ void build(const Case& c, Host& h) {
             uint8_t* dst = hist_row(h, c.layer, kv, g, at);
             const int bits = L.hist_row_bits(c.layer, kv, g);
             const Status st =
-                bits == 3   ? quant::quantize_row_int3_ref(x.data(), d, c.group_size, 0.95f, dst)
+                bits == 4   ? quant::quantize_row_int4_ref(x.data(), d, c.group_size, 0.97f, dst)
+                : bits == 3 ? quant::quantize_row_int3_ref(x.data(), d, c.group_size, 0.95f, dst)
                 : bits == 1 ? quant::quantize_row_int1_ref(x.data(), d, c.group_size, dst)
                 : c.quantizer == Int2Quantizer::kLloyd
                     ? quant::quantize_rows_lloyd(x.data(), 1, d, c.group_size, 1.f, dst)
                     : quant::quantize_rows_int2(x.data(), 1, d, c.group_size, 1.f, dst);
             ASSERT_TRUE(st.ok()) << st.to_string();
-            if (bits == 3)
+            if (bits == 4)
+              quant::dequantize_row_int4_ref(dst, d, c.group_size, seen.data());
+            else if (bits == 3)
               quant::dequantize_row_int3_ref(dst, d, c.group_size, seen.data());
             else if (bits == 1)
               quant::dequantize_row_int1_ref(dst, d, c.group_size, seen.data());
@@ -359,6 +365,28 @@ TEST_F(DecodeAttnCuda, BitPlanRowsOfEveryWidth) {
     c.seed = seed++;
     run_case(c);
   }
+}
+
+// oscar4 / oscar3: every history row 4- (or 3-) bit, so both planes of every tile take the
+// generic path with the widest raw stages (16 x (80 + 80) bytes at G 32); head_dim 64 goes to
+// the naive kernel.
+TEST_F(DecodeAttnCuda, Int4AndInt3Rows) {
+  uint32_t seed = 260;
+  for (int bits : {4, 3})
+    for (int d : {64, 128})
+      for (int G : {32, 64, 128}) {
+        if (G > d) continue;
+        Case c;
+        c.head_dim = d;
+        c.group_size = G;
+        c.bit_plan = true;
+        c.uniform_bits = bits;
+        c.n_heads_kv = 2;
+        c.n_heads_q = 8;
+        c.seqs = {{64, 40 * 16, 37}, {16, 16, 0}, {0, 3 * 16, 5}};
+        c.seed = seed++;
+        run_case(c);
+      }
 }
 
 TEST_F(DecodeAttnCuda, LloydAndSmallGroupsAndHeadDim64) {

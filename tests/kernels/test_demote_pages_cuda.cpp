@@ -54,6 +54,7 @@ struct Case {
   int nan_page = -1;  // index in the page list of a page given a NaN (and the next one an Inf)
   int big_page = -1;  // index of a page given a value beyond fp16 (flagged only where unclipped)
   uint32_t seed = 1;
+  int uniform_bits = 0;  // with bit_plan: every plane at this width (oscar4 / oscar3), 0 = mixed
 };
 
 // Device buffer, freed on scope exit.
@@ -137,10 +138,12 @@ void run_case(const Case& c) {
   if (c.bit_plan) {
     const int np = L.n_planes();
     bits.resize(np);
-    for (int p = 0; p < np; ++p) bits[p] = static_cast<int8_t>(1 + rng() % 3);
+    for (int p = 0; p < np; ++p) bits[p] = static_cast<int8_t>(1 + rng() % 4);
     bits[L.plane(0, 0, 0)] = 3;
     bits[L.plane(0, 1, 0)] = 1;
     bits[L.plane(0, 0, 1 % c.n_heads_kv)] = 2;
+    if (c.n_layers > 1) bits[L.plane(c.n_layers - 1, 1, 0)] = 4;
+    if (c.uniform_bits > 0) bits.assign(np, static_cast<int8_t>(c.uniform_bits));
     prefix.assign(np + 1, 0);
     for (int p = 0; p < np; ++p)
       prefix[p + 1] = prefix[p] + quant::bit_plan_row_bytes(bits[p], c.head_dim, c.group_size);
@@ -339,6 +342,33 @@ TEST_F(DemotePagesCuda, BitPlan) {
   c = Case{"plan G128 clips wide range", quant::HistQuantizer::kInt2Uniform, 128, true, true};
   c.data = Data::kWideRange;
   c.seed = 12;
+  run_case(c);
+}
+
+// The precision ladder: every plane 4-bit (oscar4) or 3-bit (oscar3), each group size, clips,
+// ties and a wide range (the 4-bit rows' packing by halves differs for G 32 and G >= 64).
+TEST_F(DemotePagesCuda, Int4AndInt3Rows) {
+  uint32_t seed = 40;
+  for (int bits : {4, 3})
+    for (int G : {32, 64, 128})
+      for (Data data : {Data::kRandom, Data::kTies, Data::kWideRange}) {
+        Case c{"uniform-width plan", quant::HistQuantizer::kInt2Uniform, G, true, true};
+        c.uniform_bits = bits;
+        c.data = data;
+        c.seed = seed++;
+        run_case(c);
+      }
+  Case c{"int4 head_dim 64 G32 no clip", quant::HistQuantizer::kInt2Uniform, 32, false, true};
+  c.uniform_bits = 4;
+  c.head_dim = 64;
+  c.seed = seed++;
+  run_case(c);
+  c = Case{"int4 head_dim 256, nan page", quant::HistQuantizer::kInt2Uniform, 128, true, true};
+  c.uniform_bits = 4;
+  c.head_dim = 256;
+  c.n_heads_kv = 1;
+  c.nan_page = 1;
+  c.seed = seed++;
   run_case(c);
 }
 

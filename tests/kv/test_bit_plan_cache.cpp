@@ -19,6 +19,7 @@
 #include "kv/sequence_cache.h"
 #include "quant/bit_plan_quant.h"
 #include "quant/int2_quant.h"
+#include "quant/modes.h"
 
 namespace oscar::kv {
 namespace {
@@ -39,13 +40,94 @@ TEST(BitPlan, ShapeBytesAndErrors) {
   EXPECT_EQ(prefix, (std::vector<uint32_t>{0, 36, 72, 92, 128, 164, 216, 252, 288}));
 
   EXPECT_FALSE(BitPlan::create(2, 2, 128, 128, {2, 2, 2}, {2, 2, 2, 2}).ok());
-  const Status four = BitPlan::create(2, 2, 128, 128, {2, 2, 4, 2}, {2, 2, 2, 2}).status();
-  EXPECT_NE(four.to_string().find("layer 1 K head 0 has 4 bits"), std::string::npos) << four.to_string();
+  const Status five = BitPlan::create(2, 2, 128, 128, {2, 2, 5, 2}, {2, 2, 2, 2}).status();
+  EXPECT_NE(five.to_string().find("layer 1 K head 0 has 5 bits per element; expected 1, 2, 3 or 4"),
+            std::string::npos)
+      << five.to_string();
   EXPECT_FALSE(BitPlan::create(2, 2, 128, 128, {2, 2, 2, 2}, {0, 2, 2, 2}).ok());
   EXPECT_FALSE(BitPlan::create(2, 2, 128, 48, {2, 2, 2, 2}, {2, 2, 2, 2}).ok());
   auto uniform = BitPlan::create(1, 1, 64, 32, {2}, {2});
   ASSERT_TRUE(uniform.ok());
   EXPECT_EQ(uniform.value()->describe(), "uniform");
+  // A 4-bit plane: 68 bytes (quant/int4_layout.h), listed first.
+  auto wide = BitPlan::create(2, 2, 128, 128, {4, 2, 2, 2}, {2, 2, 1, 3});
+  ASSERT_TRUE(wide.ok()) << wide.status().to_string();
+  EXPECT_EQ(wide.value()->token_bytes(), 68 + 36 + 36 + 36 + 36 + 36 + 20 + 52);
+  EXPECT_EQ(wide.value()->describe(), "4-bit: K L0H0; 3-bit: V L1H1; 1-bit: V L1H0");
+  // One width everywhere: oscar4 / oscar3.
+  for (int b : {4, 3}) {
+    auto u = BitPlan::uniform(2, 2, 128, 128, b);
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+    EXPECT_DOUBLE_EQ(u.value()->bits_per_element(), b + 0.25);
+    EXPECT_EQ(u.value()->describe(), b == 4 ? "uniform 4-bit" : "uniform 3-bit");
+    EXPECT_DOUBLE_EQ(uniform_plan_bits(b, 128, 128), b + 0.25);
+  }
+  EXPECT_FALSE(BitPlan::uniform(2, 2, 128, 128, 5).ok());
+}
+
+// The noise model of plan_for_bits: per unit variance on Gaussian rows, decreasing in the width,
+// 4 bits about (3/15)² of INT2's without clipping, and the 1-bit Lloyd row near 1 − 2/π.
+TEST(PlanForBits, NoiseModelIsTheCodecsMeasuredError) {
+  const double n1 = row_noise_per_unit_variance(1, 128, 128, 1.0f);
+  const double n2 = row_noise_per_unit_variance(2, 128, 128, 1.0f);
+  const double n3 = row_noise_per_unit_variance(3, 128, 128, 1.0f);
+  const double n4 = row_noise_per_unit_variance(4, 128, 128, 1.0f);
+  EXPECT_NEAR(n1, 1.0 - 2.0 / M_PI, 0.03);
+  EXPECT_GT(n1, n2);
+  EXPECT_GT(n2, n3);
+  EXPECT_GT(n3, n4);
+  EXPECT_NEAR(n4 / n2, 9.0 / 225.0, 0.01);
+  EXPECT_EQ(row_noise_per_unit_variance(4, 128, 128, 0.96f),
+            row_noise_per_unit_variance(4, 128, 128, 0.96f));  // deterministic
+}
+
+// Budgets: the ends are the uniform plans, any X between gives an average within one step
+// (d/8 bytes over the token's planes) below X, more bits go where the statistics are larger,
+// keys never go below 2 bits, and bad input is refused with the range.
+TEST(PlanForBits, SpendsTheBudgetWhereTheStatisticsSay) {
+  PlanStatistics s;
+  // 2 layers x 2 heads: key error concentrated in L1H1, value energy smallest in L0H0.
+  s.key_logit_error = {1.0, 1.0, 1.0, 20.0};
+  s.value_energy = {0.01, 1.0, 1.0, 1.0};
+  // The release's clips, as in the shipped file: with them INT2 is much better than 1 bit, so the
+  // rule only moves a value plane to 1 bit where it is nearly free. (Without clips, 2-bit min/max
+  // rows are so coarse that one 1-bit plus one 3-bit plane beat two 2-bit ones anywhere.)
+  s.k_clip.assign(4, 0.96f);
+  s.v_clip.assign(4, 0.92f);
+  auto at = [&](double x) {
+    auto p = plan_for_bits(2, 2, 128, 128, x, s);
+    EXPECT_TRUE(p.ok()) << p.status().to_string();
+    return p.value();
+  };
+  EXPECT_EQ(at(4.25)->describe(), "uniform 4-bit");
+  const double step = 16.0 * 8 / (8 * 128);  // one bit of one plane, in average bits
+  for (double x : {2.25, 2.5, 2.8, 3.0, 3.25, 3.6, 4.0, 4.25}) {
+    auto p = at(x);
+    EXPECT_LE(p->bits_per_element(), x + 1e-12) << x;
+    EXPECT_GT(p->bits_per_element(), x - step - 1e-12) << x;
+    for (int l = 0; l < 2; ++l)
+      for (int h = 0; h < 2; ++h) EXPECT_GE(p->bits(l, 0, h), 2) << x;
+    // The heaviest key plane is never narrower than another key plane; the lightest value plane
+    // never wider than another value plane.
+    for (int l = 0; l < 2; ++l)
+      for (int h = 0; h < 2; ++h) {
+        EXPECT_GE(p->bits(1, 0, 1), p->bits(l, 0, h)) << x;
+        EXPECT_LE(p->bits(0, 1, 0), p->bits(l, 1, h)) << x;
+      }
+  }
+  // At 2.25 the rule trades like calib::choose_bit_plan's pairs: the 20x key gets 3 bits, paid by
+  // the 100x lighter value at 1 bit.
+  EXPECT_EQ(at(2.25)->describe(), "3-bit: K L1H1; 1-bit: V L0H0");
+  for (double bad : {2.0, 4.5, 5.0, std::nan("")}) {
+    const Status st = plan_for_bits(2, 2, 128, 128, bad, s).status();
+    EXPECT_NE(st.message().find("expected 2.25..4.25"), std::string::npos) << st.to_string();
+  }
+  PlanStatistics short_stats = s;
+  short_stats.value_energy.pop_back();
+  EXPECT_FALSE(plan_for_bits(2, 2, 128, 128, 3.0, short_stats).ok());
+  PlanStatistics negative = s;
+  negative.key_logit_error[0] = -1;
+  EXPECT_FALSE(plan_for_bits(2, 2, 128, 128, 3.0, negative).ok());
 }
 
 KvCacheSpec plan_spec(quant::CacheMode mode) {
@@ -69,13 +151,30 @@ std::shared_ptr<const BitPlan> balanced_plan() {
   return plan.value();
 }
 
+void rows_are_the_plane_widths_quantizer(quant::CacheMode mode, bool balanced);
+
 TEST(BitPlanCache, RowsAreThePlaneWidthsQuantizerAndBytesMatchUniform) {
-  KvCacheSpec spec = plan_spec(quant::CacheMode::kOscar);
-  KvCacheSpec uniform = spec;
-  spec.bit_plan = balanced_plan();
+  rows_are_the_plane_widths_quantizer(quant::CacheMode::kOscar, true);
+}
+
+// oscar4 / oscar3: every history row is the 4- / 3-bit reference quantizer's with the head's
+// clip, and the history costs 68 / 52 bytes per row.
+TEST(BitPlanCache, Oscar4AndOscar3RowsAndBytes) {
+  rows_are_the_plane_widths_quantizer(quant::CacheMode::kOscar4, false);
+  rows_are_the_plane_widths_quantizer(quant::CacheMode::kOscar3, false);
+}
+
+void rows_are_the_plane_widths_quantizer(quant::CacheMode mode, bool balanced) {
+  KvCacheSpec spec = plan_spec(mode);
+  KvCacheSpec uniform = plan_spec(quant::CacheMode::kOscar);
+  const int fixed = quant::cache_mode_fixed_bits(mode);
+  spec.bit_plan = balanced ? balanced_plan() : BitPlan::uniform(2, 2, 128, 128, fixed).value();
   ASSERT_TRUE(spec.validate().ok()) << spec.validate().to_string();
   const kernels::KvPageLayout L = spec.layout(), LU = uniform.layout();
-  EXPECT_EQ(L.int2_page_bytes(), LU.int2_page_bytes());
+  if (balanced)
+    EXPECT_EQ(L.int2_page_bytes(), LU.int2_page_bytes());
+  else
+    EXPECT_EQ(L.int2_page_bytes(), LU.int2_page_bytes() / 36 * (fixed == 4 ? 68 : 52));
   PagePool exact("bf16", 64, L.exact_page_bytes()), hist("int2", 64, L.int2_page_bytes());
   PagePool exact_u("bf16", 64, LU.exact_page_bytes()), hist_u("int2", 64, LU.int2_page_bytes());
   SequenceCache cache(&spec, &exact, &hist), cache_u(&uniform, &exact_u, &hist_u);
@@ -97,11 +196,17 @@ TEST(BitPlanCache, RowsAreThePlaneWidthsQuantizerAndBytesMatchUniform) {
   ASSERT_TRUE(cache.commit(n).ok());
   ASSERT_TRUE(cache_u.commit(n).ok());
   ASSERT_GT(cache.hist_end(), spec.regions.n_sink);
-  EXPECT_EQ(cache.bytes().history, cache_u.bytes().history);
-  EXPECT_EQ(cache.bytes().total(), cache_u.bytes().total());
+  if (balanced) {
+    EXPECT_EQ(cache.bytes().history, cache_u.bytes().history);
+    EXPECT_EQ(cache.bytes().total(), cache_u.bytes().total());
+  } else {
+    EXPECT_EQ(cache.bytes().history, cache_u.bytes().history / 36 * (fixed == 4 ? 68 : 52));
+    EXPECT_EQ(cache.bytes().sink + cache.bytes().recent,
+              cache_u.bytes().sink + cache_u.bytes().recent);
+  }
 
   std::vector<float> x(d), got(d), want(d);
-  std::vector<uint8_t> row(64);
+  std::vector<uint8_t> row(68);
   for (int layer = 0; layer < 2; ++layer)
     for (int kv = 0; kv < 2; ++kv)
       for (int h = 0; h < H; ++h) {
@@ -110,7 +215,10 @@ TEST(BitPlanCache, RowsAreThePlaneWidthsQuantizerAndBytesMatchUniform) {
         for (int64_t t = spec.regions.n_sink; t < cache.hist_end(); ++t) {
           const float* src = (kv == 0 ? k : v)[layer].data() + (t * H + h) * d;
           for (int c = 0; c < d; ++c) x[c] = bf16_to_f32(f32_to_bf16(src[c]));
-          if (bits == 3) {
+          if (bits == 4) {
+            ASSERT_TRUE(quant::quantize_row_int4_ref(x.data(), d, 128, clip, row.data()).ok());
+            quant::dequantize_row_int4_ref(row.data(), d, 128, want.data());
+          } else if (bits == 3) {
             ASSERT_TRUE(quant::quantize_row_int3_ref(x.data(), d, 128, clip, row.data()).ok());
             quant::dequantize_row_int3_ref(row.data(), d, 128, want.data());
           } else if (bits == 1) {
@@ -122,8 +230,9 @@ TEST(BitPlanCache, RowsAreThePlaneWidthsQuantizerAndBytesMatchUniform) {
           }
           cache.read_row(layer, kv, h, t, got.data());
           for (int c = 0; c < d; ++c)
-            ASSERT_EQ(got[c], want[c]) << "layer " << layer << " kv " << kv << " head " << h
-                                       << " bits " << bits << " token " << t << " dim " << c;
+            ASSERT_EQ(got[c], want[c])
+                << quant::cache_mode_name(mode) << " layer " << layer << " kv " << kv << " head "
+                << h << " bits " << bits << " token " << t << " dim " << c;
         }
       }
 }
@@ -176,8 +285,19 @@ TEST(BitPlanCache, DecodeEquivalentChunkEqualsDecodeSteps) {
 TEST(BitPlanCache, SpecsThatCannotTakeAPlanAreRefused) {
   KvCacheSpec lloyd = plan_spec(quant::CacheMode::kOscarLloyd);
   lloyd.bit_plan = balanced_plan();
-  EXPECT_NE(lloyd.validate().to_string().find("uniform INT2 mode"), std::string::npos)
+  EXPECT_NE(lloyd.validate().to_string().find("needs a uniform mode"), std::string::npos)
       << lloyd.validate().to_string();
+  // oscar4 / oscar3 need their one width in every plane.
+  KvCacheSpec four = plan_spec(quant::CacheMode::kOscar4);
+  EXPECT_NE(four.validate().to_string().find("oscar4 needs a bit plan of 4 bits in every plane"),
+            std::string::npos)
+      << four.validate().to_string();
+  four.bit_plan = balanced_plan();
+  EXPECT_FALSE(four.validate().ok());
+  four.bit_plan = BitPlan::uniform(2, 2, 128, 128, 4).value();
+  EXPECT_TRUE(four.validate().ok()) << four.validate().to_string();
+  EXPECT_NE(four.describe().find("mode=oscar4"), std::string::npos) << four.describe();
+  EXPECT_NE(four.describe().find("bit_plan=uniform 4-bit"), std::string::npos) << four.describe();
   KvCacheSpec bf16 = plan_spec(quant::CacheMode::kBF16);
   bf16.bit_plan = balanced_plan();
   EXPECT_FALSE(bf16.validate().ok());

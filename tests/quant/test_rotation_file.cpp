@@ -302,6 +302,39 @@ TEST(RotationFile, BitPlanRoundTripsAsVersion3) {
   std::remove(path.c_str());
 }
 
+// Version 4: the per-head key logit error (what --kv-bits plans from) round trips; a negative
+// value and a layer without it are refused by name. The value energy is the eigenvalue sum.
+TEST(RotationFile, KeyLogitErrorRoundTripsAsVersion4) {
+  RotationSet set = make_set(2, 2, 32, 95);
+  set.k_bits = {2, 2, 2, 3};
+  set.v_bits = {1, 2, 2, 2};
+  set.k_logit_error = {0.5f, 1.5f, 0.0f, 7.25f};
+  const std::string path = temp_path("stats.safetensors");
+  ASSERT_TRUE(write_rotation_file(path, set).ok());
+  Result<RotationSet> r = load_rotation_file(path, "abc123", 2, 2, 32);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->metadata.at("version"), "4");
+  EXPECT_EQ(r->k_logit_error, set.k_logit_error);
+  EXPECT_EQ(r->k_bits, set.k_bits);
+  const std::vector<double> e = r->value_energy();
+  ASSERT_EQ(e.size(), 4u);
+  double want = 0;
+  for (int j = 0; j < 32; ++j) want += std::max(0.0, static_cast<double>(set.v_eig[32 + j]));
+  EXPECT_DOUBLE_EQ(e[1], want);
+  RotationSet bad = set;
+  bad.k_logit_error.pop_back();
+  EXPECT_FALSE(write_rotation_file(path, bad).ok());
+  const std::vector<float> neg = {-1.0f, 2.0f};
+  EXPECT_NE(load_edited(path, "", "layers.1.k.logit_error",
+                        format::f32_tensor("layers.1.k.logit_error", {2}, neg))
+                .find("layers.1.k.logit_error head 0 = -1 must be finite and >= 0"),
+            std::string::npos);
+  EXPECT_NE(
+      load_edited(path, "layers.1.k.logit_error", "").find("'layers.1.k.logit_error' is missing"),
+      std::string::npos);
+  std::remove(path.c_str());
+}
+
 TEST(RotationFile, RefusesBadFiles) {
   constexpr int d = 32;
   const std::vector<float> hp = hadamard_bitrev_rotation(d);
@@ -323,7 +356,7 @@ TEST(RotationFile, RefusesBadFiles) {
   EXPECT_NE(r.status().message().find("something-else"), std::string::npos);
 
   meta = good_meta(d);
-  meta["version"] = "4";
+  meta["version"] = "5";
   ASSERT_TRUE(write_custom(path, d, hp, {d, d}, meta).ok());
   r = load();
   ASSERT_FALSE(r.ok());

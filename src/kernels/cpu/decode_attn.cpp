@@ -4,9 +4,10 @@
 // unpacked once per group. A chunk is processed in blocks of kBlock tokens: the block's K rows are
 // converted into a [kBlock, head_dim] float buffer (BF16: a shift; INT2: shifts, masks and a
 // 4-entry level table per group; the 3- and 1-bit rows of a bit plan likewise, with 8 and 2
-// levels), scored against every head of the group, the online softmax rescales what was
-// accumulated, then the block's V rows go through the same buffer into the accumulators. The
-// next block's rows are prefetched. merge_attn_states combines the partials.
+// levels; 4-bit rows as min + q·s from the nibbles), scored against every head of the group, the
+// online softmax rescales what was accumulated, then the block's V rows go through the same buffer
+// into the accumulators. The next block's rows are prefetched. merge_attn_states combines the
+// partials.
 //
 // AVX2+FMA (and F16C) intrinsics are used when the compiler targets them (-march=native);
 // otherwise portable loops that compute the same values.
@@ -32,6 +33,7 @@
 #include "quant/bit_plan_layout.h"
 #include "quant/int2_layout.h"
 #include "quant/int2_quant.h"
+#include "quant/int4_layout.h"
 
 namespace oscar::kernels {
 
@@ -167,6 +169,42 @@ inline void int3_row_to_f32(const uint8_t* row, int d, int G, float* dst) {
         og[k * q4 + q8 + j] = level[((c1 >> (2 * k)) & 3u) | (((hb >> (2 * k + 1)) & 1u) << 2)];
       }
     }
+  }
+}
+
+// One INT4 row (quant/int4_layout.h) -> [d] float: with h = G/2, element j of the group's first
+// half is min + (byte[j] & 15)·s, element h + j is min + (byte[j] >> 4)·s. The product is rounded
+// before the sum in the vector path, as in dequantize_row_int4_ref.
+inline void int4_row_to_f32(const uint8_t* row, int d, int G, float* dst) {
+  const int h = G / 2;
+  for (int g = 0; g < d / G; ++g) {
+    quant::Int2GroupMeta meta;
+    std::memcpy(&meta, row + quant::int4_group_meta_offset(d, g), sizeof meta);
+    const float s = meta_f32(meta.slot0), mn = meta_f32(meta.slot1);
+    const uint8_t* codes = row + quant::int4_group_codes_offset(g, G);
+    float* og = dst + g * G;
+#ifdef OSCAR_DECODE_AVX2
+    // h is 16, 32 or 64: whole vectors of 8 bytes, each yielding one element in each half.
+    const __m256 vs = _mm256_set1_ps(s), vmn = _mm256_set1_ps(mn);
+    const __m256i fifteen = _mm256_set1_epi32(15);
+    for (int j = 0; j < h; j += 8) {
+      uint64_t bytes;
+      std::memcpy(&bytes, codes + j, 8);
+      const __m256i c = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(bytes)));
+      const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(c, fifteen));
+      const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4));
+      _mm256_storeu_ps(og + j, _mm256_add_ps(vmn, _mm256_mul_ps(lo, vs)));
+      _mm256_storeu_ps(og + h + j, _mm256_add_ps(vmn, _mm256_mul_ps(hi, vs)));
+    }
+#else
+    float level[16];
+    for (int k = 0; k < 16; ++k) level[k] = mn + static_cast<float>(k) * s;
+    for (int j = 0; j < h; ++j) {
+      const unsigned byte = codes[j];
+      og[j] = level[byte & 15u];
+      og[h + j] = level[byte >> 4];
+    }
+#endif
   }
 }
 
@@ -407,7 +445,7 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
   const size_t page_bytes = int2 ? L.int2_page_bytes() : L.exact_page_bytes();
   const size_t off_k = int2 ? L.int2_row_offset(p.layer, 0, g, 0) : L.exact_row_offset(p.layer, 0, g, 0);
   const size_t off_v = int2 ? L.int2_row_offset(p.layer, 1, g, 0) : L.exact_row_offset(p.layer, 1, g, 0);
-  // K and V rows differ in width under a bit plan (3, 2 or 1 bits per element).
+  // K and V rows differ in width under a bit plan (4, 3, 2 or 1 bits per element).
   const size_t rb_k = int2 ? L.hist_row_bytes(p.layer, 0, g) : L.exact_row_bytes();
   const size_t rb_v = int2 ? L.hist_row_bytes(p.layer, 1, g) : L.exact_row_bytes();
   const int bits_k = int2 ? L.hist_row_bits(p.layer, 0, g) : 16;
@@ -433,7 +471,9 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
   auto load = [&](int64_t t, size_t off, size_t row_bytes, int bits, float* dst) {
     const uint8_t* src = pool + static_cast<size_t>(pages[t / L.page_size]) * page_bytes +
                          off + static_cast<size_t>(t % L.page_size) * row_bytes;
-    if (bits == 3) {
+    if (bits == 4) {
+      int4_row_to_f32(src, d, p.group_size, dst);
+    } else if (bits == 3) {
       int3_row_to_f32(src, d, p.group_size, dst);
     } else if (bits == 1) {
       int1_row_to_f32(src, d, p.group_size, dst);

@@ -160,7 +160,9 @@ Status decode_attn_ref(const DecodeAttnParams& p) {
     const uint8_t* row = p.hist_pool + page * L.int2_page_bytes() +
                          L.int2_row_offset(p.layer, kv, g, slot);
     const int bits = L.hist_row_bits(p.layer, kv, g);
-    if (bits == 3) {
+    if (bits == 4) {
+      quant::dequantize_row_int4_ref(row, d, p.group_size, dst);
+    } else if (bits == 3) {
       quant::dequantize_row_int3_ref(row, d, p.group_size, dst);
     } else if (bits == 1) {
       quant::dequantize_row_int1_ref(row, d, p.group_size, dst);

@@ -652,6 +652,40 @@ __device__ __forceinline__ void dequant_half_row(const KernelArgs& a, const uint
   }
 }
 
+// The 4-bit row (quant/int4_layout.h) version of dequant_half_row: inside a group the codes of
+// one half (H = G/2 elements) sit in H consecutive bytes, element j of half hh in byte j at
+// nibble hh ("by halves"), so the half row is 64/H runs of H consecutive d. Same values as
+// dequant_element (min + q·s), then rounded to BF16.
+template <int G>
+__device__ __forceinline__ void dequant_half_row_int4(const uint8_t* row, uint8_t* dst, int r,
+                                                      int h) {
+  constexpr int H = G / 2;
+#pragma unroll 1
+  for (int run = 0; run < 64 / H; ++run) {
+    const int e0 = 64 * h + run * H;
+    const int gi = e0 / G, hh = (e0 % G) / H;
+    const uint32_t meta = lds32(row + 64 + 4 * gi);  // codes: head_dim / 2 = 64 bytes
+    const float s0 = fp16_bits_to_f32(meta), s1 = fp16_bits_to_f32(meta >> 16);
+#pragma unroll 1
+    for (int j0 = 0; j0 < H; j0 += 8) {
+      uint8_t* chunk = dst + ((((e0 + j0) >> 3) ^ (r & 7)) << 4);
+      const uint32_t w0 = lds32(row + gi * H + j0);
+      const uint32_t w1 = lds32(row + gi * H + j0 + 4);
+#pragma unroll
+      for (int k = 0; k < 8; k += 2) {
+        float x[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int q =
+              static_cast<int>((((k + u) < 4 ? w0 : w1) >> (8 * ((k + u) & 3) + 4 * hh)) & 15u);
+          x[u] = s1 + static_cast<float>(q) * s0;  // min + q·s
+        }
+        *reinterpret_cast<uint32_t*>(chunk + 2 * k) = pack_bf16(x[0], x[1]);
+      }
+    }
+  }
+}
+
 // Dequantizes a staged raw tile (16 K rows of rb_k bytes, then 16 V rows of rb_v bytes) into the
 // swizzled BF16 tile layout of exact_tile. Lane: row lane/2, elements [64·(lane&1), +64).
 __device__ __noinline__ void dequant_tile(const KernelArgs& a, const uint8_t* raw, int rb_k,
@@ -663,7 +697,14 @@ __device__ __noinline__ void dequant_tile(const KernelArgs& a, const uint8_t* ra
     const uint8_t* row = kv == 0 ? raw + r * rb_k : raw + 16 * rb_k + r * rb_v;
     const int bits = kv == 0 ? bits_k : bits_v;
     uint8_t* dst = (kv == 0 ? kdst : vdst) + r * 256;
-    if (a.group_size == 128)
+    if (bits == 4) {
+      if (a.group_size == 128)
+        dequant_half_row_int4<128>(row, dst, r, h);
+      else if (a.group_size == 64)
+        dequant_half_row_int4<64>(row, dst, r, h);
+      else
+        dequant_half_row_int4<32>(row, dst, r, h);
+    } else if (a.group_size == 128)
       dequant_half_row<128>(a, row, bits, dst, r, h);
     else if (a.group_size == 64)
       dequant_half_row<64>(a, row, bits, dst, r, h);
@@ -840,7 +881,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       make_q_exact(qf, qrow, a.scale_log2, t);
       const int raw_bytes = 16 * (rb_k + rb_v);
       const int stage_bytes = (raw_bytes + 127) & ~127;
-      constexpr int NST = (kRingBytes - 8192) / 2048;  // raw stages of <= 2 KiB
+      // Raw stages of <= 16 x (80 + 80) bytes: the widest rows are 4-bit ones, 80 bytes at group
+      // 32 (quant/int4_layout.h).
+      constexpr int NST = (kRingBytes - 8192) / 2560;
       static_assert(NST >= 2);
       uint8_t* kbf = ring;  // [16][128] bf16, then V
       uint8_t* vbf = ring + 4096;

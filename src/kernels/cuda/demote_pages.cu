@@ -3,7 +3,7 @@
 // code and the exactness argument: demote_pages.cuh). Compiled with --fmad=false
 // (CMakeLists.txt) on top of the explicitly rounded intrinsics.
 //
-// Formats: uniform INT2 and Lloyd-Max INT2 (any clip), the bit plan's INT3 and INT1 rows, the
+// Formats: uniform INT2 and Lloyd-Max INT2 (any clip), the bit plan's INT4, INT3 and INT1 rows, the
 // KIVI baseline's value rows and key blocks; head_dim 64, 128 or 256; group size 32, 64 or 128;
 // BF16 or F32 exact pages. Bytes are identical to the CPU demote_pages for every page whose
 // status is kDemoteOk (tests/kernels/test_demote_pages_cuda.cpp). A page with status

@@ -26,6 +26,7 @@
 #include "quant/bit_plan_quant.h"
 #include "quant/int2_layout.h"
 #include "quant/int2_quant.h"
+#include "quant/int4_layout.h"
 #include "quant/kivi.h"
 #include "quant/row_codec.h"
 
@@ -250,9 +251,10 @@ __device__ double group_sum_seq(const double (&v)[V], double* buf, int lane) {
   return __shfl_sync(kFull, s, 0);
 }
 
-// Packs a group's codes into the bytes of one plane: kBits = 2 ("by quarters", int2_layout.h) or
-// 1 ("by eighths", bit_plan_layout.h). Element i = k·32 + lane lives in byte i % B at slot i / B,
-// B = G·kBits/8 bytes. dst: the group's first byte of that plane.
+// Packs a group's codes into the bytes of one plane: kBits = 2 ("by quarters", int2_layout.h),
+// 1 ("by eighths", bit_plan_layout.h) or, for V = 1 only (B <= 32), 4 ("by halves",
+// int4_layout.h; int4_group packs V >= 2 itself). Element i = k·32 + lane lives in byte i % B at
+// slot i / B, B = G·kBits/8 bytes. dst: the group's first byte of that plane.
 template <int V, int kBits>
 __device__ __forceinline__ void pack_store(const int (&q)[V], int lane, uint8_t* dst) {
   constexpr int B = 32 * V * kBits / 8;
@@ -377,6 +379,41 @@ __device__ bool int3_group(const float (&x)[V], float clip, int lane, uint8_t* l
   }
   pack_store<V, 2>(q_lo, lane, low);
   pack_store<V, 1>(q_hi, lane, high);
+  store_meta(meta, u.slot0, u.slot1, lane);
+  return true;
+}
+
+// INT4 group (quantize_row_int4_ref): as INT3 with 16 levels; codes "by halves"
+// (quant/int4_layout.h): element i in byte i % (G/2), nibble i / (G/2). With G = 32V and
+// element k·32 + lane in register k: for V = 1, lanes l and l + 16 share byte l % 16 (pack_store);
+// for V >= 2 lane l owns bytes k·32 + l (k < V/2), low nibble q[k], high nibble q[k + V/2].
+template <int V>
+__device__ bool int4_group(const float (&x)[V], float clip, int lane, uint8_t* codes,
+                           uint8_t* meta) {
+  const float thr = clip_threshold<V>(x, clip, lane);
+  float xc[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) xc[k] = clamp_abs(x[k], thr);
+  Uniform u;
+  if (!uniform_params<V>(xc, quant::kInt4Levels - 1, lane, &u)) return false;
+  int q[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    q[k] = 0;
+    if (u.scale > 0.0f) {
+      const float t = __fdiv_rn(__fsub_rn(xc[k], u.min), u.scale);
+      // |t| < 2^31 for every finite group (as for INT3, see demote_pages.cu).
+      int c = __float2int_rz(floorf(__fadd_rn(t, 0.5f)));
+      q[k] = c < 0 ? 0 : (c > quant::kInt4Levels - 1 ? quant::kInt4Levels - 1 : c);
+    }
+  }
+  if constexpr (V == 1) {
+    pack_store<1, 4>(q, lane, codes);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V / 2; ++k)
+      codes[k * 32 + lane] = static_cast<uint8_t>(q[k] | (q[k + V / 2] << 4));
+  }
   store_meta(meta, u.slot0, u.slot1, lane);
   return true;
 }
@@ -551,6 +588,10 @@ __device__ bool quantize_row(const float (&x)[NR], quant::RowFormat f, float cli
         ok = ok && int1_group<V>(xg, lane, buf, row + quant::int1_group_plane_offset(g, G),
                                  row + quant::int1_group_meta_offset(d, g));
         break;
+      case quant::RowFormat::kInt4:
+        ok = ok && int4_group<V>(xg, clip, lane, row + quant::int4_group_codes_offset(g, G),
+                                 row + quant::int4_group_meta_offset(d, g));
+        break;
       default:
         ok = false;
         break;
@@ -572,6 +613,7 @@ __device__ __forceinline__ void zero_bytes(uint8_t* p, size_t n, int lane) {
 __device__ __forceinline__ quant::RowFormat row_format(quant::HistQuantizer qz, int kv, int bits) {
   if (qz == quant::HistQuantizer::kKivi)
     return kv == 0 ? quant::RowFormat::kKiviKeyBlock : quant::RowFormat::kKiviValue;
+  if (bits == 4) return quant::RowFormat::kInt4;
   if (bits == 3) return quant::RowFormat::kInt3;
   if (bits == 1) return quant::RowFormat::kInt1;
   return qz == quant::HistQuantizer::kInt2Lloyd ? quant::RowFormat::kInt2Lloyd

@@ -1,7 +1,8 @@
-// Device-side reading of one history row element (any bit-plan width, uniform INT2 or
+// Device-side reading of one history row element (any bit-plan width 1-4, uniform INT2 or
 // Lloyd-Max INT2), shared by the decode (decode_attn.cuh) and prefill (prefill_attn.cu) kernels.
-// It computes what quant's *_ref dequantizers compute, from the layouts of quant/int2_layout.h
-// and quant/bit_plan_layout.h. Not here: the fast INT2 tile arithmetic of decode_attn.cuh.
+// It computes what quant's *_ref dequantizers compute, from the layouts of quant/int2_layout.h,
+// quant/int4_layout.h and quant/bit_plan_layout.h. Not here: the fast INT2 tile arithmetic of
+// decode_attn.cuh.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -24,6 +25,12 @@ __device__ __forceinline__ float dequant_element(const uint8_t* row, int e, int 
     const uint8_t* m = row + head_dim / 8 + 4 * gi;
     const uint32_t meta = m[0] | (m[1] << 8) | (m[2] << 16) | (m[3] << 24);
     return b ? fp16_bits_to_f32(meta >> 16) : fp16_bits_to_f32(meta);
+  }
+  if (bits == 4) {  // "by halves": byte i % (G/2) of the group, nibble i / (G/2)
+    const int q4 = row[gi * (G / 2) + i % (G / 2)] >> (4 * (i / (G / 2))) & 15;
+    const uint8_t* m = row + head_dim / 2 + 4 * gi;
+    const uint32_t meta = m[0] | (m[1] << 8) | (m[2] << 16) | (m[3] << 24);
+    return fp16_bits_to_f32(meta >> 16) + static_cast<float>(q4) * fp16_bits_to_f32(meta);
   }
   int q = row[gi * (G / 4) + i % (G / 4)] >> (2 * (i / (G / 4))) & 3;
   int meta_off = head_dim / 4 + 4 * gi;

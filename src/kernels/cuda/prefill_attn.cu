@@ -20,7 +20,7 @@
 // (item b, b + gridDim.x, ...; a sequence's tiles are numbered last-first, so the long ones
 // start first); the block finds its item's sequence by scanning cu_seqlens.
 // Two kernels over the same items, key addressing (key_rows) and history unpacking
-// (cuda_detail::dequant_element: uniform or Lloyd-Max INT2, the bit plan's 3- and 1-bit rows):
+// (cuda_detail::dequant_element: uniform or Lloyd-Max INT2, the bit plan's 4-, 3- and 1-bit rows):
 //   tensor cores (the default, prefill_attn_mma_kernel): 64-key tiles staged in shared memory as
 //     BF16, mma.sync m16n8k16 with FP32 accumulation for Q·Kᵀ and P·V, FlashAttention-2 layout
 //     (a warp per 16 rows, P kept in registers); q, P and dequantized history rounded to BF16.
@@ -411,6 +411,7 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int e0, int head_di
   const int gi = e0 / G, i0 = e0 % G;
   const int meta_off = bits == 1   ? head_dim / 8 + 4 * gi
                        : bits == 3 ? head_dim / 4 + head_dim / 8 + 4 * gi
+                       : bits == 4 ? head_dim / 2 + 4 * gi
                                    : head_dim / 4 + 4 * gi;
   const uint8_t* m = row + meta_off;
   const uint32_t meta = m[0] | (m[1] << 8) | (m[2] << 16) | (m[3] << 24);
@@ -422,6 +423,11 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int e0, int head_di
     if (bits == 1) {
       const int b = row[gi * (G / 8) + i % (G / 8)] >> (i / (G / 8)) & 1;
       out[k] = b ? s1 : s0;
+      continue;
+    }
+    if (bits == 4) {  // quant/int4_layout.h, "by halves"
+      const int q4 = row[gi * (G / 2) + i % (G / 2)] >> (4 * (i / (G / 2))) & 15;
+      out[k] = s1 + static_cast<float>(q4) * s0;
       continue;
     }
     int q = row[gi * (G / 4) + i % (G / 4)] >> (2 * (i / (G / 4))) & 3;
