@@ -45,7 +45,8 @@ const poller = (async () => {
 async function one(i) {
   const t0 = performance.now();
   const body = {
-    model, stream: true, stream_options: { include_usage: true }, max_tokens: maxTokens,
+    model, stream: true, stream_options: { include_usage: true },
+    ...(maxTokens > 0 ? { max_tokens: maxTokens } : {}),  // 0: leave it out, as clients do by default
     temperature: 0,
     messages: [{ role: 'system', content: system },
                { role: 'user', content: `Question ${i}: what does the function on line ${i} do?` }],

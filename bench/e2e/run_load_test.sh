@@ -3,6 +3,9 @@
 # prompt) against `oscar serve` with the OSCAR cache and with a BF16 cache under the same
 # --kv-budget. Writes docs/results/load_test.{json,md}. Not part of CI (minutes on 2 cores).
 #   bash bench/e2e/run_load_test.sh [BUDGET_MIB=128] [REQUESTS=64] [MAX_TOKENS=32]
+# MAX_TOKENS=0 leaves max_tokens out of every request, as OpenAI clients do by default (the
+# server's --default-max-tokens then applies: the tiny model rarely stops on its own, so such a
+# run takes well over 15 minutes on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/lib/need.sh
