@@ -178,6 +178,8 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
   std::unique_ptr<Runtime> rt(new Runtime());
   rt->options_ = options;
   RuntimeOptions& o = rt->options_;
+  if (o.folded_weights != "auto" && o.folded_weights != "f32" && o.folded_weights != "bf16")
+    return invalid_argument("folded weights '%s': auto, f32 or bf16", o.folded_weights.c_str());
   OSCAR_ASSIGN_OR_RETURN(rt->backend_, kernels::make_backend(o.device));
 
   if (o.dummy_weights) {
@@ -204,8 +206,6 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
         o.cache_mode.c_str());
   OSCAR_ASSIGN_OR_RETURN(rt->spec_, make_cache_spec(config, o, mode));
   if (!rt->spec_.v_rotation.empty()) {
-    if (o.folded_weights != "auto" && o.folded_weights != "f32" && o.folded_weights != "bf16")
-      return invalid_argument("folded weights '%s': auto, f32 or bf16", o.folded_weights.c_str());
     const bool bf16 = o.folded_weights == "bf16" ||
                       (o.folded_weights == "auto" && rt->backend_->device() != Device::kCpu);
     OSCAR_RETURN_IF_ERROR(rt->model_->fold_value_rotation(

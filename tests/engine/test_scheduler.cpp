@@ -582,6 +582,21 @@ TEST(Scheduler, KvEventsFollowThePrefixCache) {
   EXPECT_EQ(static_cast<int64_t>(sink.mirror.size()), sched.metrics().prefix_cache_pages);
 }
 
+// An unknown --folded-weights value is refused by name, whatever the cache mode (bf16 folds
+// nothing, yet must not accept it silently).
+TEST(Runtime, RefusesUnknownFoldedWeights) {
+  for (const char* mode : {"bf16", "oscar"}) {
+    RuntimeOptions o;
+    o.model_dir = kModel;
+    o.cache_mode = mode;
+    o.folded_weights = "fp8";
+    auto rt = Runtime::create(o);
+    ASSERT_FALSE(rt.ok()) << mode;
+    EXPECT_NE(rt.status().to_string().find("folded weights 'fp8'"), std::string::npos)
+        << rt.status().to_string();
+  }
+}
+
 // Events without the prefix cache are a configuration error, named at creation.
 TEST(Scheduler, KvEventsNeedThePrefixCache) {
   struct NullSink final : kv::KvEventSink {
