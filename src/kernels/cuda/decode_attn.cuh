@@ -292,6 +292,27 @@ __device__ __forceinline__ float fast_exp2(float x) {  // 2^x; 2^-inf = +0
   return y;
 }
 
+// Moves the running references to n0, n1 (heads 2t, 2t+1): every accumulated quantity is
+// relative to them, so it is scaled by a = 2^(m_old − m_new).
+__device__ __forceinline__ void raise_reference(WarpState& st, float n0, float n1, float a0,
+                                                float a1) {
+  st.m[0] = n0;
+  st.m[1] = n1;
+#pragma unroll
+  for (int m = 0; m < 8; ++m) {
+    st.o[m][0] *= a0;
+    st.o[m][1] *= a1;
+    st.o[m][2] *= a0;
+    st.o[m][3] *= a1;
+  }
+  st.l[0] *= a0;
+  st.l[1] *= a1;
+  st.ps[0] *= a0;
+  st.ps[1] *= a1;
+  st.mn[0] *= a0;
+  st.mn[1] *= a1;
+}
+
 // The running reference m of a head is raised only when some key exceeds it by more than
 // kLazyMax (log2 units): then p <= 2^kLazyMax, and in most tiles no cross-lane max, no exp of a
 // correction factor and no rescaling of the accumulator are needed. Any reference works for the
@@ -316,21 +337,7 @@ __device__ __forceinline__ void softmax_update(WarpState& st, const float (&s)[N
     const float n0 = fmaxf(st.m[0], mx0), n1 = fmaxf(st.m[1], mx1);
     const float u0 = n0 == kNegInf ? 0.f : n0, u1 = n1 == kNegInf ? 0.f : n1;
     const float a0 = fast_exp2(st.m[0] - u0), a1 = fast_exp2(st.m[1] - u1);
-    st.m[0] = n0;
-    st.m[1] = n1;
-#pragma unroll
-    for (int m = 0; m < 8; ++m) {
-      st.o[m][0] *= a0;
-      st.o[m][1] *= a1;
-      st.o[m][2] *= a0;
-      st.o[m][3] *= a1;
-    }
-    st.l[0] *= a0;
-    st.l[1] *= a1;
-    st.ps[0] *= a0;
-    st.ps[1] *= a1;
-    st.mn[0] *= a0;
-    st.mn[1] *= a1;
+    raise_reference(st, n0, n1, a0, a1);
   }
   const float u0 = st.m[0] == kNegInf ? 0.f : st.m[0], u1 = st.m[1] == kNegInf ? 0.f : st.m[1];
 #pragma unroll
@@ -367,21 +374,7 @@ __device__ __forceinline__ void softmax_update_rel(WarpState& st, float (&t)[N][
     const float v0 = n0 == kNegInf ? 0.f : n0, v1 = n1 == kNegInf ? 0.f : n1;
     const float a0 = fast_exp2(st.m[0] - v0), a1 = fast_exp2(st.m[1] - v1);
     const float d0 = v0 - u0, d1 = v1 - u1;  // the reference moves by d
-    st.m[0] = n0;
-    st.m[1] = n1;
-#pragma unroll
-    for (int m = 0; m < 8; ++m) {
-      st.o[m][0] *= a0;
-      st.o[m][1] *= a1;
-      st.o[m][2] *= a0;
-      st.o[m][3] *= a1;
-    }
-    st.l[0] *= a0;
-    st.l[1] *= a1;
-    st.ps[0] *= a0;
-    st.ps[1] *= a1;
-    st.mn[0] *= a0;
-    st.mn[1] *= a1;
+    raise_reference(st, n0, n1, a0, a1);
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       t[i][0] -= d0;
