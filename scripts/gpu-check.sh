@@ -69,7 +69,7 @@ for w in $what; do
     eval)
       # The evaluation on each device, same windows and prompts: perplexity (decode-equivalent
       # prefill) and NIAH. The CPU one runs on the host's cores at the same time.
-      E="--modes bf16,int2-hadamard,oscar --ppl-windows ${EVAL_WINDOWS:-8} --niah-lengths 1024,4096 --niah-per-length ${EVAL_NIAH:-20} --fidelity-windows 0"
+      E="--modes ${EVAL_MODES:-bf16,int2-hadamard,oscar} --ppl-windows ${EVAL_WINDOWS:-8} --niah-lengths 1024,4096 --niah-per-length ${EVAL_NIAH:-20} --fidelity-windows 0"
       "$G/oscar" eval --device cpu $E -o "$OUT/eval_cpu" > "$OUT/eval_cpu.log" 2>&1 &
       epid=$!
       "$G/oscar" eval --device cuda $E -o "$OUT/eval_cuda" > "$OUT/eval_cuda.log" 2>&1
@@ -174,8 +174,11 @@ PY
       echo "($(( $(date +%s) - t0 )) s)"
       ;;
     sass)
-      cuobjdump -sass "$G/bench_decode_attn_cuda" > "$OUT/sass.txt" 2>&1
+      # The decode-attention kernels' machine code (the kernels live in the shared library).
+      cuobjdump -sass "$G/lib/liboscar_kernels_cuda.so" 2>&1 |
+        awk '/Function :/ {keep = /decode_attn_kernel/} keep' > "$OUT/sass.txt"
       echo "sass: $(wc -l < "$OUT/sass.txt") lines, HMMA $(grep -c HMMA "$OUT/sass.txt"), LOP3 $(grep -c LOP3 "$OUT/sass.txt")"
+      gzip -f "$OUT/sass.txt"
       ;;
     peers)
       echo "== peers"

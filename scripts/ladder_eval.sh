@@ -4,7 +4,11 @@
 #   scripts/ladder_eval.sh ppl  NAME MODES WINDOWS PER_SHARD
 #   scripts/ladder_eval.sh niah NAME MODES LENGTH PROMPTS PER_SHARD
 # One single-threaded `oscar eval` per (mode, slice), all cores busy, merged into $OUT/NAME.json.
+# DEVICE=cuda runs the shards on the GPU (JOBS of them at once, default 6); JOBS sets the number
+# of concurrent shards (default: every core).
 set -euo pipefail
+device=${DEVICE:-cpu}
+jobs=${JOBS:-$([[ $device == cpu ]] && nproc || echo 6)}
 step=$1; shift
 o=${BIN:-build/apps/oscar}
 case $step in
@@ -27,11 +31,11 @@ for m in "${ms[@]}"; do
     else
       args="--ppl-windows 0 --niah-lengths $len --niah-per-length $per --niah-skip $s"
     fi
-    echo "$o eval --modes '$m' --no-progress --fidelity-windows 0 $args --out $dir/${tag}_$s > $dir/${tag}_$s.log 2>&1" >>"$cmds"
+    echo "$o eval --device $device --modes '$m' --no-progress --fidelity-windows 0 $args --out $dir/${tag}_$s > $dir/${tag}_$s.log 2>&1" >>"$cmds"
   done
 done
 start=$(date +%s)
-OMP_NUM_THREADS=1 xargs -P "$(nproc)" -I{} -d '\n' bash -c '{}' <"$cmds" || { tail -n 3 "$dir"/*.log | tail -40; exit 1; }
+OMP_NUM_THREADS=1 xargs -P "$jobs" -I{} -d '\n' bash -c '{}' <"$cmds" || { tail -n 3 "$dir"/*.log | tail -40; exit 1; }
 echo "$name: $(wc -l <"$cmds") shards in $(($(date +%s) - start)) s"
 mapfile -t parts < <(ls "$dir"/*.json | sort -V)
 $o eval --merge "${parts[@]}" --out "$OUT/$name" 2>&1 | tail -14
