@@ -167,6 +167,10 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   a.hist_page_bytes = L.hist_row_prefix != nullptr
                           ? 0
                           : static_cast<uint64_t>(L.n_planes()) * L.page_size * L.int2_row_bytes;
+  // The INT2 tiles' loads take a page's offset as one 32 x 32 -> 64-bit multiply-add.
+  if (a.hist_page_bytes > 0xffffffffull)
+    return invalid_argument("decode_attn_cuda: a history page of %llu bytes (at most 4 GiB)",
+                            static_cast<unsigned long long>(a.hist_page_bytes));
   a.sinks = p.sinks;
   a.history = p.history;
   a.recent = p.recent;

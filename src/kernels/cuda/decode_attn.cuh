@@ -38,8 +38,9 @@
 // the exact-tile code on it (the element-wise version measured 40x slower than the INT2 tiles
 // on the H200: docs/results/decode_attn_cuda.md; this one is not measured yet).
 // Measured on the H200 (2026-12-01, docs/results/cuda_backend.md): INT2 tiles issue-bound at
-// ~252 instructions per tile with 16-token pages (2.4-2.6 TB/s at 128K, batch >= 8); exact tiles
-// at the copy bandwidth.
+// ~232 instructions per tile with 16-token pages (2.5-2.75 TB/s at 128K, batch >= 8; of a pair's
+// ~480 in SASS, 128 are the operand LOP3s, 32 the MMAs, ~65 the loads); exact tiles at the copy
+// bandwidth.
 //
 // Also here: the naive kernel (one block per query head, scalar FP32), the simplest correct
 // version and the fallback for shapes the fast kernel does not take. Host side: decode_attn.cu.
@@ -707,7 +708,7 @@ __device__ __noinline__ void dequant_tile(const KernelArgs& a, const uint8_t* ra
 }
 
 // Software pipeline over a warp's n tiles: NST stages, load(k, stage) issues tile k's cp.async
-// copies, compute(k, stage) consumes it.
+// copies, compute(k, stage) consumes it. The stages advance by counters (no k % NST per tile).
 template <int NST, class Load, class Compute>
 __device__ __forceinline__ void pipeline(int n, Load&& load, Compute&& compute) {
 #pragma unroll
@@ -715,15 +716,17 @@ __device__ __forceinline__ void pipeline(int n, Load&& load, Compute&& compute) 
     if (j < n) load(j, j);
     oscar::cuda::cp_async_commit();
   }
+  int ls = NST - 1, cs = 0;  // stages of the next load and the next compute
 #pragma unroll 1
   for (int k = 0; k < n; ++k) {
-    const int kk = k + NST - 1;
-    if (kk < n) load(kk, kk % NST);
+    if (k + NST - 1 < n) load(k + NST - 1, ls);
     oscar::cuda::cp_async_commit();
     oscar::cuda::cp_async_wait<NST - 1>();
     __syncwarp();
-    compute(k, k % NST);
+    compute(k, cs);
     __syncwarp();
+    ls = ls == NST - 1 ? 0 : ls + 1;
+    cs = cs == NST - 1 ? 0 : cs + 1;
   }
   oscar::cuda::cp_async_wait<0>();
   __syncwarp();
@@ -815,16 +818,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       // A tile's K and V rows are 576 contiguous bytes each in their page: 72 chunks of 16
       // bytes, staged as [K | V]; lane copies chunks lane, 32 + lane and (lanes < 8) 64 + lane,
       // at byte offsets from the tile's first row fixed for the whole loop.
-      uint32_t lane_off[3];
+      // A chunk's source is then one 32 x 32 -> 64-bit multiply-add (page · page bytes + the
+      // lane's pool pointer; the host checks the page bytes fit 32 bits), its destination a
+      // constant offset from the stage's: a missing tile (past the warp's last) reads page 0 with
+      // size 0, i.e. zero-fills, so no pointer is selected per chunk.
+      const uint8_t* lane_src[3];
 #pragma unroll
       for (int c3 = 0; c3 < 3; ++c3) {
         const int c = 32 * c3 + lane, kv = c >= 36;
-        lane_off[c3] = (kv ? off_v : off_k) + 16 * (c - 36 * kv);
+        lane_src[c3] = a.hist_pool + (kv ? off_v : off_k) + 16 * (c - 36 * kv);
       }
+      const uint32_t hpb32 = static_cast<uint32_t>(hpb);
+      const uint32_t lane_dst = ring_s + 16 * lane;
       auto load = [&](int j, int stg) {
+        const uint32_t stage_dst = lane_dst + stg * kStage;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const uint32_t dst = ring_s + stg * kStage + i * 1152;
           const int k = 2 * j + i;
           const bool exists = k < n_my;
           const int tile = tile_of(k);
@@ -833,15 +842,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
               pf_cur = pf_nxt;
               pf_nxt = prefetch_page<kPage>(a, pt, pbase, n_my, k + 32 + lane, tile_of);
             }
-            const int page = __shfl_sync(0xffffffffu, pf_cur, k & 31);
-            const uint8_t* base = a.hist_pool + static_cast<uint64_t>(page) * hpb +
-                                  page_slot<kPage>(a, tile * kTileTokens) * 36;
+            // 0 past the warp's tiles (prefetch_page).
+            const uint32_t page = __shfl_sync(0xffffffffu, pf_cur, k & 31);
+            const uint32_t slot = kPage == kTileTokens ? 0u
+                                  : page_slot<kPage>(a, tile * kTileTokens) * 36u;
 #pragma unroll
             for (int c3 = 0; c3 < 3; ++c3)
               if (c3 < 2 || lane < 8)
-                cp_async16(dst + 16 * (32 * c3 + lane), exists ? base + lane_off[c3] : a.hist_pool,
-                           exists);
+                cp_async16(stage_dst + i * 1152 + 16 * 32 * c3,
+                           lane_src[c3] + (static_cast<uint64_t>(page) * hpb32 + slot), exists);
           } else {  // pages of 8 tokens (or fewer): a tile spans several pages
+            const uint32_t dst = ring_s + stg * kStage + i * 1152;
             const int run = P * 36;
 #pragma unroll 1
             for (int c = lane; c < 72; c += 32) {
@@ -860,9 +871,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         if (k >= n_my) return 0;
         return min(kTileTokens, ntk - tile_of(k) * kTileTokens);
       };
+      const bool skip_compute = a.debug_flags & 1;
       auto compute = [&](int j, int stg) {
-        if (a.debug_flags & 1) return;
-        const int nv0 = n_valid(2 * j), nv1 = n_valid(2 * j + 1);
+        if (skip_compute) return;
+        // Only the region's last tile can be short, and it is its warp's last.
+        int nv0 = kTileTokens, nv1 = kTileTokens;
+        if (2 * j + 2 >= n_my) {
+          nv0 = n_valid(2 * j);
+          nv1 = n_valid(2 * j + 1);
+        }
         int2_pair(st, qf, ring + stg * kStage, nv0, nv1, lane);
       };
       pipeline<NST>(n_pairs, load, compute);
