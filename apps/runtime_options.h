@@ -15,7 +15,7 @@ inline void add_runtime_options(CLI::App& app, engine::RuntimeOptions& o) {
   app.add_option("--kv-cache", o.cache_mode,
                  "KV cache: auto (what DIR/oscar_rotations.safetensors recommends, else bf16), "
                  "bf16, f32, int2-naive, int2-hadamard, kivi2, oscar, oscar-lloyd, oscar4 (4-bit "
-                 "history, 4.25 bits), oscar3 (3.25 bits)")
+                 "history, 4.25 bits), oscar3 (3.25 bits, planned like --kv-bits 3.25)")
       ->capture_default_str();
   app.add_option("--rotations", o.rotations,
                  "Rotation file for oscar modes (default DIR/oscar_rotations.safetensors)");
@@ -30,7 +30,7 @@ inline void add_runtime_options(CLI::App& app, engine::RuntimeOptions& o) {
   app.add_option("--v-clip", o.v_clip, "Override the value clip quantile (oscar modes)");
   app.add_flag("!--no-bit-plan", o.bit_plan,
                "oscar: ignore the rotation file's mixed-precision bit plan (every history row "
-               "INT2)");
+               "INT2); oscar3: every history row at 3 bits");
   app.add_option("--kv-bits", o.kv_bits,
                  "oscar: history bits per element on average, 2.25..4.25 (group 128); widths "
                  "1-4 bits spent where the rotation file's calibration statistics say they "

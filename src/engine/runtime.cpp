@@ -134,23 +134,32 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
     if (o.k_clip > 0) spec.k_clip.assign(heads, o.k_clip);
     if (o.v_clip > 0) spec.v_clip.assign(heads, o.v_clip);
     Result<std::shared_ptr<const kv::BitPlan>> plan = std::shared_ptr<const kv::BitPlan>();
-    if (const int fixed = quant::cache_mode_fixed_bits(mode); fixed != 0) {
+    // oscar3 spends its 3.25 bits per element as a plan from the file's statistics, like
+    // --kv-bits 3.25, when the file has them (version 4) and the bit plan is on: at the same
+    // bytes that plan beat every row at 3 bits on the held-out text (perplexity +0.14% vs
+    // +0.49% over bf16, NIAH 8K 88 vs 84 of 100; docs/results/precision_ladder.md). Uniform
+    // 3-bit rows with --no-bit-plan or an older file.
+    const int fixed = quant::cache_mode_fixed_bits(mode);
+    double plan_bits = o.kv_bits;  // --kv-bits: mode is oscar (checked above)
+    if (mode == quant::CacheMode::kOscar3 && o.bit_plan && rot.has_logit_error())
+      plan_bits = kv::uniform_plan_bits(3, config.head_dim, spec.group_size);
+    if (fixed != 0 && plan_bits == 0.0) {
       plan = kv::BitPlan::uniform(config.n_layers, config.n_heads_kv, config.head_dim,
                                   spec.group_size, fixed);
-    } else if (o.kv_bits != 0.0) {  // mode is oscar (checked above)
+    } else if (plan_bits != 0.0) {
       if (!rot.has_logit_error())
         return invalid_argument(
             "--kv-bits %g: rotation file %s has no layers.*.k.logit_error "
             "(written before version 4); re-run `oscar calibrate` to plan "
             "widths from it",
-            o.kv_bits, path.c_str());
+            plan_bits, path.c_str());
       kv::PlanStatistics stats;
       stats.key_logit_error.assign(rot.k_logit_error.begin(), rot.k_logit_error.end());
       stats.value_energy = rot.value_energy();
       stats.k_clip = spec.k_clip;
       stats.v_clip = spec.v_clip;
       plan = kv::plan_for_bits(config.n_layers, config.n_heads_kv, config.head_dim, spec.group_size,
-                               o.kv_bits, stats);
+                               plan_bits, stats);
     } else if (rot.has_bit_plan() && o.bit_plan && mode == quant::CacheMode::kOscar) {
       plan = kv::BitPlan::create(config.n_layers, config.n_heads_kv, config.head_dim,
                                  spec.group_size, rot.k_bits, rot.v_bits);
@@ -161,7 +170,7 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
     // are INT2's and cost more than they save at 3-4 bits (measured: oscar4 +1.25% perplexity
     // over bf16 with them, +0.07% without; docs/results/precision_ladder.md). --k-clip /
     // --v-clip still set every row's. The file's own plan keeps the clips it was chosen with.
-    if (quant::cache_mode_fixed_bits(mode) != 0 || o.kv_bits != 0.0) {
+    if (fixed != 0 || plan_bits != 0.0) {
       for (int l = 0; l < config.n_layers; ++l)
         for (int h = 0; h < config.n_heads_kv; ++h) {
           const size_t i = static_cast<size_t>(l) * config.n_heads_kv + h;

@@ -9,9 +9,11 @@
 // (OSCAR.md §3), so one Runtime serves exactly one mode. oscar also takes the file's bit plan,
 // if any (3-bit keys / 1-bit values for a few heads at the same bytes; kv/bit_plan.h), or, with
 // `kv_bits`, a plan for that average chosen from the file's statistics (kv::plan_for_bits).
-// oscar4 / oscar3: the same rotations and key scaling with every history row at 4 / 3 bits, not
-// clipped (the file's clips are INT2's and cost more than they save at 3-4 bits; the same for
-// the 3-/4-bit planes of a kv_bits plan; the precision ladder, docs/results/precision_ladder.md).
+// oscar4: the same rotations and key scaling with every history row at 4 bits, not clipped (the
+// file's clips are INT2's and cost more than they save at 3-4 bits; the same for the 3-/4-bit
+// planes of a kv_bits plan; the precision ladder, docs/results/precision_ladder.md). oscar3: 3.25
+// bits per element planned from the file's statistics (as kv_bits 3.25) when the file has them,
+// every row at 3 bits without them or with bit_plan off.
 #pragma once
 
 #include <memory>

@@ -177,13 +177,21 @@ Status KvCacheSpec::validate() const {
                               bit_plan->n_heads_kv(), bit_plan->head_dim(),
                               bit_plan->group_size(), n_layers, n_heads_kv, head_dim, group_size);
   }
+  // oscar4: every plane at 4 bits. oscar3: every plane at 3 bits, or (planned from the rotation
+  // file's statistics, engine/runtime.cpp) a mix of widths within those bytes and less than
+  // half a bit below them.
   if (const int fixed = quant::cache_mode_fixed_bits(mode); fixed != 0) {
+    const double budget = uniform_plan_bits(fixed, head_dim, group_size);
     bool one_width = bit_plan != nullptr;
     for (int p = 0; one_width && p < 2 * n_layers * n_heads_kv; ++p)
       one_width = bit_plan->plane_bits()[p] == fixed;
-    if (!one_width)
-      return invalid_argument("kv cache: %s needs a bit plan of %d bits in every plane",
-                              quant::cache_mode_name(mode), fixed);
+    const bool planned = bit_plan != nullptr && mode == quant::CacheMode::kOscar3 &&
+                         bit_plan->bits_per_element() <= budget + 1e-9 &&
+                         bit_plan->bits_per_element() > budget - 0.5;
+    if (!one_width && !planned)
+      return invalid_argument(
+          "kv cache: %s needs a bit plan of %d bits in every plane%s", quant::cache_mode_name(mode),
+          fixed, fixed == 3 ? " or a plan of 2.75-3.25 bits per element (group 128)" : "");
   }
   if (quantized() && !layout().hist_planes_aligned())
     return invalid_argument("kv cache: page_size %d puts history planes off 16-byte boundaries "

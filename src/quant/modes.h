@@ -18,10 +18,11 @@ enum class CacheMode {
   kOscar,         // "oscar": R = U · H · P_br, clipping, uniform INT2
   kOscarLloyd,    // "oscar-lloyd": as oscar with the Lloyd-Max quantizer
   // The precision ladder (docs/results/precision_ladder.md): oscar's rotations and key scaling
-  // with every history row at one width (a uniform kv::BitPlan), no mixed plan, no clipping
-  // unless --k-clip / --v-clip say so (engine/runtime.cpp).
-  kOscar4,  // "oscar4": 4-bit rows (quant/int4_layout.h), 4.25 bits per element at G 128
-  kOscar3,  // "oscar3": 3-bit rows (quant/bit_plan_layout.h), 3.25 bits per element
+  // within a budget of bits per element, 3-/4-bit rows not clipped unless --k-clip / --v-clip say
+  // so (engine/runtime.cpp).
+  kOscar4,  // "oscar4": every row 4-bit (quant/int4_layout.h), 4.25 bits per element at G 128
+  kOscar3,  // "oscar3": 3.25 bits per element: planned from the rotation file's statistics
+            // (widths 1-4), or every row 3-bit (quant/bit_plan_layout.h) without them
 };
 
 // "bf16", "f32", "int2-naive", "int2-hadamard", "kivi2", "oscar", "oscar-lloyd", "oscar4",
@@ -37,7 +38,7 @@ bool cache_mode_is_quantized(CacheMode mode);
 // oscar4, oscar3.
 bool cache_mode_is_oscar(CacheMode mode);
 
-// The one width of every history row of oscar4 / oscar3 (4 / 3); 0 for every other mode.
+// The width whose uniform rows set the budget of oscar4 / oscar3 (4 / 3); 0 for every other mode.
 int cache_mode_fixed_bits(CacheMode mode);
 
 }  // namespace oscar::quant

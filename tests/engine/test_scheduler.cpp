@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <functional>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -594,6 +595,42 @@ TEST(Runtime, RefusesUnknownFoldedWeights) {
     ASSERT_FALSE(rt.ok()) << mode;
     EXPECT_NE(rt.status().to_string().find("folded weights 'fp8'"), std::string::npos)
         << rt.status().to_string();
+  }
+}
+
+// oscar3 spends 3.25 bits per element by the shipped file's statistics (a mixed plan of that
+// average, the 3-/4-bit rows unclipped), and every row at 3 bits with the bit plan off.
+TEST(Runtime, Oscar3IsPlannedFromTheFile) {
+  for (const bool planned : {true, false}) {
+    RuntimeOptions o;
+    o.model_dir = kModel;
+    o.cache_mode = "oscar3";
+    o.bit_plan = planned;
+    auto rt = Runtime::create(o);
+    ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+    const kv::KvCacheSpec& spec = rt.value()->spec();
+    ASSERT_NE(spec.bit_plan, nullptr);
+    const kv::BitPlan& plan = *spec.bit_plan;
+    std::set<int> widths;
+    for (int l = 0; l < spec.n_layers; ++l)
+      for (int kv = 0; kv < 2; ++kv)
+        for (int h = 0; h < spec.n_heads_kv; ++h) widths.insert(plan.bits(l, kv, h));
+    if (planned) {
+      EXPECT_GT(widths.size(), 1u) << plan.describe();
+      EXPECT_LE(plan.bits_per_element(), 3.25 + 1e-9);
+      EXPECT_GT(plan.bits_per_element(), 3.25 - 0.125 - 1e-9);  // within one step of 1/8 bit
+    } else {
+      EXPECT_EQ(widths, std::set<int>{3});
+    }
+    for (size_t i = 0; i < spec.k_clip.size(); ++i) {
+      const int l = static_cast<int>(i) / spec.n_heads_kv, h = static_cast<int>(i) % spec.n_heads_kv;
+      if (plan.bits(l, 0, h) >= 3) {
+        EXPECT_EQ(spec.k_clip[i], 1.0f) << i;
+      }
+      if (plan.bits(l, 1, h) >= 3) {
+        EXPECT_EQ(spec.v_clip[i], 1.0f) << i;
+      }
+    }
   }
 }
 

@@ -287,7 +287,15 @@ TEST(BitPlanCache, SpecsThatCannotTakeAPlanAreRefused) {
   lloyd.bit_plan = balanced_plan();
   EXPECT_NE(lloyd.validate().to_string().find("needs a uniform mode"), std::string::npos)
       << lloyd.validate().to_string();
-  // oscar4 / oscar3 need their one width in every plane.
+  // oscar4 needs 4 bits in every plane; oscar3 3 bits, or a plan of about its bytes.
+  KvCacheSpec three = plan_spec(quant::CacheMode::kOscar3);
+  three.bit_plan = balanced_plan();  // 2.25 bits: below oscar3's bytes by a whole bit
+  EXPECT_NE(three.validate().to_string().find("oscar3 needs a bit plan of 3 bits in every plane "
+                                              "or a plan of 2.75-3.25"),
+            std::string::npos)
+      << three.validate().to_string();
+  three.bit_plan = BitPlan::create(2, 2, 128, 128, {4, 4, 3, 3}, {3, 3, 2, 2}).value();  // 3.25
+  EXPECT_TRUE(three.validate().ok()) << three.validate().to_string();
   KvCacheSpec four = plan_spec(quant::CacheMode::kOscar4);
   EXPECT_NE(four.validate().to_string().find("oscar4 needs a bit plan of 4 bits in every plane"),
             std::string::npos)
