@@ -23,6 +23,7 @@ Command add_calibrate(CLI::App& app) {
     std::string key_scaling = "full";
     int threads = 0;
     bool quiet = false;
+    std::string device = "auto";
     calib::CalibrationOptions o;
   };
   auto a = std::make_shared<Args>();
@@ -97,6 +98,11 @@ Command add_calibrate(CLI::App& app) {
   app.add_option("--threads", a->threads, "Worker threads (0 = OpenMP default)")
       ->capture_default_str()->check(CLI::Range(0, 1024));
   app.add_flag("-q,--quiet", a->quiet, "No progress bar or summary");
+  app.add_option("--device", a->device,
+                 "Backend of the forward passes: cpu (exact f32 cache), cuda (BF16 cache: the "
+                 "GPU has no f32 pages), auto = cuda when built and a GPU is visible")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
   return [a]() -> int {
     calib::CalibrationOptions o = a->o;
@@ -121,7 +127,7 @@ Command add_calibrate(CLI::App& app) {
     o.key_scaling = ks.value();
     if (a->threads > 0) omp_set_num_threads(a->threads);
 
-    auto result = calib::calibrate_model_dir(a->model_dir, a->data, o, !a->quiet);
+    auto result = calib::calibrate_model_dir(a->model_dir, a->data, o, !a->quiet, a->device);
     if (!result.ok()) {
       std::fprintf(stderr, "error: %s\n", result.status().message().c_str());
       return 1;

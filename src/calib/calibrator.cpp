@@ -14,6 +14,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "kernels/backend.h"
 #include "calib/key_scaling.h"
 #include "quant/int2_layout.h"
 
@@ -279,8 +280,13 @@ const std::vector<ClipWindow>& CalibrationObserver::clip_sample(int layer, int h
 Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const int32_t> tokens,
                                     const CalibrationOptions& options, ProgressBar* progress) {
   OSCAR_RETURN_IF_ERROR(options.validate());
-  if (runtime.spec().mode != quant::CacheMode::kF32)
-    return invalid_argument("calibrate: the runtime must use the exact f32 cache (got %s)",
+  // The exact f32 cache on the CPU; a GPU backend stores K/V pages only as BF16, which the
+  // statistics see only through the attention outputs (the value statistics), as BF16 rounding.
+  const bool on_device = runtime.backend().device() != Device::kCpu;
+  const quant::CacheMode exact = on_device ? quant::CacheMode::kBF16 : quant::CacheMode::kF32;
+  if (runtime.spec().mode != exact)
+    return invalid_argument("calibrate: the runtime must use the exact %s cache on %s (got %s)",
+                            on_device ? "bf16" : "f32", device_name(runtime.backend().device()),
                             runtime.spec().describe().c_str());
   model::Qwen3Model& model = runtime.model();
   const format::ModelConfig& c = model.config();
@@ -472,7 +478,7 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
 Result<CalibrationResult> calibrate_model_dir(const std::string& model_dir,
                                               const std::string& data_path,
                                               const CalibrationOptions& options,
-                                              bool show_progress) {
+                                              bool show_progress, std::string_view device) {
   OSCAR_RETURN_IF_ERROR(options.validate());
   std::ifstream in(data_path, std::ios::binary);
   if (!in) return not_found("calibrate: cannot open data file %s", data_path.c_str());
@@ -481,7 +487,11 @@ Result<CalibrationResult> calibrate_model_dir(const std::string& model_dir,
   const std::string text = ss.str();
   engine::RuntimeOptions ro;
   ro.model_dir = model_dir;
-  ro.cache_mode = "f32";
+  {  // "auto" resolved here: the cache mode follows the device (see calibrate)
+    OSCAR_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> probe, kernels::make_backend(device));
+    ro.device = device_name(probe->device());
+    ro.cache_mode = probe->device() == Device::kCpu ? "f32" : "bf16";
+  }
   OSCAR_ASSIGN_OR_RETURN(std::unique_ptr<engine::Runtime> rt, engine::Runtime::create(ro));
   const std::vector<int32_t> tokens = rt->tokenizer().encode(text);
   CalibrationOptions o = options;

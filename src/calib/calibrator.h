@@ -21,6 +21,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "calib/bit_plan.h"
@@ -147,16 +148,17 @@ struct CalibrationResult {
   double forward_s = 0, decompose_s = 0, clip_s = 0;
 };
 
-// Calibrates the runtime's model on `tokens`. The runtime must use the exact "f32" cache mode
-// (InvalidArgument otherwise). progress (nullable) counts windows, then is finished.
+// Calibrates the runtime's model on `tokens`. The runtime must use the exact cache: "f32" on
+// the CPU, "bf16" on a GPU backend, which has no f32 pages (InvalidArgument otherwise). progress
+// (nullable) counts windows, then is finished.
 Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const int32_t> tokens,
                                     const CalibrationOptions& options, ProgressBar* progress);
 
-// Loads DIR with an f32 cache, tokenizes the whole data file (special tokens recognised) and
-// calibrates. Shows a progress bar on stderr when show_progress.
+// Loads DIR on `device` (cpu, cuda or auto) with its exact cache, tokenizes the whole data file
+// (special tokens recognised) and calibrates. Shows a progress bar on stderr when show_progress.
 Result<CalibrationResult> calibrate_model_dir(const std::string& model_dir,
                                               const std::string& data_path,
                                               const CalibrationOptions& options,
-                                              bool show_progress);
+                                              bool show_progress, std::string_view device = "cpu");
 
 }  // namespace oscar::calib

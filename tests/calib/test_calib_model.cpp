@@ -93,6 +93,12 @@ TEST(CalibrateModel, RefusesDataShorterThanAWindowAndNonExactCache) {
   std::vector<int32_t> tokens(2048, 100);
   auto r2 = calibrate(*rt.value(), tokens, o, nullptr);
   EXPECT_EQ(r2.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r2.status().to_string().find("exact f32 cache on cpu"), std::string::npos)
+      << r2.status().to_string();
+  // The device is named like everywhere else (oscar calibrate --device).
+  auto r3 = calibrate_model_dir(kModel, kModel + "/data/calib.txt", o, false, "tpu");
+  EXPECT_NE(r3.status().to_string().find("unknown device 'tpu'"), std::string::npos)
+      << r3.status().to_string();
 }
 
 // `--kv-cache auto` follows the file's recommended_mode / recommended_n_recent (written by
