@@ -8,6 +8,7 @@
 //   node bench/e2e/load_test.mjs --url http://127.0.0.1:8000 --requests 64 --concurrency 64 \
 //        --system-file models/tiny-qwen3/data/calib.txt --system-chars 4000 --max-tokens 32
 import { readFileSync } from 'node:fs';
+import http from 'node:http';
 
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => {
   if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1]]);
@@ -65,14 +66,25 @@ async function one(i) {
     messages: [{ role: 'system', content: system },
                { role: 'user', content: `Question ${i}: what does the function on line ${i} do?` }],
   };
-  const res = await fetch(`${url}/v1/chat/completions`, {
-    method: 'POST', headers, body: JSON.stringify(body), signal: AbortSignal.timeout(timeoutMs),
+  // node:http, not fetch: fetch (undici) cuts a response body after 300 s without a byte, which
+  // a streamed request queued behind a long first wave reaches (the server sends its role chunk,
+  // then nothing until admitted); this client waits up to --timeout-s for the whole request.
+  const res = await new Promise((resolve, reject) => {
+    const req = http.request(`${url}/v1/chat/completions`, {
+      method: 'POST', headers, signal: AbortSignal.timeout(timeoutMs),
+    }, resolve);
+    req.on('error', reject);
+    req.end(JSON.stringify(body));
   });
-  if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
+  if (res.statusCode !== 200) {
+    let text = '';
+    for await (const c of res) text += c;
+    throw new Error(`HTTP ${res.statusCode}: ${text}`);
+  }
   const decoder = new TextDecoder();
   let buf = '', first = null, last = null, done = false, usage = null;
   const gaps = [];
-  for await (const chunk of res.body) {
+  for await (const chunk of res) {
     buf += decoder.decode(chunk, { stream: true });
     let k;
     while ((k = buf.indexOf('\n\n')) >= 0) {
@@ -101,7 +113,7 @@ let next = 0;
 await Promise.all(Array.from({ length: concurrency }, async () => {
   while (next < nRequests) {
     const i = next++;
-    try { results.push(await one(i)); } catch (e) { failures.push(String(e)); }
+    try { results.push(await one(i)); } catch (e) { failures.push(`${e}${e.cause ? ` (${e.cause})` : ''}`); }
   }
 }));
 const wall = (performance.now() - t0) / 1000;
