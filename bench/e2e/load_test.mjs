@@ -1,11 +1,14 @@
 // Bounded load test of an OpenAI-compatible server (not a unit test): N concurrent streaming chat
 // requests that share a long system prompt. Prints one JSON object: requests/s, tokens/s, time
 // to first token and per output token (p50/p99), failures, the most requests the server ran at
-// once, prefix-cache hit rate and KV pool levels after the run (from /metrics).
+// once (and the mean over the run) and the most pages each KV pool had in use (sampled from
+// /metrics every 100 ms), the preemptions during the run (oscar_preemptions_total: running
+// requests whose pool ran dry), prefix-cache hit rate and KV pool levels after the run.
 //
 //   node bench/e2e/load_test.mjs --url http://127.0.0.1:8000 --requests 64 --concurrency 64 \
 //        --system-file models/tiny-qwen3/data/calib.txt --system-chars 4000 --max-tokens 32
 import { readFileSync } from 'node:fs';
+import http from 'node:http';
 
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => {
   if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1]]);
@@ -33,11 +36,23 @@ async function metrics() {
 }
 
 const model = (await (await fetch(`${url}/v1/models`, { headers })).json()).data[0].id;
+const before = await metrics();
 let maxRunning = 0;
+let maxWaiting = 0;
+let runningSum = 0, samples = 0;  // the mean of the running count over the run
+const pagesPeak = {};  // oscar_kv_pages_used{pool=...} -> the most seen
 let polling = true;
 const poller = (async () => {
   while (polling) {
-    try { maxRunning = Math.max(maxRunning, (await metrics()).oscar_requests_running ?? 0); } catch {}
+    try {
+      const m = await metrics();
+      maxRunning = Math.max(maxRunning, m.oscar_requests_running ?? 0);
+      runningSum += m.oscar_requests_running ?? 0;
+      samples += 1;
+      maxWaiting = Math.max(maxWaiting, m.oscar_requests_waiting ?? 0);
+      for (const [k, v] of Object.entries(m))
+        if (k.startsWith('oscar_kv_pages_used')) pagesPeak[k] = Math.max(pagesPeak[k] ?? 0, v);
+    } catch {}
     await new Promise((r) => setTimeout(r, 100));
   }
 })();
@@ -51,14 +66,25 @@ async function one(i) {
     messages: [{ role: 'system', content: system },
                { role: 'user', content: `Question ${i}: what does the function on line ${i} do?` }],
   };
-  const res = await fetch(`${url}/v1/chat/completions`, {
-    method: 'POST', headers, body: JSON.stringify(body), signal: AbortSignal.timeout(timeoutMs),
+  // node:http, not fetch: fetch (undici) cuts a response body after 300 s without a byte, which
+  // a streamed request queued behind a long first wave reaches (the server sends its role chunk,
+  // then nothing until admitted); this client waits up to --timeout-s for the whole request.
+  const res = await new Promise((resolve, reject) => {
+    const req = http.request(`${url}/v1/chat/completions`, {
+      method: 'POST', headers, signal: AbortSignal.timeout(timeoutMs),
+    }, resolve);
+    req.on('error', reject);
+    req.end(JSON.stringify(body));
   });
-  if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
+  if (res.statusCode !== 200) {
+    let text = '';
+    for await (const c of res) text += c;
+    throw new Error(`HTTP ${res.statusCode}: ${text}`);
+  }
   const decoder = new TextDecoder();
   let buf = '', first = null, last = null, done = false, usage = null;
   const gaps = [];
-  for await (const chunk of res.body) {
+  for await (const chunk of res) {
     buf += decoder.decode(chunk, { stream: true });
     let k;
     while ((k = buf.indexOf('\n\n')) >= 0) {
@@ -87,7 +113,7 @@ let next = 0;
 await Promise.all(Array.from({ length: concurrency }, async () => {
   while (next < nRequests) {
     const i = next++;
-    try { results.push(await one(i)); } catch (e) { failures.push(String(e)); }
+    try { results.push(await one(i)); } catch (e) { failures.push(`${e}${e.cause ? ` (${e.cause})` : ''}`); }
   }
 }));
 const wall = (performance.now() - t0) / 1000;
@@ -112,7 +138,9 @@ console.log(JSON.stringify({
   prompt_tokens: promptTokens, cached_prompt_tokens: cachedTokens, output_tokens: outTokens,
   ttft_p50_s: pct(results.map((r) => r.ttft), 0.5), ttft_p99_s: pct(results.map((r) => r.ttft), 0.99),
   tpot_p50_s: pct(tpot, 0.5), tpot_p99_s: pct(tpot, 0.99),
-  max_running: maxRunning,
+  max_running: maxRunning, mean_running: samples ? runningSum / samples : null, max_waiting: maxWaiting,
+  pages_used_peak: pagesPeak,
+  preemptions: (after.oscar_preemptions_total ?? NaN) - (before.oscar_preemptions_total ?? 0),
   prefix_cache_hit_rate: after.oscar_prefix_cache_hit_rate,
   pools_after: Object.fromEntries(Object.entries(after).filter(([k]) => k.startsWith('oscar_kv_pages'))),
   requests_running_after: after.oscar_requests_running, requests_waiting_after: after.oscar_requests_waiting,

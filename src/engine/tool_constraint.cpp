@@ -343,18 +343,32 @@ void ToolCallConstraint::allowed_tokens(std::vector<uint8_t>* allowed, int64_t t
       // A token is allowed when the text stays a JSON object prefix and the shortest completion
       // after it still fits the tokens left (one per byte, then the forced end): the call can
       // always close within the budget, since the first byte of closing() is always allowed.
+      // When even that does not fit (the budget ran out with the name: max_tokens too small for
+      // any whole call), the tokens whose completion is shortest: the call is then cut by
+      // max_tokens (finish_reason "length") as when the name does not fit, rather than a mask
+      // that allows nothing.
       const int64_t room = tokens_left - 1 - static_cast<int64_t>(suffix_.size());
-      for (int32_t t = 0; t < vocab; ++t) {
+      auto closing_after = [&](int32_t t) -> int64_t {  // -1: the token breaks the object
         const std::string& b = bytes_[t];
-        if (b.empty()) continue;
+        if (b.empty()) return -1;
         JsonObjectPrefix probe = json_;
-        bool ok = true;
-        for (size_t i = 0; ok && i < b.size(); ++i) {
+        for (size_t i = 0; i < b.size(); ++i) {
           // The object may close only at the token's last byte.
-          ok = !probe.complete() && probe.feed(static_cast<unsigned char>(b[i]));
+          if (probe.complete() || !probe.feed(static_cast<unsigned char>(b[i]))) return -1;
         }
-        (*allowed)[t] = ok && probe.closing_size() <= room;
+        return probe.closing_size();
+      };
+      int64_t shortest = -1;
+      bool any = false;
+      for (int32_t t = 0; t < vocab; ++t) {
+        const int64_t n = closing_after(t);
+        if (n < 0) continue;
+        if (shortest < 0 || n < shortest) shortest = n;
+        (*allowed)[t] = n <= room;
+        any = any || n <= room;
       }
+      if (!any && shortest >= 0)
+        for (int32_t t = 0; t < vocab; ++t) (*allowed)[t] = closing_after(t) == shortest;
       return;
     }
     case Phase::kDone:

@@ -18,8 +18,9 @@
 // the forced end) still fits the tokens left.
 // Added/special tokens are never allowed in 2 and 3, nor is the end-of-sequence token anywhere.
 // Not constrained: the arguments' schema (types, required properties), which the model chooses; a
-// max_tokens too small for the forced parts and the name cuts the call (finish_reason "length",
-// left as content by the parser);
+// max_tokens too small for the whole shortest call (the forced parts, the name, `{}`) cuts the
+// call (finish_reason "length", left as content by the parser): past the name, the tokens on the
+// shortest way to closing it are then allowed;
 // one call only (no parallel calls); no reasoning (<think>) before the call.
 //
 // Single-threaded (one per sequence, on the scheduler's thread). The tokenizer outlives it.

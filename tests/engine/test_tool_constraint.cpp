@@ -194,6 +194,57 @@ TEST(ToolCallConstraint, RandomDrawsGiveValidCallsTinyModel) {
   check_calls(t.value(), 24);
 }
 
+// Every budget, from none to past the shortest call: each step allows at least one token (a mask
+// of zeros once made the scheduler draw token 0 and fail the request with a 500: max_tokens 21..26
+// for get_weather with the tiny model's tokenizer, enough for the name but not for `{}` and the
+// end), and a budget that fits the shortest call gets a whole one.
+TEST(ToolCallConstraint, EveryBudgetAllowsATokenAndFitsTheShortestCall) {
+  auto t = tok::Tokenizer::load("models/tiny-qwen3");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  int shortest = -1;  // the smallest budget that ends in a whole call
+  for (int budget = 1; budget <= 40; ++budget) {
+    auto c = ToolCallConstraint::create(t.value(), {"get_weather"});
+    ASSERT_TRUE(c.ok());
+    std::vector<uint8_t> allowed;
+    std::vector<int32_t> ids;
+    for (int step = 0; step < budget && !c.value()->done(); ++step) {
+      c.value()->allowed_tokens(&allowed, budget - step);
+      // The longest allowed token: the draw that gets furthest, as a model may.
+      int32_t tok = -1;
+      for (int32_t i = 0; i < static_cast<int32_t>(allowed.size()); ++i)
+        if (allowed[i] &&
+            (tok < 0 || t.value().token_bytes(i).size() > t.value().token_bytes(tok).size()))
+          tok = i;
+      ASSERT_GE(tok, 0) << "budget " << budget << ", step " << step << ": no token allowed after "
+                        << t.value().decode(ids);
+      ASSERT_TRUE(c.value()->advance(tok));
+      ids.push_back(tok);
+    }
+    if (c.value()->done() && shortest < 0) shortest = budget;
+    if (shortest > 0) {
+      EXPECT_TRUE(c.value()->done()) << "budget " << budget << ": " << t.value().decode(ids);
+    }
+  }
+  ASSERT_GT(shortest, 0);
+  // Below it, the text is a prefix of that shortest call (cut by the budget, not malformed).
+  auto c = ToolCallConstraint::create(t.value(), {"get_weather"});
+  ASSERT_TRUE(c.ok());
+  std::vector<uint8_t> allowed;
+  std::vector<int32_t> ids;
+  for (int step = 0; step < shortest - 1; ++step) {
+    c.value()->allowed_tokens(&allowed, shortest - 1 - step);
+    const auto it = std::find(allowed.begin(), allowed.end(), 1);
+    ASSERT_NE(it, allowed.end());
+    const int32_t tok = static_cast<int32_t>(it - allowed.begin());
+    ASSERT_TRUE(c.value()->advance(tok));
+    ids.push_back(tok);
+  }
+  EXPECT_FALSE(c.value()->done());
+  const std::string whole =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>";
+  EXPECT_EQ(whole.rfind(t.value().decode(ids), 0), 0u) << t.value().decode(ids);
+}
+
 TEST(ToolCallConstraint, RefusesNoNames) {
   auto t = tok::Tokenizer::load("models/tiny-qwen3");
   ASSERT_TRUE(t.ok());

@@ -1,6 +1,7 @@
 // The clients the project's own tests never used, against an oscar server: the Vercel AI SDK
 // (@ai-sdk/openai-compatible) and LangChain (@langchain/openai), versions pinned in package.json.
-// Checked: content parts, developer/system messages, requests without max_tokens, streaming, and
+// Checked: content parts, developer/system messages, requests without max_tokens, streaming,
+// tool_choice none/required/named against the real model (constrained decoding), and
 // (OSCAR_SCRIPTED=1, against `oscar_fake_server --echo-last-content`, whose "model" says exactly
 // the last message's content) whole tool loops: the server returns tool_calls, the client runs
 // the tool and sends the result back, the server answers with text.
@@ -151,4 +152,135 @@ test('LangChain: a tool loop', { skip: !scripted && 'needs OSCAR_SCRIPTED=1' }, 
   for await (const c of await model.stream([new HumanMessage(callText)])) acc = acc ? acc.concat(c) : c;
   assert.equal(acc.tool_calls[0].name, 'get_weather');
   assert.deepEqual(acc.tool_calls[0].args, { city: 'Paris' });
+});
+
+// tool_choice against the real model (not OSCAR_SCRIPTED): "required" and a named tool constrain
+// decoding (src/engine/tool_constraint.h), so even the tiny model answers with one well-formed
+// call to a declared tool, which each client must see as a tool call with finish reason
+// tool-calls. The constraint covers the call's form and the name, not the arguments' schema:
+// the tiny model, left to choose, closes the object at once (`{}`), so the tools' schemas here
+// require nothing and the tests check that what came back parses and satisfies them.
+const real = { skip: scripted && 'needs the real model (OSCAR_SCRIPTED=1 runs the scripted one)' };
+const citySchema = z.object({ city: z.string().optional() });
+const realTools = {
+  get_weather: tool({ description: 'The weather in a city', inputSchema: citySchema }),
+  get_time: tool({ description: 'The local time in a city', inputSchema: citySchema }),
+};
+const ask = [{ role: 'user', content: 'What is the weather in Paris?' }];
+// The shortest whole call to get_weather is 27 tokens with the tiny model's tokenizer:
+// `<tool_call>\n{"name": "get_weather", "arguments": ` (20), `{}` (1), `}\n</tool_call>` (6).
+// The constraint closes the arguments in time for any budget at least that, so a few more leave
+// the model some choice and still end in a whole call; fewer cut it (the last test).
+const callBudget = 32;
+
+// What the AI SDK made of a constrained step: one valid call to a declared tool.
+function checkSdkCall(r, names) {
+  assert.equal(r.finishReason, 'tool-calls');
+  assert.equal(r.toolCalls.length, 1);
+  const [call] = r.toolCalls;
+  assert.ok(names.includes(call.toolName), call.toolName);
+  assert.ok(!call.invalid, `the SDK refused the call's input: ${call.error}`);
+  assert.deepEqual(citySchema.parse(call.input), call.input);
+  assert.ok(r.usage.outputTokens <= callBudget);
+}
+
+test('AI SDK: toolChoice required', real, async () => {
+  const r = await generateText({
+    model: sdk, tools: realTools, toolChoice: 'required', messages: ask,
+    maxOutputTokens: callBudget, temperature: 0, maxRetries: 0,
+  });
+  checkSdkCall(r, ['get_weather', 'get_time']);
+});
+
+test('AI SDK: toolChoice naming a tool', real, async () => {
+  // get_time, not the tool the question is about: the name comes from the choice, not the model.
+  const r = await generateText({
+    model: sdk, tools: realTools, toolChoice: { type: 'tool', toolName: 'get_time' }, messages: ask,
+    maxOutputTokens: callBudget, temperature: 0, maxRetries: 0,
+  });
+  checkSdkCall(r, ['get_time']);
+});
+
+test('AI SDK: streamed, toolChoice naming a tool', real, async () => {
+  const r = streamText({
+    model: sdk, tools: realTools, toolChoice: { type: 'tool', toolName: 'get_weather' }, messages: ask,
+    maxOutputTokens: callBudget, temperature: 0, maxRetries: 0,
+  });
+  const calls = [];
+  let text = '';
+  for await (const part of r.fullStream) {
+    if (part.type === 'tool-call') calls.push(part);
+    if (part.type === 'text-delta') text += part.text;
+    if (part.type === 'error') throw part.error;
+  }
+  assert.equal(text, '');  // the call's markup is not streamed as text
+  assert.equal(calls.length, 1);
+  assert.equal(calls[0].toolName, 'get_weather');
+  assert.ok(!calls[0].invalid);
+  assert.deepEqual(citySchema.parse(calls[0].input), calls[0].input);
+  assert.equal(await r.finishReason, 'tool-calls');
+});
+
+test('AI SDK: toolChoice none gets text and no tool call', real, async () => {
+  const r = await generateText({
+    model: sdk, tools: realTools, toolChoice: 'none', messages: ask,
+    maxOutputTokens: 8, temperature: 0, maxRetries: 0,
+  });
+  assert.equal(r.toolCalls.length, 0);
+  assert.ok(r.text.length > 0);
+  assert.notEqual(r.finishReason, 'tool-calls');
+});
+
+// LangChain's bindTools sends tool_choice as OpenAI does: "required", and a tool's name as
+// {"type": "function", "function": {"name": ...}} (@langchain/openai's formatToOpenAIToolChoice).
+const lcTools = ['get_weather', 'get_time'].map((name) => ({
+  type: 'function',
+  function: { name, description: `${name} for a city`, parameters: { type: 'object', properties: { city: { type: 'string' } } } },
+}));
+
+for (const [label, choice, names] of [
+  ['required', 'required', ['get_weather', 'get_time']],
+  ['a tool name', 'get_time', ['get_time']],
+  ['the object form', { type: 'function', function: { name: 'get_weather' } }, ['get_weather']],
+]) {
+  test(`LangChain: bindTools with tool_choice ${label}`, real, async () => {
+    const m = await chat({ maxTokens: callBudget, temperature: 0 })
+      .bindTools(lcTools, { tool_choice: choice })
+      .invoke([new HumanMessage('What is the weather in Paris?')]);
+    assert.equal(m.tool_calls.length, 1);
+    assert.deepEqual(m.invalid_tool_calls, []);
+    assert.ok(names.includes(m.tool_calls[0].name), m.tool_calls[0].name);
+    assert.equal(typeof m.tool_calls[0].args, 'object');
+    assert.deepEqual(citySchema.parse(m.tool_calls[0].args), m.tool_calls[0].args);
+    assert.equal(m.response_metadata.finish_reason, 'tool_calls');
+  });
+}
+
+test('LangChain: tool_choice none gets text', real, async () => {
+  const m = await chat({ maxTokens: 8, temperature: 0 })
+    .bindTools(lcTools, { tool_choice: 'none' })
+    .invoke([new HumanMessage('What is the weather in Paris?')]);
+  assert.equal(m.tool_calls.length, 0);
+  assert.equal(typeof m.content, 'string');
+  assert.ok(m.content.length > 0);
+});
+
+test('a budget too small for the whole call is cut by length, not failed', real, async () => {
+  // 24 tokens hold the name but not `{}` and the end: the server once failed such a request
+  // with a 500 (its mask allowed no token); now the call is cut (finish_reason "length") and
+  // left as text, as OpenAI leaves a call cut by max_tokens.
+  const m = await chat({ maxTokens: 24, temperature: 0 })
+    .bindTools(lcTools, { tool_choice: 'get_weather' })
+    .invoke([new HumanMessage('What is the weather in Paris?')]);
+  assert.equal(m.response_metadata.finish_reason, 'length');
+  assert.equal(m.tool_calls.length, 0);
+  assert.match(m.content, /^<tool_call>\n\{"name": "get_weather", "arguments": /);
+  // The AI SDK checks a named toolChoice itself: no call is its own error, not the server's.
+  await assert.rejects(
+    generateText({
+      model: sdk, tools: realTools, toolChoice: { type: 'tool', toolName: 'get_weather' },
+      messages: ask, maxOutputTokens: 24, temperature: 0, maxRetries: 0,
+    }),
+    { name: 'AI_ToolChoiceViolationError' },
+  );
 });
