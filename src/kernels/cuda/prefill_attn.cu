@@ -13,8 +13,9 @@
 //     key tile holding keys that some queries of the item read quantized and others exactly is
 //     run twice, once per version, each pass masking the other version's (query, key) pairs.
 //
-// Work: one item per (sequence, KV head, tile of qt = 64 / gqa queries), the tile's 64 rows
-// being its queries × the KV head's gqa query heads, so each K/V byte is read once per group.
+// Work: one item per (sequence, KV head, tile of qt = 128 / gqa queries on tensor cores, 64 /
+// gqa in FP32), the tile's rows being its queries × the KV head's gqa query heads, so each K/V
+// byte is read once per group.
 // The host knows neither the chunk sizes nor the sequence lengths (device memory; no host sync),
 // so the grid is one wave of resident blocks per KV head and each block walks the items
 // (item b, b + gridDim.x, ...; a sequence's tiles are numbered last-first, so the long ones
@@ -22,8 +23,9 @@
 // Two kernels over the same items, key addressing (key_rows) and history unpacking
 // (cuda_detail::dequant_element: uniform or Lloyd-Max INT2, the bit plan's 4-, 3- and 1-bit rows):
 //   tensor cores (the default, prefill_attn_mma_kernel): 64-key tiles staged in shared memory as
-//     BF16, mma.sync m16n8k16 with FP32 accumulation for Q·Kᵀ and P·V, FlashAttention-2 layout
-//     (a warp per 16 rows, P kept in registers); q, P and dequantized history rounded to BF16.
+//     BF16 by 8 warps, mma.sync m16n8k16 with FP32 accumulation for Q·Kᵀ and P·V,
+//     FlashAttention-2 layout (a warp per 16 rows, P kept in registers); q, P and dequantized
+//     history rounded to BF16.
 //   FP32 SIMT (PrefillAttnCudaPath::kSimt, prefill_attn_kernel): 32-key tiles staged as float,
 //     thread = 4 rows x 4 keys of S and the same 4 rows x d/8 dims of O, P through shared memory;
 //     agrees with the CPU's float computation to accumulation rounding (the test's tight check).
@@ -51,9 +53,15 @@ namespace oscar::kernels {
 
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 128;  // the SIMT kernel
 constexpr int kWarps = kThreads / 32;
 constexpr int kRowsM = 64;  // query-head rows per tile: queries x GQA heads
+// The tensor-core kernel: 8 warps of 16 rows. Its staging of a key tile (loads, history
+// dequantization, the V transpose) is shared by all the item's rows, and at 64 rows it cost more
+// than the MMAs (measured 15 TFLOP/s with an INT2 history, 39 without; cuda_backend.md).
+constexpr int kMmaWarps = 8;
+constexpr int kMmaThreads = 32 * kMmaWarps;
+constexpr int kMmaRowsM = 16 * kMmaWarps;
 constexpr int kKeys = 32;   // keys per K/V tile
 constexpr float kNegInf = -__builtin_inff();
 
@@ -442,7 +450,7 @@ constexpr size_t mma_smem_bytes() {
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kMmaThreads)
     prefill_attn_mma_kernel(const __grid_constant__ Args a) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   constexpr int LKS = D + 8;           // Ks row stride (bf16): 4-lane groups hit distinct banks
@@ -453,7 +461,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int NKP = kKeysT / 16;     // k-steps of PV
   constexpr int kLanesPerKey = D / 8;  // 16-byte chunks of a BF16 row
   constexpr int kKeysPerIter = 32 / kLanesPerKey;  // keys a warp stages per step
-  static_assert(kKeysT % (kWarps * kKeysPerIter) == 0);
+  static_assert(kKeysT % (kMmaWarps * kKeysPerIter) == 0);
   __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kKeysT][LKS]
   __nv_bfloat16* Vt = Ks + kKeysT * LKS;                           // [D][LVT]
   const int kvh = blockIdx.y;
@@ -507,7 +515,7 @@ __global__ void __launch_bounds__(kThreads)
         // Stage: lane (sub, c) copies 16-byte chunk c (elements 8c .. 8c+7) of key kk0 + sub; K
         // with one 16-byte store, V transposed with 8 two-byte stores.
 #pragma unroll 1
-        for (int kk0 = warp * kKeysPerIter; kk0 < kKeysT; kk0 += kWarps * kKeysPerIter) {
+        for (int kk0 = warp * kKeysPerIter; kk0 < kKeysT; kk0 += kMmaWarps * kKeysPerIter) {
           const int kk = kk0 + sub;
           const int64_t j = k0 + kk;
           uint4 kq = make_uint4(0, 0, 0, 0), vq = make_uint4(0, 0, 0, 0);
@@ -642,10 +650,10 @@ struct DeviceFacts {
 };
 
 template <typename K>
-Status kernel_setup(K kernel, size_t smem_size, int* blocks) {
+Status kernel_setup(K kernel, int threads, size_t smem_size, int* blocks) {
   const int smem = static_cast<int>(smem_size);
   OSCAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem));
+  OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, smem));
   *blocks = std::max(1, *blocks);
   return Status();
 }
@@ -661,13 +669,13 @@ Status device_facts(DeviceFacts* out) {
   if (!ready[dev]) {
     DeviceFacts f;
     OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev));
-    OSCAR_RETURN_IF_ERROR(kernel_setup(prefill_attn_kernel<64>, smem_bytes<64>(), &f.blocks[0][0]));
+    OSCAR_RETURN_IF_ERROR(kernel_setup(prefill_attn_kernel<64>, kThreads, smem_bytes<64>(), &f.blocks[0][0]));
     OSCAR_RETURN_IF_ERROR(
-        kernel_setup(prefill_attn_kernel<128>, smem_bytes<128>(), &f.blocks[0][1]));
+        kernel_setup(prefill_attn_kernel<128>, kThreads, smem_bytes<128>(), &f.blocks[0][1]));
     OSCAR_RETURN_IF_ERROR(
-        kernel_setup(prefill_attn_mma_kernel<64>, mma_smem_bytes<64>(), &f.blocks[1][0]));
+        kernel_setup(prefill_attn_mma_kernel<64>, kMmaThreads, mma_smem_bytes<64>(), &f.blocks[1][0]));
     OSCAR_RETURN_IF_ERROR(
-        kernel_setup(prefill_attn_mma_kernel<128>, mma_smem_bytes<128>(), &f.blocks[1][1]));
+        kernel_setup(prefill_attn_mma_kernel<128>, kMmaThreads, mma_smem_bytes<128>(), &f.blocks[1][1]));
     facts[dev] = f;
     ready[dev] = true;
   }
@@ -757,7 +765,8 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
   a.n_heads_q = p.n_heads_q;
   a.n_heads_kv = L.n_heads_kv;
   a.gqa = p.n_heads_q / L.n_heads_kv;
-  a.qt = kRowsM / a.gqa;
+  const bool mma = path != PrefillAttnCudaPath::kSimt;
+  a.qt = (mma ? kMmaRowsM : kRowsM) / a.gqa;
   a.layer = p.layer;
   a.page_size = L.page_size;
   a.group_size = p.codec.group_size;
@@ -807,7 +816,6 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
   }
 
   // One wave of resident blocks over all KV heads; each block walks its items.
-  const bool mma = path != PrefillAttnCudaPath::kSimt;
   const bool d64 = L.head_dim == 64;
   const int per_sm = facts.blocks[mma ? 1 : 0][d64 ? 0 : 1];
   const int gx = std::max(1, (facts.sms * per_sm + L.n_heads_kv - 1) / L.n_heads_kv);
@@ -815,9 +823,9 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
   const dim3 grid(gx, L.n_heads_kv);
   if (mma) {
     if (d64)
-      prefill_attn_mma_kernel<64><<<grid, kThreads, mma_smem_bytes<64>(), stream>>>(a);
+      prefill_attn_mma_kernel<64><<<grid, kMmaThreads, mma_smem_bytes<64>(), stream>>>(a);
     else
-      prefill_attn_mma_kernel<128><<<grid, kThreads, mma_smem_bytes<128>(), stream>>>(a);
+      prefill_attn_mma_kernel<128><<<grid, kMmaThreads, mma_smem_bytes<128>(), stream>>>(a);
     OSCAR_CUDA_LAUNCH_CHECK("prefill_attn_mma_kernel");
   } else {
     if (d64)
