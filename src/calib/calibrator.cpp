@@ -74,7 +74,11 @@ Status CalibrationOptions::validate() const {
   }
   if (bit_plan_pairs < 0)
     return invalid_argument("calibrate: bit plan pairs %d must be >= 0", bit_plan_pairs);
-  if (bit_plan_pairs > 0 && clip.quantizer != Quantizer::kUniform)
+  if (clip.quantizer != quant::HistQuantizer::kInt2Uniform &&
+      clip.quantizer != quant::HistQuantizer::kInt2Lloyd)
+    return invalid_argument("calibrate: quantizer %s is not an INT2 one (uniform or lloyd)",
+                            quantizer_name(clip.quantizer));
+  if (bit_plan_pairs > 0 && clip.quantizer != quant::HistQuantizer::kInt2Uniform)
     return invalid_argument("calibrate: a bit plan (--bit-plan-pairs %d) needs the uniform "
                             "quantizer; pass --bit-plan-pairs 0 with --quantizer lloyd",
                             bit_plan_pairs);
@@ -469,7 +473,7 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
                  static_cast<long long>(result.n_tokens),
                  static_cast<long long>(result.n_data_tokens), clip_desc.c_str());
   set.metadata[kRecommendedModeKey] =
-      options.clip.quantizer == Quantizer::kLloyd ? "oscar-lloyd" : "oscar";
+      options.clip.quantizer == quant::HistQuantizer::kInt2Lloyd ? "oscar-lloyd" : "oscar";
   set.metadata[kRecommendedRecentKey] = std::to_string(options.clip.n_recent);
   set.metadata["created_by"] = "oscar calibrate 0.1";
   return result;

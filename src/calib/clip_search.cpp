@@ -43,7 +43,7 @@ Status fake_quantize(const MatF& x, int64_t begin, int64_t end, const ClipSearch
   if (rows == 0) return Status();
   scratch.resize(static_cast<size_t>(rows) * quant::int2_row_bytes(d, c.group_size));
   const float* src = x.data() + begin * d;
-  if (c.quantizer == Quantizer::kUniform) {
+  if (c.quantizer == quant::HistQuantizer::kInt2Uniform) {
     OSCAR_RETURN_IF_ERROR(quant::quantize_rows_int2(src, rows, d, c.group_size, rho, scratch.data()));
     quant::dequantize_rows_int2(scratch.data(), rows, d, c.group_size, out.data());
   } else {
@@ -175,13 +175,20 @@ const char* key_clip_objective_name(KeyClipObjective o) {
   return "?";
 }
 
-Result<Quantizer> parse_quantizer(const std::string& name) {
-  if (name == "uniform") return Quantizer::kUniform;
-  if (name == "lloyd") return Quantizer::kLloyd;
+Result<quant::HistQuantizer> parse_quantizer(const std::string& name) {
+  if (name == "uniform") return quant::HistQuantizer::kInt2Uniform;
+  if (name == "lloyd") return quant::HistQuantizer::kInt2Lloyd;
   return invalid_argument("quantizer '%s': expected uniform or lloyd", name.c_str());
 }
 
-const char* quantizer_name(Quantizer q) { return q == Quantizer::kUniform ? "uniform" : "lloyd"; }
+const char* quantizer_name(quant::HistQuantizer q) {
+  switch (q) {
+    case quant::HistQuantizer::kInt2Uniform: return "uniform";
+    case quant::HistQuantizer::kInt2Lloyd: return "lloyd";
+    case quant::HistQuantizer::kKivi: return "kivi";
+  }
+  return "?";
+}
 
 Status ClipGrid::validate() const {
   if (!(min > 0.0f && min <= max && max <= 1.5f))
@@ -207,6 +214,10 @@ Result<ClipSearchResult> search_clip(const std::vector<ClipWindow>& windows,
                                      const ClipSearchConfig& c) {
   OSCAR_CHECK(key.key != nullptr && key.query != nullptr && v_rotation != nullptr);
   OSCAR_RETURN_IF_ERROR(c.grid.validate());
+  if (c.quantizer != quant::HistQuantizer::kInt2Uniform &&
+      c.quantizer != quant::HistQuantizer::kInt2Lloyd)
+    return invalid_argument("clip search: quantizer %d is not an INT2 one (uniform or lloyd)",
+                            static_cast<int>(c.quantizer));
   const int d = c.head_dim;
   if (!quant::int2_valid_group(d, c.group_size))
     return invalid_argument("clip search: group size %d does not divide head_dim %d", c.group_size, d);

@@ -25,16 +25,17 @@
 #include <vector>
 
 #include "core/status.h"
+#include "quant/row_codec.h"
 
 namespace oscar::calib {
 
 enum class KeyClipObjective { kProb, kKl, kWeightedLogit, kLogit };
-enum class Quantizer { kUniform, kLloyd };
 
 Result<KeyClipObjective> parse_key_clip_objective(const std::string& name);
 const char* key_clip_objective_name(KeyClipObjective o);
-Result<Quantizer> parse_quantizer(const std::string& name);
-const char* quantizer_name(Quantizer q);
+// "uniform" / "lloyd": the two INT2 quantizers; the clip search has no KIVI.
+Result<quant::HistQuantizer> parse_quantizer(const std::string& name);
+const char* quantizer_name(quant::HistQuantizer q);
 
 // Candidate ratios min, min + step, …, max (inclusive, computed as min + i·step from integers).
 struct ClipGrid {
@@ -60,7 +61,7 @@ struct ClipSearchConfig {
   float attn_scale = 0.0f;  // logit scale; 0 means 1/sqrt(head_dim)
   int n_sink = 64;
   int n_recent = 256;
-  Quantizer quantizer = Quantizer::kUniform;
+  quant::HistQuantizer quantizer = quant::HistQuantizer::kInt2Uniform;  // INT2 only: no KIVI
   KeyClipObjective key_objective = KeyClipObjective::kKl;
   ClipGrid grid;
 };

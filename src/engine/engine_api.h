@@ -24,16 +24,17 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "kernels/sample.h"
 
 namespace oscar::engine {
 
 // How the next token is drawn. temperature 0 means greedy (argmax).
 struct SamplingParams {
-  float temperature = 1.0f;  // >= 0
-  int top_k = 0;             // 0 = off
-  float top_p = 1.0f;        // (0, 1]; 1 = off
-  bool has_seed = false;     // false: the engine picks a seed
-  uint64_t seed = 0;         // used only when has_seed
+  // Temperature, top-k, top-p and seed, as the sampling kernel takes them (kernels/sample.h).
+  // A request samples at temperature 1 unless it asks otherwise; config.seed is used only when
+  // has_seed, else the engine picks a seed.
+  kernels::SamplingConfig config{.temperature = 1.0f};
+  bool has_seed = false;
   // Penalties (kernels/logits.h), applied to the logits before temperature, greedy included.
   float presence_penalty = 0.f;    // [-2, 2], OpenAI: output tokens, once each
   float frequency_penalty = 0.f;   // [-2, 2], OpenAI: output tokens, per occurrence

@@ -221,7 +221,7 @@ Status Scheduler::submit(GenerationRequest req,
         "prompt (%zu tokens) + max_tokens (%d) = %lld exceeds the maximum context length of %d "
         "tokens",
         req.prompt_ids.size(), req.max_tokens, static_cast<long long>(total), max_model_len_);
-  kernels::SamplingConfig sc{req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, 0};
+  kernels::SamplingConfig sc = req.sampling.config;
   OSCAR_RETURN_IF_ERROR(kernels::validate_sampling(sc));
   const SamplingParams& sp = req.sampling;
   if (!(std::abs(sp.presence_penalty) <= 2.f) || !(std::abs(sp.frequency_penalty) <= 2.f))
@@ -254,7 +254,7 @@ Status Scheduler::submit(GenerationRequest req,
     if (!c.ok()) return c.status();
     s->constraint = std::move(c).value();
   }
-  sc.seed = req.sampling.has_seed ? req.sampling.seed : std::random_device{}();
+  if (!req.sampling.has_seed) sc.seed = std::random_device{}();
   s->sampling = sc;
   s->decoder = std::make_unique<tok::StreamDecoder>(runtime_->tokenizer(), /*skip_special=*/true);
   s->req = std::move(req);

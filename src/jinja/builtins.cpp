@@ -56,7 +56,8 @@ char32_t cp_at(const std::string& s, size_t i, size_t* len) {
   unsigned char c = static_cast<unsigned char>(s[i]);
   size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 1;
   if (i + n > s.size()) n = 1;
-  std::u32string d = n == 1 ? std::u32string(1, c) : utf8_decode(std::string_view(s).substr(i, n));
+  std::u32string d =
+      n == 1 ? std::u32string(1, c) : utf8::decode(std::string_view(s).substr(i, n), kStrDecoding);
   *len = n;
   return d.empty() ? U'\uFFFD' : d[0];
 }
@@ -78,12 +79,12 @@ bool py_isspace(char32_t c) {
 }
 
 std::string map_case(const std::string& s, bool upper) {
-  std::u32string d = utf8_decode(s);
+  std::u32string d = utf8::decode(s, kStrDecoding);
   for (char32_t& c : d) {
     c = static_cast<char32_t>(upper ? utf8proc_toupper(static_cast<utf8proc_int32_t>(c))
                                     : utf8proc_tolower(static_cast<utf8proc_int32_t>(c)));
   }
-  return utf8_encode(d);
+  return utf8::encode(d);
 }
 
 bool is_cased_letter(char32_t c) {
@@ -103,7 +104,7 @@ bool is_digit_cp(char32_t c) {
 std::string py_strip(const std::string& s, const Value* chars, bool left, bool right) {
   std::u32string set;
   bool ws = !chars || chars->is_none() || !chars->is_string();
-  if (!ws) set = utf8_decode(chars->s());
+  if (!ws) set = utf8::decode(chars->s(), kStrDecoding);
   auto strip_it = [&](char32_t c) {
     return ws ? py_isspace(c) : set.find(c) != std::u32string::npos;
   };
@@ -144,7 +145,7 @@ std::string html_escape(const std::string& s) {
 }
 
 size_t cp_index(const std::string& s, size_t byte_pos) {
-  return utf8_length(std::string_view(s).substr(0, byte_pos));
+  return utf8::length(std::string_view(s).substr(0, byte_pos), kStrDecoding);
 }
 
 Result<std::string> py_replace(Evaluator& ev, const std::string& s, const std::string& from,
@@ -152,13 +153,13 @@ Result<std::string> py_replace(Evaluator& ev, const std::string& s, const std::s
   std::string out;
   int64_t done = 0;
   if (from.empty()) {
-    std::u32string d = utf8_decode(s);
+    std::u32string d = utf8::decode(s, kStrDecoding);
     for (size_t k = 0; k <= d.size(); ++k) {
       if (count < 0 || done < count) {
         out += to;
         ++done;
       }
-      if (k < d.size()) out += utf8_encode(std::u32string(1, d[k]));
+      if (k < d.size()) utf8::append(out, d[k]);
       OSCAR_RETURN_IF_ERROR(ev.check_size(static_cast<int64_t>(out.size())));
     }
     return out;
@@ -263,7 +264,7 @@ Result<List> py_split(Evaluator& ev, const std::string& s, const Value* sep, int
 }
 
 Result<std::string> py_title(const std::string& s) {
-  std::u32string d = utf8_decode(s);
+  std::u32string d = utf8::decode(s, kStrDecoding);
   bool prev_cased = false;
   for (char32_t& c : d) {
     bool cased = is_cased_letter(c);
@@ -271,16 +272,16 @@ Result<std::string> py_title(const std::string& s) {
     c = static_cast<char32_t>(prev_cased ? utf8proc_tolower(ci) : utf8proc_totitle(ci));
     prev_cased = cased;
   }
-  return utf8_encode(d);
+  return utf8::encode(d);
 }
 
 std::string py_capitalize(const std::string& s) {
-  std::u32string d = utf8_decode(s);
+  std::u32string d = utf8::decode(s, kStrDecoding);
   for (size_t k = 0; k < d.size(); ++k) {
     auto ci = static_cast<utf8proc_int32_t>(d[k]);
     d[k] = static_cast<char32_t>(k == 0 ? utf8proc_totitle(ci) : utf8proc_tolower(ci));
   }
-  return utf8_encode(d);
+  return utf8::encode(d);
 }
 
 Result<std::string> join_values(Evaluator& ev, const List& items, const std::string& sep) {
@@ -431,12 +432,12 @@ Result<std::string> printf_format(Evaluator& ev, const std::string& fmt, const V
     if (conv == 's' || conv == 'r') {
       std::string text = conv == 's' ? to_str(v) : to_repr(v);
       if (!precision.empty()) {
-        std::u32string d = utf8_decode(text);
+        std::u32string d = utf8::decode(text, kStrDecoding);
         size_t p = static_cast<size_t>(std::atoi(precision.c_str() + 1));
-        if (d.size() > p) text = utf8_encode(d.substr(0, p));
+        if (d.size() > p) text = utf8::encode(d.substr(0, p));
       }
       size_t w = static_cast<size_t>(std::atoi(width.c_str()));
-      size_t len = utf8_length(text);
+      size_t len = utf8::length(text, kStrDecoding);
       if (len < w) {
         if (spec.find('-') != std::string::npos) text += std::string(w - len, ' ');
         else text = std::string(w - len, ' ') + text;
@@ -453,7 +454,7 @@ Result<std::string> printf_format(Evaluator& ev, const std::string& fmt, const V
       }
       if (conv == 'c') {
         if (x < 0 || x > 0x10FFFF) return ev.fail("%c arg not in range(0x110000)");
-        out += utf8_encode(std::u32string(1, static_cast<char32_t>(x)));
+        utf8::append(out, static_cast<char32_t>(x));
         continue;
       }
       char c = conv == 'i' || conv == 'u' ? 'd' : conv;
@@ -540,7 +541,7 @@ Result<Value> string_method(Evaluator& ev, const std::string& s, const std::stri
   }
   if (name == "count") {
     OSCAR_ASSIGN_OR_RETURN(std::string sub, str_arg(0, "x"));
-    if (sub.empty()) return Value::integer(static_cast<int64_t>(utf8_length(s)) + 1);
+    if (sub.empty()) return Value::integer(static_cast<int64_t>(utf8::length(s, kStrDecoding)) + 1);
     int64_t n = 0;
     for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
     return Value::integer(n);
@@ -632,7 +633,7 @@ Result<Value> string_method(Evaluator& ev, const std::string& s, const std::stri
   }
   if (name == "isdigit" || name == "isalpha" || name == "isalnum" || name == "isspace" ||
       name == "islower" || name == "isupper") {
-    std::u32string d = utf8_decode(s);
+    std::u32string d = utf8::decode(s, kStrDecoding);
     if (d.empty()) return Value::boolean(false);
     if (name == "islower" || name == "isupper") {
       bool any_cased = false;
@@ -699,7 +700,8 @@ using FilterFn = Result<Value> (*)(Evaluator&, const Value&, const CallArgs&);
 
 Result<Value> f_length(Evaluator& ev, const Value& v, const CallArgs&) {
   switch (v.kind) {
-    case K::kString: return Value::integer(static_cast<int64_t>(utf8_length(v.s())));
+    case K::kString:
+      return Value::integer(static_cast<int64_t>(utf8::length(v.s(), kStrDecoding)));
     case K::kList: return Value::integer(static_cast<int64_t>(v.list->size()));
     case K::kDict: return Value::integer(static_cast<int64_t>(v.dict->items.size()));
     case K::kUndefined: return Value::integer(0);
@@ -721,7 +723,7 @@ Result<Value> f_tojson(Evaluator& ev, const Value& v, const CallArgs& a) {
   if (!s.ok()) return ev.fail(s.status().message());
   std::string out = std::move(s).value();
   if (a.kwarg("ensure_ascii") && a.kwarg("ensure_ascii")->truthy()) {
-    std::u32string d = utf8_decode(out);
+    std::u32string d = utf8::decode(out, kStrDecoding);
     out.clear();
     for (char32_t c : d) {
       if (c < 0x80) {
@@ -766,7 +768,7 @@ Result<Value> f_capitalize(Evaluator&, const Value& v, const CallArgs&) {
 }
 Result<Value> f_title(Evaluator&, const Value& v, const CallArgs&) {
   // Jinja splits at runs of [-\s({[<] and title-cases each piece's first character.
-  std::u32string d = utf8_decode(to_str(v));
+  std::u32string d = utf8::decode(to_str(v), kStrDecoding);
   bool at_start = true;
   for (char32_t& c : d) {
     bool delim = py_isspace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
@@ -774,7 +776,7 @@ Result<Value> f_title(Evaluator&, const Value& v, const CallArgs&) {
     if (!delim) c = static_cast<char32_t>(at_start ? utf8proc_toupper(ci) : utf8proc_tolower(ci));
     at_start = delim;
   }
-  return Value::string(utf8_encode(d));
+  return Value::string(utf8::encode(d));
 }
 
 Result<Value> f_default(Evaluator&, const Value& v, const CallArgs& a) {
@@ -823,9 +825,9 @@ Result<Value> f_last(Evaluator& ev, const Value& v, const CallArgs&) {
 
 Result<Value> f_reverse(Evaluator& ev, const Value& v, const CallArgs&) {
   if (v.is_string()) {
-    std::u32string d = utf8_decode(v.s());
+    std::u32string d = utf8::decode(v.s(), kStrDecoding);
     std::reverse(d.begin(), d.end());
-    return Value::string(utf8_encode(d));
+    return Value::string(utf8::encode(d));
   }
   OSCAR_ASSIGN_OR_RETURN(List items, iterate(ev, v));
   std::reverse(items.begin(), items.end());
@@ -945,7 +947,7 @@ Result<Value> f_indent(Evaluator& ev, const Value& v, const CallArgs& a) {
 }
 
 Result<Value> f_wordcount(Evaluator&, const Value& v, const CallArgs&) {
-  std::u32string d = utf8_decode(to_str(v));
+  std::u32string d = utf8::decode(to_str(v), kStrDecoding);
   int64_t n = 0;
   bool in_word = false;
   for (char32_t c : d) {
@@ -1431,12 +1433,13 @@ Result<Value> get_item(Evaluator& ev, const Value& obj, const Value& key) {
       const std::string& s = obj.s();
       bool ascii = std::all_of(s.begin(), s.end(),
                                [](char c) { return static_cast<unsigned char>(c) < 0x80; });
-      int64_t n = ascii ? static_cast<int64_t>(s.size()) : static_cast<int64_t>(utf8_length(s));
+      int64_t n = ascii ? static_cast<int64_t>(s.size())
+                        : static_cast<int64_t>(utf8::length(s, kStrDecoding));
       int64_t k = idx < 0 ? idx + n : idx;
       if (k >= 0 && k < n) {
         if (ascii) return Value::string(std::string(1, s[static_cast<size_t>(k)]));
-        std::u32string d = utf8_decode(s);
-        return Value::string(utf8_encode(std::u32string(1, d[static_cast<size_t>(k)])));
+        std::u32string d = utf8::decode(s, kStrDecoding);
+        return Value::string(utf8::encode(std::u32string(1, d[static_cast<size_t>(k)])));
       }
     }
     return Value::undefined(str_format("'%s object' has no element %lld", obj.type_name(),
@@ -1484,11 +1487,11 @@ Result<List> iterate(Evaluator& ev, const Value& v) {
       return keys;
     }
     case K::kString: {
-      std::u32string d = utf8_decode(v.s());
+      std::u32string d = utf8::decode(v.s(), kStrDecoding);
       OSCAR_RETURN_IF_ERROR(ev.charge(static_cast<int64_t>(d.size())));
       List chars;
       chars.reserve(d.size());
-      for (char32_t c : d) chars.push_back(Value::string(utf8_encode(std::u32string(1, c))));
+      for (char32_t c : d) chars.push_back(Value::string(utf8::encode(std::u32string(1, c))));
       return chars;
     }
     case K::kUndefined: return List{};

@@ -450,7 +450,7 @@ Result<Value> Evaluator::eval_inner(const Expr& e) {
         return fail(str_format("'%s' object is not subscriptable", obj.type_name()));
       }
       std::u32string chars;
-      if (is_str) chars = utf8_decode(obj.s());
+      if (is_str) chars = utf8::decode(obj.s(), kStrDecoding);
       int64_t len = is_str ? static_cast<int64_t>(chars.size())
                            : static_cast<int64_t>(obj.list->size());
       OSCAR_RETURN_IF_ERROR(charge(len / 32));
@@ -473,7 +473,7 @@ Result<Value> Evaluator::eval_inner(const Expr& e) {
         if (is_str) sub += chars[static_cast<size_t>(k)];
         else items.push_back((*obj.list)[static_cast<size_t>(k)]);
       }
-      if (is_str) return Value::string(utf8_encode(sub));
+      if (is_str) return Value::string(utf8::encode(sub));
       return obj.tuple ? Value::from_tuple(std::move(items)) : Value::from_list(std::move(items));
     }
     case K::kCall: {

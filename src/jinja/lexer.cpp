@@ -65,7 +65,7 @@ std::string decode_escapes(std::string_view body) {
           out += e;
           break;
         }
-        out += utf8_encode(std::u32string(1, cp));
+        utf8::append(out, cp);
         k += width;
         break;
       }
@@ -76,7 +76,7 @@ std::string decode_escapes(std::string_view body) {
                ++t) {
             value = value * 8 + (body[++k] - '0');
           }
-          out += utf8_encode(std::u32string(1, static_cast<char32_t>(value)));
+          utf8::append(out, static_cast<char32_t>(value));
         } else {
           out += '\\';
           out += e;

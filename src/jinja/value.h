@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "core/utf8.h"
 
 namespace oscar::jinja {
 
@@ -114,9 +115,9 @@ Result<std::string> to_json(const Value& v, const JsonDumpOptions& options, int 
 // Context JSON to values: integers stay int, floats float, objects keep their key order.
 Result<Value> from_json(const nlohmann::ordered_json& j, int max_depth);
 
-// UTF-8 helpers: decode (invalid bytes map to U+FFFD) and encode.
-std::u32string utf8_decode(std::string_view s);
-std::string utf8_encode(std::u32string_view s);
-size_t utf8_length(std::string_view s);
+// Strings are UTF-8 bytes. Where they count as characters (len, slicing, most string filters),
+// they are decoded loosely, so that a lone surrogate written by "\ud800" is one character, as in
+// a Python str; each invalid byte becomes U+FFFD.
+inline constexpr utf8::Decoding kStrDecoding = utf8::Decoding::kLoose;
 
 }  // namespace oscar::jinja

@@ -22,21 +22,15 @@
 #include "core/status.h"
 #include "kernels/kv_layout.h"
 #include "kernels/page_table.h"
+#include "quant/row_codec.h"
 
 namespace oscar::kernels {
-
-// How INT2 rows were quantized (quant/int2_quant.h); both share the row layout of
-// quant/int2_layout.h and dequantize to a 4-entry level table per group.
-enum class Int2Quantizer : int32_t {
-  kUniform = 0,  // slot0 = scale s, slot1 = min:  x̂ = min + q·s
-  kLloyd = 1,    // slot0 = σ, slot1 = μ:          x̂ = μ + level[q]·σ
-};
 
 struct DecodeAttnParams {
   int32_t n_seqs = 1;          // sequences in the batch, each with one query row per query head
   int32_t n_heads_q = 0;       // multiple of layout.n_heads_kv (gqa_ratio = n_heads_q / n_heads_kv)
   int32_t group_size = 128;    // quant_group: values per INT2 scale/min (history only)
-  Int2Quantizer quantizer = Int2Quantizer::kUniform;
+  quant::HistQuantizer quantizer = quant::HistQuantizer::kInt2Uniform;  // INT2 only: no KIVI
   int32_t layer = 0;           // which layer's rows to read, 0 <= layer < layout.n_layers
   float scale = 0.f;           // softmax scale, usually 1/sqrt(head_dim)
   // Page layout: n_layers, n_heads_kv, head_dim, page_size, exact_elem_bytes (2 = bf16, 4 = f32),

@@ -506,8 +506,8 @@ kernels::DecodeAttnParams SequenceCache::decode_params(int layer, int n_heads_q)
   p.n_seqs = 1;
   p.n_heads_q = n_heads_q;
   p.group_size = spec_->group_size;
-  p.quantizer = spec_->mode == quant::CacheMode::kOscarLloyd ? kernels::Int2Quantizer::kLloyd
-                                                             : kernels::Int2Quantizer::kUniform;
+  p.quantizer = spec_->mode == quant::CacheMode::kOscarLloyd ? quant::HistQuantizer::kInt2Lloyd
+                                                             : quant::HistQuantizer::kInt2Uniform;
   p.layer = layer;
   p.scale = 1.0f / std::sqrt(static_cast<float>(spec_->head_dim));
   p.layout = spec_->op_layout();

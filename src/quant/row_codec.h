@@ -40,7 +40,12 @@ struct RowCodec {
 // The codec of a row format; kKiviKeyBlock has none (checked).
 const RowCodec& row_codec(RowFormat format);
 
-// How the history rows of an engine are made (the cache mode's side of the table).
+// How the history rows of an engine are made (the cache mode's side of the table), and the
+// quantizer choice of everything that reads or makes INT2 rows: the decode kernels
+// (kernels/decode_attn.h) and the clip search (calib/clip_search.h), which take only the two INT2
+// ones. Both share the row layout of quant/int2_layout.h and dequantize to a 4-entry level table
+// per group: kInt2Uniform has slot0 = scale s, slot1 = min, x̂ = min + q·s; kInt2Lloyd has
+// slot0 = σ, slot1 = μ, x̂ = μ + level[q]·σ. kKivi is quant/kivi.h.
 enum class HistQuantizer : int32_t { kInt2Uniform = 0, kInt2Lloyd = 1, kKivi = 2 };
 
 // The format of a history plane: K or V (kv 0/1) of a head whose bit plan width is `bits`

@@ -146,17 +146,17 @@ std::variant<GenerateRequest, ApiError> parse_generate_request(std::string_view 
     if (auto e = int_in(*v, "max_tokens", 1, std::numeric_limits<int32_t>::max(), &x)) return *e;
     r.max_tokens = static_cast<int>(x);
   }
-  double temperature = r.sampling.temperature, top_p = r.sampling.top_p;
+  double temperature = r.sampling.config.temperature, top_p = r.sampling.config.top_p;
   if (auto e = number_in(j, "temperature", 0.0, kMaxTemperature, &temperature)) return *e;
   if (auto e = number_in(j, "top_p", 0.0, 1.0, &top_p)) return *e;
   if (top_p <= 0.0) return invalid_request("'top_p' must be in (0, 1], got 0", "top_p");
-  r.sampling.temperature = static_cast<float>(temperature);
-  r.sampling.top_p = static_cast<float>(top_p);
+  r.sampling.config.temperature = static_cast<float>(temperature);
+  r.sampling.config.top_p = static_cast<float>(top_p);
   if (const json* v = field(j, "top_k")) {
     int64_t x = 0;
     // -1 is vLLM's and SGLang's "off", as 0 is here.
     if (auto e = int_in(*v, "top_k", -1, std::numeric_limits<int32_t>::max(), &x)) return *e;
-    r.sampling.top_k = x < 0 ? 0 : static_cast<int>(x);
+    r.sampling.config.top_k = x < 0 ? 0 : static_cast<int>(x);
   }
   if (const json* v = field(j, "seed")) {
     int64_t x = 0;
@@ -165,7 +165,7 @@ std::variant<GenerateRequest, ApiError> parse_generate_request(std::string_view 
       return *e;
     }
     r.sampling.has_seed = true;
-    r.sampling.seed = static_cast<uint64_t>(x);
+    r.sampling.config.seed = static_cast<uint64_t>(x);
   }
   if (const json* v = field(j, "stop_token_ids")) {
     if (auto e = token_ids(*v, "stop_token_ids", limits.vocab_size, &r.stop_token_ids)) return *e;

@@ -498,7 +498,7 @@ class Session : public std::enable_shared_from_this<Session> {
       one.request_id = choices_[i].request_id;
       // Choice i draws with seed + i (vLLM's rule); unseeded choices get their own seeds from the
       // engine. Choices after the first share the first's prompt pages.
-      if (one.sampling.has_seed) one.sampling.seed += static_cast<uint64_t>(i);
+      if (one.sampling.has_seed) one.sampling.config.seed += static_cast<uint64_t>(i);
       if (i > 0) one.share_prompt_with = choices_[0].request_id;
       Status submitted = st_->engine->submit(
           std::move(one), [weak, gate, executor, gen, i](const engine::GenerationEvent& ev) {

@@ -616,7 +616,7 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
 
   std::optional<double> temperature, top_p;
   if (auto e = get_number(body, "temperature", 0.0, kMaxTemperature, &temperature)) return e;
-  if (temperature) req->sampling.temperature = static_cast<float>(*temperature);
+  if (temperature) req->sampling.config.temperature = static_cast<float>(*temperature);
   if (auto e = get_number(body, "top_p", 0.0, 1.0, &top_p)) return e;
   if (top_p) {
     // The sampler works in 32-bit floats: a value that rounds to 0 there would keep no token.
@@ -626,7 +626,7 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
                      *top_p > 0.0 ? ", which rounds to 0 in the sampler's 32-bit floats" : ""),
           "top_p");
     }
-    req->sampling.top_p = static_cast<float>(*top_p);
+    req->sampling.config.top_p = static_cast<float>(*top_p);
   }
   // Penalties: OpenAI's presence/frequency in [-2, 2], vLLM's repetition_penalty > 0.
   std::optional<double> presence, frequency, repetition;
@@ -649,7 +649,7 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
   // top_k: 0 or -1 (vLLM's spelling) mean off.
   std::optional<int64_t> top_k;
   if (auto e = get_int(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &top_k)) return e;
-  if (top_k) req->sampling.top_k = *top_k < 0 ? 0 : static_cast<int>(*top_k);
+  if (top_k) req->sampling.config.top_k = *top_k < 0 ? 0 : static_cast<int>(*top_k);
   std::optional<int64_t> seed;
   if (auto e = get_int(body, "seed", std::numeric_limits<int64_t>::min(),
                        std::numeric_limits<int64_t>::max(), &seed)) {
@@ -657,7 +657,7 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
   }
   if (seed) {
     req->sampling.has_seed = true;
-    req->sampling.seed = static_cast<uint64_t>(*seed);
+    req->sampling.config.seed = static_cast<uint64_t>(*seed);
   }
 
   // logprobs. Chat: logprobs (boolean) and top_logprobs (0..20, needs logprobs); completions:

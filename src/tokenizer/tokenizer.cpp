@@ -19,6 +19,7 @@
 
 #include "core/check.h"
 #include "core/mmap_file.h"
+#include "core/utf8.h"
 #include "tokenizer/byte_level.h"
 
 namespace oscar::tok {
@@ -170,14 +171,14 @@ class AddedMatcher {
           size_t p = start - 1;
           while (p > emitted && (static_cast<uint8_t>(text[p]) & 0xC0) == 0x80) --p;
           size_t q = p;
-          if (!bl::is_whitespace(bl::next_codepoint(text, q))) break;
+          if (!bl::is_whitespace(utf8::next_codepoint(text, q))) break;
           start = p;
         }
       }
       if (hit->rstrip) {
         while (stop < text.size()) {
           size_t q = stop;
-          if (!bl::is_whitespace(bl::next_codepoint(text, q))) break;
+          if (!bl::is_whitespace(utf8::next_codepoint(text, q))) break;
           stop = q;
         }
         pos = stop;
@@ -193,11 +194,11 @@ class AddedMatcher {
   static bool ends_with_word(std::string_view s) {
     size_t p = s.size() - 1;
     while (p > 0 && (static_cast<uint8_t>(s[p]) & 0xC0) == 0x80) --p;
-    return is_word_char(bl::next_codepoint(s, p));
+    return is_word_char(utf8::next_codepoint(s, p));
   }
   static bool starts_with_word(std::string_view s) {
     size_t p = 0;
-    return is_word_char(bl::next_codepoint(s, p));
+    return is_word_char(utf8::next_codepoint(s, p));
   }
 
   std::array<std::vector<const AddedToken*>, 256> by_first_;
@@ -373,7 +374,7 @@ void TokenizerImpl::pretokenize(std::string_view s, std::vector<std::string_view
         if (me == ms) {  // empty match: step one character forward
           if (ms >= piece.size()) break;
           size_t q = ms;
-          bl::next_codepoint(piece, q);
+          utf8::next_codepoint(piece, q);
           off = q;
           continue;
         }
@@ -863,7 +864,7 @@ Result<std::unique_ptr<TokenizerImpl>> load_impl(const std::string& path_or_dir)
     const auto& b2c = bl::byte_to_codepoint();
     for (int b = 0; b < 256; ++b) {
       std::string s;
-      bl::append_utf8(s, b2c[b]);
+      utf8::append(s, b2c[b]);
       auto it = t->vocab.find(std::string_view(s));
       t->byte_id[b] = it == t->vocab.end() ? -1 : it->second;
     }
@@ -899,8 +900,8 @@ Result<Tokenizer> Tokenizer::load(const std::string& path_or_dir) {
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   std::string repaired;
-  if (!bl::utf8_valid(text)) {
-    repaired = bl::utf8_repair(text);
+  if (!utf8::valid(text)) {
+    repaired = utf8::repair(text);
     text = repaired;
   }
   return impl_->encode_segments(text, nullptr);
@@ -911,10 +912,10 @@ std::vector<int32_t> Tokenizer::encode(std::span<const TextPiece> pieces) const 
   LiteralRanges literal;
   for (const TextPiece& p : pieces) {
     const size_t begin = text.size();
-    if (bl::utf8_valid(p.text)) {
+    if (utf8::valid(p.text)) {
       text.append(p.text);
     } else {
-      text += bl::utf8_repair(p.text);
+      text += utf8::repair(p.text);
     }
     if (p.literal && text.size() > begin) {
       if (!literal.empty() && literal.back().second == begin) {
@@ -939,8 +940,8 @@ std::vector<std::string> Tokenizer::added_tokens() const {
 
 std::string Tokenizer::normalize(std::string_view text) const {
   std::string repaired;
-  if (!bl::utf8_valid(text)) {
-    repaired = bl::utf8_repair(text);
+  if (!utf8::valid(text)) {
+    repaired = utf8::repair(text);
     text = repaired;
   }
   std::deque<std::string> arena;
@@ -961,7 +962,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
     if (kind == 0 || (skip_special && kind == 3)) continue;
     bytes += impl_->id_bytes[id];
   }
-  return bl::utf8_valid(bytes) ? bytes : bl::utf8_repair(bytes);
+  return utf8::valid(bytes) ? bytes : utf8::repair(bytes);
 }
 
 Status Tokenizer::validate_ids(std::span<const int32_t> ids) const {
@@ -1020,20 +1021,17 @@ std::string_view Tokenizer::token_bytes(int32_t id) const {
 std::string StreamDecoder::push(int32_t id) {
   if (skip_special_ && tokenizer_->is_special(id)) return std::string();
   pending_ += tokenizer_->token_bytes(id);
-  const size_t keep = bl::utf8_incomplete_suffix(pending_);
+  const size_t keep = utf8::incomplete_suffix(pending_);
   const std::string_view ready = std::string_view(pending_).substr(0, pending_.size() - keep);
-  std::string out = bl::utf8_valid(ready) ? std::string(ready) : bl::utf8_repair(ready);
+  std::string out = utf8::valid(ready) ? std::string(ready) : utf8::repair(ready);
   pending_.erase(0, pending_.size() - keep);
   return out;
 }
 
 std::string StreamDecoder::flush() {
-  std::string out = bl::utf8_repair(pending_);
+  std::string out = utf8::repair(pending_);
   pending_.clear();
   return out;
 }
-
-std::string utf8_repair(std::string_view bytes) { return bl::utf8_repair(bytes); }
-bool utf8_valid(std::string_view bytes) { return bl::utf8_valid(bytes); }
 
 }  // namespace oscar::tok

@@ -122,10 +122,4 @@ class StreamDecoder {
   std::string pending_;  // bytes not yet emitted: at most a 3-byte incomplete UTF-8 prefix
 };
 
-// UTF-8 helpers shared with tests and fuzzers.
-// Replaces each maximal invalid subpart by U+FFFD (Unicode "best practice", as Rust's
-// String::from_utf8_lossy and Python's errors="replace" do).
-std::string utf8_repair(std::string_view bytes);
-bool utf8_valid(std::string_view bytes);
-
 }  // namespace oscar::tok

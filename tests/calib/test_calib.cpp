@@ -401,7 +401,10 @@ TEST(Options, ParseAndValidate) {
   EXPECT_FALSE(o.validate().ok());
   o.key_scale_power = kKeyScalePower;
   EXPECT_EQ(o.bit_plan_pairs, 2);  // the shipped default (ablation.md)
-  o.clip.quantizer = Quantizer::kLloyd;
+  EXPECT_EQ(parse_quantizer("lloyd").value(), quant::HistQuantizer::kInt2Lloyd);
+  o.clip.quantizer = quant::HistQuantizer::kKivi;  // the clip search is INT2 only
+  EXPECT_NE(o.validate().message().find("not an INT2"), std::string::npos);
+  o.clip.quantizer = quant::HistQuantizer::kInt2Lloyd;
   EXPECT_NE(o.validate().message().find("uniform quantizer"), std::string::npos);
   o.bit_plan_pairs = 0;
   EXPECT_TRUE(o.validate().ok());

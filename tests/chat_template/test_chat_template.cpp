@@ -193,6 +193,11 @@ TEST(ChatTemplate, KeyOrderAndUnicodeSurviveTojson) {
             R"({"z": 1, "a": {"y": "é👋", "b": [1, 2.5, null, true]}})");
 }
 
+// Strings count characters as a Python str does, lone surrogates included (kStrDecoding).
+TEST(ChatTemplate, StringsCountCodepoints) {
+  EXPECT_EQ(render(R"({{ "\ud800"|length }} {{ "é👋"|length }} {{ "\ud800x"[1] }})"), "1 2 x");
+}
+
 TEST(ChatTemplateCaps, NestedLoopsHitTheIterationCap) {
   Status st = render_error(
       "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");

@@ -98,7 +98,7 @@ GenerationRequest greedy(const std::string& id, std::vector<int32_t> prompt, int
   r.request_id = id;
   r.prompt_ids = std::move(prompt);
   r.max_tokens = max_tokens;
-  r.sampling.temperature = 0;
+  r.sampling.config.temperature = 0;
   return r;
 }
 
@@ -265,9 +265,9 @@ TEST(Scheduler, LogprobsAreTheRawLogSoftmax) {
   ASSERT_TRUE(sched->submit(r, with_lp.callback()).ok());
   GenerationRequest h = r;
   h.request_id = "hot";
-  h.sampling.temperature = 1.5f;
+  h.sampling.config.temperature = 1.5f;
   h.sampling.has_seed = true;
-  h.sampling.seed = 3;
+  h.sampling.config.seed = 3;
   ASSERT_TRUE(sched->submit(h, hot.callback()).ok());
   ASSERT_TRUE(plain.wait() && with_lp.wait() && hot.wait());
   EXPECT_EQ(with_lp.ids, plain.ids);
@@ -391,9 +391,9 @@ TEST(Scheduler, NChoicesSharePromptPages) {
   // Seeded: choice i uses seed + i (the server's rule); each equals the request run alone.
   auto sampled = [&](const std::string& id, uint64_t seed, const std::string& share) {
     GenerationRequest r = greedy(id, prompt, 12);
-    r.sampling.temperature = 2.0f;
+    r.sampling.config.temperature = 2.0f;
     r.sampling.has_seed = true;
-    r.sampling.seed = seed;
+    r.sampling.config.seed = seed;
     r.share_prompt_with = share;
     return r;
   };
@@ -427,9 +427,9 @@ TEST(Scheduler, ConstrainedToolCallIsValid) {
   int i = 0;
   for (const Case& c : cases) {
     GenerationRequest r = greedy("tool" + std::to_string(i), prompt, 80);
-    r.sampling.temperature = c.temperature;
+    r.sampling.config.temperature = c.temperature;
     r.sampling.has_seed = true;
-    r.sampling.seed = static_cast<uint64_t>(i++);
+    r.sampling.config.seed = static_cast<uint64_t>(i++);
     r.tool_call_names = c.names;
     Collector col;
     ASSERT_TRUE(sched->submit(r, col.callback()).ok());
@@ -747,10 +747,10 @@ void check_preemption_resumes(const std::string& mode, bool prefix_cache, size_t
   reqs.push_back(greedy("b", repeated(*sched, "import numpy as np\n", prompt_tokens), max_tokens));
   reqs.push_back(reqs[1]);
   reqs[2].request_id = "c";
-  reqs[2].sampling.temperature = 0.5f;
-  reqs[2].sampling.top_k = 20;
+  reqs[2].sampling.config.temperature = 0.5f;
+  reqs[2].sampling.config.top_k = 20;
   reqs[2].sampling.has_seed = true;
-  reqs[2].sampling.seed = 1234;
+  reqs[2].sampling.config.seed = 1234;
   for (auto& r : reqs) r.ignore_eos = true;
   std::vector<Alone> alone;
   for (const auto& r : reqs) alone.push_back(run_alone(*sched, r));

@@ -30,9 +30,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   OSCAR_CHECK(q.stop.size() <= kMaxStopStrings);
   for (const std::string& s : q.stop) OSCAR_CHECK(!s.empty() && s.size() <= kMaxStopStringBytes);
   OSCAR_CHECK(!q.max_tokens || *q.max_tokens > 0);
-  OSCAR_CHECK(q.sampling.temperature >= 0.0f && q.sampling.temperature <= kMaxTemperature);
-  OSCAR_CHECK(q.sampling.top_p > 0.0f && q.sampling.top_p <= 1.0f);
-  OSCAR_CHECK(q.sampling.top_k >= 0);
+  OSCAR_CHECK(q.sampling.config.temperature >= 0.0f &&
+              q.sampling.config.temperature <= kMaxTemperature);
+  OSCAR_CHECK(q.sampling.config.top_p > 0.0f && q.sampling.config.top_p <= 1.0f);
+  OSCAR_CHECK(q.sampling.config.top_k >= 0);
   int n_prompt = 0;
   if (endpoint == Endpoint::kChatCompletions) {
     OSCAR_CHECK(q.messages.is_array() && !q.messages.empty());

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/utf8.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -58,7 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string streamed;
   for (int32_t id : ids) {
     const std::string chunk = stream.push(id);
-    if (!oscar::tok::utf8_valid(chunk)) fail("stream emitted invalid UTF-8", text);
+    if (!oscar::utf8::valid(chunk)) fail("stream emitted invalid UTF-8", text);
     streamed += chunk;
   }
   streamed += stream.flush();

@@ -51,7 +51,7 @@ struct Case {
   int head_dim = 128;
   int page_size = 16;
   int group_size = 128;
-  Int2Quantizer quantizer = Int2Quantizer::kUniform;
+  quant::HistQuantizer quantizer = quant::HistQuantizer::kInt2Uniform;
   int exact_elem_bytes = 2;
   int64_t n_sink = 16;
   int64_t n_hist = 64;
@@ -69,10 +69,9 @@ struct Case {
                   "hq=%d hkv=%d d=%d P=%d G=%d %s exact=%dB sink=%lld hist=%lld recent=%lld "
                   "chunk=%d gain=%g plan=%d seed=%u",
                   n_heads_q, n_heads_kv, head_dim, page_size, group_size,
-                  quantizer == Int2Quantizer::kLloyd ? "lloyd" : "uniform", exact_elem_bytes,
-                  static_cast<long long>(n_sink), static_cast<long long>(n_hist),
-                  static_cast<long long>(n_recent), chunk_tokens, q_gain, bit_plan ? 1 : 0,
-                  seed);
+                  quantizer == quant::HistQuantizer::kInt2Lloyd ? "lloyd" : "uniform",
+                  exact_elem_bytes, static_cast<long long>(n_sink), static_cast<long long>(n_hist),
+                  static_cast<long long>(n_recent), chunk_tokens, q_gain, bit_plan ? 1 : 0, seed);
     return buf;
   }
 };
@@ -175,7 +174,7 @@ Built build(const Case& c) {
               bits == 4   ? quant::quantize_row_int4_ref(x.data(), d, c.group_size, 0.97f, dst)
               : bits == 3 ? quant::quantize_row_int3_ref(x.data(), d, c.group_size, 0.95f, dst)
               : bits == 1 ? quant::quantize_row_int1_ref(x.data(), d, c.group_size, dst)
-              : c.quantizer == Int2Quantizer::kLloyd
+              : c.quantizer == quant::HistQuantizer::kInt2Lloyd
                   ? quant::quantize_rows_lloyd(x.data(), 1, d, c.group_size, 1.f, dst)
                   : quant::quantize_rows_int2(x.data(), 1, d, c.group_size, 1.f, dst);
           EXPECT_TRUE(st.ok()) << st.to_string();
@@ -185,7 +184,7 @@ Built build(const Case& c) {
             quant::dequantize_row_int3_ref(dst, d, c.group_size, seen);
           else if (bits == 1)
             quant::dequantize_row_int1_ref(dst, d, c.group_size, seen);
-          else if (c.quantizer == Int2Quantizer::kLloyd)
+          else if (c.quantizer == quant::HistQuantizer::kInt2Lloyd)
             quant::dequantize_row_lloyd_ref(dst, d, c.group_size, seen);
           else
             quant::dequantize_row_int2_ref(dst, d, c.group_size, seen);
@@ -351,7 +350,7 @@ TEST(DecodeAttn, ShapeSweepGqaHeadDimGroupQuantizer) {
     for (int d : {64, 128}) {
       for (int G : {32, 64, 128}) {
         if (G > d) continue;
-        for (auto quant : {Int2Quantizer::kUniform, Int2Quantizer::kLloyd}) {
+        for (auto quant : {quant::HistQuantizer::kInt2Uniform, quant::HistQuantizer::kInt2Lloyd}) {
           Case c;
           c.n_heads_kv = gqa == 8 ? 1 : 2;
           c.n_heads_q = c.n_heads_kv * gqa;
@@ -517,7 +516,7 @@ TEST(DecodeAttn, ExactF32PagesAndLayerZero) {
 
 TEST(DecodeAttn, ManySmallChunksMergeCorrectly) {
   for (int chunk : {1, 3, 16, 33}) {
-    for (auto quant : {Int2Quantizer::kUniform, Int2Quantizer::kLloyd}) {
+    for (auto quant : {quant::HistQuantizer::kInt2Uniform, quant::HistQuantizer::kInt2Lloyd}) {
       Case c;
       c.n_heads_q = 8;
       c.n_heads_kv = 2;
@@ -547,7 +546,7 @@ TEST(DecodeAttn, PeakySoftmax) {
 }
 
 TEST(DecodeAttn, LongContext8K) {
-  for (auto quant : {Int2Quantizer::kUniform, Int2Quantizer::kLloyd}) {
+  for (auto quant : {quant::HistQuantizer::kInt2Uniform, quant::HistQuantizer::kInt2Lloyd}) {
     for (int chunk : {0, 64}) {
       Case c;
       c.n_heads_q = 8;
@@ -561,7 +560,7 @@ TEST(DecodeAttn, LongContext8K) {
       c.seed = 8192 + chunk;
       const Cmp r = run_case(c);
       std::printf("8K %s chunk=%d: fast max|err| %.3g (%.3g of the bound), min cos %.9f\n",
-                  quant == Int2Quantizer::kLloyd ? "lloyd" : "uniform", chunk, r.max_err,
+                  quant == quant::HistQuantizer::kInt2Lloyd ? "lloyd" : "uniform", chunk, r.max_err,
                   r.max_ratio, r.min_cos);
     }
   }
@@ -654,7 +653,7 @@ TEST(DecodeAttn, ValidationErrors) {
     pb.params.out = out.data();
     ASSERT_TRUE(decode_attn(pb.params).ok());
     DecodeAttnParams p = pb.params;
-    p.quantizer = Int2Quantizer::kLloyd;
+    p.quantizer = quant::HistQuantizer::kInt2Lloyd;
     EXPECT_NE(decode_attn(p).to_string().find("uniform quantizer"), std::string::npos);
     p = pb.params;
     p.layout.hist_row_prefix = nullptr;

@@ -61,7 +61,7 @@ struct Case {
   int head_dim = 128;
   int page_size = 16;
   int group_size = 128;
-  Int2Quantizer quantizer = Int2Quantizer::kUniform;
+  quant::HistQuantizer quantizer = quant::HistQuantizer::kInt2Uniform;
   int n_layers = 2;
   int layer = 1;
   bool bit_plan = false;
@@ -76,8 +76,8 @@ struct Case {
     std::snprintf(buf, sizeof buf,
                   "hq=%d hkv=%d d=%d P=%d G=%d %s plan=%d/%d gain=%g seed=%u seqs=", n_heads_q,
                   n_heads_kv, head_dim, page_size, group_size,
-                  quantizer == Int2Quantizer::kLloyd ? "lloyd" : "uniform", bit_plan ? 1 : 0,
-                  uniform_bits, q_gain, seed);
+                  quantizer == quant::HistQuantizer::kInt2Lloyd ? "lloyd" : "uniform",
+                  bit_plan ? 1 : 0, uniform_bits, q_gain, seed);
     std::string s = buf;
     for (const SeqSpec& q : seqs) {
       std::snprintf(buf, sizeof buf, "(%lld,%lld,%lld)", static_cast<long long>(q.sink),
@@ -132,7 +132,7 @@ void build(const Case& c, Host& h) {
                 bits == 4   ? quant::quantize_row_int4_ref(x.data(), d, c.group_size, 0.97f, dst)
                 : bits == 3 ? quant::quantize_row_int3_ref(x.data(), d, c.group_size, 0.95f, dst)
                 : bits == 1 ? quant::quantize_row_int1_ref(x.data(), d, c.group_size, dst)
-                : c.quantizer == Int2Quantizer::kLloyd
+                : c.quantizer == quant::HistQuantizer::kInt2Lloyd
                     ? quant::quantize_rows_lloyd(x.data(), 1, d, c.group_size, 1.f, dst)
                     : quant::quantize_rows_int2(x.data(), 1, d, c.group_size, 1.f, dst);
             ASSERT_TRUE(st.ok()) << st.to_string();
@@ -142,7 +142,7 @@ void build(const Case& c, Host& h) {
               quant::dequantize_row_int3_ref(dst, d, c.group_size, seen.data());
             else if (bits == 1)
               quant::dequantize_row_int1_ref(dst, d, c.group_size, seen.data());
-            else if (c.quantizer == Int2Quantizer::kLloyd)
+            else if (c.quantizer == quant::HistQuantizer::kInt2Lloyd)
               quant::dequantize_row_lloyd_ref(dst, d, c.group_size, seen.data());
             else
               quant::dequantize_row_int2_ref(dst, d, c.group_size, seen.data());
@@ -285,7 +285,7 @@ void run_case(const Case& c) {
     CUDA_OK(cudaMemcpy(got.data(), dv.out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
     const bool mma = info.path == 0;
     const bool generic = v.opts.path == DecodeAttnCudaPath::kGeneric || c.bit_plan ||
-                         c.quantizer == Int2Quantizer::kLloyd || c.group_size != 128;
+                         c.quantizer == quant::HistQuantizer::kInt2Lloyd || c.group_size != 128;
     const Cmp r = compare(std::string("decode_attn_cuda[") + v.name + "]", c, h, got, want, mma,
                           generic);
     std::printf("  %-10s path=%d cfg=%d splits=%-3d max_err=%.3g err/tol=%.3g rel_l2=%.3g "
@@ -394,7 +394,7 @@ TEST_F(DecodeAttnCuda, LloydAndSmallGroupsAndHeadDim64) {
   for (int d : {64, 128})
     for (int G : {32, 64, 128}) {
       if (G > d) continue;
-      for (auto qz : {Int2Quantizer::kUniform, Int2Quantizer::kLloyd}) {
+      for (auto qz : {quant::HistQuantizer::kInt2Uniform, quant::HistQuantizer::kInt2Lloyd}) {
         Case c;
         c.head_dim = d;
         c.group_size = G;

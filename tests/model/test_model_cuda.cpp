@@ -203,7 +203,7 @@ TEST_P(ModelCuda, SchedulerGreedyMatchesTheCpu) {
       r.request_id = std::to_string(i);  // ("r" + to_string trips GCC 12's -Wrestrict)
       r.prompt_ids.assign(niah.begin() + 37 * i, niah.begin() + 37 * i + 300 + 100 * i);
       r.max_tokens = 24;
-      r.sampling.temperature = 0;
+      r.sampling.config.temperature = 0;
       std::vector<int32_t>* out = &outs[dev][i];
       ASSERT_TRUE(sched.value()
                       ->submit(r,

@@ -182,7 +182,7 @@ TEST_F(GenerateEndpoint, GreedyIdsAreTheCompletionsTokens) {
   engine::GenerationRequest req;
   req.request_id = "direct";
   req.prompt_ids = *prompt_;
-  req.sampling.temperature = 0;
+  req.sampling.config.temperature = 0;
   req.max_tokens = 12;
   ASSERT_TRUE(sched_
                   ->submit(req,

@@ -199,11 +199,11 @@ TEST_F(HttpServerTest, SamplingParametersReachTheEngine) {
   ASSERT_EQ(reqs.size(), 1u);
   const engine::GenerationRequest& g = reqs[0];
   EXPECT_EQ(g.max_tokens, 5);
-  EXPECT_FLOAT_EQ(g.sampling.temperature, 0.5f);
-  EXPECT_FLOAT_EQ(g.sampling.top_p, 0.8f);
-  EXPECT_EQ(g.sampling.top_k, 7);
+  EXPECT_FLOAT_EQ(g.sampling.config.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling.config.top_p, 0.8f);
+  EXPECT_EQ(g.sampling.config.top_k, 7);
   EXPECT_TRUE(g.sampling.has_seed);
-  EXPECT_EQ(g.sampling.seed, 11u);
+  EXPECT_EQ(g.sampling.config.seed, 11u);
   EXPECT_EQ(g.stop, std::vector<std::string>{"zz"});
   EXPECT_TRUE(g.ignore_eos);
   EXPECT_FLOAT_EQ(g.sampling.presence_penalty, -0.5f);
@@ -1165,8 +1165,8 @@ TEST_F(HttpServerTest, SeveralChoices) {
   const std::string id = j["id"];
   EXPECT_EQ(reqs[0].request_id, id + "-0");
   EXPECT_EQ(reqs[1].request_id, id + "-1");
-  EXPECT_EQ(reqs[0].sampling.seed, 11u);
-  EXPECT_EQ(reqs[1].sampling.seed, 12u);
+  EXPECT_EQ(reqs[0].sampling.config.seed, 11u);
+  EXPECT_EQ(reqs[1].sampling.config.seed, 12u);
   EXPECT_TRUE(reqs[0].share_prompt_with.empty());
   EXPECT_EQ(reqs[1].share_prompt_with, id + "-0");
   EXPECT_EQ(reqs[0].prompt_ids, reqs[1].prompt_ids);

@@ -283,11 +283,11 @@ TEST(OpenAIRequest, AcceptsFullChatRequest) {
   const OpenAIRequest& q = std::get<OpenAIRequest>(r);
   EXPECT_EQ(q.messages.size(), 3u);
   EXPECT_EQ(q.max_tokens, 7);  // max_completion_tokens wins
-  EXPECT_EQ(q.sampling.temperature, 0.0f);
-  EXPECT_FLOAT_EQ(q.sampling.top_p, 0.9f);
-  EXPECT_EQ(q.sampling.top_k, 40);
+  EXPECT_EQ(q.sampling.config.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(q.sampling.config.top_p, 0.9f);
+  EXPECT_EQ(q.sampling.config.top_k, 40);
   EXPECT_TRUE(q.sampling.has_seed);
-  EXPECT_EQ(q.sampling.seed, static_cast<uint64_t>(-3));
+  EXPECT_EQ(q.sampling.config.seed, static_cast<uint64_t>(-3));
   EXPECT_EQ(q.stop, std::vector<std::string>{"END"});
   EXPECT_TRUE(q.stream);
   EXPECT_TRUE(q.include_usage);
@@ -348,8 +348,8 @@ TEST(OpenAIRequest, DefaultsAndNulls) {
   ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(r)) << std::get<ApiError>(r).message;
   const OpenAIRequest& q = std::get<OpenAIRequest>(r);
   EXPECT_FALSE(q.max_tokens.has_value());
-  EXPECT_EQ(q.sampling.temperature, 1.0f);
-  EXPECT_EQ(q.sampling.top_k, 0);
+  EXPECT_EQ(q.sampling.config.temperature, 1.0f);
+  EXPECT_EQ(q.sampling.config.top_k, 0);
   EXPECT_FALSE(q.sampling.has_seed);
   EXPECT_FALSE(q.stream);
   EXPECT_TRUE(q.stop.empty());

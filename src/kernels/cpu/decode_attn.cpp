@@ -73,7 +73,7 @@ inline float meta_f32(fp16_t h) {
 
 // One INT2 row (quant/int2_layout.h) -> [d] float. Each group's four reconstruction values go in
 // a table; element i of the group takes level[(byte[i % q] >> 2(i / q)) & 3] with q = G/4.
-inline void int2_row_to_f32(const uint8_t* row, int d, int G, Int2Quantizer quantizer,
+inline void int2_row_to_f32(const uint8_t* row, int d, int G, quant::HistQuantizer quantizer,
                             float* dst) {
   const int n_groups = d / G;
   const int q = G / 4;
@@ -82,7 +82,7 @@ inline void int2_row_to_f32(const uint8_t* row, int d, int G, Int2Quantizer quan
     const float a = meta_f32(meta.slot0);
     const float b = meta_f32(meta.slot1);
     float level[4];
-    if (quantizer == Int2Quantizer::kLloyd) {
+    if (quantizer == quant::HistQuantizer::kInt2Lloyd) {
       for (int k = 0; k < 4; ++k) level[k] = b + quant::kLloydDequantLevels[k] * a;
     } else {
       for (int k = 0; k < 4; ++k) level[k] = b + static_cast<float>(k) * a;

@@ -75,7 +75,7 @@ Status validate_decode_attn(const DecodeAttnParams& p) {
     if ((L.hist_bits == nullptr) != (L.hist_row_prefix == nullptr))
       return invalid_argument("decode_attn: a bit plan needs both hist_bits and hist_row_prefix");
     if (L.hist_bits != nullptr) {
-      if (p.quantizer != Int2Quantizer::kUniform)
+      if (p.quantizer != quant::HistQuantizer::kInt2Uniform)
         return invalid_argument("decode_attn: a bit plan needs the uniform quantizer");
       for (int kv = 0; kv < 2; ++kv)
         for (int h = 0; h < L.n_heads_kv; ++h) {
@@ -91,7 +91,8 @@ Status validate_decode_attn(const DecodeAttnParams& p) {
                               "group_size %d", L.int2_row_bytes,
                               quant::int2_row_bytes(L.head_dim, p.group_size), L.head_dim,
                               p.group_size);
-    if (p.quantizer != Int2Quantizer::kUniform && p.quantizer != Int2Quantizer::kLloyd)
+    if (p.quantizer != quant::HistQuantizer::kInt2Uniform &&
+        p.quantizer != quant::HistQuantizer::kInt2Lloyd)
       return invalid_argument("decode_attn: unknown quantizer %d", static_cast<int>(p.quantizer));
   }
   return Status();
@@ -166,7 +167,7 @@ Status decode_attn_ref(const DecodeAttnParams& p) {
       quant::dequantize_row_int3_ref(row, d, p.group_size, dst);
     } else if (bits == 1) {
       quant::dequantize_row_int1_ref(row, d, p.group_size, dst);
-    } else if (p.quantizer == Int2Quantizer::kLloyd) {
+    } else if (p.quantizer == quant::HistQuantizer::kInt2Lloyd) {
       quant::dequantize_row_lloyd_ref(row, d, p.group_size, dst);
     } else {
       quant::dequantize_row_int2_ref(row, d, p.group_size, dst);

@@ -113,10 +113,11 @@ Status validate_cuda(const DecodeAttnParams& p) {
     if (!quant::int2_valid_group(L.head_dim, p.group_size))
       return invalid_argument("decode_attn_cuda: group_size %d invalid for head_dim %d",
                               p.group_size, L.head_dim);
-    if (p.quantizer != Int2Quantizer::kUniform && p.quantizer != Int2Quantizer::kLloyd)
+    if (p.quantizer != quant::HistQuantizer::kInt2Uniform &&
+        p.quantizer != quant::HistQuantizer::kInt2Lloyd)
       return invalid_argument("decode_attn_cuda: unknown quantizer %d",
                               static_cast<int>(p.quantizer));
-    if (L.hist_bits != nullptr && p.quantizer != Int2Quantizer::kUniform)
+    if (L.hist_bits != nullptr && p.quantizer != quant::HistQuantizer::kInt2Uniform)
       return invalid_argument("decode_attn_cuda: a bit plan needs the uniform quantizer");
     if (L.hist_bits == nullptr &&
         L.int2_row_bytes != quant::int2_row_bytes(L.head_dim, p.group_size))
@@ -148,7 +149,7 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   a.page_size = L.page_size;
   a.group_size = p.group_size;
   a.head_dim = L.head_dim;
-  a.uniform = p.quantizer == Int2Quantizer::kUniform ? 1 : 0;
+  a.uniform = p.quantizer == quant::HistQuantizer::kInt2Uniform ? 1 : 0;
   a.exact_elem_bytes = L.exact_elem_bytes;
   a.force_generic = opts.path == DecodeAttnCudaPath::kGeneric ? 1 : 0;
   a.debug_flags = opts.debug_flags;
