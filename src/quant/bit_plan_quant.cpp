@@ -26,6 +26,30 @@ Int2GroupMeta read_meta(const uint8_t* row, int offset) {
   return m;
 }
 
+// Group g's grid (its clipped range, fp16 min and scale, uniform_params) and the code 0..steps
+// of each element, handed to set_code(i, q): the 3- and 4-bit rows differ only in how they pack
+// the codes. Returns uniform_params's error (nothing is written then).
+template <class SetCode>
+Status quantize_group_uniform(const char* fn, const float* xg, int g, int group_size,
+                              float clip_ratio, int steps, Int2GroupMeta* stored,
+                              SetCode&& set_code) {
+  const float thr = clip_threshold_ref(xg, group_size, clip_ratio);
+  float lo, hi;
+  clipped_range(xg, group_size, thr, &lo, &hi);
+  UniformParams p;
+  OSCAR_RETURN_IF_ERROR(uniform_params(fn, 0, g, lo, hi, steps, &p));
+  for (int i = 0; i < group_size; ++i) {
+    int q = 0;
+    if (p.scale > 0.0f) {
+      const float t = (clamp_abs(xg[i], thr) - p.min) / p.scale;
+      q = std::clamp(static_cast<int>(std::floor(t + 0.5f)), 0, steps);
+    }
+    set_code(i, q);
+  }
+  *stored = p.stored;
+  return Status();
+}
+
 }  // namespace
 
 Status quantize_row_int3_ref(const float* x, int head_dim, int group_size, float clip_ratio,
@@ -36,28 +60,20 @@ Status quantize_row_int3_ref(const float* x, int head_dim, int group_size, float
   std::fill(row, row + row_bytes, uint8_t{0});
   OSCAR_RETURN_IF_ERROR(check_row_finite(kFn, 0, x, head_dim, group_size));
   for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
-    const float* xg = x + g * group_size;
-    const float thr = clip_threshold_ref(xg, group_size, clip_ratio);
-    float lo, hi;
-    clipped_range(xg, group_size, thr, &lo, &hi);
-    UniformParams p;
-    const Status st = uniform_params(kFn, 0, g, lo, hi, kInt3Levels - 1, &p);
+    uint8_t* low = row + int2_group_codes_offset(g, group_size);
+    uint8_t* high = row + int3_group_high_offset(head_dim, g, group_size);
+    Int2GroupMeta stored;
+    const Status st =
+        quantize_group_uniform(kFn, x + g * group_size, g, group_size, clip_ratio, kInt3Levels - 1,
+                               &stored, [&](int i, int q) {
+                                 int2_set_code(low, i, group_size, static_cast<uint8_t>(q & 3));
+                                 plane_set_bit(high, i, group_size, static_cast<uint8_t>(q >> 2));
+                               });
     if (!st.ok()) {
       std::fill(row, row + row_bytes, uint8_t{0});
       return st;
     }
-    uint8_t* low = row + int2_group_codes_offset(g, group_size);
-    uint8_t* high = row + int3_group_high_offset(head_dim, g, group_size);
-    for (int i = 0; i < group_size; ++i) {
-      int q = 0;
-      if (p.scale > 0.0f) {
-        const float t = (clamp_abs(xg[i], thr) - p.min) / p.scale;
-        q = std::clamp(static_cast<int>(std::floor(t + 0.5f)), 0, kInt3Levels - 1);
-      }
-      int2_set_code(low, i, group_size, static_cast<uint8_t>(q & 3));
-      plane_set_bit(high, i, group_size, static_cast<uint8_t>(q >> 2));
-    }
-    std::memcpy(row + int3_group_meta_offset(head_dim, g), &p.stored, sizeof p.stored);
+    std::memcpy(row + int3_group_meta_offset(head_dim, g), &stored, sizeof stored);
   }
   return Status();
 }
@@ -84,26 +100,16 @@ Status quantize_row_int4_ref(const float* x, int head_dim, int group_size, float
   std::fill(row, row + row_bytes, uint8_t{0});
   OSCAR_RETURN_IF_ERROR(check_row_finite(kFn, 0, x, head_dim, group_size));
   for (int g = 0; g < int2_groups_per_row(head_dim, group_size); ++g) {
-    const float* xg = x + g * group_size;
-    const float thr = clip_threshold_ref(xg, group_size, clip_ratio);
-    float lo, hi;
-    clipped_range(xg, group_size, thr, &lo, &hi);
-    UniformParams p;
-    const Status st = uniform_params(kFn, 0, g, lo, hi, kInt4Levels - 1, &p);
+    uint8_t* codes = row + int4_group_codes_offset(g, group_size);
+    Int2GroupMeta stored;
+    const Status st = quantize_group_uniform(
+        kFn, x + g * group_size, g, group_size, clip_ratio, kInt4Levels - 1, &stored,
+        [&](int i, int q) { int4_set_code(codes, i, group_size, static_cast<uint8_t>(q)); });
     if (!st.ok()) {
       std::fill(row, row + row_bytes, uint8_t{0});
       return st;
     }
-    uint8_t* codes = row + int4_group_codes_offset(g, group_size);
-    for (int i = 0; i < group_size; ++i) {
-      int q = 0;
-      if (p.scale > 0.0f) {
-        const float t = (clamp_abs(xg[i], thr) - p.min) / p.scale;
-        q = std::clamp(static_cast<int>(std::floor(t + 0.5f)), 0, kInt4Levels - 1);
-      }
-      int4_set_code(codes, i, group_size, static_cast<uint8_t>(q));
-    }
-    std::memcpy(row + int4_group_meta_offset(head_dim, g), &p.stored, sizeof p.stored);
+    std::memcpy(row + int4_group_meta_offset(head_dim, g), &stored, sizeof stored);
   }
   return Status();
 }
