@@ -7,7 +7,7 @@
 #include "core/omp_env.h"
 
 int main(int argc, char** argv) {
-  oscar::ensure_passive_omp_wait(argv);
+  oscar::set_omp_wait_policy(argv);
   CLI::App app{"oscar: long-context LLM inference with an attention-aware 2-bit KV cache"};
   app.require_subcommand(1);
   std::map<CLI::App*, oscar::apps::Command> commands;

@@ -31,7 +31,7 @@ std::vector<std::string> split(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ensure_passive_omp_wait(argv);
+  set_omp_wait_policy(argv);
   std::string model = "models/tiny-qwen3";
   std::string modes = "bf16,int2-hadamard";
   std::string contexts = "512,2048,4096";

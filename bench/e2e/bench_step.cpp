@@ -109,7 +109,7 @@ void fill(engine::Runtime& rt, kv::SequenceCache& cache, int64_t n, std::mt19937
 }  // namespace
 
 int main(int argc, char** argv) {
-  ensure_passive_omp_wait(argv);
+  set_omp_wait_policy(argv);
   std::string model = "models/tiny-qwen3", mode = "oscar", contexts = "4096,32768",
               batches = "1,16,64";
   int steps = 8;

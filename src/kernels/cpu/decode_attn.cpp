@@ -275,78 +275,114 @@ inline void axpy(float w, const float* x, int d, float* y) {
   for (int c = 0; c < d; ++c) y[c] += w * x[c];
 }
 
+#ifdef OSCAR_DECODE_AVX2
+// The eight sums of v[0..7] as one vector (lane k = Σ v[k]): a tree of horizontal adds instead of
+// eight separate reductions.
+inline __m256 hsum8(const __m256 (&v)[8]) {
+  const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// Scores of R = 8 / H rows against H heads at once: eight independent FMA chains (one chain is
+// latency-bound), reduced together by hsum8. Rows [j, j + R), heads [h, h + H).
+template <int H, int kBlockT>
+inline void score_tile(const float* q, const float* rows, int j, int h, int d, float scale,
+                       float* sc) {
+  constexpr int R = 8 / H;
+  __m256 acc[8];
+  for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
+  const float* q0 = q + static_cast<size_t>(h) * d;
+  const float* r0 = rows + static_cast<size_t>(j) * d;
+  for (int c = 0; c < d; c += 8) {
+    __m256 qv[H];
+    for (int u = 0; u < H; ++u) qv[u] = _mm256_loadu_ps(q0 + static_cast<size_t>(u) * d + c);
+    for (int r = 0; r < R; ++r) {
+      const __m256 x = _mm256_loadu_ps(r0 + static_cast<size_t>(r) * d + c);
+      for (int u = 0; u < H; ++u) acc[r * H + u] = _mm256_fmadd_ps(qv[u], x, acc[r * H + u]);
+    }
+  }
+  alignas(32) float out[8];
+  _mm256_store_ps(out, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < H; ++u) sc[(h + u) * kBlockT + j + r] = out[r * H + u];
+}
+
+template <int H, int kBlockT>
+void block_scores_tiled(const float* q, int gqa, const float* rows, int nb, int d, float scale,
+                        float* sc) {
+  constexpr int R = 8 / H;
+  int j = 0;
+  for (; j + R <= nb; j += R)
+    for (int h = 0; h < gqa; h += H) score_tile<H, kBlockT>(q, rows, j, h, d, scale, sc);
+  for (; j < nb; ++j)  // the block's last rows (a chunk's tail)
+    for (int h = 0; h < gqa; ++h)
+      sc[h * kBlockT + j] = dot(q + static_cast<size_t>(h) * d, rows + static_cast<size_t>(j) * d, d) * scale;
+}
+
+// e^x for x <= 0 (softmax weights relative to the running max), eight at a time: x = n·ln2 + r,
+// |r| <= ln2/2, e^r by a degree-6 polynomial (Cephes' expf coefficients, ~1 ulp), 2^n through the
+// exponent bits. Below -87.3 the result is flushed to 0 (float's normal range).
+inline __m256 exp_nonpos(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.33654f);
+  const __m256 tiny = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+#endif
+
 // sc[h * kBlock + j] = scale · q_h · rows[j] for h < gqa, j < nb. q: [gqa, d]; rows: [nb, d].
-// Up to four heads share each load of a row chunk (independent FMA chains).
 template <int kBlockT>
 void block_scores(const float* q, int gqa, const float* rows, int nb, int d, float scale,
                   float* sc) {
 #ifdef OSCAR_DECODE_AVX2
   if (d % 8 == 0) {
-    auto hsum = [](__m256 v) {
-      const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-      const __m128 h2 = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-      return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
-    };
-    int j = 0;
-    // Two rows x four heads: eight independent FMA chains (one chain is latency-bound).
-    for (; j + 2 <= nb && gqa % 4 == 0; j += 2) {
-      const float* r0 = rows + static_cast<size_t>(j) * d;
-      const float* r1 = r0 + d;
-      for (int h = 0; h < gqa; h += 4) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        const float* q0 = q + static_cast<size_t>(h) * d;
-        for (int c = 0; c < d; c += 8) {
-          const __m256 x = _mm256_loadu_ps(r0 + c);
-          const __m256 y = _mm256_loadu_ps(r1 + c);
-          const __m256 k0 = _mm256_loadu_ps(q0 + c), k1 = _mm256_loadu_ps(q0 + d + c);
-          const __m256 k2 = _mm256_loadu_ps(q0 + 2 * d + c), k3 = _mm256_loadu_ps(q0 + 3 * d + c);
-          a0 = _mm256_fmadd_ps(k0, x, a0);
-          a1 = _mm256_fmadd_ps(k1, x, a1);
-          a2 = _mm256_fmadd_ps(k2, x, a2);
-          a3 = _mm256_fmadd_ps(k3, x, a3);
-          b0 = _mm256_fmadd_ps(k0, y, b0);
-          b1 = _mm256_fmadd_ps(k1, y, b1);
-          b2 = _mm256_fmadd_ps(k2, y, b2);
-          b3 = _mm256_fmadd_ps(k3, y, b3);
-        }
-        sc[h * kBlockT + j] = hsum(a0) * scale;
-        sc[(h + 1) * kBlockT + j] = hsum(a1) * scale;
-        sc[(h + 2) * kBlockT + j] = hsum(a2) * scale;
-        sc[(h + 3) * kBlockT + j] = hsum(a3) * scale;
-        sc[h * kBlockT + j + 1] = hsum(b0) * scale;
-        sc[(h + 1) * kBlockT + j + 1] = hsum(b1) * scale;
-        sc[(h + 2) * kBlockT + j + 1] = hsum(b2) * scale;
-        sc[(h + 3) * kBlockT + j + 1] = hsum(b3) * scale;
-      }
-    }
-    for (; j < nb; ++j) {
-      const float* r = rows + static_cast<size_t>(j) * d;
-      int h = 0;
-      for (; h + 4 <= gqa; h += 4) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        const float* q0 = q + static_cast<size_t>(h) * d;
-        for (int c = 0; c < d; c += 8) {
-          const __m256 x = _mm256_loadu_ps(r + c);
-          a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + c), x, a0);
-          a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d + c), x, a1);
-          a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 2 * d + c), x, a2);
-          a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 3 * d + c), x, a3);
-        }
-        sc[h * kBlockT + j] = hsum(a0) * scale;
-        sc[(h + 1) * kBlockT + j] = hsum(a1) * scale;
-        sc[(h + 2) * kBlockT + j] = hsum(a2) * scale;
-        sc[(h + 3) * kBlockT + j] = hsum(a3) * scale;
-      }
-      for (; h < gqa; ++h) sc[h * kBlockT + j] = dot(q + static_cast<size_t>(h) * d, r, d) * scale;
-    }
-    return;
+    if (gqa % 8 == 0) return block_scores_tiled<8, kBlockT>(q, gqa, rows, nb, d, scale, sc);
+    if (gqa % 4 == 0) return block_scores_tiled<4, kBlockT>(q, gqa, rows, nb, d, scale, sc);
+    if (gqa % 2 == 0) return block_scores_tiled<2, kBlockT>(q, gqa, rows, nb, d, scale, sc);
+    return block_scores_tiled<1, kBlockT>(q, gqa, rows, nb, d, scale, sc);
   }
 #endif
   for (int j = 0; j < nb; ++j)
     for (int h = 0; h < gqa; ++h)
       sc[h * kBlockT + j] =
           dot(q + static_cast<size_t>(h) * d, rows + static_cast<size_t>(j) * d, d) * scale;
+}
+
+// Block weights of one head: w[j] = e^(w[j] − mb) in place for j < nb; returns their sum.
+inline float block_weights(float* w, int nb, float mb) {
+  int j = 0;
+  float sum = 0.f;
+#ifdef OSCAR_DECODE_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  const __m256 m = _mm256_set1_ps(mb);
+  for (; j + 8 <= nb; j += 8) {
+    const __m256 e = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(w + j), m));
+    _mm256_storeu_ps(w + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  alignas(32) float a[8];
+  _mm256_store_ps(a, acc);
+  for (float v : a) sum += v;
+#endif
+  for (; j < nb; ++j) {
+    w[j] = std::exp(w[j] - mb);
+    sum += w[j];
+  }
+  return sum;
 }
 
 // o[h] += Σ_j w[h * kBlock + j] · rows[j] for h < gqa. o: [gqa, d]; rows: [nb, d].
@@ -401,6 +437,121 @@ void block_values(const float* w, int gqa, const float* rows, int nb, int d, flo
       axpy(w[h * kBlockT + j], rows + static_cast<size_t>(j) * d, d, o + static_cast<size_t>(h) * d);
 }
 
+// q and value accumulators "split" for BF16 rows read in place (below): per 16 elements, the 8
+// even ones, then the 8 odd ones.
+inline void split_16(const float* x, int d, float* xs) {
+  for (int c = 0; c < d; c += 16)
+    for (int k = 0; k < 8; ++k) {
+      xs[c + k] = x[c + 2 * k];
+      xs[c + 8 + k] = x[c + 2 * k + 1];
+    }
+}
+inline void merge_16(const float* xs, int d, float* x) {
+  for (int c = 0; c < d; c += 16)
+    for (int k = 0; k < 8; ++k) {
+      x[c + 2 * k] = xs[c + k];
+      x[c + 2 * k + 1] = xs[c + 8 + k];
+    }
+}
+#ifdef OSCAR_DECODE_AVX2
+// BF16 rows read in place, without a float copy: a 32-byte load holds 16 elements, and each 32-bit
+// word's low half shifted up is the even element's float, its high half masked the odd one's. q
+// and the value accumulators are kept "split" (per 16 elements: the 8 even, then the 8 odd ones;
+// split_16 / merge_16), so that a row costs one load, a shift and an and per 16 elements where the
+// copy cost two widening loads, two shifts and two stores, read back. Needs d % 32 == 0.
+inline void load_bf16x16(const uint8_t* p, __m256& even, __m256& odd) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// block_scores for BF16 rows in place: rows[j] points at row j, qs is split. Tiles of R = 8 / H
+// rows x H heads, reduced by hsum8.
+template <int H, int kBlockT>
+void block_scores_bf16(const float* qs, int gqa, const uint8_t* const* rows, int nb, int d,
+                       float scale, float* sc) {
+  constexpr int R = 8 / H;
+  int j = 0;
+  for (; j + R <= nb; j += R)
+    for (int h = 0; h < gqa; h += H) {
+      __m256 acc[8];
+      for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
+      const float* q0 = qs + static_cast<size_t>(h) * d;
+      for (int c = 0; c < d; c += 16)
+        for (int r = 0; r < R; ++r) {
+          __m256 e, o;
+          load_bf16x16(rows[j + r] + 2 * c, e, o);
+          for (int u = 0; u < H; ++u) {
+            const float* qu = q0 + static_cast<size_t>(u) * d + c;
+            acc[r * H + u] = _mm256_fmadd_ps(_mm256_loadu_ps(qu), e, acc[r * H + u]);
+            acc[r * H + u] = _mm256_fmadd_ps(_mm256_loadu_ps(qu + 8), o, acc[r * H + u]);
+          }
+        }
+      alignas(32) float out[8];
+      _mm256_store_ps(out, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
+      for (int r = 0; r < R; ++r)
+        for (int u = 0; u < H; ++u) sc[(h + u) * kBlockT + j + r] = out[r * H + u];
+    }
+  for (; j < nb; ++j)
+    for (int h = 0; h < gqa; ++h) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int c = 0; c < d; c += 16) {
+        __m256 e, o;
+        load_bf16x16(rows[j] + 2 * c, e, o);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qs + static_cast<size_t>(h) * d + c), e, acc);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qs + static_cast<size_t>(h) * d + c + 8), o, acc);
+      }
+      const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+      const __m128 h2 = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+      sc[h * kBlockT + j] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1))) * scale;
+    }
+}
+
+// block_values for BF16 rows in place: os[h] (split) += Σ_j w[h * kBlock + j] · rows[j]. Two
+// heads per pass over 32 elements: 8 accumulators, each row slice converted once for both.
+template <int kBlockT>
+void block_values_bf16(const float* w, int gqa, const uint8_t* const* rows, int nb, int d,
+                       float* os) {
+  for (int h = 0; h < gqa; h += 2) {
+    const bool two = h + 1 < gqa;
+    float* o0 = os + static_cast<size_t>(h) * d;
+    float* o1 = two ? o0 + d : o0;
+    const float* w0 = w + h * kBlockT;
+    const float* w1 = two ? w0 + kBlockT : w0;
+    for (int c = 0; c < d; c += 32) {
+      __m256 a[4], b[4];
+      for (int k = 0; k < 4; ++k) {
+        a[k] = _mm256_loadu_ps(o0 + c + 8 * k);
+        b[k] = two ? _mm256_loadu_ps(o1 + c + 8 * k) : _mm256_setzero_ps();
+      }
+      for (int j = 0; j < nb; ++j) {
+        __m256 x[4];
+        load_bf16x16(rows[j] + 2 * c, x[0], x[1]);
+        load_bf16x16(rows[j] + 2 * c + 32, x[2], x[3]);
+        const __m256 wa = _mm256_set1_ps(w0[j]), wb = _mm256_set1_ps(w1[j]);
+        for (int k = 0; k < 4; ++k) {
+          a[k] = _mm256_fmadd_ps(wa, x[k], a[k]);
+          b[k] = _mm256_fmadd_ps(wb, x[k], b[k]);
+        }
+      }
+      for (int k = 0; k < 4; ++k) {
+        _mm256_storeu_ps(o0 + c + 8 * k, a[k]);
+        if (two) _mm256_storeu_ps(o1 + c + 8 * k, b[k]);
+      }
+    }
+  }
+}
+
+template <int kBlockT>
+void block_scores_bf16_any(const float* qs, int gqa, const uint8_t* const* rows, int nb, int d,
+                           float scale, float* sc) {
+  if (gqa % 8 == 0) return block_scores_bf16<8, kBlockT>(qs, gqa, rows, nb, d, scale, sc);
+  if (gqa % 4 == 0) return block_scores_bf16<4, kBlockT>(qs, gqa, rows, nb, d, scale, sc);
+  if (gqa % 2 == 0) return block_scores_bf16<2, kBlockT>(qs, gqa, rows, nb, d, scale, sc);
+  return block_scores_bf16<1, kBlockT>(qs, gqa, rows, nb, d, scale, sc);
+}
+#endif
+
 // --- Chunks -------------------------------------------------------------------------------------
 
 enum class SegKind { kExact, kInt2 };
@@ -428,6 +579,7 @@ struct TaskScratch {
   std::vector<float> rows;    // [kBlock, head_dim] unpacked K, then V, rows of one block
   std::vector<float> scores;  // [gqa, kBlock]
   std::vector<float> o;       // [gqa, head_dim]
+  std::vector<float> qs;      // [gqa, head_dim]: q split for BF16 rows read in place
 };
 
 // Partials of query heads [g*gqa, (g+1)*gqa) over one chunk. o_out: [gqa, d] rows with stride d,
@@ -468,9 +620,12 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
     }
   };
 
+  auto row_at = [&](int64_t t, size_t off, size_t row_bytes) {
+    return pool + static_cast<size_t>(pages[t / L.page_size]) * page_bytes + off +
+           static_cast<size_t>(t % L.page_size) * row_bytes;
+  };
   auto load = [&](int64_t t, size_t off, size_t row_bytes, int bits, float* dst) {
-    const uint8_t* src = pool + static_cast<size_t>(pages[t / L.page_size]) * page_bytes +
-                         off + static_cast<size_t>(t % L.page_size) * row_bytes;
+    const uint8_t* src = row_at(t, off, row_bytes);
     if (bits == 4) {
       int4_row_to_f32(src, d, p.group_size, dst);
     } else if (bits == 3) {
@@ -494,14 +649,30 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
   std::fill(s.o.begin(), s.o.begin() + static_cast<size_t>(gqa) * d, 0.f);
   float* rows = s.rows.data();
   float* sc = s.scores.data();
+#ifdef OSCAR_DECODE_AVX2
+  const bool in_place = !int2 && L.exact_elem_bytes == 2 && d % 32 == 0;
+  if (in_place)
+    for (int h = 0; h < gqa; ++h)
+      split_16(q + static_cast<size_t>(h) * d, d, s.qs.data() + static_cast<size_t>(h) * d);
+#else
+  constexpr bool in_place = false;
+#endif
 
   prefetch(ch.begin, std::min<int64_t>(ch.end, ch.begin + kBlock));
   for (int64_t t0 = ch.begin; t0 < ch.end; t0 += kBlock) {
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, ch.end - t0));
     prefetch(t0 + nb, std::min<int64_t>(ch.end, t0 + nb + kBlock));
     // Scores of the block: its K rows unpacked once, every head of the group reads them.
-    for (int j = 0; j < nb; ++j) load(t0 + j, off_k, rb_k, bits_k, rows + static_cast<size_t>(j) * d);
-    block_scores<kBlock>(q, gqa, rows, nb, d, p.scale, sc);
+    const uint8_t* row_ptr[kBlock];  // BF16 rows read in place: the block's rows
+    if (in_place) {
+      for (int j = 0; j < nb; ++j) row_ptr[j] = row_at(t0 + j, off_k, rb_k);
+#ifdef OSCAR_DECODE_AVX2
+      block_scores_bf16_any<kBlock>(s.qs.data(), gqa, row_ptr, nb, d, p.scale, sc);
+#endif
+    } else {
+      for (int j = 0; j < nb; ++j) load(t0 + j, off_k, rb_k, bits_k, rows + static_cast<size_t>(j) * d);
+      block_scores<kBlock>(q, gqa, rows, nb, d, p.scale, sc);
+    }
     // Online softmax: new running max, rescale what was accumulated, block weights.
     for (int h = 0; h < gqa; ++h) {
       float mb = m[h];
@@ -512,24 +683,29 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
         float* oh = s.o.data() + static_cast<size_t>(h) * d;
         for (int c = 0; c < d; ++c) oh[c] *= alpha;
       }
-      float lb = 0.f;
-      for (int j = 0; j < nb; ++j) {
-        const float w = std::exp(sc[h * kBlock + j] - mb);
-        sc[h * kBlock + j] = w;
-        lb += w;
-      }
+      const float lb = block_weights(sc + h * kBlock, nb, mb);
       l[h] = l[h] * alpha + lb;
       m[h] = mb;
     }
     // Values: the block's V rows unpacked once, shared by the group.
-    for (int j = 0; j < nb; ++j) load(t0 + j, off_v, rb_v, bits_v, rows + static_cast<size_t>(j) * d);
-    block_values<kBlock>(sc, gqa, rows, nb, d, s.o.data());
+    if (in_place) {
+      for (int j = 0; j < nb; ++j) row_ptr[j] = row_at(t0 + j, off_v, rb_v);
+#ifdef OSCAR_DECODE_AVX2
+      block_values_bf16<kBlock>(sc, gqa, row_ptr, nb, d, s.o.data());
+#endif
+    } else {
+      for (int j = 0; j < nb; ++j) load(t0 + j, off_v, rb_v, bits_v, rows + static_cast<size_t>(j) * d);
+      block_values<kBlock>(sc, gqa, rows, nb, d, s.o.data());
+    }
   }
   for (int h = 0; h < gqa; ++h) {
     m_out[h] = m[h];
     l_out[h] = l[h];
-    std::memcpy(o_out + static_cast<size_t>(h) * d, s.o.data() + static_cast<size_t>(h) * d,
-                sizeof(float) * d);
+    if (in_place)
+      merge_16(s.o.data() + static_cast<size_t>(h) * d, d, o_out + static_cast<size_t>(h) * d);
+    else
+      std::memcpy(o_out + static_cast<size_t>(h) * d, s.o.data() + static_cast<size_t>(h) * d,
+                  sizeof(float) * d);
   }
 }
 
@@ -580,6 +756,7 @@ Status decode_attn(const DecodeAttnParams& p) {
     s.rows.resize(static_cast<size_t>(kBlock) * d);
     s.scores.resize(static_cast<size_t>(gqa) * kBlock);
     s.o.resize(static_cast<size_t>(gqa) * d);
+    s.qs.resize(static_cast<size_t>(gqa) * d);
 #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < n_tasks; ++task) {
       const int pi = task / H;
