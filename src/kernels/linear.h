@@ -32,7 +32,8 @@ struct LinearParams {
 // Plain loops, float64 accumulation: defines "correct".
 Status linear_ref(const LinearParams& p);
 // Fast CPU path. Few rows (decode): output rows split over threads, each weight row read once per
-// four rows of x, BF16 widened with a shift (AVX2+FMA when compiled for it). Many rows (prefill):
+// four rows of x, BF16 widened with a shift (AVX2+FMA when compiled for it; with x split into
+// even/odd lanes once per call, so that one 32-byte load feeds two FMAs). Many rows (prefill):
 // blocks of 64 weight rows widened to float in a per-thread buffer, then Eigen's GEMM.
 Status linear(const LinearParams& p);
 // CUDA (kernels/cuda/linear.cu): device pointers, asynchronous on `stream` (a cudaStream_t).

@@ -2,12 +2,12 @@
 // into chunks of `chunk_tokens`; one OpenMP task per (KV head, chunk) computes the split-KV
 // partials (o, m, ℓ) of all gqa_ratio query heads of that KV head, so each K/V row is read and
 // unpacked once per group. A chunk is processed in blocks of kBlock tokens: the block's K rows are
-// converted into a [kBlock, head_dim] float buffer (BF16: a shift; INT2: shifts, masks and a
-// 4-entry level table per group; the 3- and 1-bit rows of a bit plan likewise, with 8 and 2
-// levels; 4-bit rows as min + q·s from the nibbles), scored against every head of the group, the
-// online softmax rescales what was accumulated, then the block's V rows go through the same buffer
-// into the accumulators. The next block's rows are prefetched. merge_attn_states combines the
-// partials.
+// converted into a [kBlock, head_dim] float buffer (INT2: shifts, masks and a 4-entry level table
+// per group; the 3- and 1-bit rows of a bit plan likewise, with 8 and 2 levels; 4-bit rows as
+// min + q·s from the nibbles; BF16 rows are read in place instead, see block_scores_bf16),
+// scored against every head of the group (tiles of 8 FMA chains), the online softmax rescales what
+// was accumulated, then the block's V rows go through the same buffer into the accumulators. The
+// next block's rows are prefetched. merge_attn_states combines the partials.
 //
 // AVX2+FMA (and F16C) intrinsics are used when the compiler targets them (-march=native);
 // otherwise portable loops that compute the same values.
@@ -318,7 +318,8 @@ void block_scores_tiled(const float* q, int gqa, const float* rows, int nb, int 
     for (int h = 0; h < gqa; h += H) score_tile<H, kBlockT>(q, rows, j, h, d, scale, sc);
   for (; j < nb; ++j)  // the block's last rows (a chunk's tail)
     for (int h = 0; h < gqa; ++h)
-      sc[h * kBlockT + j] = dot(q + static_cast<size_t>(h) * d, rows + static_cast<size_t>(j) * d, d) * scale;
+      sc[h * kBlockT + j] =
+          dot(q + static_cast<size_t>(h) * d, rows + static_cast<size_t>(j) * d, d) * scale;
 }
 
 // e^x for x <= 0 (softmax weights relative to the running max), eight at a time: x = n·ln2 + r,
@@ -339,7 +340,8 @@ inline __m256 exp_nonpos(__m256 x) {
   y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
   y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 #endif
@@ -670,7 +672,8 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
       block_scores_bf16_any<kBlock>(s.qs.data(), gqa, row_ptr, nb, d, p.scale, sc);
 #endif
     } else {
-      for (int j = 0; j < nb; ++j) load(t0 + j, off_k, rb_k, bits_k, rows + static_cast<size_t>(j) * d);
+      for (int j = 0; j < nb; ++j)
+        load(t0 + j, off_k, rb_k, bits_k, rows + static_cast<size_t>(j) * d);
       block_scores<kBlock>(q, gqa, rows, nb, d, p.scale, sc);
     }
     // Online softmax: new running max, rescale what was accumulated, block weights.
@@ -694,7 +697,8 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
       block_values_bf16<kBlock>(sc, gqa, row_ptr, nb, d, s.o.data());
 #endif
     } else {
-      for (int j = 0; j < nb; ++j) load(t0 + j, off_v, rb_v, bits_v, rows + static_cast<size_t>(j) * d);
+      for (int j = 0; j < nb; ++j)
+        load(t0 + j, off_v, rb_v, bits_v, rows + static_cast<size_t>(j) * d);
       block_values<kBlock>(sc, gqa, rows, nb, d, s.o.data());
     }
   }

@@ -140,10 +140,18 @@ void few_rows_bf16_split(const LinearParams& p) {
       const float* x = xd + i * in;
       float* y = p.y + i * out;
       switch (std::min<int64_t>(kXTile, p.n - i)) {
-        case 1: rows_dot_bf16_split<1>(x, in, w, in, r0, r1, y, out); break;
-        case 2: rows_dot_bf16_split<2>(x, in, w, in, r0, r1, y, out); break;
-        case 3: rows_dot_bf16_split<3>(x, in, w, in, r0, r1, y, out); break;
-        default: rows_dot_bf16_split<4>(x, in, w, in, r0, r1, y, out); break;
+        case 1:
+          rows_dot_bf16_split<1>(x, in, w, in, r0, r1, y, out);
+          break;
+        case 2:
+          rows_dot_bf16_split<2>(x, in, w, in, r0, r1, y, out);
+          break;
+        case 3:
+          rows_dot_bf16_split<3>(x, in, w, in, r0, r1, y, out);
+          break;
+        default:
+          rows_dot_bf16_split<4>(x, in, w, in, r0, r1, y, out);
+          break;
       }
     }
   }
@@ -217,8 +225,10 @@ Status linear(const LinearParams& p) {
   if (p.n <= kFewRows) {
     if (p.w.dtype == DType::kBF16) {
 #ifdef OSCAR_LINEAR_AVX2
-      if (p.w.cols % 16 == 0) few_rows_bf16_split(p);
-      else few_rows<bf16_t>(p);
+      if (p.w.cols % 16 == 0)
+        few_rows_bf16_split(p);
+      else
+        few_rows<bf16_t>(p);
 #else
       few_rows<bf16_t>(p);
 #endif
