@@ -4,7 +4,7 @@
 // unpacked once per group. A chunk is processed in blocks of kBlock tokens: the block's K rows are
 // converted into a [kBlock, head_dim] float buffer (INT2: shifts, masks and a 4-entry level table
 // per group; the 3- and 1-bit rows of a bit plan likewise, with 8 and 2 levels; 4-bit rows as
-// min + q·s from the nibbles; BF16 rows are read in place instead, see block_scores_bf16),
+// min + q·s from the nibbles; BF16 rows are read in place instead, see Bf16Rows),
 // scored against every head of the group (tiles of 8 FMA chains), the online softmax rescales what
 // was accumulated, then the block's V rows go through the same buffer into the accumulators. The
 // next block's rows are prefetched. merge_attn_states combines the partials.
@@ -29,6 +29,7 @@
 
 #include "core/bf16.h"
 #include "core/check.h"
+#include "kernels/cpu/simd_lanes.h"
 #include "kernels/decode_attn.h"
 #include "quant/bit_plan_layout.h"
 #include "quant/int2_layout.h"
@@ -255,10 +256,7 @@ inline float dot(const float* a, const float* b, int d) {
     acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), acc0);
     acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + c + 8), _mm256_loadu_ps(b + c + 8), acc1);
   }
-  const __m256 acc = _mm256_add_ps(acc0, acc1);
-  const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  const __m128 h2 = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  s = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+  s = simd::hsum(_mm256_add_ps(acc0, acc1));
 #else
   // Eight independent partial sums (vectorisable without reassociation flags).
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -285,41 +283,73 @@ inline __m256 hsum8(const __m256 (&v)[8]) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// Scores of R = 8 / H rows against H heads at once: eight independent FMA chains (one chain is
-// latency-bound), reduced together by hsum8. Rows [j, j + R), heads [h, h + H).
-template <int H, int kBlockT>
-inline void score_tile(const float* q, const float* rows, int j, int h, int d, float scale,
-                       float* sc) {
-  constexpr int R = 8 / H;
-  __m256 acc[8];
-  for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
-  const float* q0 = q + static_cast<size_t>(h) * d;
-  const float* r0 = rows + static_cast<size_t>(j) * d;
-  for (int c = 0; c < d; c += 8) {
-    __m256 qv[H];
-    for (int u = 0; u < H; ++u) qv[u] = _mm256_loadu_ps(q0 + static_cast<size_t>(u) * d + c);
-    for (int r = 0; r < R; ++r) {
-      const __m256 x = _mm256_loadu_ps(r0 + static_cast<size_t>(r) * d + c);
-      for (int u = 0; u < H; ++u) acc[r * H + u] = _mm256_fmadd_ps(qv[u], x, acc[r * H + u]);
-    }
+// Row sources of the score tiles: a block's rows unpacked into floats (8 elements a step), or
+// BF16 rows read in place (16 elements a step as their even and odd halves, simd_lanes.h; q split
+// to match). Vector v of a step at element c meets q[c + 8v] either way.
+struct FloatRows {
+  static constexpr int kStep = 8, kVecs = 1;
+  const float* rows;  // [nb, d]
+  int d;
+  void load(int j, int c, __m256 (&x)[kVecs]) const {
+    x[0] = _mm256_loadu_ps(rows + static_cast<size_t>(j) * d + c);
   }
-  alignas(32) float out[8];
-  _mm256_store_ps(out, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
-  for (int r = 0; r < R; ++r)
-    for (int u = 0; u < H; ++u) sc[(h + u) * kBlockT + j + r] = out[r * H + u];
-}
+};
+struct Bf16Rows {
+  static constexpr int kStep = 16, kVecs = 2;
+  const uint8_t* const* rows;  // row j's first byte
+  void load(int j, int c, __m256 (&x)[kVecs]) const {
+    simd::load_bf16x16(rows[j] + 2 * c, x[0], x[1]);
+  }
+};
 
-template <int H, int kBlockT>
-void block_scores_tiled(const float* q, int gqa, const float* rows, int nb, int d, float scale,
+// sc[h * kBlock + j] = scale · q_h · row j for h < gqa, j < nb. Tiles of R = 8 / H rows x H heads
+// (H | gqa): eight independent FMA chains (one chain is latency-bound), reduced together by hsum8.
+template <int H, int kBlockT, class Rows>
+void block_scores_tiled(const float* q, int gqa, const Rows& rows, int nb, int d, float scale,
                         float* sc) {
   constexpr int R = 8 / H;
   int j = 0;
   for (; j + R <= nb; j += R)
-    for (int h = 0; h < gqa; h += H) score_tile<H, kBlockT>(q, rows, j, h, d, scale, sc);
+    for (int h = 0; h < gqa; h += H) {
+      __m256 acc[8];
+      for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
+      const float* q0 = q + static_cast<size_t>(h) * d;
+      for (int c = 0; c < d; c += Rows::kStep)
+        for (int r = 0; r < R; ++r) {
+          __m256 x[Rows::kVecs];
+          rows.load(j + r, c, x);
+          for (int u = 0; u < H; ++u)
+            for (int v = 0; v < Rows::kVecs; ++v)
+              acc[r * H + u] =
+                  _mm256_fmadd_ps(_mm256_loadu_ps(q0 + static_cast<size_t>(u) * d + c + 8 * v),
+                                  x[v], acc[r * H + u]);
+        }
+      alignas(32) float out[8];
+      _mm256_store_ps(out, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
+      for (int r = 0; r < R; ++r)
+        for (int u = 0; u < H; ++u) sc[(h + u) * kBlockT + j + r] = out[r * H + u];
+    }
   for (; j < nb; ++j)  // the block's last rows (a chunk's tail)
-    for (int h = 0; h < gqa; ++h)
-      sc[h * kBlockT + j] =
-          dot(q + static_cast<size_t>(h) * d, rows + static_cast<size_t>(j) * d, d) * scale;
+    for (int h = 0; h < gqa; ++h) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int c = 0; c < d; c += Rows::kStep) {
+        __m256 x[Rows::kVecs];
+        rows.load(j, c, x);
+        for (int v = 0; v < Rows::kVecs; ++v)
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + static_cast<size_t>(h) * d + c + 8 * v), x[v],
+                                acc);
+      }
+      sc[h * kBlockT + j] = simd::hsum(acc) * scale;
+    }
+}
+
+template <int kBlockT, class Rows>
+void block_scores_any(const float* q, int gqa, const Rows& rows, int nb, int d, float scale,
+                      float* sc) {
+  if (gqa % 8 == 0) return block_scores_tiled<8, kBlockT>(q, gqa, rows, nb, d, scale, sc);
+  if (gqa % 4 == 0) return block_scores_tiled<4, kBlockT>(q, gqa, rows, nb, d, scale, sc);
+  if (gqa % 2 == 0) return block_scores_tiled<2, kBlockT>(q, gqa, rows, nb, d, scale, sc);
+  return block_scores_tiled<1, kBlockT>(q, gqa, rows, nb, d, scale, sc);
 }
 
 // e^x for x <= 0 (softmax weights relative to the running max), eight at a time: x = n·ln2 + r,
@@ -351,12 +381,7 @@ template <int kBlockT>
 void block_scores(const float* q, int gqa, const float* rows, int nb, int d, float scale,
                   float* sc) {
 #ifdef OSCAR_DECODE_AVX2
-  if (d % 8 == 0) {
-    if (gqa % 8 == 0) return block_scores_tiled<8, kBlockT>(q, gqa, rows, nb, d, scale, sc);
-    if (gqa % 4 == 0) return block_scores_tiled<4, kBlockT>(q, gqa, rows, nb, d, scale, sc);
-    if (gqa % 2 == 0) return block_scores_tiled<2, kBlockT>(q, gqa, rows, nb, d, scale, sc);
-    return block_scores_tiled<1, kBlockT>(q, gqa, rows, nb, d, scale, sc);
-  }
+  if (d % 8 == 0) return block_scores_any<kBlockT>(q, gqa, FloatRows{rows, d}, nb, d, scale, sc);
 #endif
   for (int j = 0; j < nb; ++j)
     for (int h = 0; h < gqa; ++h)
@@ -439,76 +464,10 @@ void block_values(const float* w, int gqa, const float* rows, int nb, int d, flo
       axpy(w[h * kBlockT + j], rows + static_cast<size_t>(j) * d, d, o + static_cast<size_t>(h) * d);
 }
 
-// q and value accumulators "split" for BF16 rows read in place (below): per 16 elements, the 8
-// even ones, then the 8 odd ones.
-inline void split_16(const float* x, int d, float* xs) {
-  for (int c = 0; c < d; c += 16)
-    for (int k = 0; k < 8; ++k) {
-      xs[c + k] = x[c + 2 * k];
-      xs[c + 8 + k] = x[c + 2 * k + 1];
-    }
-}
-inline void merge_16(const float* xs, int d, float* x) {
-  for (int c = 0; c < d; c += 16)
-    for (int k = 0; k < 8; ++k) {
-      x[c + 2 * k] = xs[c + k];
-      x[c + 2 * k + 1] = xs[c + 8 + k];
-    }
-}
 #ifdef OSCAR_DECODE_AVX2
-// BF16 rows read in place, without a float copy: a 32-byte load holds 16 elements, and each 32-bit
-// word's low half shifted up is the even element's float, its high half masked the odd one's. q
-// and the value accumulators are kept "split" (per 16 elements: the 8 even, then the 8 odd ones;
-// split_16 / merge_16), so that a row costs one load, a shift and an and per 16 elements where the
-// copy cost two widening loads, two shifts and two stores, read back. Needs d % 32 == 0.
-inline void load_bf16x16(const uint8_t* p, __m256& even, __m256& odd) {
-  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-  odd = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
-}
-
-// block_scores for BF16 rows in place: rows[j] points at row j, qs is split. Tiles of R = 8 / H
-// rows x H heads, reduced by hsum8.
-template <int H, int kBlockT>
-void block_scores_bf16(const float* qs, int gqa, const uint8_t* const* rows, int nb, int d,
-                       float scale, float* sc) {
-  constexpr int R = 8 / H;
-  int j = 0;
-  for (; j + R <= nb; j += R)
-    for (int h = 0; h < gqa; h += H) {
-      __m256 acc[8];
-      for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
-      const float* q0 = qs + static_cast<size_t>(h) * d;
-      for (int c = 0; c < d; c += 16)
-        for (int r = 0; r < R; ++r) {
-          __m256 e, o;
-          load_bf16x16(rows[j + r] + 2 * c, e, o);
-          for (int u = 0; u < H; ++u) {
-            const float* qu = q0 + static_cast<size_t>(u) * d + c;
-            acc[r * H + u] = _mm256_fmadd_ps(_mm256_loadu_ps(qu), e, acc[r * H + u]);
-            acc[r * H + u] = _mm256_fmadd_ps(_mm256_loadu_ps(qu + 8), o, acc[r * H + u]);
-          }
-        }
-      alignas(32) float out[8];
-      _mm256_store_ps(out, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
-      for (int r = 0; r < R; ++r)
-        for (int u = 0; u < H; ++u) sc[(h + u) * kBlockT + j + r] = out[r * H + u];
-    }
-  for (; j < nb; ++j)
-    for (int h = 0; h < gqa; ++h) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int c = 0; c < d; c += 16) {
-        __m256 e, o;
-        load_bf16x16(rows[j] + 2 * c, e, o);
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qs + static_cast<size_t>(h) * d + c), e, acc);
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qs + static_cast<size_t>(h) * d + c + 8), o, acc);
-      }
-      const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-      const __m128 h2 = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-      sc[h * kBlockT + j] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1))) * scale;
-    }
-}
-
+// BF16 rows read in place (simd_lanes.h): a row costs one load, a shift and an and per 16
+// elements, where the float copy cost two widening loads, two shifts and two stores, read back.
+// q and the value accumulators are kept split. Needs d % 32 == 0.
 // block_values for BF16 rows in place: os[h] (split) += Σ_j w[h * kBlock + j] · rows[j]. Two
 // heads per pass over 32 elements: 8 accumulators, each row slice converted once for both.
 template <int kBlockT>
@@ -528,8 +487,8 @@ void block_values_bf16(const float* w, int gqa, const uint8_t* const* rows, int 
       }
       for (int j = 0; j < nb; ++j) {
         __m256 x[4];
-        load_bf16x16(rows[j] + 2 * c, x[0], x[1]);
-        load_bf16x16(rows[j] + 2 * c + 32, x[2], x[3]);
+        simd::load_bf16x16(rows[j] + 2 * c, x[0], x[1]);
+        simd::load_bf16x16(rows[j] + 2 * c + 32, x[2], x[3]);
         const __m256 wa = _mm256_set1_ps(w0[j]), wb = _mm256_set1_ps(w1[j]);
         for (int k = 0; k < 4; ++k) {
           a[k] = _mm256_fmadd_ps(wa, x[k], a[k]);
@@ -542,15 +501,6 @@ void block_values_bf16(const float* w, int gqa, const uint8_t* const* rows, int 
       }
     }
   }
-}
-
-template <int kBlockT>
-void block_scores_bf16_any(const float* qs, int gqa, const uint8_t* const* rows, int nb, int d,
-                           float scale, float* sc) {
-  if (gqa % 8 == 0) return block_scores_bf16<8, kBlockT>(qs, gqa, rows, nb, d, scale, sc);
-  if (gqa % 4 == 0) return block_scores_bf16<4, kBlockT>(qs, gqa, rows, nb, d, scale, sc);
-  if (gqa % 2 == 0) return block_scores_bf16<2, kBlockT>(qs, gqa, rows, nb, d, scale, sc);
-  return block_scores_bf16<1, kBlockT>(qs, gqa, rows, nb, d, scale, sc);
 }
 #endif
 
@@ -655,7 +605,7 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
   const bool in_place = !int2 && L.exact_elem_bytes == 2 && d % 32 == 0;
   if (in_place)
     for (int h = 0; h < gqa; ++h)
-      split_16(q + static_cast<size_t>(h) * d, d, s.qs.data() + static_cast<size_t>(h) * d);
+      simd::split_16(q + static_cast<size_t>(h) * d, d, s.qs.data() + static_cast<size_t>(h) * d);
 #else
   constexpr bool in_place = false;
 #endif
@@ -665,11 +615,11 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, ch.end - t0));
     prefetch(t0 + nb, std::min<int64_t>(ch.end, t0 + nb + kBlock));
     // Scores of the block: its K rows unpacked once, every head of the group reads them.
-    const uint8_t* row_ptr[kBlock];  // BF16 rows read in place: the block's rows
     if (in_place) {
-      for (int j = 0; j < nb; ++j) row_ptr[j] = row_at(t0 + j, off_k, rb_k);
 #ifdef OSCAR_DECODE_AVX2
-      block_scores_bf16_any<kBlock>(s.qs.data(), gqa, row_ptr, nb, d, p.scale, sc);
+      const uint8_t* row_ptr[kBlock];  // BF16 rows read in place
+      for (int j = 0; j < nb; ++j) row_ptr[j] = row_at(t0 + j, off_k, rb_k);
+      block_scores_any<kBlock>(s.qs.data(), gqa, Bf16Rows{row_ptr}, nb, d, p.scale, sc);
 #endif
     } else {
       for (int j = 0; j < nb; ++j)
@@ -692,8 +642,9 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
     }
     // Values: the block's V rows unpacked once, shared by the group.
     if (in_place) {
-      for (int j = 0; j < nb; ++j) row_ptr[j] = row_at(t0 + j, off_v, rb_v);
 #ifdef OSCAR_DECODE_AVX2
+      const uint8_t* row_ptr[kBlock];
+      for (int j = 0; j < nb; ++j) row_ptr[j] = row_at(t0 + j, off_v, rb_v);
       block_values_bf16<kBlock>(sc, gqa, row_ptr, nb, d, s.o.data());
 #endif
     } else {
@@ -706,7 +657,8 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
     m_out[h] = m[h];
     l_out[h] = l[h];
     if (in_place)
-      merge_16(s.o.data() + static_cast<size_t>(h) * d, d, o_out + static_cast<size_t>(h) * d);
+      simd::merge_16(s.o.data() + static_cast<size_t>(h) * d, d,
+                     o_out + static_cast<size_t>(h) * d);
     else
       std::memcpy(o_out + static_cast<size_t>(h) * d, s.o.data() + static_cast<size_t>(h) * d,
                   sizeof(float) * d);

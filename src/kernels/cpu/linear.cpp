@@ -9,9 +9,11 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/bf16.h"
+#include "kernels/cpu/simd_lanes.h"
 #include "kernels/linear.h"
 
 namespace oscar::kernels {
@@ -48,11 +50,7 @@ inline __m256 load8_bf16(const bf16_t* p) {
 }
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const bf16_t* p) { return load8_bf16(p); }
-inline float hsum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
+using simd::hsum;
 #endif
 
 inline float to_f32(float v) { return v; }
@@ -88,25 +86,61 @@ void rows_dot(const float* x, int64_t ldx, const T* w, int64_t in, int64_t r0, i
   }
 }
 
+// The decode-rows loop: blocks of kBlockRows weight rows over the threads, each block against
+// kXTile rows of x at a time. dot(nx, x, r0, r1, y) runs one block for nx (a
+// std::integral_constant) rows of x starting at x, writing y.
+template <class Dot>
+void few_rows_loop(const LinearParams& p, const float* x, Dot&& dot) {
+  const int64_t in = p.w.cols, out = p.w.rows;
+  const int64_t n_blocks = (out + kBlockRows - 1) / kBlockRows;
+#pragma omp parallel for schedule(static) if (n_blocks > 1 && p.n * out * in >= (int64_t{1} << 15))
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t r0 = b * kBlockRows, r1 = std::min(out, r0 + kBlockRows);
+    for (int64_t i = 0; i < p.n; i += kXTile) {
+      const float* xi = x + i * in;
+      float* y = p.y + i * out;
+      switch (std::min<int64_t>(kXTile, p.n - i)) {
+        case 1:
+          dot(std::integral_constant<int, 1>{}, xi, r0, r1, y);
+          break;
+        case 2:
+          dot(std::integral_constant<int, 2>{}, xi, r0, r1, y);
+          break;
+        case 3:
+          dot(std::integral_constant<int, 3>{}, xi, r0, r1, y);
+          break;
+        default:
+          dot(std::integral_constant<int, 4>{}, xi, r0, r1, y);
+          break;
+      }
+    }
+  }
+}
+
+template <typename T>
+void few_rows(const LinearParams& p) {
+  const int64_t in = p.w.cols, out = p.w.rows;
+  const T* w = static_cast<const T*>(p.w.data);
+  few_rows_loop(p, p.x, [&](auto nx, const float* x, int64_t r0, int64_t r1, float* y) {
+    rows_dot<T, decltype(nx)::value>(x, in, w, in, r0, r1, y, out);
+  });
+}
+
 #ifdef OSCAR_LINEAR_AVX2
-// BF16 rows without widening loads: a 32-byte load holds 16 weights, and each 32-bit word's low
-// half shifted up is the even element's float, its high half masked the odd one's. x is handed in
-// "deinterleaved" per 16 columns (evens then odds, deinterleave_x), so each 16 weights cost one
-// load, a shift, an and and two FMAs (instead of two widening loads and two shifts). One weight
-// row at a time: two rows per pass measured slower on the development VM (tiny-qwen3's matrices,
-// 2 threads). Needs in % 16 == 0.
+// BF16 rows without widening loads (simd_lanes.h): x is split once per call, so each 16 weights
+// cost one load, a shift, an and and two FMAs (instead of two widening loads and two shifts). One
+// weight row at a time: two rows per pass measured slower on the development VM (tiny-qwen3's
+// matrices, 2 threads). Needs in % 16 == 0.
 template <int NX>
 void rows_dot_bf16_split(const float* xs, int64_t ldx, const bf16_t* w, int64_t in, int64_t r0,
                          int64_t r1, float* y, int64_t ldy) {
-  const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t r = r0; r < r1; ++r) {
     const bf16_t* wa = w + r * in;
     __m256 acc[NX][2];
     for (int i = 0; i < NX; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int64_t c = 0; c < in; c += 16) {
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wa + c));
-      const __m256 ae = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
-      const __m256 ao = _mm256_castsi256_ps(_mm256_and_si256(a, hi_mask));
+      __m256 ae, ao;
+      simd::load_bf16x16(wa + c, ae, ao);
       for (int i = 0; i < NX; ++i) {
         acc[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xs + i * ldx + c), ae, acc[i][0]);
         acc[i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xs + i * ldx + c + 8), ao, acc[i][1]);
@@ -115,68 +149,24 @@ void rows_dot_bf16_split(const float* xs, int64_t ldx, const bf16_t* w, int64_t 
     for (int i = 0; i < NX; ++i) y[i * ldy + r] = hsum(_mm256_add_ps(acc[i][0], acc[i][1]));
   }
 }
-
-// x [n, in] -> xs: each 16 columns as their 8 even then 8 odd elements (rows_dot_bf16_split).
-void deinterleave_x(const float* x, int64_t n, int64_t in, float* xs) {
-  for (int64_t i = 0; i < n * in; i += 16)
-    for (int k = 0; k < 8; ++k) {
-      xs[i + k] = x[i + 2 * k];
-      xs[i + 8 + k] = x[i + 2 * k + 1];
-    }
-}
-
-void few_rows_bf16_split(const LinearParams& p) {
-  const int64_t in = p.w.cols, out = p.w.rows;
-  const bf16_t* w = static_cast<const bf16_t*>(p.w.data);
-  thread_local std::vector<float> xs;
-  xs.resize(static_cast<size_t>(p.n * in));
-  deinterleave_x(p.x, p.n, in, xs.data());
-  const float* xd = xs.data();
-  const int64_t n_blocks = (out + kBlockRows - 1) / kBlockRows;
-#pragma omp parallel for schedule(static) if (n_blocks > 1 && p.n * out * in >= (int64_t{1} << 15))
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const int64_t r0 = b * kBlockRows, r1 = std::min(out, r0 + kBlockRows);
-    for (int64_t i = 0; i < p.n; i += kXTile) {
-      const float* x = xd + i * in;
-      float* y = p.y + i * out;
-      switch (std::min<int64_t>(kXTile, p.n - i)) {
-        case 1:
-          rows_dot_bf16_split<1>(x, in, w, in, r0, r1, y, out);
-          break;
-        case 2:
-          rows_dot_bf16_split<2>(x, in, w, in, r0, r1, y, out);
-          break;
-        case 3:
-          rows_dot_bf16_split<3>(x, in, w, in, r0, r1, y, out);
-          break;
-        default:
-          rows_dot_bf16_split<4>(x, in, w, in, r0, r1, y, out);
-          break;
-      }
-    }
-  }
-}
 #endif
 
-template <typename T>
-void few_rows(const LinearParams& p) {
-  const int64_t in = p.w.cols, out = p.w.rows;
-  const T* w = static_cast<const T*>(p.w.data);
-  const int64_t n_blocks = (out + kBlockRows - 1) / kBlockRows;
-#pragma omp parallel for schedule(static) if (n_blocks > 1 && p.n * out * in >= (int64_t{1} << 15))
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const int64_t r0 = b * kBlockRows, r1 = std::min(out, r0 + kBlockRows);
-    for (int64_t i = 0; i < p.n; i += kXTile) {
-      const float* x = p.x + i * in;
-      float* y = p.y + i * out;
-      switch (std::min<int64_t>(kXTile, p.n - i)) {
-        case 1: rows_dot<T, 1>(x, in, w, in, r0, r1, y, out); break;
-        case 2: rows_dot<T, 2>(x, in, w, in, r0, r1, y, out); break;
-        case 3: rows_dot<T, 3>(x, in, w, in, r0, r1, y, out); break;
-        default: rows_dot<T, 4>(x, in, w, in, r0, r1, y, out); break;
-      }
-    }
+// BF16 weights, decode rows.
+void few_rows_bf16(const LinearParams& p) {
+#ifdef OSCAR_LINEAR_AVX2
+  if (p.w.cols % 16 == 0) {
+    const int64_t in = p.w.cols, out = p.w.rows;
+    const bf16_t* w = static_cast<const bf16_t*>(p.w.data);
+    thread_local std::vector<float> xs;
+    xs.resize(static_cast<size_t>(p.n * in));
+    simd::split_16(p.x, p.n * in, xs.data());
+    few_rows_loop(p, xs.data(), [&](auto nx, const float* x, int64_t r0, int64_t r1, float* y) {
+      rows_dot_bf16_split<decltype(nx)::value>(x, in, w, in, r0, r1, y, out);
+    });
+    return;
   }
+#endif
+  few_rows<bf16_t>(p);
 }
 
 void many_rows(const LinearParams& p) {
@@ -223,18 +213,9 @@ Status linear(const LinearParams& p) {
   OSCAR_RETURN_IF_ERROR(check(p));
   if (p.n == 0) return Status();
   if (p.n <= kFewRows) {
-    if (p.w.dtype == DType::kBF16) {
-#ifdef OSCAR_LINEAR_AVX2
-      if (p.w.cols % 16 == 0)
-        few_rows_bf16_split(p);
-      else
-        few_rows<bf16_t>(p);
-#else
-      few_rows<bf16_t>(p);
-#endif
-    } else {
-      few_rows<float>(p);
-    }
+    if (p.w.dtype == DType::kBF16)
+      few_rows_bf16(p);
+    else few_rows<float>(p);
   } else {
     many_rows(p);
   }
