@@ -2,7 +2,7 @@
 // tokens/s at several batch sizes and contexts, and where the time goes (linear layers,
 // attention, K/V append, demotion, sampling, the rest), for one cache mode.
 //
-//   ./build/bench/bench_step [--model DIR] [--mode oscar] [--contexts 4096,32768]
+//   ./build/bench/bench_step [--model DIR] [--mode oscar] [--contexts 4096,32000]
 //                            [--batches 1,16,64] [--steps 8]
 //
 // Every sequence of a batch holds `context` tokens: one sequence is filled with random K/V, the
@@ -110,9 +110,17 @@ void fill(engine::Runtime& rt, kv::SequenceCache& cache, int64_t n, std::mt19937
 
 int main(int argc, char** argv) {
   set_omp_wait_policy(argv);
-  std::string model = "models/tiny-qwen3", mode = "oscar", contexts = "4096,32768",
+  std::string model = "models/tiny-qwen3", mode = "oscar", contexts = "4096,32000",
               batches = "1,16,64";
   int steps = 8;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::printf("usage: bench_step [--model DIR] [--mode oscar] [--contexts 4096,32000]\n"
+                  "                  [--batches 1,16,64] [--steps 8]\n"
+                  "One CPU decode step of a batch by phase, a markdown row per (context, batch).\n"
+                  "A context plus the steps decoded must fit the model's context.\n");
+      return 0;
+    }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--model") model = argv[i + 1];
@@ -134,6 +142,12 @@ int main(int argc, char** argv) {
   check(rt.model().set_backend(&timed), "set_backend");
 #endif
   const char* phases[] = {"linear", "attention", "append", "demotion", "sampling", "other ops"};
+  for (int ctx : split_ints(contexts))
+    if (ctx + steps + 1 > cfg.max_position_embeddings) {
+      std::fprintf(stderr, "bench_step: context %d + %d steps exceeds the model's context of %d\n",
+                   ctx, steps + 1, cfg.max_position_embeddings);
+      return 2;
+    }
   std::printf("| mode | context | batch | step ms | tok/s | linear | attention | append | demotion | "
               "sampling | other ops | rest |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937 rng(7);
@@ -193,7 +207,6 @@ int main(int argc, char** argv) {
       std::printf(" - | - | - | - | %.2f | - | - |\n", 1e3 * sampling / steps);
 #endif
       std::fflush(stdout);
-      (void)cfg;
     }
   }
   return 0;

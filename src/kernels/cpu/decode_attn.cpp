@@ -302,6 +302,56 @@ struct Bf16Rows {
   }
 };
 
+// INT2 rows (uniform or Lloyd-Max, 2 bits per element) read in place: element c of row j is
+// level_{j,g}[byte >> 2k], with g its group, k its quarter and byte the code byte it shares with
+// the other three quarters (quant/int2_layout.h). Each row's levels are set up once per block
+// (`int2_levels`) as the group's four values twice, so the permute's third index bit, the next
+// code's low bit, picks the same value and no mask is needed. Same values as int2_row_to_f32.
+struct Int2Rows {
+  static constexpr int kStep = 8, kVecs = 1;
+  // Where elements c..c+7 (c = 8s) of every row sit: code byte offset, bit shift, group.
+  struct Step {
+    int32_t code_off, shift, group;
+  };
+  const uint8_t* const* rows;  // row j's first byte
+  const float* levels;         // [nb, n_groups, 8]
+  int n_groups;
+  const Step* steps;  // [d / 8]
+  void load(int j, int c, __m256 (&x)[kVecs]) const {
+    const Step& st = steps[c / 8];
+    const __m256i bytes = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[j] + st.code_off)));
+    x[0] = _mm256_permutevar8x32_ps(_mm256_loadu_ps(levels + 8 * (j * n_groups + st.group)),
+                                    _mm256_srl_epi32(bytes, _mm_cvtsi32_si128(st.shift)));
+  }
+};
+
+// Int2Rows' per-element steps for head_dim d and group size G (q = G/4 code bytes a group).
+inline void int2_steps(int d, int G, Int2Rows::Step* steps) {
+  const int q = G / 4;
+  for (int c = 0; c < d; c += 8) {
+    const int g = c / G, i = c % G;
+    steps[c / 8] = Int2Rows::Step{g * q + i % q, 2 * (i / q), g};
+  }
+}
+
+// Row j's levels for Int2Rows: per group, the four reconstruction values twice.
+inline void int2_levels(const uint8_t* const* rows, int nb, int d, int G,
+                        quant::HistQuantizer quantizer, float* levels) {
+  const int n_groups = d / G;
+  const bool lloyd = quantizer == quant::HistQuantizer::kInt2Lloyd;
+  for (int j = 0; j < nb; ++j)
+    for (int g = 0; g < n_groups; ++g) {
+      const quant::Int2GroupMeta meta = quant::read_group_meta(rows[j], d, g);
+      const float a = meta_f32(meta.slot0), b = meta_f32(meta.slot1);
+      float lv[4];
+      for (int k = 0; k < 4; ++k)
+        lv[k] = b + (lloyd ? quant::kLloydDequantLevels[k] : static_cast<float>(k)) * a;
+      float* out = levels + 8 * (j * n_groups + g);
+      for (int k = 0; k < 8; ++k) out[k] = lv[k % 4];
+    }
+}
+
 // sc[h * kBlock + j] = scale · q_h · row j for h < gqa, j < nb. Tiles of R = 8 / H rows x H heads
 // (H | gqa): eight independent FMA chains (one chain is latency-bound), reduced together by hsum8.
 template <int H, int kBlockT, class Rows>
@@ -465,17 +515,15 @@ void block_values(const float* w, int gqa, const float* rows, int nb, int d, flo
 }
 
 #ifdef OSCAR_DECODE_AVX2
-// BF16 rows read in place (simd_lanes.h): a row costs one load, a shift and an and per 16
-// elements, where the float copy cost two widening loads, two shifts and two stores, read back.
-// q and the value accumulators are kept split. Needs d % 32 == 0.
-// block_values for BF16 rows in place: os[h] (split) += Σ_j w[h * kBlock + j] · rows[j]. Two
-// heads per pass over 32 elements: 8 accumulators, each row slice converted once for both.
-template <int kBlockT>
-void block_values_bf16(const float* w, int gqa, const uint8_t* const* rows, int nb, int d,
-                       float* os) {
+// block_values for rows read in place (Bf16Rows: o kept split to match; Int2Rows): o[h] +=
+// Σ_j w[h * kBlock + j] · rows[j]. Two heads per pass over 32 elements: 8 accumulators, each row
+// slice converted once for both. Needs d % 32 == 0.
+template <int kBlockT, class Rows>
+void block_values_rows(const float* w, int gqa, const Rows& rows, int nb, int d, float* o) {
+  static_assert(32 % Rows::kStep == 0 && Rows::kStep == 8 * Rows::kVecs);
   for (int h = 0; h < gqa; h += 2) {
     const bool two = h + 1 < gqa;
-    float* o0 = os + static_cast<size_t>(h) * d;
+    float* o0 = o + static_cast<size_t>(h) * d;
     float* o1 = two ? o0 + d : o0;
     const float* w0 = w + h * kBlockT;
     const float* w1 = two ? w0 + kBlockT : w0;
@@ -487,8 +535,11 @@ void block_values_bf16(const float* w, int gqa, const uint8_t* const* rows, int 
       }
       for (int j = 0; j < nb; ++j) {
         __m256 x[4];
-        simd::load_bf16x16(rows[j] + 2 * c, x[0], x[1]);
-        simd::load_bf16x16(rows[j] + 2 * c + 32, x[2], x[3]);
+        for (int s = 0; s < 32; s += Rows::kStep) {
+          __m256 y[Rows::kVecs];
+          rows.load(j, c + s, y);
+          for (int v = 0; v < Rows::kVecs; ++v) x[s / 8 + v] = y[v];
+        }
         const __m256 wa = _mm256_set1_ps(w0[j]), wb = _mm256_set1_ps(w1[j]);
         for (int k = 0; k < 4; ++k) {
           a[k] = _mm256_fmadd_ps(wa, x[k], a[k]);
@@ -532,6 +583,10 @@ struct TaskScratch {
   std::vector<float> scores;  // [gqa, kBlock]
   std::vector<float> o;       // [gqa, head_dim]
   std::vector<float> qs;      // [gqa, head_dim]: q split for BF16 rows read in place
+#ifdef OSCAR_DECODE_AVX2
+  std::vector<float> levels;          // [kBlock, groups, 8]: INT2 rows read in place
+  std::vector<Int2Rows::Step> steps;  // [head_dim / 8]
+#endif
 };
 
 // Partials of query heads [g*gqa, (g+1)*gqa) over one chunk. o_out: [gqa, d] rows with stride d,
@@ -602,12 +657,29 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
   float* rows = s.rows.data();
   float* sc = s.scores.data();
 #ifdef OSCAR_DECODE_AVX2
-  const bool in_place = !int2 && L.exact_elem_bytes == 2 && d % 32 == 0;
-  if (in_place)
+  // Rows read in place where the format allows (BF16; 2-bit history rows), else unpacked into
+  // `rows` first.
+  const bool bf16_in_place = !int2 && L.exact_elem_bytes == 2 && d % 32 == 0;
+  const bool k_in_place = bf16_in_place || (int2 && bits_k == 2 && d % 32 == 0);
+  const bool v_in_place = bf16_in_place || (int2 && bits_v == 2 && d % 32 == 0);
+  if (bf16_in_place)
     for (int h = 0; h < gqa; ++h)
       simd::split_16(q + static_cast<size_t>(h) * d, d, s.qs.data() + static_cast<size_t>(h) * d);
+  const int n_groups = d / p.group_size;
+  if (int2 && (k_in_place || v_in_place)) {
+    s.steps.resize(static_cast<size_t>(d / 8));
+    s.levels.resize(static_cast<size_t>(kBlock) * n_groups * 8);
+    int2_steps(d, p.group_size, s.steps.data());
+  }
+  // Scores (K) or values (V) of one block from rows read in place.
+  const uint8_t* row_ptr[kBlock];
+  auto in_place_rows = [&](int64_t t0, int nb, size_t off, size_t rb) {
+    for (int j = 0; j < nb; ++j) row_ptr[j] = row_at(t0 + j, off, rb);
+    if (int2) int2_levels(row_ptr, nb, d, p.group_size, p.quantizer, s.levels.data());
+  };
+  const Int2Rows int2_rows{row_ptr, s.levels.data(), n_groups, s.steps.data()};
 #else
-  constexpr bool in_place = false;
+  constexpr bool bf16_in_place = false, k_in_place = false, v_in_place = false;
 #endif
 
   prefetch(ch.begin, std::min<int64_t>(ch.end, ch.begin + kBlock));
@@ -615,11 +687,13 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, ch.end - t0));
     prefetch(t0 + nb, std::min<int64_t>(ch.end, t0 + nb + kBlock));
     // Scores of the block: its K rows unpacked once, every head of the group reads them.
-    if (in_place) {
+    if (k_in_place) {
 #ifdef OSCAR_DECODE_AVX2
-      const uint8_t* row_ptr[kBlock];  // BF16 rows read in place
-      for (int j = 0; j < nb; ++j) row_ptr[j] = row_at(t0 + j, off_k, rb_k);
-      block_scores_any<kBlock>(s.qs.data(), gqa, Bf16Rows{row_ptr}, nb, d, p.scale, sc);
+      in_place_rows(t0, nb, off_k, rb_k);
+      if (int2)
+        block_scores_any<kBlock>(q, gqa, int2_rows, nb, d, p.scale, sc);
+      else
+        block_scores_any<kBlock>(s.qs.data(), gqa, Bf16Rows{row_ptr}, nb, d, p.scale, sc);
 #endif
     } else {
       for (int j = 0; j < nb; ++j)
@@ -641,11 +715,13 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
       m[h] = mb;
     }
     // Values: the block's V rows unpacked once, shared by the group.
-    if (in_place) {
+    if (v_in_place) {
 #ifdef OSCAR_DECODE_AVX2
-      const uint8_t* row_ptr[kBlock];
-      for (int j = 0; j < nb; ++j) row_ptr[j] = row_at(t0 + j, off_v, rb_v);
-      block_values_bf16<kBlock>(sc, gqa, row_ptr, nb, d, s.o.data());
+      in_place_rows(t0, nb, off_v, rb_v);
+      if (int2)
+        block_values_rows<kBlock>(sc, gqa, int2_rows, nb, d, s.o.data());
+      else
+        block_values_rows<kBlock>(sc, gqa, Bf16Rows{row_ptr}, nb, d, s.o.data());
 #endif
     } else {
       for (int j = 0; j < nb; ++j)
@@ -656,7 +732,7 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
   for (int h = 0; h < gqa; ++h) {
     m_out[h] = m[h];
     l_out[h] = l[h];
-    if (in_place)
+    if (bf16_in_place)
       simd::merge_16(s.o.data() + static_cast<size_t>(h) * d, d,
                      o_out + static_cast<size_t>(h) * d);
     else
