@@ -115,10 +115,11 @@ int main(int argc, char** argv) {
   int steps = 8;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
-      std::printf("usage: bench_step [--model DIR] [--mode oscar] [--contexts 4096,32000]\n"
-                  "                  [--batches 1,16,64] [--steps 8]\n"
-                  "One CPU decode step of a batch by phase, a markdown row per (context, batch).\n"
-                  "A context plus the steps decoded must fit the model's context.\n");
+      std::printf(
+          "usage: bench_step [--model DIR] [--mode oscar] [--contexts 4096,32000]\n"
+          "                  [--batches 1,16,64] [--steps 8]\n"
+          "One CPU decode step of a batch by phase, a markdown row per (context, batch).\n"
+          "A context plus the steps decoded must fit the model's context.\n");
       return 0;
     }
   for (int i = 1; i + 1 < argc; i += 2) {
