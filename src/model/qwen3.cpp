@@ -155,14 +155,13 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load_dummy(const format::ModelCo
 
 Status Qwen3Model::set_backend(kernels::Backend* backend) {
   backend_ = backend;
-  if (backend->device() == Device::kCpu) return Status();
+  if (backend->device() == Device::kCpu) return pack_cpu_weights(*backend);
   kernels::Backend& be = *backend;
   auto up_matrix = [&](Matrix& w, const char* what) -> Status {
-    if (!w.dev.empty() || w.rows == 0) return Status();
-    const void* host = w.dtype == kernels::DType::kBF16 ? static_cast<const void*>(w.bf16.data())
-                                                        : static_cast<const void*>(w.f32.data());
-    OSCAR_ASSIGN_OR_RETURN(w.dev, be.alloc(w.bytes(), what));
-    OSCAR_RETURN_IF_ERROR(be.upload(host, w.bytes(), w.dev.data()));
+    if (w.rows == 0 || (!w.dev.empty() && w.dev.device() != Device::kCpu)) return Status();
+    OSCAR_ASSIGN_OR_RETURN(DeviceBuffer dev, be.alloc(w.bytes(), what));
+    OSCAR_RETURN_IF_ERROR(be.upload(w.host_bytes(), w.bytes(), dev.data()));
+    w.dev = std::move(dev);  // drops a view into the CPU arena, if any
     w.bf16 = {};
     w.f32 = {};
     return Status();
@@ -181,14 +180,49 @@ Status Qwen3Model::set_backend(kernels::Backend* backend) {
     for (Vec* v : {&L.input_norm, &L.post_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm})
       OSCAR_RETURN_IF_ERROR(up_vec(*v, "norms and biases"));
   }
-  return be.synchronize();
+  OSCAR_RETURN_IF_ERROR(be.synchronize());
+  cpu_weights_.reset();
+  return Status();
+}
+
+std::vector<Qwen3Model::Matrix*> Qwen3Model::matrices() {
+  std::vector<Matrix*> all = {&embed_, &lm_head_};
+  for (Layer& L : layers_)
+    for (Matrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) all.push_back(w);
+  return all;
+}
+
+Status Qwen3Model::pack_cpu_weights(kernels::Backend& be) {
+  if (!cpu_weights_.empty()) return Status();
+  // 64-byte aligned slices of one buffer; the CPU backend puts a buffer this large on 2 MiB
+  // pages (a decode step streams every weight once: with 4 KiB pages, one TLB miss per 4 KiB).
+  auto slice = [](const Matrix& w) { return (w.bytes() + 63) / 64 * 64; };
+  size_t total = 0;
+  for (Matrix* w : matrices())
+    if (w->rows > 0 && w->dev.empty()) total += slice(*w);
+  if (total == 0) return Status();
+  OSCAR_ASSIGN_OR_RETURN(cpu_weights_, be.alloc(total, "weights"));
+  uint8_t* dst = cpu_weights_.as<uint8_t>();
+  for (Matrix* w : matrices()) {
+    if (w->rows == 0 || !w->dev.empty()) continue;
+    std::memcpy(dst, w->host_bytes(), w->bytes());
+    w->dev = DeviceBuffer(dst, w->bytes(), Device::kCpu, {});  // a view: the arena owns it
+    w->bf16 = {};
+    w->f32 = {};
+    dst += slice(*w);
+  }
+  return Status();
 }
 
 kernels::WeightView Qwen3Model::Matrix::view() const {
-  const void* data = !dev.empty()                     ? dev.data()
-                     : dtype == kernels::DType::kBF16 ? static_cast<const void*>(bf16.data())
-                                                      : static_cast<const void*>(f32.data());
+  const void* data = !dev.empty() ? dev.data() : host_bytes();
   return kernels::WeightView{data, dtype, rows, cols};
+}
+
+void* Qwen3Model::Matrix::host_bytes() const {
+  if (!dev.empty()) return dev.device() == Device::kCpu ? dev.data() : nullptr;
+  return dtype == kernels::DType::kBF16 ? static_cast<void*>(const_cast<bf16_t*>(bf16.data()))
+                                        : static_cast<void*>(const_cast<float*>(f32.data()));
 }
 
 void Qwen3Model::Matrix::to_f32() {
@@ -223,16 +257,24 @@ Status Qwen3Model::set_embedding_row(int32_t token, std::span<const float> row) 
     return invalid_argument("set_embedding_row: token %d of %lld, %zu values for %lld", token,
                             static_cast<long long>(embed_.rows), row.size(),
                             static_cast<long long>(embed_.cols));
-  if (lm_head_.rows == 0) {  // tied: the output projection keeps the old row
+  if (lm_head_.rows == 0) {  // tied: the output projection keeps the old row (a host copy)
     lm_head_.dtype = embed_.dtype;
     lm_head_.rows = embed_.rows;
     lm_head_.cols = embed_.cols;
-    lm_head_.bf16 = embed_.bf16;
-    lm_head_.f32 = embed_.f32;
+    if (embed_.dtype == kernels::DType::kBF16) {
+      const auto* e = static_cast<const bf16_t*>(embed_.host_bytes());
+      lm_head_.bf16.assign(e, e + embed_.rows * embed_.cols);
+    } else {
+      const auto* e = static_cast<const float*>(embed_.host_bytes());
+      lm_head_.f32.assign(e, e + embed_.rows * embed_.cols);
+    }
   }
   for (int64_t c = 0; c < embed_.cols; ++c) {
-    if (embed_.dtype == kernels::DType::kBF16) embed_.bf16[token * embed_.cols + c] = f32_to_bf16(row[c]);
-    else embed_.f32[token * embed_.cols + c] = row[c];
+    const int64_t i = token * embed_.cols + c;
+    if (embed_.dtype == kernels::DType::kBF16)
+      static_cast<bf16_t*>(embed_.host_bytes())[i] = f32_to_bf16(row[c]);
+    else
+      static_cast<float*>(embed_.host_bytes())[i] = row[c];
   }
   return Status();
 }
@@ -269,6 +311,9 @@ Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation, kernel
     return backend_->synchronize();
   }
   if (on_device()) return invalid_argument("fold_value_rotation: the weights are on the device");
+  if (!cpu_weights_.empty())
+    return invalid_argument(
+        "fold_value_rotation: call it before set_backend (the weights are packed)");
   const int gqa = config_.gqa_ratio;
   std::vector<double> acc;
   for (int l = 0; l < config_.n_layers; ++l) {

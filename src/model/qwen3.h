@@ -57,15 +57,18 @@ struct ForwardOptions {
 class Qwen3Model {
  public:
   // A weight matrix [rows, cols] row-major in its stored type: BF16 as the checkpoint has it, or
-  // F32 where it was computed at load time (the folded value rotation). Host memory while the
-  // model loads; on a device backend the bytes move to `dev` (set_backend) and the host copy goes.
+  // F32 where it was computed at load time (the folded value rotation). Host vectors while the
+  // model loads; set_backend moves the bytes to `dev`: into the device's memory, or on the CPU
+  // into one buffer for all matrices (on huge pages), and the vectors go.
   struct Matrix {
     kernels::DType dtype = kernels::DType::kBF16;
     int64_t rows = 0, cols = 0;
     std::vector<bf16_t> bf16;  // [rows, cols] when dtype == kBF16 (host)
     std::vector<float> f32;    // [rows, cols] when dtype == kF32 (host)
-    DeviceBuffer dev;          // the same bytes in a device backend's memory
+    DeviceBuffer dev;          // the same bytes in a backend's memory (on the CPU: a view into
+                               // the model's weight buffer, and the vectors are empty)
     kernels::WeightView view() const;
+    void* host_bytes() const;  // the bytes where host code can reach them; null on a device
     size_t bytes() const { return static_cast<size_t>(rows * cols) * kernels::dtype_bytes(dtype); }
     void to_f32();  // converts in place (exact); host only
     void to_bf16();  // converts in place (rounds to nearest even); host only
@@ -94,7 +97,8 @@ class Qwen3Model {
   const format::ModelConfig& config() const { return config_; }
   // The backend whose ops forward() calls (kernels/backend.h); the CPU backend until set. A
   // device backend gets the weights uploaded once (the host copies of the matrices are freed);
-  // after that the weights can no longer be edited (fold, set_embedding_row).
+  // after that the weights can no longer be edited (fold, set_embedding_row). On the CPU the
+  // matrices move into one buffer (pack_cpu_weights): set_embedding_row still works, fold not.
   Status set_backend(kernels::Backend* backend);
   kernels::Backend& backend() const { return *backend_; }
   // Decode steps replayed as graphs where the backend records them (default on; off to compare).
@@ -140,6 +144,8 @@ class Qwen3Model {
   Status set_embedding_row(int32_t token, std::span<const float> row);
 
  private:
+  std::vector<Matrix*> matrices();  // every weight matrix (lm_head_ too, even when tied)
+  Status pack_cpu_weights(kernels::Backend& be);
   struct Layer {
     Vec input_norm, post_norm;                      // [hidden]
     Matrix wq, wk, wv, wo;                          // [q_dim|kv_dim|hidden, in] row-major
@@ -177,6 +183,7 @@ class Qwen3Model {
   bool dummy_on_device_ = false;  // load_dummy generated the weights in a device backend
   Workspace ws_;
   mutable DeviceBuffer demote_buf_;
+  DeviceBuffer cpu_weights_;  // on the CPU backend: every matrix, one buffer (pack_cpu_weights)
   // Recorded decode steps, by batch size (a device backend that supports capture).
   static constexpr int64_t kMaxGraphRows = 64;
   struct StepGraph {

@@ -2,12 +2,12 @@
 // into chunks of `chunk_tokens`; one OpenMP task per (KV head, chunk) computes the split-KV
 // partials (o, m, ℓ) of all gqa_ratio query heads of that KV head, so each K/V row is read and
 // unpacked once per group. A chunk is processed in blocks of kBlock tokens: the block's K rows are
-// converted into a [kBlock, head_dim] float buffer (INT2: shifts, masks and a 4-entry level table
-// per group; the 3- and 1-bit rows of a bit plan likewise, with 8 and 2 levels; 4-bit rows as
-// min + q·s from the nibbles; BF16 rows are read in place instead, see Bf16Rows),
 // scored against every head of the group (tiles of 8 FMA chains), the online softmax rescales what
-// was accumulated, then the block's V rows go through the same buffer into the accumulators. The
-// next block's rows are prefetched. merge_attn_states combines the partials.
+// was accumulated, then the block's V rows go into the accumulators. BF16 and 2-bit rows are read
+// in place (Bf16Rows, Int2Rows: widened and looked up 8 or 16 elements at a time inside the
+// tiles); the 3-, 4- and 1-bit rows of a bit plan (and f32 pages) are first converted into a
+// [kBlock, head_dim] float buffer (level tables of 8 and 2 entries, min + q·s from the nibbles).
+// The next block's rows are prefetched. merge_attn_states combines the partials.
 //
 // AVX2+FMA (and F16C) intrinsics are used when the compiler targets them (-march=native);
 // otherwise portable loops that compute the same values.
