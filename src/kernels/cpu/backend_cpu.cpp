@@ -21,9 +21,10 @@ class CpuBackend final : public Backend {
 
   Result<DeviceBuffer> alloc(size_t bytes, const char* what) override {
     // 64-byte aligned (cache lines, AVX loads); zero-size allocations get one line. Buffers of
-    // 2 MiB or more (KV pools, the embedding) are 2 MiB-aligned and advised onto transparent huge
-    // pages, unless OSCAR_CPU_HUGE_PAGES=0: decode attention reads a layer's rows in 4 KiB runs
-    // 128 KiB apart (a KV page holds every layer), so with 4 KiB pages every run is a TLB miss.
+    // 2 MiB or more (the KV pools, the model's weight buffer) are 2 MiB-aligned and advised onto
+    // transparent huge pages, unless OSCAR_CPU_HUGE_PAGES=0: a decode step streams every weight,
+    // and decode attention reads a layer's rows in 4 KiB runs 128 KiB apart (a KV page holds every
+    // layer), so with 4 KiB pages nearly every run is a TLB miss.
     constexpr size_t kHugePage = size_t{2} << 20;
     static const bool huge_pages = [] {
       const char* e = std::getenv("OSCAR_CPU_HUGE_PAGES");
