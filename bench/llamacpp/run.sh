@@ -13,6 +13,10 @@
 # round: its default flash attention (auto, which picks it on the CPU) and without it.
 # Rows go to stdout and to build/llamacpp/rounds.md.
 set -euo pipefail
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  exit 0
+fi
 cd "$(dirname "$0")/../.."
 rounds=${1:-5}
 contexts=${2:-512,2048,8192}
