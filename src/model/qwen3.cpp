@@ -171,15 +171,14 @@ Status Qwen3Model::set_backend(kernels::Backend* backend) {
     OSCAR_ASSIGN_OR_RETURN(v.dev, be.alloc(v.host.size() * sizeof(float), what));
     return be.upload(v.host.data(), v.host.size() * sizeof(float), v.dev.data());
   };
-  OSCAR_RETURN_IF_ERROR(up_matrix(embed_, "embedding"));
-  OSCAR_RETURN_IF_ERROR(up_matrix(lm_head_, "lm_head"));
+  for (Matrix* w : matrices())
+    OSCAR_RETURN_IF_ERROR(up_matrix(*w, w == &embed_     ? "embedding"
+                                        : w == &lm_head_ ? "lm_head"
+                                                         : "weights"));
   OSCAR_RETURN_IF_ERROR(up_vec(final_norm_, "final norm"));
-  for (Layer& L : layers_) {
-    for (Matrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-      OSCAR_RETURN_IF_ERROR(up_matrix(*w, "weights"));
+  for (Layer& L : layers_)
     for (Vec* v : {&L.input_norm, &L.post_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm})
       OSCAR_RETURN_IF_ERROR(up_vec(*v, "norms and biases"));
-  }
   OSCAR_RETURN_IF_ERROR(be.synchronize());
   cpu_weights_.reset();
   return Status();

@@ -72,6 +72,20 @@ inline float meta_f32(fp16_t h) {
 #endif
 }
 
+// The four reconstruction values of group g of an INT2 row: min + k·s (uniform) or
+// μ + L_k·σ (Lloyd-Max).
+inline void int2_group_levels(const uint8_t* row, int d, int g, quant::HistQuantizer quantizer,
+                              float (&level)[4]) {
+  const quant::Int2GroupMeta meta = quant::read_group_meta(row, d, g);
+  const float a = meta_f32(meta.slot0);
+  const float b = meta_f32(meta.slot1);
+  if (quantizer == quant::HistQuantizer::kInt2Lloyd) {
+    for (int k = 0; k < 4; ++k) level[k] = b + quant::kLloydDequantLevels[k] * a;
+  } else {
+    for (int k = 0; k < 4; ++k) level[k] = b + static_cast<float>(k) * a;
+  }
+}
+
 // One INT2 row (quant/int2_layout.h) -> [d] float. Each group's four reconstruction values go in
 // a table; element i of the group takes level[(byte[i % q] >> 2(i / q)) & 3] with q = G/4.
 inline void int2_row_to_f32(const uint8_t* row, int d, int G, quant::HistQuantizer quantizer,
@@ -79,15 +93,8 @@ inline void int2_row_to_f32(const uint8_t* row, int d, int G, quant::HistQuantiz
   const int n_groups = d / G;
   const int q = G / 4;
   for (int g = 0; g < n_groups; ++g) {
-    const quant::Int2GroupMeta meta = quant::read_group_meta(row, d, g);
-    const float a = meta_f32(meta.slot0);
-    const float b = meta_f32(meta.slot1);
     float level[4];
-    if (quantizer == quant::HistQuantizer::kInt2Lloyd) {
-      for (int k = 0; k < 4; ++k) level[k] = b + quant::kLloydDequantLevels[k] * a;
-    } else {
-      for (int k = 0; k < 4; ++k) level[k] = b + static_cast<float>(k) * a;
-    }
+    int2_group_levels(row, d, g, quantizer, level);
     const uint8_t* codes = row + quant::int2_group_codes_offset(g, G);
     float* og = dst + g * G;
 #ifdef OSCAR_DECODE_AVX2
@@ -339,14 +346,10 @@ inline void int2_steps(int d, int G, Int2Rows::Step* steps) {
 inline void int2_levels(const uint8_t* const* rows, int nb, int d, int G,
                         quant::HistQuantizer quantizer, float* levels) {
   const int n_groups = d / G;
-  const bool lloyd = quantizer == quant::HistQuantizer::kInt2Lloyd;
   for (int j = 0; j < nb; ++j)
     for (int g = 0; g < n_groups; ++g) {
-      const quant::Int2GroupMeta meta = quant::read_group_meta(rows[j], d, g);
-      const float a = meta_f32(meta.slot0), b = meta_f32(meta.slot1);
       float lv[4];
-      for (int k = 0; k < 4; ++k)
-        lv[k] = b + (lloyd ? quant::kLloydDequantLevels[k] : static_cast<float>(k)) * a;
+      int2_group_levels(rows[j], d, g, quantizer, lv);
       float* out = levels + 8 * (j * n_groups + g);
       for (int k = 0; k < 8; ++k) out[k] = lv[k % 4];
     }
@@ -666,11 +669,6 @@ void chunk_partial(const DecodeAttnParams& p, const Chunk& ch, int g, TaskScratc
     for (int h = 0; h < gqa; ++h)
       simd::split_16(q + static_cast<size_t>(h) * d, d, s.qs.data() + static_cast<size_t>(h) * d);
   const int n_groups = d / p.group_size;
-  if (int2 && (k_in_place || v_in_place)) {
-    s.steps.resize(static_cast<size_t>(d / 8));
-    s.levels.resize(static_cast<size_t>(kBlock) * n_groups * 8);
-    int2_steps(d, p.group_size, s.steps.data());
-  }
   // Scores (K) or values (V) of one block from rows read in place.
   const uint8_t* row_ptr[kBlock];
   auto in_place_rows = [&](int64_t t0, int nb, size_t off, size_t rb) {
@@ -789,6 +787,13 @@ Status decode_attn(const DecodeAttnParams& p) {
     s.scores.resize(static_cast<size_t>(gqa) * kBlock);
     s.o.resize(static_cast<size_t>(gqa) * d);
     s.qs.resize(static_cast<size_t>(gqa) * d);
+#ifdef OSCAR_DECODE_AVX2
+    if (quant::int2_valid_group(d, p.group_size)) {  // for INT2 rows read in place
+      s.levels.resize(static_cast<size_t>(kBlock) * (d / p.group_size) * 8);
+      s.steps.resize(static_cast<size_t>(d / 8));
+      int2_steps(d, p.group_size, s.steps.data());
+    }
+#endif
 #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < n_tasks; ++task) {
       const int pi = task / H;
