@@ -13,7 +13,7 @@ DEST=$(mktemp -d /tmp/oscar-gpu-stage.XXXX)
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-/work} CCACHE_DIR=${CCACHE_DIR:-/work/.ccache}
 if [ ! -f "$B/build.ninja" ]; then
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOSCAR_CUDA=ON -DOSCAR_BUILD_BENCH=ON \
-    -DOSCAR_NATIVE=OFF -DOSCAR_BUILD_SERVER=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 \
+    -DOSCAR_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 \
     -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
     -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache
 fi

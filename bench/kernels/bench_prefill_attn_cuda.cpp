@@ -1,14 +1,21 @@
-// Benchmark of the CUDA prefill attention (kernels/prefill_attn.h: prefill_attn_cuda; the SIMT
-// path through kernels/cuda/prefill_attn_cuda.h) on one layer of Qwen3-8B's head layout (32 query
-// heads, 8 KV heads, head_dim 128), page 16, quant_group 128, 64 BF16 sinks. Cases (batch x
-// history tokens x chunk): a first chunk of 2048 at pos0 = 0 (no history pool, the bf16 mode),
-// 512 after 8K of INT2 history, 4 x 256 after 4K, 1024 after 32K. Each sequence's recent pages
-// hold 64 tokens plus its chunk. Pages shuffled, contents random (valid fp16 metadata). Timing:
-// CUDA events around one call, the L2 flushed before each call by reading 256 MiB; 2 warm-up
-// calls, median of --iters (default 10). Reported: causal attention flops (4·d·n_heads_q per
-// (query, visible key) pair) / time.
+// Benchmark of the CUDA prefill attention (kernels/prefill_attn.h: prefill_attn_cuda; the other
+// kernels through kernels/cuda/prefill_attn_cuda.h) on one layer of Qwen3-8B's head layout (32
+// query heads, 8 KV heads, head_dim 128), page 16, quant_group 128, 64 BF16 sinks. Cases (batch x
+// prefix tokens x chunk, prefix BF16 or INT2):
+//   whole prompts in one chunk (8K, 32K, 100K, 128K; the shape of torch_prefill.py's attention
+//     alone, cuDNN SDPA causal), BF16;
+//   extend: a chunk of 8K after a 24K prefix, 32 x 64 after 16K each (the shared-prefix load
+//     test's shape), 512 after 8K, 4 x 256 after 4K, 1024 after 32K, each with the prefix in BF16
+//     pages and as INT2 history (64 sinks, the last 64 prefix tokens and the chunk in recent pages).
+// Paths: kAuto (the tiled kernel on wgmma, for this serving reading), kTiledMma (the same on
+// mma.sync) and, where it takes under ~20 TFLOP (it runs ~40 TFLOP/s), kStaged (the previous
+// tensor-core kernel). Pages shuffled, contents random
+// (valid fp16 metadata). Timing: CUDA events around one call, the L2 flushed before each call by
+// reading 256 MiB; 2 warm-up calls, median of --iters (default 5). Reported: causal attention
+// flops (4·d·n_heads_q per (query, visible key) pair = torch_prefill.py's 2·N²·d·Hq for a whole
+// prompt) / time, and the kernel's speed-up over kStaged.
 //
-// Run: bench_prefill_attn_cuda [--iters n]
+// Run: bench_prefill_attn_cuda [--iters n] [--quick]   (--quick: the cases up to 32K only)
 // Not Google Benchmark: a plain program, so that one device call prints one table.
 #include <cuda_runtime.h>
 
@@ -47,12 +54,15 @@ T* upload(const std::vector<T>& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int iters = 10;
+  int iters = 5;
+  bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
       iters = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--quick"))
+      quick = true;
     else {
-      std::fprintf(stderr, "usage: %s [--iters n]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--iters n] [--quick]\n", argv[0]);
       return 2;
     }
   }
@@ -71,22 +81,39 @@ int main(int argc, char** argv) {
 
   struct BenchCase {
     int batch;
-    int64_t hist, chunk;
+    int64_t prefix, chunk;
+    bool int2;  // the prefix (beyond sinks and 64 recent tokens) as INT2 history
   };
-  const BenchCase cases[] = {{1, 0, 2048}, {1, 8192, 512}, {4, 4096, 256}, {1, 32768, 1024}};
+  std::vector<BenchCase> cases = {{1, 0, 8192, false},      {1, 0, 32768, false},
+                                  {1, 24576, 8192, false},  {1, 24576, 8192, true},
+                                  {32, 16384, 64, false},   {32, 16384, 64, true},
+                                  {1, 8192, 512, true},     {4, 4096, 256, true},
+                                  {1, 32768, 1024, false},  {1, 32768, 1024, true}};
+  if (!quick) {
+    cases.push_back({1, 0, 102400, false});
+    cases.push_back({1, 0, 131072, false});
+  }
+  uint64_t rs = 0x9E3779B97F4A7C15ull;
+  const auto next = [&rs] {  // xorshift64*: random bytes at memory speed
+    rs ^= rs >> 12;
+    rs ^= rs << 25;
+    rs ^= rs >> 27;
+    return static_cast<uint32_t>((rs * 0x2545F4914F6CDD1Dull) >> 32);
+  };
   std::mt19937 rng(7);
   std::printf(
-      "\n| batch | history | chunk | path | median us | p10 | p90 | TFLOP/s |\n"
-      "|---|---|---|---|---|---|---|---|\n");
+      "\n| batch | prefix | chunk | prefix as | path | median us | p10 | p90 | TFLOP/s | vs staged |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
   for (const BenchCase& bc : cases) {
-    const bool int2 = bc.hist > 0;
+    const bool int2 = bc.int2;
+    const int64_t hist = int2 ? bc.prefix - kSink - kRecentExtra : 0;
     std::vector<int32_t> indptr[3], ids[3], last[3], cu = {0};
     std::vector<int64_t> pos0;
     int64_t n_exact = 0, n_hist = 0;
     double flops = 0;
     for (int s = 0; s < bc.batch; ++s) {
-      const int64_t recent = int2 ? kRecentExtra + bc.chunk : bc.chunk - kSink;
-      const int64_t n[3] = {kSink, bc.hist, recent};
+      const int64_t recent = int2 ? kRecentExtra + bc.chunk : bc.prefix + bc.chunk - kSink;
+      const int64_t n[3] = {kSink, hist, recent};
       for (int r = 0; r < 3; ++r) {
         if (indptr[r].empty()) indptr[r].push_back(0);
         const int64_t np = (n[r] + kP - 1) / kP;
@@ -95,7 +122,7 @@ int main(int argc, char** argv) {
         indptr[r].push_back(static_cast<int32_t>(ids[r].size()));
         last[r].push_back(n[r] == 0 ? 0 : static_cast<int32_t>((n[r] - 1) % kP + 1));
       }
-      const int64_t p0 = kSink + bc.hist + recent - bc.chunk;
+      const int64_t p0 = kSink + hist + recent - bc.chunk;
       pos0.push_back(p0);
       cu.push_back(cu.back() + static_cast<int32_t>(bc.chunk));
       for (int64_t i = 0; i < bc.chunk; ++i)
@@ -114,23 +141,28 @@ int main(int argc, char** argv) {
     // Pools: BF16 |x| < 2; INT2 rows with fp16 scale in [0.25, 0.5), min in (-2, -1].
     std::vector<uint8_t> exact(static_cast<size_t>(n_exact) * L.exact_page_bytes());
     for (size_t i = 0; i + 4 <= exact.size(); i += 4) {
-      const uint32_t w = static_cast<uint32_t>(rng()) & 0xBFFFBFFFu;
+      const uint32_t w = next() & 0xBFFFBFFFu;
       std::memcpy(&exact[i], &w, 4);
     }
-    std::vector<uint8_t> hist(static_cast<size_t>(std::max<int64_t>(n_hist, 1)) *
-                              L.int2_page_bytes());
-    for (size_t i = 0; i + 36 <= hist.size(); i += 36) {
+    std::vector<uint8_t> hist_bytes(static_cast<size_t>(std::max<int64_t>(n_hist, 1)) *
+                                    L.int2_page_bytes());
+    for (size_t i = 0; i + 36 <= hist_bytes.size(); i += 36) {
       for (int b = 0; b < 32; b += 4) {
-        const uint32_t w = static_cast<uint32_t>(rng());
-        std::memcpy(&hist[i + b], &w, 4);
+        const uint32_t w = next();
+        std::memcpy(&hist_bytes[i + b], &w, 4);
       }
-      const uint32_t r = static_cast<uint32_t>(rng());
+      const uint32_t r = next();
       const uint32_t m = (0x3400u | (r & 0x3ffu)) | ((0xBC00u | ((r >> 16) & 0x3ffu)) << 16);
-      std::memcpy(&hist[i + 32], &m, 4);
+      std::memcpy(&hist_bytes[i + 32], &m, 4);
     }
+    // q ~ N(0, 1): a block of fresh normals, repeated at shifting offsets (large prompts).
     std::vector<float> q(static_cast<size_t>(cu.back()) * kHq * kD);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    for (float& x : q) x = nd(rng);
+    {
+      std::normal_distribution<float> nd(0.f, 1.f);
+      std::vector<float> block(std::min<size_t>(q.size(), size_t{1} << 22) + 1);
+      for (float& x : block) x = nd(rng);
+      for (size_t i = 0; i < q.size(); ++i) q[i] = block[(i + i / (block.size() - 1)) % block.size()];
+    }
 
     PrefillAttnParams p;
     p.n_seqs = bc.batch;
@@ -146,7 +178,7 @@ int main(int argc, char** argv) {
     p.pos0 = upload(pos0);
     p.q = upload(q);
     p.exact_pool = upload(exact);
-    p.hist_pool = int2 ? upload(hist) : nullptr;
+    p.hist_pool = int2 ? upload(hist_bytes) : nullptr;
     PageTableView* tabs[3] = {&p.sinks, &p.history, &p.recent};
     for (int r = 0; r < 3; ++r) {
       tabs[r]->indptr = upload(indptr[r]);
@@ -157,7 +189,11 @@ int main(int argc, char** argv) {
     float* out = nullptr;
     CK(cudaMalloc(&out, q.size() * sizeof(float)));
     p.out = out;
-    for (PrefillAttnCudaPath path : {PrefillAttnCudaPath::kAuto, PrefillAttnCudaPath::kSimt}) {
+    double staged_us = 0;
+    for (PrefillAttnCudaPath path : {PrefillAttnCudaPath::kStaged, PrefillAttnCudaPath::kTiledMma,
+                                     PrefillAttnCudaPath::kAuto}) {
+      const bool staged = path == PrefillAttnCudaPath::kStaged;
+      if (staged && flops > 2e13) continue;
       std::vector<double> ts;
       const auto call = [&] {
         const Status st = prefill_attn_cuda_ex(p, path, stream);
@@ -166,13 +202,26 @@ int main(int argc, char** argv) {
       };
       if (!time_flushed_us(timer, flush, 2, iters, call, &ts)) return 1;
       const double med = pct(ts, 0.5);
-      std::printf("| %d | %lld | %lld | %s | %.1f | %.1f | %.1f | %.1f |\n", bc.batch,
-                  static_cast<long long>(bc.hist), static_cast<long long>(bc.chunk),
-                  path == PrefillAttnCudaPath::kAuto ? "mma" : "simt", med, pct(ts, 0.1),
-                  pct(ts, 0.9), flops / (med * 1e-6) / 1e12);
+      if (staged) staged_us = med;
+      char ratio[32] = "";
+      if (!staged && staged_us > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", staged_us / med);
+      std::printf("| %d | %lld | %lld | %s | %s | %.1f | %.1f | %.1f | %.1f | %s |\n", bc.batch,
+                  static_cast<long long>(bc.prefix), static_cast<long long>(bc.chunk),
+                  int2 ? "int2" : "bf16",
+                  staged                                     ? "staged"
+                  : path == PrefillAttnCudaPath::kTiledMma ? "tiled mma.sync"
+                                                             : "tiled wgmma",
+                  med, pct(ts, 0.1),
+                  pct(ts, 0.9), flops / (med * 1e-6) / 1e12, ratio);
       std::fflush(stdout);
     }
-    // Buffers of this case are left to the process exit (a benchmark).
+    for (void* b : {static_cast<void*>(const_cast<int32_t*>(p.cu_seqlens)),
+                    static_cast<void*>(const_cast<int64_t*>(p.pos0)),
+                    static_cast<void*>(const_cast<float*>(p.q)),
+                    static_cast<void*>(const_cast<uint8_t*>(p.exact_pool)),
+                    static_cast<void*>(const_cast<uint8_t*>(p.hist_pool)), static_cast<void*>(out)})
+      if (b != nullptr) CK(cudaFree(b));
+    // (The page tables' small buffers are left to the process exit.)
   }
   return 0;
 }

@@ -10,7 +10,11 @@
 // 0xFF (NaN in bf16, fp16 and float), and the output is 0xFF before each call: a wrong address
 // or an unwritten output shows up as NaN, and the rows before cu_seqlens[0] must stay 0xFF.
 //
-// Every case runs both kernels: the tensor-core one (the default) and the FP32 SIMT one.
+// Every case runs every kernel: the default (kAuto: the tiled tensor-core kernel on wgmma for
+// serving prefill, the staged one for decode-equivalent cases), the tiled kernel on mma.sync, the
+// staged tensor-core one and the FP32 SIMT one. The tiled kernel rounds the same operands to BF16
+// as the staged one (q, P, dequantized history rows; exact rows are BF16 already), so tol_mma
+// below covers all three.
 //
 // Decode-equivalent cases (perplexity evaluation's reading): caches as the model leaves them at
 // a chunk's start (demoted up to history_end(pos0)), chunks of 1..300 crossing one or more
@@ -271,9 +275,13 @@ void run_case(const Case& c) {
   upload(h, dv);
   ASSERT_NE(dv.out, nullptr);
   std::vector<float> got(h.q.size());
-  for (PrefillAttnCudaPath path : {PrefillAttnCudaPath::kAuto, PrefillAttnCudaPath::kSimt}) {
-    const bool mma = path == PrefillAttnCudaPath::kAuto;
-    const char* what = mma ? "mma " : "simt";
+  for (PrefillAttnCudaPath path : {PrefillAttnCudaPath::kAuto, PrefillAttnCudaPath::kTiledMma,
+                                   PrefillAttnCudaPath::kStaged, PrefillAttnCudaPath::kSimt}) {
+    const bool mma = path != PrefillAttnCudaPath::kSimt;
+    const char* what = path == PrefillAttnCudaPath::kAuto       ? "auto"
+                       : path == PrefillAttnCudaPath::kTiledMma ? "tmma"
+                       : mma                                    ? "stgd"
+                                                                : "simt";
     CUDA_OK(cudaMemset(dv.out, 0xFF, got.size() * sizeof(float)));
     const Status st = prefill_attn_cuda_ex(dv.params, path, nullptr);
     ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
@@ -455,6 +463,21 @@ TEST_F(PrefillAttnCuda, LongContextQwen3Layout) {
   c.seqs = {{64, 3072, 300, 64}, {64, 0, 36, 100}};
   c.seed = 500;
   run_case(c);
+}
+
+TEST_F(PrefillAttnCuda, LongChunksGqa6And12) {
+  // Chunks of several 64-key tiles and several query items, with the history ending mid-tile
+  // (the tiled kernel's mixed tiles) and GQA groups that do not divide its 128 rows (the models of
+  // the next issues: 6-12 query heads per KV head).
+  for (int gqa : {6, 12}) {
+    Case c;
+    c.n_heads_q = 2 * gqa;
+    c.n_heads_kv = 2;
+    c.n_sink = 16;
+    c.seqs = {{16, 1040, 400, 383}, {16, 0, 520, 520}, {16, 48, 70, 70}};
+    c.seed = 600 + gqa;
+    run_case(c);
+  }
 }
 
 // ---- decode-equivalent (perplexity evaluation) -------------------------------------------------

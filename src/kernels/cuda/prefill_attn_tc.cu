@@ -1,0 +1,563 @@
+// The tiled tensor-core prefill attention (prefill_detail::prefill_attn_tc_launch), the default
+// kernel of prefill_attn_cuda for serving prefill and extend (kernels/prefill_attn.h): causal
+// attention of a step's prefill chunks over the paged three-region cache, FlashAttention-2 style.
+//
+// Work: the items of prefill_items.cuh (a tile of 128 / gqa queries of one sequence x the gqa
+// query heads of one KV head = up to 128 rows), so every K/V tile is read once per KV group and
+// used by all its query heads. 8 warps of 16 rows; Q as BF16 A fragments in registers, pre-scaled
+// by scale·log2 e.
+//
+// Per 64-key tile, double-buffered in shared memory (row stride D + 8 BF16: ldmatrix reads 8 rows
+// of 16 bytes on distinct banks):
+//   BF16 rows (sinks, recent, the chunk's own) arrive by cp.async, 16 bytes a thread, straight
+//     from their pages, issued one tile ahead;
+//   history rows are dequantized once per tile into the same BF16 tile, for all 128 rows: a
+//     2-bit row (uniform or Lloyd-Max INT2, and the bit plan's 2-bit rows) is read as 32-bit code
+//     words, loaded before the current tile's MMAs and unpacked after them (16 values a word: the
+//     group's four levels min + level·scale computed once per word by FMA, then a select per
+//     value); other widths (the bit plan's 1-, 3- and 4-bit rows) through
+//     cuda_detail::dequant_element, 16 values a thread.
+// S = Q·Kᵀ and O += P·V by mma.sync m16n8k16 (BF16 operands, FP32 accumulation), K fragments by
+// ldmatrix, V fragments by ldmatrix.trans (no transpose pass); the causal mask only on tiles that
+// reach past the item's first query; online softmax in exp2 on the accumulator fragments, P
+// re-packed as BF16 A fragments in registers.
+//
+// Not here: the decode-equivalent reading (prefill_attn.cu's staged kernels), KIVI history,
+// head_dim 256 (register budget: needs Q from shared memory), wgmma / TMA (the next step on
+// Hopper), splitting one sequence's keys across blocks (a short chunk over a long prefix with few
+// sequences leaves SMs idle).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/hist_row.cuh"
+#include "kernels/cuda/prefill_items.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace oscar::kernels::prefill_detail {
+
+namespace {
+
+constexpr int kTcWarps = 8;
+constexpr int kTcThreads = 32 * kTcWarps;
+constexpr int kTcKeys = 64;  // keys per tile
+
+template <int D>
+struct TcShape {
+  // A K or V tile: [kTcKeys keys][D] BF16 in the 128-byte swizzled layout (wgmma.cuh), as D / 64
+  // atoms of [kTcKeys][64] one after another: the layout wgmma reads K from (K-major) and V from
+  // (MN-major), and ldmatrix reads without bank conflicts.
+  static constexpr int kAtomBytes = kTcKeys * 128;
+  static constexpr int kTileBytes = kTcKeys * D * 2;
+  static constexpr size_t kSmemBytes = 2 * 2 * kTileBytes + 1024;  // 2 stages x (K, V), aligned
+  static constexpr int kChunks = D / 8;                  // 16-byte chunks of a BF16 row
+  static constexpr int kExactPerThread = 2 * kTcKeys * kChunks / kTcThreads;
+  static constexpr int kUnits = D / 16;                  // 16-value units of a row
+  static constexpr int kHistPerThread = 2 * kTcKeys * kUnits / kTcThreads;
+  // Each of K and V takes whole rounds of the block's threads (so a round's kv is known).
+  static_assert(kTcKeys * kChunks % kTcThreads == 0 && kTcKeys * kUnits % kTcThreads == 0);
+  static_assert(D % 64 == 0);
+};
+
+// Byte offset of value e (a multiple of 4) of key row r inside a tile.
+template <int D>
+__device__ __forceinline__ uint32_t tile_off(int r, int e) {
+  const int c = (e >> 3) & 7;
+  return (e >> 6) * TcShape<D>::kAtomBytes + r * 128 + ((c ^ (r & 7)) << 4) + (e & 7) * 2;
+}
+
+__device__ __forceinline__ bool tile_has_hist(const Item& it, int64_t k0) {
+  return it.hist_end > it.n_sink_tok && k0 < it.hist_end && k0 + kTcKeys > it.n_sink_tok;
+}
+
+// A sequence's page lists for one item, and 32-bit key arithmetic: a 64-bit division or
+// remainder is a software routine of ~100 instructions, which per 16-byte copy cost more than
+// the MMAs (measured: the tiled kernel ran at 70-76 TFLOP/s with key_rows per copy).
+struct SeqPages {
+  const int32_t* sink;
+  const int32_t* hist;
+  const int32_t* recent;
+  int n_sink_tok, hist_end, kend;
+};
+
+__device__ __forceinline__ SeqPages seq_pages(const Args& a, const Item& it) {
+  SeqPages sp;
+  sp.sink = a.sinks.page_ids + a.sinks.indptr[it.seq];
+  sp.hist = a.history.page_ids + a.history.indptr[it.seq];
+  sp.recent = a.recent.page_ids + a.recent.indptr[it.seq];
+  sp.n_sink_tok = static_cast<int>(it.n_sink_tok);
+  sp.hist_end = static_cast<int>(it.hist_end);
+  sp.kend = static_cast<int>(it.kend);
+  return sp;
+}
+
+// Token t's page (index into a page list) and slot; a.page_shift >= 0: the page size is 2^shift.
+__device__ __forceinline__ void page_slot(const Args& a, int t, int& page, int& slot) {
+  if (a.page_shift >= 0) {
+    page = t >> a.page_shift;
+    slot = t & ((1 << a.page_shift) - 1);
+  } else {
+    page = t / a.page_size;
+    slot = t - page * a.page_size;
+  }
+}
+
+// Key j's exact row (BF16 sink or recent; plane offset not added).
+template <int D>
+__device__ __forceinline__ const uint8_t* exact_row(const Args& a, const SeqPages& sp, int j) {
+  const bool sink = j < sp.n_sink_tok;
+  int page, slot;
+  page_slot(a, sink ? j : j - sp.hist_end, page, slot);
+  const int id = (sink ? sp.sink : sp.recent)[page];
+  return a.exact_pool + static_cast<uint64_t>(id) * a.exact_page_bytes +
+         static_cast<uint32_t>(slot * D * 2);
+}
+
+// Key j's history page base and slot.
+__device__ __forceinline__ const uint8_t* hist_page(const Args& a, const Planes& pl,
+                                                    const SeqPages& sp, int j, int& slot) {
+  int page;
+  page_slot(a, j - sp.n_sink_tok, page, slot);
+  return a.hist_pool + static_cast<uint64_t>(sp.hist[page]) * pl.hpb;
+}
+
+__device__ __forceinline__ bool key_is_hist(const SeqPages& sp, int j) {
+  return j >= sp.n_sink_tok && j < sp.hist_end;
+}
+
+// cp.async of the tile's BF16 rows (keys past kend zero-filled; history rows left alone): thread
+// copies 16-byte chunk c of its keys' K and V rows, one row lookup per key.
+template <int D>
+__device__ __forceinline__ void load_exact(const Args& a, const Planes& pl, const SeqPages& sp,
+                                           int k0, bool hist, uint32_t ks, uint32_t vs) {
+  using S = TcShape<D>;
+  constexpr int kRounds = S::kExactPerThread / 2, kKeysPerRound = kTcThreads / S::kChunks;
+  const int c = threadIdx.x % S::kChunks;
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const int kk = threadIdx.x / S::kChunks + r * kKeysPerRound, j = k0 + kk;
+    const uint32_t off = tile_off<D>(kk, 8 * c);
+    if (j >= sp.kend) {
+      oscar::cuda::cp_async16(ks + off, a.exact_pool, false);
+      oscar::cuda::cp_async16(vs + off, a.exact_pool, false);
+    } else if (!(hist && key_is_hist(sp, j))) {
+      const uint8_t* row = exact_row<D>(a, sp, j) + 16 * c;
+      oscar::cuda::cp_async16(ks + off, row + pl.eplane[0], true);
+      oscar::cuda::cp_async16(vs + off, row + pl.eplane[1], true);
+    }
+  }
+}
+
+// A thread's history units of a tile: round r covers key kk(r) and unit u = thread % (D / 16):
+// the 32-bit code word u of a 2-bit row (16 values), or values 16u .. 16u+15 of another width;
+// [r][0] K, [r][1] V.
+template <int D>
+struct HistUnits {
+  static constexpr int kRounds = TcShape<D>::kHistPerThread / 2;
+  static constexpr int kKeysPerRound = kTcThreads / TcShape<D>::kUnits;
+  uint32_t code[kRounds][2];
+  uint32_t meta[kRounds][2];
+};
+
+// Loads the 2-bit units' code words and group metadata (issued before the current tile's MMAs,
+// consumed after them).
+template <int D>
+__device__ __forceinline__ void hist_prefetch(const Args& a, const Planes& pl, const SeqPages& sp,
+                                              int k0, HistUnits<D>& h) {
+  using H = HistUnits<D>;
+  const int u = threadIdx.x % TcShape<D>::kUnits;
+  const int gi = 16 * u / a.group_size;  // the word's group (G / 4 code bytes a group)
+#pragma unroll
+  for (int r = 0; r < H::kRounds; ++r) {
+    const int j = k0 + threadIdx.x / TcShape<D>::kUnits + r * H::kKeysPerRound;
+    h.code[r][0] = h.code[r][1] = h.meta[r][0] = h.meta[r][1] = 0;
+    if (j >= sp.kend || !key_is_hist(sp, j)) continue;
+    int slot;
+    const uint8_t* pg = hist_page(a, pl, sp, j, slot);
+#pragma unroll
+    for (int kv = 0; kv < 2; ++kv) {
+      if (pl.hbits[kv] != 2) continue;
+      const uint8_t* row = pg + pl.hoff[kv] + static_cast<uint32_t>(slot * pl.hrb[kv]);
+      h.code[r][kv] = *reinterpret_cast<const uint32_t*>(row + 4 * u);
+      h.meta[r][kv] = *reinterpret_cast<const uint32_t*>(row + D / 4 + 4 * gi);
+    }
+  }
+}
+
+// Writes the tile's history rows as BF16: 2-bit units from the prefetched words, other widths
+// element by element from global memory.
+template <int D>
+__device__ __forceinline__ void hist_store(const Args& a, const Planes& pl, const SeqPages& sp,
+                                           int k0, const HistUnits<D>& h, uint8_t* ks,
+                                           uint8_t* vs) {
+  using H = HistUnits<D>;
+  const int G = a.group_size;
+  const int u = threadIdx.x % TcShape<D>::kUnits;
+  // Word u = code bytes 4u .. 4u+3 of the row; byte b of group gi holds values b, b + G/4,
+  // b + G/2, b + 3G/4 (quant/int2_layout.h), 2 bits each from the low end.
+  const int gi = 16 * u / G, b = 4 * u - gi * (G / 4);
+#pragma unroll
+  for (int r = 0; r < H::kRounds; ++r) {
+    const int kk = threadIdx.x / TcShape<D>::kUnits + r * H::kKeysPerRound, j = k0 + kk;
+    if (j >= sp.kend || !key_is_hist(sp, j)) continue;
+#pragma unroll
+    for (int kv = 0; kv < 2; ++kv) {
+      uint8_t* dst = kv ? vs : ks;
+      if (pl.hbits[kv] == 2) {
+        const float sc = cuda_detail::fp16_bits_to_f32(h.meta[r][kv]);
+        const float mn = cuda_detail::fp16_bits_to_f32(h.meta[r][kv] >> 16);
+        float lv[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q)  // min + q·scale, or μ + level[q]·σ (Lloyd-Max): one FMA
+          lv[q] = fmaf(a.uniform ? static_cast<float>(q) : a.lloyd[q], sc, mn);
+        const uint32_t w = h.code[r][kv];
+#pragma unroll
+        for (int qq = 0; qq < 4; ++qq) {
+          float v[4];
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            const uint32_t q = w >> (8 * x + 2 * qq) & 3u;
+            v[x] = q & 2u ? (q & 1u ? lv[3] : lv[2]) : (q & 1u ? lv[1] : lv[0]);
+          }
+          *reinterpret_cast<uint2*>(dst + tile_off<D>(kk, gi * G + qq * (G / 4) + b)) =
+              make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
+        }
+      } else {
+        int slot;
+        const uint8_t* pg = hist_page(a, pl, sp, j, slot);
+        const uint8_t* row = pg + pl.hoff[kv] + static_cast<uint32_t>(slot * pl.hrb[kv]);
+        uint32_t p[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          p[e] = pack_bf16(cuda_detail::dequant_element(row, 16 * u + 2 * e, D, G, pl.hbits[kv],
+                                                        a.uniform, a.lloyd),
+                           cuda_detail::dequant_element(row, 16 * u + 2 * e + 1, D, G,
+                                                        pl.hbits[kv], a.uniform, a.lloyd));
+        *reinterpret_cast<uint4*>(dst + tile_off<D>(kk, 16 * u)) =
+            make_uint4(p[0], p[1], p[2], p[3]);
+        *reinterpret_cast<uint4*>(dst + tile_off<D>(kk, 16 * u + 8)) =
+            make_uint4(p[4], p[5], p[6], p[7]);
+      }
+    }
+  }
+}
+
+// S = Q·Kᵀ of a warp's 16 rows over the tile's 64 keys (log2 units): s[nb] = keys 8nb .. 8nb+7.
+// kWg: one warpgroup-wide wgmma per 16 dims (K from shared memory through a descriptor); else
+// mma.sync with K fragments by ldmatrix.
+template <int D, bool kWg>
+__device__ __forceinline__ void tile_scores(const uint32_t (&qa)[D / 16][4], uint32_t ks,
+                                            float (&s)[kTcKeys / 8][4]) {
+  constexpr int NKS = D / 16, NB = kTcKeys / 8;
+  if constexpr (kWg) {
+    oscar::cuda::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < NKS; ++k) {
+      // K-major B: 16 dims = 32 bytes of each key row, inside atom k / 4; 8-row groups 1024 apart.
+      const uint64_t desc = oscar::cuda::wgmma_desc_sw128(
+          ks + (k / 4) * TcShape<D>::kAtomBytes + (k % 4) * 32, 16, 1024);
+      oscar::cuda::wgmma_m64n64k16_rs<0>(s, qa[k], desc, k > 0);
+    }
+    oscar::cuda::wgmma_commit();
+    oscar::cuda::wgmma_wait<0>();
+  } else {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[nb][c] = 0.f;
+#pragma unroll
+    for (int k2 = 0; k2 < NKS / 2; ++k2)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        // Matrices: dims 32k2 + 8m .. +7 of keys 8nb .. 8nb+7 (m = lane / 8 supplies the rows).
+        uint32_t kb[4];
+        oscar::cuda::ldmatrix_x4(kb, ks + tile_off<D>(8 * nb + (lane & 7), 32 * k2 + 8 * (lane >> 3)));
+        const uint32_t(&q0)[4] = qa[2 * k2];
+        const uint32_t(&q1)[4] = qa[2 * k2 + 1];
+        oscar::cuda::mma_bf16(s[nb], q0[0], q0[1], q0[2], q0[3], kb[0], kb[1]);
+        oscar::cuda::mma_bf16(s[nb], q1[0], q1[1], q1[2], q1[3], kb[2], kb[3]);
+      }
+  }
+}
+
+// O += P·V of a warp's 16 rows: P as BF16 A fragments (pa[kp] = keys 16kp .. 16kp+15).
+template <int D, bool kWg>
+__device__ __forceinline__ void tile_pv(const uint32_t (&pa)[kTcKeys / 16][4], uint32_t vs,
+                                        float (&o)[D / 8][4]) {
+  constexpr int NKP = kTcKeys / 16, NDB = D / 8;
+  if constexpr (kWg) {
+    oscar::cuda::wgmma_fence();
+#pragma unroll
+    for (int kp = 0; kp < NKP; ++kp) {
+      // MN-major B: 16 keys = two 8-row groups (1024 bytes apart) from key 16kp; 64-dim atoms
+      // kAtomBytes apart.
+      const uint64_t desc =
+          oscar::cuda::wgmma_desc_sw128(vs + kp * 2048, TcShape<D>::kAtomBytes, 1024);
+      if constexpr (D == 128)
+        oscar::cuda::wgmma_m64n128k16_rs<1>(o, pa[kp], desc, 1);
+      else
+        oscar::cuda::wgmma_m64n64k16_rs<1>(o, pa[kp], desc, 1);
+    }
+    oscar::cuda::wgmma_commit();
+    oscar::cuda::wgmma_wait<0>();
+  } else {
+    const int lane = threadIdx.x & 31;
+    // Matrices (.trans): keys 16kp + 8(m & 1) .. +7, dims 16dp + 8(m >> 1) .. +7.
+    const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1), v_col = 8 * (lane >> 4);
+#pragma unroll
+    for (int kp = 0; kp < NKP; ++kp)
+#pragma unroll
+      for (int dp = 0; dp < NDB / 2; ++dp) {
+        uint32_t vb[4];
+        oscar::cuda::ldmatrix_x4_trans(vb, vs + tile_off<D>(16 * kp + v_row, 16 * dp + v_col));
+        const uint32_t(&a)[4] = pa[kp];
+        oscar::cuda::mma_bf16(o[2 * dp], a[0], a[1], a[2], a[3], vb[0], vb[1]);
+        oscar::cuda::mma_bf16(o[2 * dp + 1], a[0], a[1], a[2], a[3], vb[2], vb[3]);
+      }
+  }
+}
+
+template <int D, bool kWg>
+__global__ void __launch_bounds__(kTcThreads, 1)
+    prefill_attn_tc_kernel(const __grid_constant__ Args a) {
+  using S = TcShape<D>;
+  constexpr int NKS = D / 16;        // k-steps of S = Q·Kᵀ
+  constexpr int NB = kTcKeys / 8;    // 8-key blocks of S
+  constexpr int NDB = D / 8;         // 8-dim blocks of O
+  constexpr int NKP = kTcKeys / 16;  // k-steps of P·V
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  // [stage][K, V] tiles, 1024-aligned (the swizzle pattern follows address bits 4-9).
+  const uint32_t raw_addr = oscar::cuda::smem_addr(smem_raw);
+  uint8_t* tiles = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
+  const uint32_t tiles_addr = oscar::cuda::smem_addr(tiles);
+  const int kvh = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int M = a.qt * a.gqa;
+  const Planes pl = make_planes(a, kvh, D);
+
+#pragma unroll 1
+  for (int item = blockIdx.x;; item += gridDim.x) {
+    Item it;
+    if (!find_item(a, item, it)) break;
+    const int64_t kend = it.kend;
+    const int64_t first_pos = it.p0 + it.q0;  // the item's smallest query position
+
+    // This lane's rows: r = 0 -> row 16·warp + g, r = 1 -> row 16·warp + g + 8 (warpgroup w / 4
+    // holds rows 64·(w / 4) ..).
+    int64_t rpos[2];
+    bool rvalid[2];
+    uint32_t qa[NKS][4];
+    {
+      const float* qrow[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int m = 16 * warp + g + 8 * r, qi = m / a.gqa, hh = m % a.gqa;
+        rvalid[r] = m < M && qi < it.nqt;
+        rpos[r] = first_pos + qi;
+        qrow[r] = rvalid[r] ? a.q + ((it.row0 + qi) * a.n_heads_q + kvh * a.gqa + hh) * D : nullptr;
+      }
+#pragma unroll
+      for (int ks = 0; ks < NKS; ++ks)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int d = 16 * ks + 2 * t + 8 * half;
+            float2 qv = make_float2(0.f, 0.f);
+            if (qrow[r]) qv = *reinterpret_cast<const float2*>(qrow[r] + d);
+            qa[ks][2 * half + r] = pack_bf16(qv.x * a.scale_log2, qv.y * a.scale_log2);
+          }
+    }
+    float o[NDB][4];
+#pragma unroll
+    for (int db = 0; db < NDB; ++db)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[db][c] = 0.f;
+    float mrow[2] = {kNegInf, kNegInf}, lrow[2] = {0.f, 0.f};  // l: this lane's partial sum
+
+    const int n_tiles = static_cast<int>((kend + kTcKeys - 1) / kTcKeys);
+    const SeqPages sp = seq_pages(a, it);
+    // Prologue: tile 0 into stage 0.
+    {
+      const bool h0 = tile_has_hist(it, 0);
+      load_exact<D>(a, pl, sp, 0, h0, tiles_addr, tiles_addr + S::kTileBytes);
+      oscar::cuda::cp_async_commit();
+      if (h0) {
+        HistUnits<D> hu;
+        hist_prefetch<D>(a, pl, sp, 0, hu);
+        hist_store<D>(a, pl, sp, 0, hu, tiles, tiles + S::kTileBytes);
+      }
+    }
+#pragma unroll 1
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int64_t k0 = static_cast<int64_t>(tile) * kTcKeys;
+      const uint32_t ks = tiles_addr + (tile & 1) * 2 * S::kTileBytes;
+      const uint32_t vs = ks + S::kTileBytes;
+      uint8_t* ks_next = tiles + ((tile + 1) & 1) * 2 * S::kTileBytes;
+      const uint32_t ks_next_addr = tiles_addr + ((tile + 1) & 1) * 2 * S::kTileBytes;
+      const bool next = tile + 1 < n_tiles;
+      const bool next_hist = next && tile_has_hist(it, k0 + kTcKeys);
+      HistUnits<D> hu;
+      if (next) {
+        load_exact<D>(a, pl, sp, static_cast<int>(k0) + kTcKeys, next_hist, ks_next_addr,
+                      ks_next_addr + S::kTileBytes);
+        oscar::cuda::cp_async_commit();
+        if (next_hist) hist_prefetch<D>(a, pl, sp, static_cast<int>(k0) + kTcKeys, hu);
+        oscar::cuda::cp_async_wait<1>();
+      } else {
+        oscar::cuda::cp_async_wait<0>();
+      }
+      // This tile's rows (copies and history stores) are in place, and visible to wgmma.
+      oscar::cuda::fence_proxy_async_smem();
+      __syncthreads();
+
+      float s[NB][4];
+      tile_scores<D, kWg>(qa, ks, s);
+      // ---- causal mask (tiles reaching past the first query only), online softmax --------------
+      if (k0 + kTcKeys - 1 > first_pos) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int64_t j = k0 + 8 * nb + 2 * t + (c & 1);
+            if (j > rpos[c >> 1]) s[nb][c] = kNegInf;
+          }
+      }
+      float mx[2] = {kNegInf, kNegInf};
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) mx[c >> 1] = fmaxf(mx[c >> 1], s[nb][c]);
+      float mnew[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mnew[r] = fmaxf(mrow[r], mx[r]);
+        const float alpha = mnew[r] == kNegInf ? 1.f : exp2f(mrow[r] - mnew[r]);
+        mrow[r] = mnew[r];
+        lrow[r] *= alpha;
+#pragma unroll
+        for (int db = 0; db < NDB; ++db) {
+          o[db][2 * r] *= alpha;
+          o[db][2 * r + 1] *= alpha;
+        }
+        if (mnew[r] == kNegInf) mnew[r] = 0.f;  // a row with nothing visible yet: p = 0
+      }
+      // P as BF16 A fragments: k-step kp = keys 16kp .. +15 = S blocks 2kp, 2kp + 1.
+      uint32_t pa[NKP][4];
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        float p[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          p[c] = exp2f(s[nb][c] - mnew[c >> 1]);  // exp2(-inf) = 0
+          lrow[c >> 1] += p[c];
+        }
+        pa[nb >> 1][2 * (nb & 1)] = pack_bf16(p[0], p[1]);
+        pa[nb >> 1][2 * (nb & 1) + 1] = pack_bf16(p[2], p[3]);
+      }
+      tile_pv<D, kWg>(pa, vs, o);
+      // The next tile's history rows, unpacked now that this tile's MMAs are done (their stage
+      // was last read in the previous iteration, before its closing barrier).
+      if (next_hist)
+        hist_store<D>(a, pl, sp, static_cast<int>(k0) + kTcKeys, hu, ks_next,
+                      ks_next + S::kTileBytes);
+      __syncthreads();  // every warp is done with this stage before it is refilled
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = lrow[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      if (!rvalid[r]) continue;
+      const int m = 16 * warp + g + 8 * r, qi = m / a.gqa, hh = m % a.gqa;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      float* dst = a.out + ((it.row0 + qi) * a.n_heads_q + kvh * a.gqa + hh) * D;
+#pragma unroll
+      for (int db = 0; db < NDB; ++db)
+        *reinterpret_cast<float2*>(dst + 8 * db + 2 * t) =
+            make_float2(o[db][2 * r] * inv, o[db][2 * r + 1] * inv);
+    }
+  }
+}
+
+// Resident blocks per SM ([head_dim 64, 128][mma.sync, wgmma]) and the SM count, per device,
+// read once.
+struct TcFacts {
+  int sms = 0;
+  int blocks[2][2] = {{0, 0}, {0, 0}};
+};
+
+template <int D, bool kWg>
+Status tc_setup(int* blocks) {
+  const int smem = static_cast<int>(TcShape<D>::kSmemBytes);
+  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(prefill_attn_tc_kernel<D, kWg>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      blocks, prefill_attn_tc_kernel<D, kWg>, kTcThreads, smem));
+  *blocks = std::max(1, *blocks);
+  return Status();
+}
+
+Status tc_facts(TcFacts* out) {
+  static std::mutex mu;
+  static TcFacts facts[64];
+  static bool ready[64] = {};
+  int dev = 0;
+  OSCAR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return internal_error("prefill_attn_tc: device %d", dev);
+  std::lock_guard<std::mutex> lock(mu);
+  if (!ready[dev]) {
+    TcFacts f;
+    OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev));
+    OSCAR_RETURN_IF_ERROR((tc_setup<64, false>(&f.blocks[0][0])));
+    OSCAR_RETURN_IF_ERROR((tc_setup<128, false>(&f.blocks[1][0])));
+    OSCAR_RETURN_IF_ERROR((tc_setup<128, true>(&f.blocks[1][1])));
+    facts[dev] = f;
+    ready[dev] = true;
+  }
+  *out = facts[dev];
+  return Status();
+}
+
+template <int D, bool kWg>
+Status tc_launch(const Args& a, dim3 grid, cudaStream_t stream) {
+  prefill_attn_tc_kernel<D, kWg><<<grid, kTcThreads, TcShape<D>::kSmemBytes, stream>>>(a);
+  OSCAR_CUDA_LAUNCH_CHECK("prefill_attn_tc_kernel");
+  return Status();
+}
+
+}  // namespace
+
+Status prefill_attn_tc_launch(const Args& a_in, int head_dim, int n_heads_kv, bool wgmma,
+                              cudaStream_t stream) {
+  if (a_in.de != 0) return internal_error("prefill_attn_tc: serving prefill only");
+  if (head_dim != 64 && head_dim != 128)
+    return invalid_argument("prefill_attn_tc: head_dim %d (64 or 128)", head_dim);
+  if (a_in.gqa > kTcThreads / 2)
+    return invalid_argument("prefill_attn_tc: gqa %d > %d", a_in.gqa, kTcThreads / 2);
+  TcFacts f;
+  OSCAR_RETURN_IF_ERROR(tc_facts(&f));
+  Args a = a_in;
+  a.qt = 16 * kTcWarps / a.gqa;  // queries per item: 128 rows
+  a.page_shift = -1;
+  for (int sh = 0; sh < 31; ++sh)
+    if (a.page_size == 1 << sh) a.page_shift = sh;
+  // One wave of resident blocks over all KV heads; each block walks its head's items.
+  if (head_dim == 64) wgmma = false;
+  const int per_sm = f.blocks[head_dim == 64 ? 0 : 1][wgmma ? 1 : 0];
+  const int gx = std::max(1, (f.sms * per_sm + n_heads_kv - 1) / n_heads_kv);
+  const dim3 grid(gx, n_heads_kv);
+  // head_dim 64 runs on mma.sync: its wgmma variant (one 64-wide atom for V's MN-major operand)
+  // disagreed with the CPU on the H200 (test_prefill_attn_cuda, 2026-12-03); not investigated yet.
+  if (head_dim == 64) return tc_launch<64, false>(a, grid, stream);
+  return wgmma ? tc_launch<128, true>(a, grid, stream) : tc_launch<128, false>(a, grid, stream);
+}
+
+}  // namespace oscar::kernels::prefill_detail

@@ -1,0 +1,191 @@
+// Internal to the CUDA prefill attention (prefill_attn.cu, prefill_attn_tc.cu): the kernels'
+// arguments and the work items they share. An item is a tile of queries of one sequence for one
+// KV head; its rows are the tile's queries x the head's GQA query heads, so every K/V byte is read
+// once per group. find_item numbers a sequence's tiles last-first (the long ones start first);
+// key_rows says where key j lives (a BF16 sink or recent row, or a history row). The
+// decode-equivalent helpers (row_deq_end, n_passes, pass_masked, deq_row) serve the staged
+// kernels of prefill_attn.cu; the tiled kernel (prefill_attn_tc.cu) runs serving prefill only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/status.h"
+#include "kernels/cuda/prefill_deq_zone.cuh"
+#include "kernels/page_table.h"
+
+namespace oscar::kernels::prefill_detail {
+
+
+constexpr float kNegInf = -__builtin_inff();
+
+struct Args {
+  int n_seqs, n_heads_q, n_heads_kv, gqa, qt, layer, page_size, group_size, n_planes;
+  int page_shift;  // the tiled kernel: log2(page_size) when a power of two, else -1
+  int uniform;  // 1 uniform INT2, 0 Lloyd-Max (2-bit rows)
+  int int2_row_bytes;
+  float scale_log2;
+  float lloyd[4];
+  const int32_t* cu;    // [n_seqs + 1]
+  const int64_t* pos0;  // [n_seqs]
+  const float* q;       // [cu[n_seqs], n_heads_q, D]
+  float* out;           // [cu[n_seqs], n_heads_q, D]
+  const uint8_t* exact_pool;
+  const uint8_t* hist_pool;
+  uint64_t exact_page_bytes;
+  uint64_t hist_page_bytes;         // 0 with a bit plan: page_size · hist_row_prefix[n_planes]
+  const int8_t* hist_bits;          // bit plan or null
+  const uint32_t* hist_row_prefix;  // bit plan or null
+  PageTableView sinks, history, recent;
+  // Decode-equivalent on a quantized cache (prefill_deq_zone.cuh); de == 0: serving prefill.
+  int de, n_sink, n_recent;
+  const float* deq;  // [cap_rows, 2, n_heads_kv, D] the pre-pass's rows, or null
+  int64_t cap_rows;
+};
+
+
+// This KV head's planes: exact rows (byte offset inside a page) and history rows.
+struct Planes {
+  uint64_t eplane[2];  // exact_row_offset(layer, kv, head, 0)
+  uint64_t hoff[2];    // int2_row_offset(layer, kv, head, 0)
+  int hrb[2], hbits[2];
+  uint64_t hpb;  // history page bytes
+};
+
+__device__ __forceinline__ Planes make_planes(const Args& a, int kvh, int head_dim) {
+  Planes pl;
+  const int P = a.page_size;
+#pragma unroll
+  for (int kv = 0; kv < 2; ++kv) {
+    const int p = (a.layer * 2 + kv) * a.n_heads_kv + kvh;
+    pl.eplane[kv] = static_cast<uint64_t>(p) * P * head_dim * 2;
+    if (a.hist_row_prefix != nullptr) {
+      pl.hoff[kv] = static_cast<uint64_t>(P) * a.hist_row_prefix[p];
+      pl.hrb[kv] = static_cast<int>(a.hist_row_prefix[p + 1] - a.hist_row_prefix[p]);
+      pl.hbits[kv] = a.hist_bits[p];
+    } else {
+      pl.hoff[kv] = static_cast<uint64_t>(p) * P * a.int2_row_bytes;
+      pl.hrb[kv] = a.int2_row_bytes;
+      pl.hbits[kv] = 2;
+    }
+  }
+  pl.hpb = a.hist_row_prefix != nullptr ? static_cast<uint64_t>(P) * a.hist_row_prefix[a.n_planes]
+                                        : a.hist_page_bytes;
+  return pl;
+}
+
+// One work item: a tile of queries of one sequence.
+struct Item {
+  int seq, q0, nqt;
+  int64_t p0, n_sink_tok, hist_end;
+  int64_t kend;  // the tile reads keys [0, kend)
+  int64_t row0;  // step-wide row of query q0
+  cuda_detail::DeqZone z;
+  // deq_end of the tile's first and last query: keys [n_sink, d_first) are read quantized by
+  // every query of the tile, keys >= d_last exactly by every query, [d_first, d_last) both ways.
+  int64_t d_first, d_last;
+};
+
+__device__ __forceinline__ int64_t row_deq_end(const Args& a, const Item& it, int64_t pos) {
+  return cuda_detail::deq_end(it.z, a.de != 0, a.n_sink, a.n_recent, a.page_size, pos);
+}
+
+// Key tiles [k0, k0 + n) that hold keys of [d_first, d_last) take two passes: pass 0 stages those
+// keys quantized (the scratch) and masks them for the queries that read them exactly, pass 1
+// stages them exactly and masks them for the queries that read them quantized (and every key
+// outside). Other tiles take pass 0 alone, which is then the plain causal pass.
+__device__ __forceinline__ int n_passes(const Item& it, int64_t k0, int n) {
+  return it.d_first < it.d_last && k0 < it.d_last && k0 + n > it.d_first ? 2 : 1;
+}
+
+// The pass's mask of key j for the query at pos with deq_end de (on top of causality).
+__device__ __forceinline__ bool pass_masked(const Item& it, int pass, int64_t j, int64_t de) {
+  const bool both_ways = j >= it.d_first && j < it.d_last && j >= de;  // the query reads it exact
+  return pass == 0 ? both_ways : !both_ways;
+}
+
+// Key j's rows in the scratch when this pass stages it quantized from there (null otherwise).
+__device__ __forceinline__ const float* deq_row(const Args& a, const Item& it, int pass, int kvh,
+                                                int64_t j, int head_dim) {
+  const int64_t dend = pass == 0 ? it.d_last : it.d_first;
+  if (!it.z.ok || j < it.z.lo || j >= dend) return nullptr;
+  return a.deq + ((static_cast<size_t>(it.z.base + (j - it.z.lo)) * 2) * a.n_heads_kv + kvh) *
+                     static_cast<size_t>(head_dim);
+}
+
+// Item `item` in the order (sequence, tile last-first); false past the last one.
+__device__ __forceinline__ bool find_item(const Args& a, int item, Item& it) {
+  int acc = 0;
+  for (int s = 0; s < a.n_seqs; ++s) {
+    const int nq = a.cu[s + 1] - a.cu[s];
+    const int nt = nq > 0 ? (nq + a.qt - 1) / a.qt : 0;
+    if (item < acc + nt) {
+      const int tile = nt - 1 - (item - acc);
+      const int P = a.page_size;
+      it.seq = s;
+      it.q0 = tile * a.qt;
+      it.nqt = min(a.qt, nq - it.q0);
+      it.p0 = a.pos0[s];
+      it.n_sink_tok = a.sinks.seq_len(s, P);
+      it.hist_end = it.n_sink_tok + a.history.seq_len(s, P);
+      it.kend = it.p0 + it.q0 + it.nqt;
+      it.row0 = static_cast<int64_t>(a.cu[s]) + it.q0;
+      it.z = cuda_detail::deq_zone(a.cu, a.pos0, a.sinks, a.history, s, a.de != 0, a.n_sink,
+                                   a.n_recent, P, a.cap_rows);
+      it.d_first = row_deq_end(a, it, it.p0 + it.q0);
+      it.d_last = row_deq_end(a, it, it.kend - 1);
+      return true;
+    }
+    acc += nt;
+  }
+  return false;
+}
+
+// Where key j (< kend) of the item lives: its K and V rows, exact (BF16) or history.
+struct KeyRows {
+  const uint8_t* k;
+  const uint8_t* v;
+  bool hist;
+};
+
+__device__ __forceinline__ KeyRows key_rows(const Args& a, const Planes& pl, const Item& it,
+                                            int64_t j, int head_dim) {
+  const int P = a.page_size;
+  KeyRows r;
+  if (j < it.n_sink_tok || j >= it.hist_end) {
+    const bool sink = j < it.n_sink_tok;
+    const int64_t t = sink ? j : j - it.hist_end;
+    const PageTableView& pt = sink ? a.sinks : a.recent;
+    const int page = pt.page_ids[pt.indptr[it.seq] + static_cast<int>(t / P)];
+    const uint8_t* base = a.exact_pool + static_cast<uint64_t>(page) * a.exact_page_bytes +
+                          static_cast<uint64_t>(t % P) * head_dim * 2;
+    r.k = base + pl.eplane[0];
+    r.v = base + pl.eplane[1];
+    r.hist = false;
+  } else {
+    const int64_t t = j - it.n_sink_tok;
+    const int page = a.history.page_ids[a.history.indptr[it.seq] + static_cast<int>(t / P)];
+    const uint8_t* pg = a.hist_pool + static_cast<uint64_t>(page) * pl.hpb;
+    const uint64_t slot = static_cast<uint64_t>(t % P);
+    r.k = pg + pl.hoff[0] + slot * pl.hrb[0];
+    r.v = pg + pl.hoff[1] + slot * pl.hrb[1];
+    r.hist = true;
+  }
+  return r;
+}
+
+// Two floats rounded to a packed BF16 pair (lo in the low half).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The tiled tensor-core kernel (prefill_attn_tc.cu): serving prefill (a.de == 0), head_dim 64 or
+// 128, any history width; wgmma (sm_90a) or mma.sync. Grid as prefill_attn.cu's kernels (one wave
+// per KV head). Asynchronous on `stream`.
+Status prefill_attn_tc_launch(const Args& a, int head_dim, int n_heads_kv, bool wgmma,
+                              cudaStream_t stream);
+
+}  // namespace oscar::kernels::prefill_detail
