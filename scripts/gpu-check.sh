@@ -122,6 +122,37 @@ print("run --device cpu:   ", repr(ran[:120]))
 print("served text equals oscar run on the CPU:", served.strip() == ran.strip())
 PY
       ;;
+    prefill)
+      # Time to first token, the shared-prefix load test and the running streams' inter-token
+      # latency during a long prefill, through `oscar serve --device cuda` (Qwen3-8B shape, dummy
+      # weights; bench/e2e/serve_prefill.py is the client), per cache mode; then the PyTorch peer
+      # (.peers/torch_prefill.py: whole prompt in one pass) in the same call.
+      # PREFILL_MODES, PREFILL_CHUNK / PREFILL_MBT (tokens per request per step / per step),
+      # PREFILL_TTFT, PREFILL_SHARED, PREFILL_ITL override the defaults below.
+      m=${PREFILL_MODEL:-qwen3-8b}
+      for mode in ${PREFILL_MODES:-bf16 int2-hadamard}; do
+        port=$(( 18000 + RANDOM % 2000 ))
+        "$G/oscar" serve --model "$G/configs/$m" --dummy-weights --device cuda --kv-cache $mode \
+          --kv-budget ${PREFILL_KV_MIB:-60000} --max-model-len 131072 --port $port \
+          ${PREFILL_CHUNK:+--prefill-chunk $PREFILL_CHUNK} ${PREFILL_MBT:+--max-batch-tokens $PREFILL_MBT} \
+          > "$OUT/prefill_serve_$mode.log" 2>&1 &
+        spid=$!
+        for i in $(seq 240); do curl -sf localhost:$port/health > /dev/null 2>&1 && break; sleep 0.5; done
+        echo "== prefill $m $mode (server up after $(( $(date +%s) - t0 )) s)"
+        PYTHONUNBUFFERED=1 timeout ${PREFILL_TIMEOUT:-300} python3 bench/e2e/serve_prefill.py \
+          --url http://127.0.0.1:$port --out "$OUT/prefill_${m}_${mode}${PREFILL_CHUNK:+_c$PREFILL_CHUNK}.json" \
+          --tag "$m $mode chunk ${PREFILL_CHUNK:-default}" \
+          --ttft "${PREFILL_TTFT-8192,32768,102400}" --shared "${PREFILL_SHARED-32x16384+64/256}" \
+          --itl "${PREFILL_ITL-8x102400}" 2>&1 | tee -a "$OUT/prefill.log"
+        kill $spid; wait $spid 2>/dev/null
+        grep -iE "error|fail" "$OUT/prefill_serve_$mode.log" | head -5
+      done
+      if [ -n "${PREFILL_TORCH_LENS-8192,32768,102400}" ]; then
+        echo "== peers: torch_prefill.py ($(( $(date +%s) - t0 )) s)"
+        PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-240} python3 .peers/torch_prefill.py --out "$OUT" \
+          --lens "${PREFILL_TORCH_LENS-8192,32768,102400}" --models $m 2>&1 | tee -a "$OUT/prefill.log" | tail -8
+      fi
+      ;;
     step)
       # A whole decode step, Qwen3-8B / 4B shapes with dummy weights, 100K context: the BF16
       # cache against the INT2 history (int2-hadamard: the oscar kernels without a rotation

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Prefill as a client of `oscar serve` sees it (issue 26 item 6): time to first token of long
 prompts, the shared-prefix load test, and the inter-token latency of running streams while a
-long prompt prefills. Python's standard library only (runs on the GPU machine as it is).
+long prompt prefills. Through the token-level endpoint /v1/generate (token ids in, one SSE event
+per sampled token out). Python's standard library only (runs on the GPU machine as it is).
 
   serve_prefill.py --url http://127.0.0.1:PORT --out FILE.json [--ttft 8192,32768,102400]
       [--shared 32x16384+64/256] [--itl 8x102400]
 
 ttft:   one request at a time of N random token ids (fresh ids every run: no prefix-cache hit),
         max_tokens 1, streamed; the time from sending to the first token's SSE chunk. Two runs
-        each, both printed; the reported value is the faster (the first run of a server includes
-        its one-off warm-up: cuBLASLt plans, pools touched).
+        each up to 32K (one above), all printed; the reported value is the fastest (the first run
+        of a server includes its one-off warm-up: cuBLASLt plans, pools touched).
 shared: R concurrent streamed requests over one shared prefix of P random token ids, each with
         U unique tokens and O output tokens (ignore_eos); one request of the prefix first (it
         warms the prefix cache, as a long-lived system prompt would). Reported: output tokens/s
@@ -23,13 +24,15 @@ from urllib.parse import urlparse
 
 
 def stream_completion(url, ids, max_tokens, on_token=None, ignore_eos=True):
-    """POST /v1/completions (streamed); returns (t_send, [t_token...]) with perf_counter times."""
+    """POST /v1/generate (token ids in and out, streamed: one event per sampled token, whatever
+    its text; dummy weights sample ids the tokenizer may render as nothing). Returns
+    (t_send, [t_token...]) with perf_counter times."""
     u = urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
-    body = json.dumps(dict(model="m", prompt=ids, max_tokens=max_tokens, stream=True,
-                           temperature=0, ignore_eos=ignore_eos))
+    body = json.dumps(dict(input_ids=ids, max_tokens=max_tokens, stream=True, temperature=0,
+                           ignore_eos=ignore_eos))
     t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    conn.request("POST", "/v1/generate", body, {"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
@@ -51,8 +54,8 @@ def stream_completion(url, ids, max_tokens, on_token=None, ignore_eos=True):
             obj = json.loads(data)
             if "error" in obj:
                 raise RuntimeError(f"error event: {obj['error']}")
-            if obj.get("choices") and obj["choices"][0].get("text") is not None:
-                now = time.perf_counter()
+            now = time.perf_counter()
+            for _ in obj.get("output_ids", []):
                 times.append(now)
                 if on_token:
                     on_token(now)
@@ -75,7 +78,7 @@ def run_ttft(url, lens, vocab, rng):
     rows = []
     for n in lens:
         runs = []
-        for _ in range(2):
+        for _ in range(2 if n <= 32768 else 1):
             t0, ts = stream_completion(url, rand_ids(rng, n, vocab), 1)
             runs.append(ts[0] - t0)
         rows.append(dict(tokens=n, ttft_s=round(min(runs), 3), runs_s=[round(x, 3) for x in runs]))
