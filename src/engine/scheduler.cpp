@@ -227,9 +227,10 @@ Status Scheduler::submit(GenerationRequest req,
   if (!(std::abs(sp.presence_penalty) <= 2.f) || !(std::abs(sp.frequency_penalty) <= 2.f))
     return invalid_argument("presence_penalty %g and frequency_penalty %g must be in [-2, 2]",
                             sp.presence_penalty, sp.frequency_penalty);
-  if (!(sp.repetition_penalty > 0.f) || !std::isfinite(sp.repetition_penalty))
-    return invalid_argument("repetition_penalty %g must be a finite number > 0",
-                            sp.repetition_penalty);
+  if (!(sp.repetition_penalty >= kMinRepetitionPenalty) ||
+      !(sp.repetition_penalty <= kMaxRepetitionPenalty))
+    return invalid_argument("repetition_penalty %g must be in [%g, %g]", sp.repetition_penalty,
+                            kMinRepetitionPenalty, kMaxRepetitionPenalty);
   if (req.logprobs < -1 || req.logprobs > kMaxLogprobs)
     return invalid_argument("logprobs %d must be in [0, %d] (or -1: none)", req.logprobs,
                             kMaxLogprobs);
@@ -270,7 +271,13 @@ Status Scheduler::submit(GenerationRequest req,
     if (stop_) return Status(StatusCode::kCancelled, "the engine is shutting down");
     if (live_ids_.count(s->req.request_id))
       return invalid_argument("request id '%s' is already running", s->req.request_id.c_str());
-    if (options_.max_waiting > 0 && n_queued_ >= options_.max_waiting)
+    // The choices of one request (n > 1) are submitted together, and the later ones wait for
+    // the first one's prefill: they may fill max_running more places, so that a request of
+    // info().max_live_requests choices fits an idle engine (the server refuses more with a 400).
+    const bool choice = !s->req.share_prompt_with.empty() &&
+                        live_ids_.count(s->req.share_prompt_with) > 0;
+    const int cap = options_.max_waiting + (choice ? options_.max_running : 0);
+    if (options_.max_waiting > 0 && n_queued_ >= cap)
       return resource_exhausted(
           "the waiting queue is full (%d requests, --max-queue %d); retry "
           "later",
@@ -298,6 +305,7 @@ EngineInfo Scheduler::info() const {
   i.model_name = options_.model_name;
   i.max_context_tokens = max_model_len_;
   i.vocab_size = runtime_->model().config().vocab_size;
+  i.max_live_requests = options_.max_waiting > 0 ? options_.max_running + options_.max_waiting : 0;
   i.ready = ready_;
   return i;
 }

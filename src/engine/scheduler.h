@@ -61,7 +61,8 @@ struct SchedulerOptions {
   // max_position_embeddings, lowered to the longest sequence whose peak pages fit the pools.
   int max_model_len = 0;
   // Requests queued for admission at most; submit() answers ResourceExhausted beyond (the server's
-  // 429). 0: unbounded.
+  // 429). The later choices of an n > 1 request may take max_running places more (submit()).
+  // 0: unbounded.
   int max_waiting = 1024;
   // KV-cache events for routers (kv/kv_events.h; e.g. server::KvEventPublisher): every page the
   // radix cache stores or evicts, one batch per step. Not owned; outlives the scheduler. Needs

@@ -434,7 +434,8 @@ class Session : public std::enable_shared_from_this<Session> {
       e.type = "server_error";
       return send_error(e, keep_alive_);
     }
-    ModelLimits limits{st_->model_name, info.max_context_tokens, info.vocab_size};
+    ModelLimits limits{st_->model_name, info.max_context_tokens, info.vocab_size,
+                       info.max_live_requests};
     ParseResult parsed = parse_openai_request(endpoint, body, limits);
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*e, keep_alive_);
     OpenAIRequest& req = std::get<OpenAIRequest>(parsed);
@@ -693,7 +694,8 @@ class Session : public std::enable_shared_from_this<Session> {
       e.type = "server_error";
       return send_error(e, keep_alive_);
     }
-    ModelLimits limits{st_->model_name, info.max_context_tokens, info.vocab_size};
+    ModelLimits limits{st_->model_name, info.max_context_tokens, info.vocab_size,
+                       info.max_live_requests};
     auto parsed = parse_generate_request(body, limits);
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*e, keep_alive_);
     GenerateRequest& req = std::get<GenerateRequest>(parsed);

@@ -822,5 +822,47 @@ TEST(Scheduler, QueueCapRefusesBeyondMaxWaiting) {
   EXPECT_EQ(used_pages(*sched), 0);
 }
 
+// The choices of one n > 1 request are submitted together: a request of max_running +
+// max_waiting choices (info().max_live_requests, the server's cap on n) fits an idle engine and
+// every choice finishes (before, a third choice found the queue of two full). More choices are
+// the server's 400 (test_openai_request: ChoicesBeyondTheEngineAre400).
+TEST(Scheduler, ChoicesUpToMaxLiveRequestsFitAnIdleEngine) {
+  SchedulerOptions so;
+  so.max_running = 2;
+  so.max_waiting = 2;
+  so.prefix_cache = true;
+  auto sched = make_scheduler_with("bf16", so, {}, 1);
+  EXPECT_EQ(sched->info().max_live_requests, 4);
+  auto prompt = sched->tokenize("def fibonacci(n):\n").value();
+  std::vector<std::unique_ptr<Collector>> cs;
+  for (int i = 0; i < 4; ++i) {
+    cs.push_back(std::make_unique<Collector>());
+    GenerationRequest r = greedy("c" + std::to_string(i), prompt, 8);
+    if (i > 0) r.share_prompt_with = "c0";
+    Status st = sched->submit(std::move(r), cs.back()->callback());
+    ASSERT_TRUE(st.ok()) << i << ": " << st.to_string();
+  }
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(cs[i]->wait()) << i;
+    EXPECT_TRUE(cs[i]->error.ok()) << cs[i]->error.to_string();
+    EXPECT_EQ(cs[i]->text, cs[0]->text) << i;
+  }
+  wait_idle(*sched);
+}
+
+// The repetition penalty's range is checked at submit too (engine_api.h: kMinRepetitionPenalty).
+TEST(Scheduler, RepetitionPenaltyOutOfRangeIsRefused) {
+  SchedulerOptions so;
+  auto sched = make_scheduler_with("bf16", so, {}, 1);
+  auto prompt = sched->tokenize("hello").value();
+  for (float r : {1e-39f, 0.005f, 1e30f}) {
+    GenerationRequest req = greedy("r", prompt, 4);
+    req.sampling.repetition_penalty = r;
+    Status st = sched->submit(std::move(req), [](const GenerationEvent&) {});
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << r;
+    EXPECT_NE(st.message().find("[0.01, 100]"), std::string::npos) << st.message();
+  }
+}
+
 }  // namespace
 }  // namespace oscar::engine
