@@ -120,11 +120,16 @@ struct Histogram {
 
 struct KvPoolUsage {
   std::string pool;  // "bf16", "int2", ...
-  int64_t pages_used = 0;
+  int64_t pages_used = 0;   // not free: held by requests or by the prefix cache
   int64_t pages_total = 0;
+  // Of pages_used: pages the prefix cache references (some may be in use by requests too), and
+  // those only it holds (evictable whenever a request needs room: vLLM counts them as free).
+  int64_t pages_cached = 0;
+  int64_t pages_evictable = 0;
 };
 
-// A snapshot; totals are monotonic since engine start.
+// A snapshot; totals are monotonic since engine start. model_name, kv_page_size and kv_pools are
+// filled from start-up (before the first request).
 struct EngineMetrics {
   int requests_running = 0;
   int requests_waiting = 0;

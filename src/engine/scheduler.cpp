@@ -172,6 +172,10 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(std::unique_ptr<Runtime> ru
   } else if (options.kv_event_sink) {
     return invalid_argument("KV-cache events need the prefix cache (drop --no-prefix-cache)");
   }
+  {
+    std::lock_guard<std::mutex> lock(s->mu_);
+    s->snapshot_pools();
+  }
   s->thread_ = std::thread([p = s.get()] { p->loop(); });
   s->ready_ = true;
   return s;
@@ -922,6 +926,27 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
   }
 }
 
+// metrics_: the model, the page size and the pools' pages (used, cached, evictable). Called with
+// mu_ held, from the loop and once at start-up, so that /metrics has them before any request.
+void Scheduler::snapshot_pools() {
+  metrics_.model_name = options_.model_name;
+  metrics_.kv_page_size = runtime_->spec().regions.page_size;
+  metrics_.kv_pools.clear();
+  std::vector<kv::PagePool*> pools = {&runtime_->exact_pool()};
+  if (runtime_->int2_pool()) pools.push_back(runtime_->int2_pool());
+  metrics_.prefix_cache_pages = 0;
+  for (size_t i = 0; i < pools.size(); ++i) {
+    KvPoolUsage u{i == 0 ? pools[i]->name() : "int2", pools[i]->n_used(), pools[i]->n_pages()};
+    // The radix cache's pool i is this pool i (create() hands it the same list).
+    if (radix_ && i < radix_->stats().cached_pages.size()) {
+      u.pages_cached = radix_->stats().cached_pages[i];
+      u.pages_evictable = radix_->stats().evictable_pages[i];
+      metrics_.prefix_cache_pages += u.pages_cached;
+    }
+    metrics_.kv_pools.push_back(std::move(u));
+  }
+}
+
 void Scheduler::loop() {
   for (;;) {
     std::vector<std::string> cancels;
@@ -965,22 +990,13 @@ void Scheduler::loop() {
     std::lock_guard<std::mutex> lock(mu_);
     metrics_.requests_running = static_cast<int>(running_.size());
     metrics_.requests_waiting = static_cast<int>(waiting_.size());
-    metrics_.kv_pools.clear();
-    metrics_.kv_pools.push_back({runtime_->exact_pool().name(), runtime_->exact_pool().n_used(),
-                                 runtime_->exact_pool().n_pages()});
-    if (runtime_->int2_pool())
-      metrics_.kv_pools.push_back({"int2", runtime_->int2_pool()->n_used(),
-                                   runtime_->int2_pool()->n_pages()});
+    snapshot_pools();
     // Idle (nothing stored): 0, not the last request's value or 0/0.
     metrics_.kv_effective_bits_per_element = elements > 0 ? 8.0 * bytes / elements : 0.0;
     if (radix_) {
-      metrics_.prefix_cache_pages = 0;
-      for (int64_t n : radix_->stats().cached_pages) metrics_.prefix_cache_pages += n;
       metrics_.prefix_cache_query_tokens = static_cast<uint64_t>(radix_->stats().lookup_tokens);
       metrics_.prefix_cache_hit_tokens = static_cast<uint64_t>(radix_->stats().matched_tokens);
     }
-    metrics_.model_name = options_.model_name;
-    metrics_.kv_page_size = runtime_->spec().regions.page_size;
     if (radix_ && radix_->stats().lookup_tokens > 0)
       metrics_.prefix_cache_hit_rate = static_cast<double>(radix_->stats().matched_tokens) /
                                        static_cast<double>(radix_->stats().lookup_tokens);

@@ -118,6 +118,7 @@ class Scheduler : public Engine {
   void end(Sequence& s, const GenerationEvent& terminal);
   void release(Sequence& s);
   void publish_kv_events();
+  void snapshot_pools();  // mu_ held
 
   std::unique_ptr<Runtime> runtime_;
   SchedulerOptions options_;

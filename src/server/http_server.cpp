@@ -377,8 +377,10 @@ class Session : public std::enable_shared_from_this<Session> {
         std::lock_guard<std::mutex> lock(st_->counters_mu);
         counters = st_->counters;
       }
-      return send(200, render_prometheus(st_->engine->metrics(), counters),
-                  "text/plain; version=0.0.4; charset=utf-8");
+      // Labelled with the name clients send (vLLM labels with the served model name).
+      engine::EngineMetrics m = st_->engine->metrics();
+      m.model_name = st_->model_name;
+      return send(200, render_prometheus(m, counters), "text/plain; version=0.0.4; charset=utf-8");
     }
     if (!st_->options.api_key.empty()) {
       auto it = req.find(http::field::authorization);
