@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 
 #include "core/check.h"
@@ -45,6 +46,23 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 
 }  // namespace
+
+Result<FaultInjection> FaultInjection::parse(std::string_view spec) {
+  FaultInjection f;
+  if (spec.empty()) return f;
+  const size_t colon = spec.find(':');
+  const std::string_view where = spec.substr(0, colon);
+  const std::string count = colon == std::string_view::npos ? "" : std::string(spec.substr(colon + 1));
+  char* end = nullptr;
+  const long long n = count.empty() ? 0 : std::strtoll(count.c_str(), &end, 10);
+  if (where == "step") f.where = kStep;
+  if (where == "sample") f.where = kSample;
+  if (f.where == kNone || count.empty() || *end != '\0' || n < 1)
+    return invalid_argument("fault injection '%.*s': expected step:N or sample:N with N >= 1",
+                            static_cast<int>(spec.size()), spec.data());
+  f.n = n;
+  return f;
+}
 
 struct Scheduler::Sequence {
   GenerationRequest req;
@@ -123,7 +141,16 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(std::unique_ptr<Runtime> ru
   if (options.max_model_len > max_pos)
     return invalid_argument("--max-model-len %d exceeds the model's max_position_embeddings %d",
                             options.max_model_len, max_pos);
+  std::string fault_spec = options.fault_inject;
+  if (const char* env = std::getenv("OSCAR_FAULT_INJECT"); fault_spec.empty() && env != nullptr)
+    fault_spec = env;
+  OSCAR_ASSIGN_OR_RETURN(FaultInjection fault, FaultInjection::parse(fault_spec));
+  if (fault.where != FaultInjection::kNone)
+    OSCAR_LOG_WARN("scheduler: fault injection on: %s call %lld fails (OSCAR_FAULT_INJECT)",
+                   fault.where == FaultInjection::kStep ? "step" : "sample",
+                   static_cast<long long>(fault.n));
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(runtime), options));
+  s->fault_ = fault;
   s->max_model_len_ = options.max_model_len > 0 ? options.max_model_len : max_pos;
   {
     // The longest sequence whose peak pages fit the pools (peak pages grow with the length).
@@ -761,11 +788,19 @@ void Scheduler::step() {
                  running_.end());
 }
 
+Status Scheduler::injected(FaultInjection::Where where) {
+  if (fault_.where != where || ++fault_calls_[where] != fault_.n) return Status();
+  return internal_error("injected fault: %s call %lld failed (OSCAR_FAULT_INJECT)",
+                        where == FaultInjection::kStep ? "step" : "sample",
+                        static_cast<long long>(fault_.n));
+}
+
 void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequence* const> owners) {
   model::Qwen3Model& model = runtime_->model();
   const kv::StepPlan plan = kv::StepPlan::make(chunks, kv::AttendMode::kPrefill);
   std::vector<int32_t> demote_status;
   Status st = model.forward(plan, {});  // logits stay in the backend's memory
+  if (st.ok()) st = injected(FaultInjection::kStep);
   if (st.ok()) st = model.demote(plan, &demote_status);
   if (!st.ok()) {
     OSCAR_LOG_ERROR("scheduler: step failed for %zu sequences: %s", owners.size(),
@@ -847,7 +882,15 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
   sp.step = draws.data();
   sp.ids = ids.data();
   st = model.backend().sample(sp);
-  OSCAR_CHECK(st.ok(), "sampling configs were validated at submit: %s", st.to_string().c_str());
+  if (st.ok()) st = injected(FaultInjection::kSample);
+  if (!st.ok()) {
+    // The configs were validated at submit, so this is the device failing (a CUDA error): every
+    // request of the step fails (their K/V was committed; ending them frees it), the loop goes on.
+    OSCAR_LOG_ERROR("scheduler: sampling failed for %zu sequences: %s", owners.size(),
+                    st.to_string().c_str());
+    for (Sequence* s : owners) fail(*s, st);
+    return;
+  }
   // Log-probabilities of the drawn tokens, for the requests that ask (off the common path).
   {
     std::vector<int32_t> lp_rows, lp_tokens, lp_seq;

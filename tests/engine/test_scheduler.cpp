@@ -866,3 +866,65 @@ TEST(Scheduler, RepetitionPenaltyOutOfRangeIsRefused) {
 
 }  // namespace
 }  // namespace oscar::engine
+
+namespace oscar::engine {
+namespace {
+
+TEST(Scheduler, FaultInjectionSpelling) {
+  auto step = FaultInjection::parse("step:3");
+  ASSERT_TRUE(step.ok());
+  EXPECT_EQ(step.value().where, FaultInjection::kStep);
+  EXPECT_EQ(step.value().n, 3);
+  EXPECT_EQ(FaultInjection::parse("sample:1").value().where, FaultInjection::kSample);
+  EXPECT_EQ(FaultInjection::parse("").value().where, FaultInjection::kNone);
+  for (const char* bad : {"step", "step:", "step:0", "step:-1", "step:1x", "forward:1", ":2"}) {
+    auto r = FaultInjection::parse(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("step:N or sample:N"), std::string::npos);
+    }
+  }
+  RuntimeOptions o;
+  o.model_dir = kModel;
+  o.cache_mode = "bf16";
+  o.kv_budget_bytes = size_t{1} << 20;
+  SchedulerOptions so;
+  so.fault_inject = "sample";
+  auto s = Scheduler::create(Runtime::create(o).value(), so);
+  EXPECT_FALSE(s.ok());
+}
+
+// A step that fails (an injected error after the forward pass, or from sampling, as a CUDA error
+// would) fails the request in it with that error, frees its pages, and the loop serves the next
+// request exactly as if nothing had happened.
+TEST(Scheduler, FailedStepFailsItsRequestAndTheLoopGoesOn) {
+  auto clean = make_scheduler("int2-hadamard");
+  auto prompt = clean->tokenize("def fibonacci(n):\n").value();
+  Collector baseline;
+  ASSERT_TRUE(clean->submit(greedy("base", prompt, 8), baseline.callback()).ok());
+  ASSERT_TRUE(baseline.wait());
+  ASSERT_TRUE(baseline.error.ok());
+  for (const char* spec : {"step:2", "sample:2"}) {
+    SCOPED_TRACE(spec);
+    SchedulerOptions so;
+    so.prefix_cache = false;
+    so.fault_inject = spec;
+    auto sched = make_scheduler_with("int2-hadamard", so);
+    Collector a;
+    ASSERT_TRUE(sched->submit(greedy("a", prompt, 8), a.callback()).ok());
+    ASSERT_TRUE(a.wait());
+    EXPECT_EQ(a.error.code(), StatusCode::kInternal) << a.error.to_string();
+    EXPECT_NE(a.error.message().find("injected fault"), std::string::npos) << a.error.message();
+    EXPECT_EQ(a.ids.size(), 1u);  // step 1 (the prefill) gave a token; step 2 failed
+    wait_idle(*sched);
+    EXPECT_EQ(used_pages(*sched), 0);
+    Collector b;
+    ASSERT_TRUE(sched->submit(greedy("b", prompt, 8), b.callback()).ok());
+    ASSERT_TRUE(b.wait());
+    EXPECT_TRUE(b.error.ok()) << b.error.to_string();
+    EXPECT_EQ(b.ids, baseline.ids);
+  }
+}
+
+}  // namespace
+}  // namespace oscar::engine
