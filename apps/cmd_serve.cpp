@@ -65,8 +65,11 @@ Command add_serve(CLI::App& app) {
   events->endpoint.clear();
   auto events_encoding = std::make_shared<std::string>("map");
   app.add_option("--kv-events-endpoint", events->endpoint,
-                 "Publish KV-cache events in vLLM's format over ZMQ PUB, e.g. tcp://*:5557 "
-                 "(binds; any other host connects, as vLLM); off when empty");
+                 "Publish KV-cache events in vLLM's format over ZMQ PUB, e.g. "
+                 "ipc:///run/oscar/kv-events (binds, this host only); tcp://*:5557 binds every "
+                 "interface, tcp://HOST:PORT connects (as vLLM). The events carry the cached "
+                 "prompts' and answers' token ids: expose them to trusted routers only. Off "
+                 "when empty");
   app.add_option("--kv-events-replay-endpoint", events->replay_endpoint,
                  "ZMQ ROUTER endpoint answering replay requests from a starting sequence number");
   app.add_option("--kv-events-topic", events->topic,
