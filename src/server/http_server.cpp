@@ -8,6 +8,8 @@
 // can touch a Session once the io_context is gone.
 #include "server/http_server.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
@@ -16,6 +18,7 @@
 #include <cctype>
 #include <condition_variable>
 #include <csignal>
+#include <cstdint>
 #include <ctime>
 #include <mutex>
 #include <optional>
@@ -74,6 +77,7 @@ struct HttpServer::State {
   std::condition_variable sessions_cv;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
   int busy_sessions = 0;
+  int evicting_sessions = 0;  // idle sessions asked to close for a new connection, not yet gone
 
   mutable std::mutex counters_mu;
   ServerCounters counters;
@@ -95,6 +99,10 @@ struct HttpServer::State {
     std::lock_guard<std::mutex> lock(counters_mu);
     ++counters.responses_by_status[503];
     return ++counters.connections_rejected;
+  }
+  uint64_t count_evicted_connection() {
+    std::lock_guard<std::mutex> lock(counters_mu);
+    return ++counters.connections_evicted;
   }
 };
 
@@ -214,6 +222,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::lock_guard<std::mutex> lock(st_->sessions_mu);
     st_->sessions.erase(this);
     if (busy_) --st_->busy_sessions;
+    if (evicting_) --st_->evicting_sessions;
     st_->sessions_cv.notify_all();
   }
 
@@ -257,6 +266,30 @@ class Session : public std::enable_shared_from_this<Session> {
   // stop(), after the I/O threads have been joined: break the self-reference.
   void release_after_join() { self_hold_.reset(); }
 
+  // At max_connections (do_accept), with st_->sessions_mu held: whether this connection waits
+  // for, or is still reading, a request (no request in progress) and is not yet asked to close;
+  // *since: when it started waiting.
+  bool evictable(std::chrono::steady_clock::time_point* since) const {
+    *since = waiting_since_;
+    return !busy_ && !evicting_;
+  }
+  // With st_->sessions_mu held: chosen to close for a new connection (counted until it is gone).
+  void mark_evicting() {
+    evicting_ = true;
+    ++st_->evicting_sessions;
+  }
+  // On the session's strand, after mark_evicting: closes the connection unless a request arrived
+  // in between (then it stays, and counts as open again).
+  void evict() {
+    if (busy_) {
+      std::lock_guard<std::mutex> lock(st_->sessions_mu);
+      evicting_ = false;
+      --st_->evicting_sessions;
+      return;
+    }
+    close();
+  }
+
  private:
   // One choice of the response (n of them): one engine request each.
   struct Choice {
@@ -277,10 +310,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void do_read() {
     if (st_->shutting_down) return close();
+    {
+      std::lock_guard<std::mutex> lock(st_->sessions_mu);
+      waiting_since_ = std::chrono::steady_clock::now();
+    }
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(kMaxHeaderBytes));
     parser_->body_limit(kMaxBodyBytes);
-    stream_.expires_after(st_->options.read_timeout);
+    stream_.expires_after(st_->options.header_timeout);
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, size_t) {
                               self->on_header(ec);
@@ -291,6 +328,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // such as curl send "Expect: 100-continue" before a large body and wait for our go-ahead.
   void on_header(beast::error_code ec) {
     if (ec || parser_->is_done()) return on_read(ec);
+    stream_.expires_after(st_->options.read_timeout);  // the body's time
     auto expect = parser_->get().find(http::field::expect);
     if (expect != parser_->get().end() && beast::iequals(expect->value(), "100-continue")) {
       static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -1137,6 +1175,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string req_id_;         // X-Request-Id of the answer
   const char* allow_ = "GET, HEAD, OPTIONS";  // methods of the route, for Allow
   bool busy_ = false;     // from a request read to its response written (guarded by sessions_mu)
+  // Guarded by sessions_mu: when the connection last started waiting for a request, and whether
+  // do_accept chose it to close for a new connection.
+  std::chrono::steady_clock::time_point waiting_since_ = std::chrono::steady_clock::now();
+  bool evicting_ = false;
   bool closed_ = false;
   bool client_gone_ = false;
 
@@ -1248,15 +1290,40 @@ void do_accept(std::shared_ptr<HttpServer::State> st) {
     }
     st->accept_backoff = std::chrono::milliseconds(0);
     if (!st->shutting_down) {
+      // At the cap, the connection that has waited longest for a request makes room (idle
+      // keep-alive connections, clients that send nothing or drip their request); only when
+      // every connection has a request in progress is the new one refused.
       size_t open = 0;
+      bool full = false;
+      std::shared_ptr<Session> victim;
       {
         std::lock_guard<std::mutex> lock(st->sessions_mu);
-        open = st->sessions.size();
+        open = st->sessions.size() - static_cast<size_t>(st->evicting_sessions);
+        full = st->options.max_connections > 0 &&
+               open >= static_cast<size_t>(st->options.max_connections);
+        std::chrono::steady_clock::time_point oldest = std::chrono::steady_clock::time_point::max();
+        for (auto& [ptr, weak] : st->sessions) {
+          std::chrono::steady_clock::time_point since;
+          if (!full || !ptr->evictable(&since) || since >= oldest) continue;
+          if (std::shared_ptr<Session> s = weak.lock()) {
+            victim = std::move(s);
+            oldest = since;
+          }
+        }
+        if (victim) victim->mark_evicting();
       }
-      if (st->options.max_connections > 0 &&
-          open >= static_cast<size_t>(st->options.max_connections)) {
+      if (full && !victim) {
         reject_connection(st, std::move(socket), open);
       } else {
+        if (victim) {
+          const uint64_t n = st->count_evicted_connection();
+          if ((n & (n - 1)) == 0) {
+            OSCAR_LOG_INFO("server: closing an idle connection for a new one, open=%zu "
+                           "max_connections=%d evicted_total=%llu",
+                           open, st->options.max_connections, static_cast<unsigned long long>(n));
+          }
+          net::post(victim->get_executor_for_shutdown(), [victim] { victim->evict(); });
+        }
         std::make_shared<Session>(std::move(socket), st)->start();
       }
     }
@@ -1295,9 +1362,20 @@ Status HttpServer::start() {
                                                        : st.options.served_model_name;
   st.created = unix_now();
 
+  if (st.options.max_connections == kMaxConnectionsAuto) {
+    rlimit fds{};
+    const uint64_t limit = getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur != RLIM_INFINITY
+                               ? static_cast<uint64_t>(fds.rlim_cur)
+                               : UINT64_MAX;
+    st.options.max_connections = max_connections_for_fd_limit(limit);
+  }
   if (st.options.max_connections < 0) {
-    return invalid_argument("server: max_connections must be >= 0, got %d",
+    return invalid_argument("server: max_connections must be >= 0 (or kMaxConnectionsAuto), "
+                            "got %d",
                             st.options.max_connections);
+  }
+  if (st.options.header_timeout.count() <= 0 || st.options.read_timeout.count() <= 0) {
+    return invalid_argument("server: header_timeout and read_timeout must be > 0");
   }
   if (!st.options.reasoning_parser.empty() && st.options.reasoning_parser != "qwen3") {
     return invalid_argument("server: unknown reasoning parser '%s' (supported: qwen3)",
@@ -1342,10 +1420,13 @@ Status HttpServer::start() {
     origins += (origins.empty() ? "" : ",") + o;
   }
   OSCAR_LOG_INFO("server: listening host=%s port=%u model=%s threads=%d auth=%s "
-                 "max_connections=%d cors=%s",
+                 "max_connections=%d header_timeout_ms=%lld read_timeout_ms=%lld cors=%s",
                  st.options.host.c_str(), st.bound_port, st.model_name.c_str(),
                  st.options.n_threads, st.options.api_key.empty() ? "off" : "bearer",
-                 st.options.max_connections, origins.empty() ? "off" : origins.c_str());
+                 st.options.max_connections,
+                 static_cast<long long>(st.options.header_timeout.count()),
+                 static_cast<long long>(st.options.read_timeout.count()),
+                 origins.empty() ? "off" : origins.c_str());
   return Status();
 }
 
@@ -1390,6 +1471,14 @@ void HttpServer::stop() {
   }
   for (auto& s : live_sessions(st)) s->release_after_join();
   OSCAR_LOG_INFO("server: stopped port=%u", st.bound_port);
+}
+
+int HttpServer::max_connections() const { return state_->options.max_connections; }
+
+int max_connections_for_fd_limit(uint64_t fd_limit) {
+  const uint64_t headroom = std::max<uint64_t>(32, fd_limit / 8);
+  const uint64_t n = fd_limit > headroom ? fd_limit - headroom : 1;
+  return static_cast<int>(std::min<uint64_t>(n, 16384));
 }
 
 ServerCounters HttpServer::counters() const {

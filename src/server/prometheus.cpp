@@ -185,6 +185,9 @@ std::string render_prometheus(const engine::EngineMetrics& m, const ServerCounte
   scalar(&out, "oscar_http_connections_rejected_total", "counter",
          "Connections beyond --max-connections, answered 503 and closed.",
          static_cast<double>(c.connections_rejected));
+  scalar(&out, "oscar_http_connections_evicted_total", "counter",
+         "Idle connections closed at --max-connections to admit a new one.",
+         static_cast<double>(c.connections_evicted));
   vllm_families(&out, m);
   return out;
 }

@@ -17,6 +17,7 @@ struct ServerCounters {
   uint64_t client_disconnects = 0;              // streams/requests cancelled by a disconnect
   uint64_t accept_errors = 0;                   // accept() failures (EMFILE, ...), each backed off
   uint64_t connections_rejected = 0;            // beyond max_connections: 503 and closed
+  uint64_t connections_evicted = 0;             // idle ones closed to admit a new connection
 };
 
 // Emits, with HELP and TYPE lines:
@@ -28,7 +29,8 @@ struct ServerCounters {
 //   cache holds, and those only it holds)
 //   oscar_prefix_cache_hit_rate, oscar_kv_effective_bits_per_element (gauges)
 //   oscar_http_responses_total{status=...}, oscar_client_disconnects_total,
-//   oscar_http_accept_errors_total, oscar_http_connections_rejected_total (counters)
+//   oscar_http_accept_errors_total, oscar_http_connections_rejected_total,
+//   oscar_http_connections_evicted_total (counters)
 // and, for routers that scrape vLLM (llm-d, Dynamo), vLLM's names labelled with model_name:
 //   vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc (0-1, the
 //   fullest pool, evictable prefix-cache pages counted as free), vllm:num_preemptions_total,

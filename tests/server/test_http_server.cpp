@@ -719,13 +719,45 @@ TEST_F(HttpServerTest, MissingChatTemplateIsAServerError) {
             200);
 }
 
-TEST_F(HttpServerTest, ConnectionCapAnswers503AndCloses) {
+// At max_connections, connections that wait for a request (idle keep-alive, or a client that
+// sends nothing or drips its headers) make room for new ones, longest-waiting first, so they can
+// not lock others (or /health) out. Only when every connection has a request in progress is a new
+// one refused: 503 with Retry-After, then closed.
+TEST_F(HttpServerTest, ConnectionCapClosesTheLongestIdleConnectionFirst) {
   ServerOptions sopt;
   sopt.max_connections = 2;
   start({}, sopt);
-  Client a(server_->port()), b(server_->port());
-  ASSERT_EQ(a.request(http::verb::get, "/health").status, 200);
-  ASSERT_EQ(b.request(http::verb::get, "/health").status, 200);
+  Client dripping(server_->port());
+  net::write(dripping.socket(), net::buffer(std::string("GET /hea")));  // never finishes
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  Client idle(server_->port());
+  ASSERT_EQ(idle.request(http::verb::get, "/health").status, 200);  // then idle, keep-alive
+  // The server starts waiting for idle's next request just after the client read the answer.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Full: the dripping client (waiting longest) is closed for the newcomer, then the idle one.
+  Client c(server_->port());
+  EXPECT_EQ(c.request(http::verb::get, "/health").status, 200);
+  EXPECT_EQ(dripping.read_reply().status, -1);  // closed without an answer
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(server_->counters().connections_evicted, 1u);
+  Client d(server_->port());
+  EXPECT_EQ(d.request(http::verb::get, "/metrics").status, 200);
+  EXPECT_EQ(server_->counters().connections_evicted, 2u);
+  EXPECT_EQ(server_->counters().connections_rejected, 0u);
+  EXPECT_EQ(idle.request(http::verb::get, "/health").status, -1);
+  EXPECT_EQ(c.request(http::verb::get, "/health").status, 200);  // c and d stay
+}
+
+TEST_F(HttpServerTest, ConnectionCapAnswers503WhenEveryConnectionIsBusy) {
+  ServerOptions sopt;
+  sopt.max_connections = 2;
+  start(FakeEngine::Options{.token_delay = std::chrono::milliseconds(5)}, sopt);
+  const std::string slow =
+      R"({"model":"fake-model","prompt":"x","max_tokens":300,"ignore_eos":true})";
+  Reply r1, r2;
+  std::thread t1([&] { r1 = post("/v1/completions", slow); });
+  std::thread t2([&] { r2 = post("/v1/completions", slow); });
+  ASSERT_TRUE(wait_until([&] { return engine_->submitted().size() == 2; }));
   Client c(server_->port());
   Reply r = c.request(http::verb::get, "/health");
   EXPECT_EQ(r.status, 503);
@@ -733,12 +765,67 @@ TEST_F(HttpServerTest, ConnectionCapAnswers503AndCloses) {
   EXPECT_FALSE(r.keep_alive);
   EXPECT_EQ(json::parse(r.body)["error"]["code"], "too_many_connections");
   EXPECT_EQ(server_->counters().connections_rejected, 1u);
-  // The two admitted connections still work; once one closes, a new one is admitted.
-  EXPECT_EQ(a.request(http::verb::get, "/health").status, 200);
-  beast::error_code ec;
-  b.socket().shutdown(tcp::socket::shutdown_both, ec);
-  b.socket().close(ec);
-  ASSERT_TRUE(wait_until([&] { return Client(server_->port()).request(http::verb::get, "/health").status == 200; }));
+  EXPECT_EQ(server_->counters().connections_evicted, 0u);
+  t1.join();
+  t2.join();
+  EXPECT_EQ(r1.status, 200);
+  EXPECT_EQ(r2.status, 200);
+  // Their connections closed (Connection: close clients): a new one is admitted.
+  ASSERT_TRUE(wait_until(
+      [&] { return Client(server_->port()).request(http::verb::get, "/health").status == 200; }));
+}
+
+// A request's headers must arrive within header_timeout (from the connection's opening and, on
+// keep-alive, from the last response); its body then has read_timeout.
+TEST_F(HttpServerTest, HeaderTimeoutClosesIdleConnectionsButNotSlowBodies) {
+  ServerOptions sopt;
+  sopt.header_timeout = std::chrono::milliseconds(300);
+  sopt.read_timeout = std::chrono::seconds(10);
+  start({}, sopt);
+  // Connected, silent: closed after about header_timeout.
+  const auto t0 = std::chrono::steady_clock::now();
+  Client silent(server_->port());
+  EXPECT_EQ(silent.read_reply().status, -1);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(waited, 0.25);
+  EXPECT_LT(waited, 5.0);
+  // Keep-alive: idle longer than header_timeout after a response, the connection is gone.
+  Client idle(server_->port());
+  ASSERT_EQ(idle.request(http::verb::get, "/health").status, 200);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  EXPECT_EQ(idle.request(http::verb::get, "/health").status, -1);
+  // Headers in time, the body 600 ms later (within read_timeout): answered.
+  Client slow_body(server_->port());
+  const std::string body = R"({"model":"fake-model","prompt":"x","max_tokens":2})";
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                           "application/json\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\n\r\n";
+  net::write(slow_body.socket(), net::buffer(head));
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  net::write(slow_body.socket(), net::buffer(body));
+  EXPECT_EQ(slow_body.read_reply().status, 200);
+}
+
+// --max-connections defaults from the descriptor limit (RLIMIT_NOFILE's soft limit), leaving
+// headroom, so that the cap engages before accept() runs out of descriptors.
+TEST_F(HttpServerTest, MaxConnectionsDefaultsFromTheDescriptorLimit) {
+  EXPECT_EQ(max_connections_for_fd_limit(128), 96);
+  EXPECT_EQ(max_connections_for_fd_limit(1024), 896);
+  EXPECT_EQ(max_connections_for_fd_limit(65536), 16384);
+  EXPECT_EQ(max_connections_for_fd_limit(UINT64_MAX), 16384);
+  EXPECT_EQ(max_connections_for_fd_limit(20), 1);
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  ASSERT_GE(old.rlim_cur, 128u);
+  rlimit low = old;
+  low.rlim_cur = 128;  // the soft limit of `ulimit -Sn 128`
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  ServerOptions sopt;
+  EXPECT_EQ(sopt.max_connections, kMaxConnectionsAuto);
+  start({}, sopt);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_EQ(server_->max_connections(), 96);
+  EXPECT_EQ(get("/health").status, 200);
 }
 
 // Out of file descriptors: accept() fails with EMFILE while the connection waits in the kernel's
