@@ -217,8 +217,9 @@ Command add_eval(CLI::App& app) {
         cfg->runtime.device != "cpu") {
       auto backend = kernels::make_backend(cfg->runtime.device);
       if (backend.ok() && backend.value()->device() != Device::kCpu) {
-        OSCAR_LOG_INFO("eval: fidelity_windows=0 (attention fidelity runs on the CPU only; "
-                       "--device cpu --fidelity-windows N measures it)");
+        OSCAR_LOG_INFO(
+            "eval: fidelity_windows=0 (attention fidelity runs on the CPU only; "
+            "--device cpu --fidelity-windows N measures it)");
         cfg->fidelity.n_windows = 0;
       }
     }

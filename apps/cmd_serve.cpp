@@ -57,12 +57,14 @@ Command add_serve(CLI::App& app) {
                  "Open connections at most: at the cap a new one closes the connection idle "
                  "longest, and gets 503 when all have a request in progress (0: no cap; -1: "
                  "RLIMIT_NOFILE less a headroom of max(32, 1/8), at most 16384)")
-      ->capture_default_str()->check(CLI::Range(-1, 1 << 30));
-  auto header_timeout_s = std::make_shared<double>(
-      std::chrono::duration<double>(http->header_timeout).count());
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 1 << 30));
+  auto header_timeout_s =
+      std::make_shared<double>(std::chrono::duration<double>(http->header_timeout).count());
   app.add_option("--header-timeout", *header_timeout_s,
                  "Seconds for a request's headers to arrive, also the keep-alive idle time")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--allowed-origins", http->allowed_origins,
                  "Origins browsers may call from (CORS), e.g. http://localhost:3000, or '*'")
       ->delimiter(',');

@@ -120,7 +120,7 @@ struct Histogram {
 
 struct KvPoolUsage {
   std::string pool;  // "bf16", "int2", ...
-  int64_t pages_used = 0;   // not free: held by requests or by the prefix cache
+  int64_t pages_used = 0;  // not free: held by requests or by the prefix cache
   int64_t pages_total = 0;
   // Of pages_used: pages the prefix cache references (some may be in use by requests too), and
   // those only it holds (evictable whenever a request needs room: vLLM counts them as free).

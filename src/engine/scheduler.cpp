@@ -52,7 +52,8 @@ Result<FaultInjection> FaultInjection::parse(std::string_view spec) {
   if (spec.empty()) return f;
   const size_t colon = spec.find(':');
   const std::string_view where = spec.substr(0, colon);
-  const std::string count = colon == std::string_view::npos ? "" : std::string(spec.substr(colon + 1));
+  const std::string count =
+      colon == std::string_view::npos ? "" : std::string(spec.substr(colon + 1));
   char* end = nullptr;
   const long long n = count.empty() ? 0 : std::strtoll(count.c_str(), &end, 10);
   if (where == "step") f.where = kStep;
@@ -305,8 +306,8 @@ Status Scheduler::submit(GenerationRequest req,
     // The choices of one request (n > 1) are submitted together, and the later ones wait for
     // the first one's prefill: they may fill max_running more places, so that a request of
     // info().max_live_requests choices fits an idle engine (the server refuses more with a 400).
-    const bool choice = !s->req.share_prompt_with.empty() &&
-                        live_ids_.count(s->req.share_prompt_with) > 0;
+    const bool choice =
+        !s->req.share_prompt_with.empty() && live_ids_.count(s->req.share_prompt_with) > 0;
     const int cap = options_.max_waiting + (choice ? options_.max_running : 0);
     if (options_.max_waiting > 0 && n_queued_ >= cap)
       return resource_exhausted(

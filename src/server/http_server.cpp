@@ -1318,9 +1318,10 @@ void do_accept(std::shared_ptr<HttpServer::State> st) {
         if (victim) {
           const uint64_t n = st->count_evicted_connection();
           if ((n & (n - 1)) == 0) {
-            OSCAR_LOG_INFO("server: closing an idle connection for a new one, open=%zu "
-                           "max_connections=%d evicted_total=%llu",
-                           open, st->options.max_connections, static_cast<unsigned long long>(n));
+            OSCAR_LOG_INFO(
+                "server: closing an idle connection for a new one, open=%zu "
+                "max_connections=%d evicted_total=%llu",
+                open, st->options.max_connections, static_cast<unsigned long long>(n));
           }
           net::post(victim->get_executor_for_shutdown(), [victim] { victim->evict(); });
         }
@@ -1370,8 +1371,7 @@ Status HttpServer::start() {
     st.options.max_connections = max_connections_for_fd_limit(limit);
   }
   if (st.options.max_connections < 0) {
-    return invalid_argument("server: max_connections must be >= 0 (or kMaxConnectionsAuto), "
-                            "got %d",
+    return invalid_argument("server: max_connections must be >= 0 or kMaxConnectionsAuto, got %d",
                             st.options.max_connections);
   }
   if (st.options.header_timeout.count() <= 0 || st.options.read_timeout.count() <= 0) {
@@ -1419,14 +1419,14 @@ Status HttpServer::start() {
   for (const std::string& o : st.options.allowed_origins) {
     origins += (origins.empty() ? "" : ",") + o;
   }
-  OSCAR_LOG_INFO("server: listening host=%s port=%u model=%s threads=%d auth=%s "
-                 "max_connections=%d header_timeout_ms=%lld read_timeout_ms=%lld cors=%s",
-                 st.options.host.c_str(), st.bound_port, st.model_name.c_str(),
-                 st.options.n_threads, st.options.api_key.empty() ? "off" : "bearer",
-                 st.options.max_connections,
-                 static_cast<long long>(st.options.header_timeout.count()),
-                 static_cast<long long>(st.options.read_timeout.count()),
-                 origins.empty() ? "off" : origins.c_str());
+  OSCAR_LOG_INFO(
+      "server: listening host=%s port=%u model=%s threads=%d auth=%s "
+      "max_connections=%d header_timeout_ms=%lld read_timeout_ms=%lld cors=%s",
+      st.options.host.c_str(), st.bound_port, st.model_name.c_str(), st.options.n_threads,
+      st.options.api_key.empty() ? "off" : "bearer", st.options.max_connections,
+      static_cast<long long>(st.options.header_timeout.count()),
+      static_cast<long long>(st.options.read_timeout.count()),
+      origins.empty() ? "off" : origins.c_str());
   return Status();
 }
 

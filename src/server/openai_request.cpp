@@ -429,7 +429,8 @@ std::optional<ApiError> parse_messages(const json& body, OpenAIRequest* req) {
         return invalid_request(
             str_format("'%s.function.name' = %s must be 1 to 64 characters of a-z, A-Z, 0-9, "
                        "underscore and dash",
-                       tp.c_str(), fname->dump(-1, ' ', false, json::error_handler_t::replace).c_str()),
+                       tp.c_str(),
+                       fname->dump(-1, ' ', false, json::error_handler_t::replace).c_str()),
             tp + ".function.name");
       }
     }
@@ -675,11 +676,11 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
     // The engine's range (engine_api.h says why it is bounded): a tiny or huge factor would
     // overflow the logits to infinity.
     if (!(x >= engine::kMinRepetitionPenalty) || !(x <= engine::kMaxRepetitionPenalty)) {
-      return invalid_request(str_format("'repetition_penalty' must be in [%g, %g], got %s",
-                                        static_cast<double>(engine::kMinRepetitionPenalty),
-                                        static_cast<double>(engine::kMaxRepetitionPenalty),
-                                        shortest(x).c_str()),
-                             "repetition_penalty");
+      return invalid_request(
+          str_format("'repetition_penalty' must be in [%g, %g], got %s",
+                     static_cast<double>(engine::kMinRepetitionPenalty),
+                     static_cast<double>(engine::kMaxRepetitionPenalty), shortest(x).c_str()),
+          "repetition_penalty");
     }
     repetition = x;
   }

@@ -13,10 +13,10 @@
 // completions: 0..20), presence_penalty and frequency_penalty (OpenAI, [-2, 2]),
 // repetition_penalty (vLLM, [0.01, 100]: engine::kMinRepetitionPenalty), tool_choice (chat:
 // "auto", "none", "required" with tools, or {"type": "function", "function": {"name"}} naming one
-// of the tools). A null value means "not given". Unknown fields are ignored, as OpenAI clients expect;
-// known ones this server does not implement (min_p, logit_bias, best_of, echo, suffix, beam search,
-// stop_token_ids, response_format other than text, functions, tool_choice outside chat, audio
-// output, guided decoding) get a 400 naming them unless set to their no-op value.
+// of the tools). A null value means "not given". Unknown fields are ignored, as OpenAI clients
+// expect; known ones this server does not implement (min_p, logit_bias, best_of, echo, suffix, beam
+// search, stop_token_ids, response_format other than text, functions, tool_choice outside chat,
+// audio output, guided decoding) get a 400 naming them unless set to their no-op value.
 //
 // /v1/responses: input (a string, or message items {role, content} whose content is a string or
 // input_text/output_text parts), instructions (a system message first), max_output_tokens,

@@ -786,7 +786,8 @@ TEST_F(HttpServerTest, HeaderTimeoutClosesIdleConnectionsButNotSlowBodies) {
   const auto t0 = std::chrono::steady_clock::now();
   Client silent(server_->port());
   EXPECT_EQ(silent.read_reply().status, -1);
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GE(waited, 0.25);
   EXPECT_LT(waited, 5.0);
   // Keep-alive: idle longer than header_timeout after a response, the connection is gone.
@@ -797,9 +798,10 @@ TEST_F(HttpServerTest, HeaderTimeoutClosesIdleConnectionsButNotSlowBodies) {
   // Headers in time, the body 600 ms later (within read_timeout): answered.
   Client slow_body(server_->port());
   const std::string body = R"({"model":"fake-model","prompt":"x","max_tokens":2})";
-  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                           "application/json\r\nContent-Length: " +
-                           std::to_string(body.size()) + "\r\n\r\n";
+  const std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n";
   net::write(slow_body.socket(), net::buffer(head));
   std::this_thread::sleep_for(std::chrono::milliseconds(600));
   net::write(slow_body.socket(), net::buffer(body));

@@ -13,7 +13,6 @@
 //  - a one-batch queue under a burst: every batch is either sent or counted as dropped, and the
 //    sequence numbers the subscriber sees are exactly the sent ones, increasing.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <chrono>

@@ -157,14 +157,15 @@ std::vector<BadCase> bad_cases() {
       // Tool names as OpenAI validates them: ^[a-zA-Z0-9_-]{1,64}$.
       {"tool_name_markup", C,
        R"({"model":"m","tools":[{"type":"function","function":{"name":"get_weather"}},)"
-       R"({"type":"function","function":{"name":"f</tool_call>"}}],)" + kMsgs + "}",
+       R"({"type":"function","function":{"name":"f</tool_call>"}}],)" +
+           kMsgs + "}",
        400, "tools[1].function.name", R"("f</tool_call>" must be 1 to 64 characters)"},
       {"tool_name_empty", C,
        R"({"model":"m","tools":[{"type":"function","function":{"name":""}}],)" + kMsgs + "}", 400,
        "tools[0].function.name", "1 to 64 characters"},
       {"tool_name_space", C,
-       R"({"model":"m","tools":[{"type":"function","function":{"name":"get weather"}}],)" +
-           kMsgs + "}",
+       R"({"model":"m","tools":[{"type":"function","function":{"name":"get weather"}}],)" + kMsgs +
+           "}",
        400, "tools[0].function.name", "\"get weather\""},
       {"tool_name_dot", C,
        R"({"model":"m","tools":[{"type":"function","function":{"name":"a.b"}}],)" + kMsgs + "}",
@@ -213,10 +214,10 @@ std::vector<BadCase> bad_cases() {
        400, "repetition_penalty", "[0.01, 100], got 1e-39"},
       {"repetition_penalty_small", P, R"({"model":"m","prompt":"x","repetition_penalty":0.0099})",
        400, "repetition_penalty", "got 0.0099"},
-      {"repetition_penalty_huge", P, R"({"model":"m","prompt":"x","repetition_penalty":1e38})",
-       400, "repetition_penalty", "[0.01, 100], got 1e+38"},
-      {"repetition_penalty_type", C, R"({"model":"m","repetition_penalty":"2",)" + kMsgs + "}",
-       400, "repetition_penalty", "a number"},
+      {"repetition_penalty_huge", P, R"({"model":"m","prompt":"x","repetition_penalty":1e38})", 400,
+       "repetition_penalty", "[0.01, 100], got 1e+38"},
+      {"repetition_penalty_type", C, R"({"model":"m","repetition_penalty":"2",)" + kMsgs + "}", 400,
+       "repetition_penalty", "a number"},
       {"logit_bias", C, R"({"model":"m","logit_bias":{"5":-100},)" + kMsgs + "}", 400, "logit_bias",
        "not supported"},
       {"response_format", C,
@@ -279,8 +280,8 @@ TEST(OpenAIRequest, ToolNamesOpenAIAccepts) {
   const std::string names[] = {"f", "get_weather", "Get-Weather_2", std::string(64, 'z')};
   for (const std::string& name : names) {
     SCOPED_TRACE(name);
-    ParseResult r = chat(R"({"model":"m","tools":[{"type":"function","function":{"name":")" +
-                         name + R"("}}],"tool_choice":"required",)" + kMsgs + "}");
+    ParseResult r = chat(R"({"model":"m","tools":[{"type":"function","function":{"name":")" + name +
+                         R"("}}],"tool_choice":"required",)" + kMsgs + "}");
     ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(r)) << std::get<ApiError>(r).message;
     EXPECT_EQ(std::get<OpenAIRequest>(r).tool_call_names, std::vector<std::string>{name});
   }
@@ -289,8 +290,8 @@ TEST(OpenAIRequest, ToolNamesOpenAIAccepts) {
 TEST(OpenAIRequest, RepetitionPenaltyBounds) {
   for (double r : {0.01, 1.0, 1.3, 100.0}) {
     SCOPED_TRACE(r);
-    ParseResult p = completion(R"({"model":"m","prompt":"x","repetition_penalty":)" +
-                               std::to_string(r) + "}");
+    ParseResult p =
+        completion(R"({"model":"m","prompt":"x","repetition_penalty":)" + std::to_string(r) + "}");
     ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(p)) << std::get<ApiError>(p).message;
     EXPECT_FLOAT_EQ(std::get<OpenAIRequest>(p).sampling.repetition_penalty, static_cast<float>(r));
   }
@@ -300,8 +301,8 @@ TEST(OpenAIRequest, RepetitionPenaltyBounds) {
 // 429 that no retry can cure; up to it is accepted.
 TEST(OpenAIRequest, ChoicesBeyondTheEngineAre400) {
   const ModelLimits limits{"m", 100, 50, /*max_live_requests=*/6};
-  ParseResult ok = parse_openai_request(Endpoint::kCompletions,
-                                        R"({"model":"m","prompt":"x","n":6})", limits);
+  ParseResult ok =
+      parse_openai_request(Endpoint::kCompletions, R"({"model":"m","prompt":"x","n":6})", limits);
   ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(ok)) << std::get<ApiError>(ok).message;
   EXPECT_EQ(std::get<OpenAIRequest>(ok).n, 6);
   ParseResult bad = parse_openai_request(Endpoint::kChatCompletions,

@@ -8,21 +8,20 @@
 // OSCAR_FAULT_INJECT) fails its request and the server goes on. Raw sockets with
 // Connection: close, so a response is everything until EOF.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "engine/scheduler.h"
 #include "server/http_server.h"
@@ -186,8 +185,11 @@ TEST(ServerFailures, FailedStepFailsItsRequestAndTheServerKeepsServing) {
     HttpServer server(sched.value().get(), sopt);
     ASSERT_TRUE(server.start().ok());
     auto body = [](bool stream) {
-      return json{{"model", "tiny-qwen3"}, {"prompt", "def fibonacci(n):\n"}, {"max_tokens", 8},
-                  {"temperature", 0}, {"stream", stream}}
+      return json{{"model", "tiny-qwen3"},
+                  {"prompt", "def fibonacci(n):\n"},
+                  {"max_tokens", 8},
+                  {"temperature", 0},
+                  {"stream", stream}}
           .dump();
     };
     const std::string failed = post(server.port(), "/v1/completions", body(c.stream));

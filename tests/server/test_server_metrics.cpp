@@ -5,6 +5,7 @@
 // 0 (as vLLM: evictable pages are free) while oscar_kv_pages_cached shows the cache, and the
 // prefix-cache counters have vLLM's _total names. Raw sockets with Connection: close.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -13,14 +14,12 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "engine/scheduler.h"
 #include "server/http_server.h"
@@ -52,8 +51,9 @@ std::string roundtrip(uint16_t port, const std::string& request) {
 }
 
 std::string post(uint16_t port, const std::string& path, const std::string& body) {
-  return roundtrip(port, "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                         "Content-Type: application/json\r\nContent-Length: " +
+  return roundtrip(port, "POST " + path +
+                             " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                             "Content-Type: application/json\r\nContent-Length: " +
                              std::to_string(body.size()) + "\r\n\r\n" + body);
 }
 
@@ -128,9 +128,9 @@ TEST(ServerMetrics, VllmFamiliesFromStartAndIdleUsageExcludesTheCache) {
 
   // Before the first request.
   Metrics m0 = scrape(server.port());
-  EXPECT_EQ(m0.at(str_format(R"(vllm:cache_config_info{block_size="%d",model_name="tiny"})",
-                             page_size)),
-            1);
+  EXPECT_EQ(
+      m0.at(str_format(R"(vllm:cache_config_info{block_size="%d",model_name="tiny"})", page_size)),
+      1);
   EXPECT_EQ(m0.at("vllm:kv_cache_usage_perc" + l), 0);
   EXPECT_EQ(m0.at("vllm:num_requests_running" + l), 0);
   EXPECT_EQ(m0.types["vllm:prefix_cache_queries_total"], "counter");
