@@ -8,7 +8,9 @@
 // can touch a Session once the io_context is gone.
 #include "server/http_server.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +18,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cctype>
+#include <cerrno>
 #include <condition_variable>
 #include <csignal>
 #include <cstdint>
@@ -61,6 +64,13 @@ struct HttpServer::State {
   // accept() failures (EMFILE...): wait this long before the next try; 0 after a success.
   std::optional<net::steady_timer> accept_timer;
   std::chrono::milliseconds accept_backoff{0};
+  // A descriptor held in reserve (/dev/null): out of descriptors, accept() fails and the client
+  // would wait in the kernel's queue; closing this one lets us take the connection, answer 503
+  // and close it (take_one_with_spare_fd). -1 while spent.
+  int spare_fd = -1;
+  ~State() {
+    if (spare_fd >= 0) ::close(spare_fd);
+  }
   std::vector<std::thread> threads;
   uint16_t bound_port = 0;
   std::atomic<bool> shutting_down{false};
@@ -1266,13 +1276,57 @@ void reject_connection(const std::shared_ptr<HttpServer::State>& st, tcp::socket
   std::make_shared<Rejecter>(std::move(socket), std::move(res))->run();
 }
 
+// Out of descriptors (EMFILE/ENFILE), with a connection waiting: spends the spare descriptor to
+// accept it, answers 503 (Retry-After) and closes it, then takes the spare back. False when
+// there was no spare, or no connection could be taken with it.
+bool take_one_with_spare_fd(HttpServer::State& st) {
+  if (st.spare_fd < 0) return false;
+  ::close(st.spare_fd);
+  st.spare_fd = -1;
+  beast::error_code ec;
+  st.acceptor->non_blocking(true, ec);  // the connection that failed is queued: do not wait
+  tcp::socket socket = ec ? tcp::socket(st.ioc) : st.acceptor->accept(ec);
+  beast::error_code ignored;
+  st.acceptor->non_blocking(false, ignored);
+  const bool took = !ec && socket.is_open();
+  if (took) {
+    st.count_rejected_connection();
+    ApiError e = invalid_request("the server is out of file descriptors; retry later", "", 503);
+    e.type = "server_error";
+    e.code = "too_many_connections";
+    const std::string body = e.to_json();
+    const std::string res =
+        "HTTP/1.1 503 Service Unavailable\r\nServer: oscar\r\nContent-Type: application/json\r\n"
+        "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    net::write(socket, net::buffer(res), ignored);  // a fresh socket's send buffer is empty
+    socket.shutdown(tcp::socket::shutdown_both, ignored);
+    socket.close(ignored);
+  }
+  st.spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return took;
+}
+
 void do_accept(std::shared_ptr<HttpServer::State> st) {
   st->acceptor->async_accept(net::make_strand(st->ioc), [st](beast::error_code ec,
                                                              tcp::socket socket) {
     if (ec == net::error::operation_aborted || !st->acceptor->is_open()) return;
     if (ec) {
-      // Out of file descriptors (EMFILE/ENFILE) or memory: the connection stays queued in the
-      // kernel, so retrying at once would spin. Back off, doubling from 10 ms to 1 s.
+      // Out of file descriptors (EMFILE/ENFILE): the client gets a 503 through the spare
+      // descriptor, not a hang, and the next connection is awaited at once.
+      const bool no_fds = ec == net::error::no_descriptors || ec.value() == ENFILE;
+      if (no_fds && !st->shutting_down && take_one_with_spare_fd(*st)) {
+        const uint64_t n = st->count_accept_error();
+        if ((n & (n - 1)) == 0) {
+          OSCAR_LOG_WARN("server: out of file descriptors (%s): answered 503 with the spare "
+                         "descriptor (errors_total=%llu)",
+                         ec.message().c_str(), static_cast<unsigned long long>(n));
+        }
+        return do_accept(st);
+      }
+      // Otherwise (no spare, no connection waiting: Linux's accept() fails with EMFILE before it
+      // looks at the queue; out of memory) retrying at once would spin. Back off, doubling from
+      // 10 ms to 1 s; a connection that arrives meanwhile is answered at the next try.
       using std::chrono::milliseconds;
       st->accept_backoff = std::clamp(st->accept_backoff * 2, milliseconds(10), milliseconds(1000));
       const uint64_t n = st->count_accept_error();
@@ -1408,6 +1462,7 @@ Status HttpServer::start() {
                          st.options.port, ec.message().c_str()));
   }
   st.bound_port = st.acceptor->local_endpoint().port();
+  st.spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   st.accept_timer.emplace(st.ioc);
   st.work.emplace(st.ioc.get_executor());
   do_accept(state_);

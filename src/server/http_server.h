@@ -24,8 +24,10 @@
 // descriptor limit) a new connection closes the one that has waited longest for a request, so
 // idle or slow clients cannot lock others (or /health) out, and gets 503 and is closed only when
 // every connection has a request in progress; an engine whose waiting queue is
-// full (ResourceExhausted from submit) gives a 429 with Retry-After; when accept() fails (out of
-// file descriptors) the acceptor backs off (10 ms doubling to 1 s) instead of spinning.
+// full (ResourceExhausted from submit) gives a 429 with Retry-After; out of file descriptors, a
+// waiting connection is taken with a spare descriptor kept for this, answered 503 and closed (an
+// answer, not a hang), and when accept() keeps failing the acceptor backs off (10 ms doubling to
+// 1 s) instead of spinning.
 // Chat output: when the request has tools (and tool_choice is not "none"), <tool_call> blocks
 // become tool_calls with finish_reason "tool_calls"; with reasoning_parser "qwen3", <think>
 // becomes reasoning_content (output_parser.h), streamed as deltas too.
