@@ -46,6 +46,11 @@ using json = nlohmann::ordered_json;
 
 class Session;
 
+// Beyond max_connections, when every connection has a request in progress: this many more may
+// connect to ask GET /health or /metrics (one request each, within kProbeHeaderTimeout).
+constexpr int kProbeConnections = 8;
+constexpr std::chrono::milliseconds kProbeHeaderTimeout{2'000};
+
 // Lets engine threads post to sessions only while the server runs.
 struct EventGate {
   std::mutex mu;
@@ -88,6 +93,7 @@ struct HttpServer::State {
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
   int busy_sessions = 0;
   int evicting_sessions = 0;  // idle sessions asked to close for a new connection, not yet gone
+  int probe_sessions = 0;     // sessions beyond max_connections that answer /health and /metrics
 
   mutable std::mutex counters_mu;
   ServerCounters counters;
@@ -225,14 +231,17 @@ int64_t unix_now() {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, std::shared_ptr<HttpServer::State> st)
-      : st_(std::move(st)), stream_(std::move(socket)) {}
+  // probe: a connection beyond max_connections while every other one has a request in progress
+  // (do_accept): it answers one GET /health or /metrics, anything else 503, then closes.
+  Session(tcp::socket socket, std::shared_ptr<HttpServer::State> st, bool probe = false)
+      : st_(std::move(st)), stream_(std::move(socket)), probe_(probe) {}
 
   ~Session() {
     std::lock_guard<std::mutex> lock(st_->sessions_mu);
     st_->sessions.erase(this);
     if (busy_) --st_->busy_sessions;
     if (evicting_) --st_->evicting_sessions;
+    if (probe_) --st_->probe_sessions;
     st_->sessions_cv.notify_all();
   }
 
@@ -281,7 +290,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // *since: when it started waiting.
   bool evictable(std::chrono::steady_clock::time_point* since) const {
     *since = waiting_since_;
-    return !busy_ && !evicting_;
+    return !busy_ && !evicting_ && !probe_;
   }
   // With st_->sessions_mu held: chosen to close for a new connection (counted until it is gone).
   void mark_evicting() {
@@ -327,7 +336,8 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(kMaxHeaderBytes));
     parser_->body_limit(kMaxBodyBytes);
-    stream_.expires_after(st_->options.header_timeout);
+    stream_.expires_after(probe_ ? std::min(st_->options.header_timeout, kProbeHeaderTimeout)
+                                 : st_->options.header_timeout);
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, size_t) {
                               self->on_header(ec);
@@ -385,7 +395,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     http::request<http::string_body> req = parser_->release();
     version_ = req.version();
-    keep_alive_ = req.keep_alive();
+    keep_alive_ = req.keep_alive() && !probe_;
     head_ = req.method() == http::verb::head;
     if (auto o = req.find(http::field::origin); o != req.end()) {
       origin_ = std::string(o->value().data(), o->value().size());
@@ -403,6 +413,16 @@ class Session : public std::enable_shared_from_this<Session> {
     if (size_t q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
     const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
     const bool post = req.method() == http::verb::post;
+    if (probe_ && !(get && (target == "/health" || target == "/metrics"))) {
+      ApiError e = invalid_request(
+          str_format("every connection (--max-connections %d) has a request in progress; only "
+                     "GET /health and /metrics are answered now; retry later",
+                     st_->options.max_connections),
+          "", 503);
+      e.type = "server_error";
+      e.code = "too_many_connections";
+      return send_error(e, /*keep_alive=*/false);
+    }
     const char* methods = route_methods(target, kModelPrefix);
     if (!methods) {
       ApiError e = invalid_request("no route for " + std::string(target), "", 404);
@@ -1093,8 +1113,10 @@ class Session : public std::enable_shared_from_this<Session> {
     res->set(http::field::content_type, "application/json");
     if (e.http_status == 401) res->set(http::field::www_authenticate, "Bearer");
     if (e.http_status == 405) res->set(http::field::allow, allow_);
-    if (e.http_status == 429) res->set(http::field::retry_after, "1");
-    if (e.http_status >= 500) {
+    if (e.http_status == 429 || e.code == "too_many_connections") {
+      res->set(http::field::retry_after, "1");
+    }
+    if (e.http_status >= 500 && e.code != "too_many_connections") {  // do_accept logs those
       OSCAR_LOG_WARN("server: status=%d request_id=%s message=%s", e.http_status, req_id_.c_str(),
                      e.message.c_str());
     }
@@ -1185,6 +1207,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string req_id_;         // X-Request-Id of the answer
   const char* allow_ = "GET, HEAD, OPTIONS";  // methods of the route, for Allow
   bool busy_ = false;     // from a request read to its response written (guarded by sessions_mu)
+  const bool probe_;      // beyond max_connections: /health and /metrics only, then close
   // Guarded by sessions_mu: when the connection last started waiting for a request, and whether
   // do_accept chose it to close for a new connection.
   std::chrono::steady_clock::time_point waiting_since_ = std::chrono::steady_clock::now();
@@ -1352,7 +1375,8 @@ void do_accept(std::shared_ptr<HttpServer::State> st) {
       std::shared_ptr<Session> victim;
       {
         std::lock_guard<std::mutex> lock(st->sessions_mu);
-        open = st->sessions.size() - static_cast<size_t>(st->evicting_sessions);
+        open = st->sessions.size() -
+               static_cast<size_t>(st->evicting_sessions + st->probe_sessions);
         full = st->options.max_connections > 0 &&
                open >= static_cast<size_t>(st->options.max_connections);
         std::chrono::steady_clock::time_point oldest = std::chrono::steady_clock::time_point::max();
@@ -1366,8 +1390,18 @@ void do_accept(std::shared_ptr<HttpServer::State> st) {
         }
         if (victim) victim->mark_evicting();
       }
+      // Every connection busy: a few more may still ask /health and /metrics (a liveness probe
+      // must not fail because the server is busy); beyond those, 503 at once.
+      bool probe = false;
       if (full && !victim) {
+        std::lock_guard<std::mutex> lock(st->sessions_mu);
+        probe = st->probe_sessions < kProbeConnections;
+        if (probe) ++st->probe_sessions;
+      }
+      if (full && !victim && !probe) {
         reject_connection(st, std::move(socket), open);
+      } else if (probe) {
+        std::make_shared<Session>(std::move(socket), st, /*probe=*/true)->start();
       } else {
         if (victim) {
           const uint64_t n = st->count_evicted_connection();

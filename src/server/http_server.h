@@ -22,8 +22,9 @@
 // time) and its body within read_timeout; a client that disconnects while its request runs
 // (streaming or not) has its engine request cancelled; at max_connections (by default from the
 // descriptor limit) a new connection closes the one that has waited longest for a request, so
-// idle or slow clients cannot lock others (or /health) out, and gets 503 and is closed only when
-// every connection has a request in progress; an engine whose waiting queue is
+// idle or slow clients cannot lock others (or /health) out; when every connection has a request
+// in progress, a few more (kProbeConnections) may still ask GET /health or /metrics once, and
+// anything else gets 503 and is closed; an engine whose waiting queue is
 // full (ResourceExhausted from submit) gives a 429 with Retry-After; out of file descriptors, a
 // waiting connection is taken with a spare descriptor kept for this, answered 503 and closed (an
 // answer, not a hang), and when accept() keeps failing the acceptor backs off (10 ms doubling to
@@ -80,7 +81,8 @@ struct ServerOptions {
   std::chrono::milliseconds shutdown_grace{5'000};
   // Open connections at most. At the cap a new connection closes the one that has waited longest
   // for (or is still reading) a request; when every connection has a request in progress, the new
-  // one is answered 503 (Retry-After) and closed. 0: no cap. kMaxConnectionsAuto: from the
+  // one may ask GET /health or /metrics once (8 such at a time), anything else is answered 503
+  // (Retry-After) and closed. 0: no cap. kMaxConnectionsAuto: from the
   // process's descriptor limit (max_connections_for_fd_limit of RLIMIT_NOFILE's soft limit).
   int max_connections = kMaxConnectionsAuto;
   // Origins allowed to call from a browser (CORS): exact origins such as
