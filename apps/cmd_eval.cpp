@@ -13,9 +13,11 @@
 
 #include "apps/commands.h"
 #include "apps/runtime_options.h"
+#include "core/log.h"
 #include "eval/evaluate.h"
 #include "eval/merge.h"
 #include "eval/report.h"
+#include "kernels/backend.h"
 
 namespace oscar::apps {
 
@@ -129,10 +131,12 @@ Command add_eval(CLI::App& app) {
                  "Skip this many NIAH prompts of each length first (shards)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--fidelity-windows", cfg->fidelity.n_windows,
-                 "Windows for attention fidelity vs bf16 (0 = skip)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+  CLI::Option* fidelity_windows =
+      app.add_option("--fidelity-windows", cfg->fidelity.n_windows,
+                     "Windows for attention fidelity vs bf16 (0 = skip; CPU only: the default "
+                     "is 0 on a GPU, and a count given there is an error)")
+          ->capture_default_str()
+          ->check(CLI::NonNegativeNumber);
   app.add_option("--fidelity-steps", cfg->fidelity.n_score_steps,
                  "Single-token score steps per fidelity window")
       ->capture_default_str()
@@ -207,6 +211,18 @@ Command add_eval(CLI::App& app) {
       return 0;
     }
     cfg->progress = !*no_progress;
+    // Fidelity runs on the CPU only (eval::check_fidelity_device): on a GPU its default becomes
+    // 0, with a note; a count given there is refused by run_evaluation before any work.
+    if (cfg->fidelity.n_windows > 0 && fidelity_windows->count() == 0 &&
+        cfg->runtime.device != "cpu") {
+      auto backend = kernels::make_backend(cfg->runtime.device);
+      if (backend.ok() && backend.value()->device() != Device::kCpu) {
+        OSCAR_LOG_INFO(
+            "eval: fidelity_windows=0 (attention fidelity runs on the CPU only; "
+            "--device cpu --fidelity-windows N measures it)");
+        cfg->fidelity.n_windows = 0;
+      }
+    }
     auto report = eval::run_evaluation(*cfg);
     if (!report.ok()) {
       std::fprintf(stderr, "error: %s\n", report.status().message().c_str());

@@ -1,4 +1,6 @@
 // `oscar serve`: the OpenAI-compatible HTTP server over the continuous-batching scheduler.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 
@@ -52,8 +54,17 @@ Command add_serve(CLI::App& app) {
                "Do not share prompt prefixes between requests (radix prefix cache)");
   app.add_option("--http-threads", http->n_threads, "HTTP I/O threads")->capture_default_str();
   app.add_option("--max-connections", http->max_connections,
-                 "Open connections at most; more get 503 and are closed (0: no cap)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+                 "Open connections at most: at the cap a new one closes the connection idle "
+                 "longest, and gets 503 when all have a request in progress (0: no cap; -1: "
+                 "RLIMIT_NOFILE less a headroom of max(32, 1/8), at most 16384)")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 1 << 30));
+  auto header_timeout_s =
+      std::make_shared<double>(std::chrono::duration<double>(http->header_timeout).count());
+  app.add_option("--header-timeout", *header_timeout_s,
+                 "Seconds for a request's headers to arrive, also the keep-alive idle time")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--allowed-origins", http->allowed_origins,
                  "Origins browsers may call from (CORS), e.g. http://localhost:3000, or '*'")
       ->delimiter(',');
@@ -65,8 +76,11 @@ Command add_serve(CLI::App& app) {
   events->endpoint.clear();
   auto events_encoding = std::make_shared<std::string>("map");
   app.add_option("--kv-events-endpoint", events->endpoint,
-                 "Publish KV-cache events in vLLM's format over ZMQ PUB, e.g. tcp://*:5557 "
-                 "(binds; any other host connects, as vLLM); off when empty");
+                 "Publish KV-cache events in vLLM's format over ZMQ PUB, e.g. "
+                 "ipc:///run/oscar/kv-events (binds, this host only); tcp://*:5557 binds every "
+                 "interface, tcp://HOST:PORT connects (as vLLM). The events carry the cached "
+                 "prompts' and answers' token ids: expose them to trusted routers only. Off "
+                 "when empty");
   app.add_option("--kv-events-replay-endpoint", events->replay_endpoint,
                  "ZMQ ROUTER endpoint answering replay requests from a starting sequence number");
   app.add_option("--kv-events-topic", events->topic,
@@ -116,6 +130,8 @@ Command add_serve(CLI::App& app) {
     }
     server::ServerOptions ho = *http;
     ho.served_model_name = so.model_name;
+    ho.header_timeout = std::chrono::milliseconds(
+        std::max<int64_t>(1, static_cast<int64_t>(*header_timeout_s * 1000)));
     OSCAR_LOG_INFO(
         "serve: model_name=%s host=%s port=%u kv_budget_mib=%.0f max_running=%d "
         "max_model_len=%d default_max_tokens=%d max_queue=%d",

@@ -13,6 +13,7 @@ packages=(
   clang libclang-rt-dev libomp-dev                      # fuzzers (scripts/fuzz.sh): clang, libFuzzer, clang's OpenMP
   curl ca-certificates                                  # the e2e test polls /health with curl; the README's examples; npm over HTTPS
   python3                                               # tests/e2e (free port), scripts/make_niah.py, tests/fuzz/make_seed_corpus.py
+  python3-prometheus-client                             # tests/e2e/metrics: /metrics through the Prometheus project's parser
   git                                                   # oscar eval records the commit it ran at
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev          # KV-cache events (ZMQ + msgpack)
 )

@@ -10,5 +10,11 @@ need ctest cmake
 need node nodejs
 need npm npm
 need curl curl
+# The /metrics check (tests/e2e/metrics, label model) parses with the Prometheus project's parser.
+/usr/bin/python3 -c 'import prometheus_client.parser' 2>/dev/null ||
+  python3 -c 'import prometheus_client.parser' 2>/dev/null || {
+  echo "$(basename "$0"): the python3 module prometheus_client not found: install the Debian package python3-prometheus-client (bash scripts/setup.sh installs every dependency)" >&2
+  exit 1
+}
 bash scripts/build.sh "$@"
 ctest --test-dir build --output-on-failure -L "unit|model" -j 2

@@ -38,8 +38,16 @@ struct SamplingParams {
   // Penalties (kernels/logits.h), applied to the logits before temperature, greedy included.
   float presence_penalty = 0.f;    // [-2, 2], OpenAI: output tokens, once each
   float frequency_penalty = 0.f;   // [-2, 2], OpenAI: output tokens, per occurrence
-  float repetition_penalty = 1.f;  // > 0, vLLM/HF: prompt and output tokens; 1 = off
+  // vLLM/HF: prompt and output tokens; 1 = off. In [kMinRepetitionPenalty, kMaxRepetitionPenalty].
+  float repetition_penalty = 1.f;
 };
+
+// The repetition penalty's range. vLLM takes any r > 0, but a positive logit divided by a tiny r
+// (or a negative one multiplied by a huge r) overflows to infinity and the request fails with
+// non-finite logits. Useful values are near 1 (1.05 .. 1.5); 0.01 and 100 scale a logit 100x
+// at most, which keeps any finite logit a model produces finite.
+inline constexpr float kMinRepetitionPenalty = 0.01f;
+inline constexpr float kMaxRepetitionPenalty = 100.f;
 
 // Log-probabilities are the log-softmax of the model's raw logits (before penalties, masks and
 // temperature: vLLM's default "raw logprobs").
@@ -95,6 +103,9 @@ struct EngineInfo {
   std::string model_name;      // what /v1/models lists and requests must name
   int max_context_tokens = 0;  // prompt + completion
   int vocab_size = 0;
+  // Requests that can be live at once (running + queued): the most choices (n) one request can
+  // have, since its choices run as that many requests. 0: no cap.
+  int max_live_requests = 0;
   bool ready = false;          // false while loading or warming up (/health answers 503)
 };
 
@@ -109,11 +120,16 @@ struct Histogram {
 
 struct KvPoolUsage {
   std::string pool;  // "bf16", "int2", ...
-  int64_t pages_used = 0;
+  int64_t pages_used = 0;  // not free: held by requests or by the prefix cache
   int64_t pages_total = 0;
+  // Of pages_used: pages the prefix cache references (some may be in use by requests too), and
+  // those only it holds (evictable whenever a request needs room: vLLM counts them as free).
+  int64_t pages_cached = 0;
+  int64_t pages_evictable = 0;
 };
 
-// A snapshot; totals are monotonic since engine start.
+// A snapshot; totals are monotonic since engine start. model_name, kv_page_size and kv_pools are
+// filled from start-up (before the first request).
 struct EngineMetrics {
   int requests_running = 0;
   int requests_waiting = 0;

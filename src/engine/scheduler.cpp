@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 
 #include "core/check.h"
@@ -45,6 +46,24 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 
 }  // namespace
+
+Result<FaultInjection> FaultInjection::parse(std::string_view spec) {
+  FaultInjection f;
+  if (spec.empty()) return f;
+  const size_t colon = spec.find(':');
+  const std::string_view where = spec.substr(0, colon);
+  const std::string count =
+      colon == std::string_view::npos ? "" : std::string(spec.substr(colon + 1));
+  char* end = nullptr;
+  const long long n = count.empty() ? 0 : std::strtoll(count.c_str(), &end, 10);
+  if (where == "step") f.where = kStep;
+  if (where == "sample") f.where = kSample;
+  if (f.where == kNone || count.empty() || *end != '\0' || n < 1)
+    return invalid_argument("fault injection '%.*s': expected step:N or sample:N with N >= 1",
+                            static_cast<int>(spec.size()), spec.data());
+  f.n = n;
+  return f;
+}
 
 struct Scheduler::Sequence {
   GenerationRequest req;
@@ -123,7 +142,16 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(std::unique_ptr<Runtime> ru
   if (options.max_model_len > max_pos)
     return invalid_argument("--max-model-len %d exceeds the model's max_position_embeddings %d",
                             options.max_model_len, max_pos);
+  std::string fault_spec = options.fault_inject;
+  if (const char* env = std::getenv("OSCAR_FAULT_INJECT"); fault_spec.empty() && env != nullptr)
+    fault_spec = env;
+  OSCAR_ASSIGN_OR_RETURN(FaultInjection fault, FaultInjection::parse(fault_spec));
+  if (fault.where != FaultInjection::kNone)
+    OSCAR_LOG_WARN("scheduler: fault injection on: %s call %lld fails (OSCAR_FAULT_INJECT)",
+                   fault.where == FaultInjection::kStep ? "step" : "sample",
+                   static_cast<long long>(fault.n));
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(runtime), options));
+  s->fault_ = fault;
   s->max_model_len_ = options.max_model_len > 0 ? options.max_model_len : max_pos;
   {
     // The longest sequence whose peak pages fit the pools (peak pages grow with the length).
@@ -171,6 +199,10 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(std::unique_ptr<Runtime> ru
     if (options.kv_event_sink) s->radix_->set_listener(&s->kv_events_);
   } else if (options.kv_event_sink) {
     return invalid_argument("KV-cache events need the prefix cache (drop --no-prefix-cache)");
+  }
+  {
+    std::lock_guard<std::mutex> lock(s->mu_);
+    s->snapshot_pools();
   }
   s->thread_ = std::thread([p = s.get()] { p->loop(); });
   s->ready_ = true;
@@ -227,9 +259,10 @@ Status Scheduler::submit(GenerationRequest req,
   if (!(std::abs(sp.presence_penalty) <= 2.f) || !(std::abs(sp.frequency_penalty) <= 2.f))
     return invalid_argument("presence_penalty %g and frequency_penalty %g must be in [-2, 2]",
                             sp.presence_penalty, sp.frequency_penalty);
-  if (!(sp.repetition_penalty > 0.f) || !std::isfinite(sp.repetition_penalty))
-    return invalid_argument("repetition_penalty %g must be a finite number > 0",
-                            sp.repetition_penalty);
+  if (!(sp.repetition_penalty >= kMinRepetitionPenalty) ||
+      !(sp.repetition_penalty <= kMaxRepetitionPenalty))
+    return invalid_argument("repetition_penalty %g must be in [%g, %g]", sp.repetition_penalty,
+                            kMinRepetitionPenalty, kMaxRepetitionPenalty);
   if (req.logprobs < -1 || req.logprobs > kMaxLogprobs)
     return invalid_argument("logprobs %d must be in [0, %d] (or -1: none)", req.logprobs,
                             kMaxLogprobs);
@@ -270,7 +303,13 @@ Status Scheduler::submit(GenerationRequest req,
     if (stop_) return Status(StatusCode::kCancelled, "the engine is shutting down");
     if (live_ids_.count(s->req.request_id))
       return invalid_argument("request id '%s' is already running", s->req.request_id.c_str());
-    if (options_.max_waiting > 0 && n_queued_ >= options_.max_waiting)
+    // The choices of one request (n > 1) are submitted together, and the later ones wait for
+    // the first one's prefill: they may fill max_running more places, so that a request of
+    // info().max_live_requests choices fits an idle engine (the server refuses more with a 400).
+    const bool choice =
+        !s->req.share_prompt_with.empty() && live_ids_.count(s->req.share_prompt_with) > 0;
+    const int cap = options_.max_waiting + (choice ? options_.max_running : 0);
+    if (options_.max_waiting > 0 && n_queued_ >= cap)
       return resource_exhausted(
           "the waiting queue is full (%d requests, --max-queue %d); retry "
           "later",
@@ -298,6 +337,7 @@ EngineInfo Scheduler::info() const {
   i.model_name = options_.model_name;
   i.max_context_tokens = max_model_len_;
   i.vocab_size = runtime_->model().config().vocab_size;
+  i.max_live_requests = options_.max_waiting > 0 ? options_.max_running + options_.max_waiting : 0;
   i.ready = ready_;
   return i;
 }
@@ -749,11 +789,19 @@ void Scheduler::step() {
                  running_.end());
 }
 
+Status Scheduler::injected(FaultInjection::Where where) {
+  if (fault_.where != where || ++fault_calls_[where] != fault_.n) return Status();
+  return internal_error("injected fault: %s call %lld failed (OSCAR_FAULT_INJECT)",
+                        where == FaultInjection::kStep ? "step" : "sample",
+                        static_cast<long long>(fault_.n));
+}
+
 void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequence* const> owners) {
   model::Qwen3Model& model = runtime_->model();
   const kv::StepPlan plan = kv::StepPlan::make(chunks, kv::AttendMode::kPrefill);
   std::vector<int32_t> demote_status;
   Status st = model.forward(plan, {});  // logits stay in the backend's memory
+  if (st.ok()) st = injected(FaultInjection::kStep);
   if (st.ok()) st = model.demote(plan, &demote_status);
   if (!st.ok()) {
     OSCAR_LOG_ERROR("scheduler: step failed for %zu sequences: %s", owners.size(),
@@ -835,7 +883,15 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
   sp.step = draws.data();
   sp.ids = ids.data();
   st = model.backend().sample(sp);
-  OSCAR_CHECK(st.ok(), "sampling configs were validated at submit: %s", st.to_string().c_str());
+  if (st.ok()) st = injected(FaultInjection::kSample);
+  if (!st.ok()) {
+    // The configs were validated at submit, so this is the device failing (a CUDA error): every
+    // request of the step fails (their K/V was committed; ending them frees it), the loop goes on.
+    OSCAR_LOG_ERROR("scheduler: sampling failed for %zu sequences: %s", owners.size(),
+                    st.to_string().c_str());
+    for (Sequence* s : owners) fail(*s, st);
+    return;
+  }
   // Log-probabilities of the drawn tokens, for the requests that ask (off the common path).
   {
     std::vector<int32_t> lp_rows, lp_tokens, lp_seq;
@@ -914,6 +970,27 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
   }
 }
 
+// metrics_: the model, the page size and the pools' pages (used, cached, evictable). Called with
+// mu_ held, from the loop and once at start-up, so that /metrics has them before any request.
+void Scheduler::snapshot_pools() {
+  metrics_.model_name = options_.model_name;
+  metrics_.kv_page_size = runtime_->spec().regions.page_size;
+  metrics_.kv_pools.clear();
+  std::vector<kv::PagePool*> pools = {&runtime_->exact_pool()};
+  if (runtime_->int2_pool()) pools.push_back(runtime_->int2_pool());
+  metrics_.prefix_cache_pages = 0;
+  for (size_t i = 0; i < pools.size(); ++i) {
+    KvPoolUsage u{i == 0 ? pools[i]->name() : "int2", pools[i]->n_used(), pools[i]->n_pages()};
+    // The radix cache's pool i is this pool i (create() hands it the same list).
+    if (radix_ && i < radix_->stats().cached_pages.size()) {
+      u.pages_cached = radix_->stats().cached_pages[i];
+      u.pages_evictable = radix_->stats().evictable_pages[i];
+      metrics_.prefix_cache_pages += u.pages_cached;
+    }
+    metrics_.kv_pools.push_back(std::move(u));
+  }
+}
+
 void Scheduler::loop() {
   for (;;) {
     std::vector<std::string> cancels;
@@ -957,22 +1034,13 @@ void Scheduler::loop() {
     std::lock_guard<std::mutex> lock(mu_);
     metrics_.requests_running = static_cast<int>(running_.size());
     metrics_.requests_waiting = static_cast<int>(waiting_.size());
-    metrics_.kv_pools.clear();
-    metrics_.kv_pools.push_back({runtime_->exact_pool().name(), runtime_->exact_pool().n_used(),
-                                 runtime_->exact_pool().n_pages()});
-    if (runtime_->int2_pool())
-      metrics_.kv_pools.push_back({"int2", runtime_->int2_pool()->n_used(),
-                                   runtime_->int2_pool()->n_pages()});
+    snapshot_pools();
     // Idle (nothing stored): 0, not the last request's value or 0/0.
     metrics_.kv_effective_bits_per_element = elements > 0 ? 8.0 * bytes / elements : 0.0;
     if (radix_) {
-      metrics_.prefix_cache_pages = 0;
-      for (int64_t n : radix_->stats().cached_pages) metrics_.prefix_cache_pages += n;
       metrics_.prefix_cache_query_tokens = static_cast<uint64_t>(radix_->stats().lookup_tokens);
       metrics_.prefix_cache_hit_tokens = static_cast<uint64_t>(radix_->stats().matched_tokens);
     }
-    metrics_.model_name = options_.model_name;
-    metrics_.kv_page_size = runtime_->spec().regions.page_size;
     if (radix_ && radix_->stats().lookup_tokens > 0)
       metrics_.prefix_cache_hit_rate = static_cast<double>(radix_->stats().matched_tokens) /
                                        static_cast<double>(radix_->stats().lookup_tokens);

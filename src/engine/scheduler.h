@@ -28,6 +28,11 @@
 // share_prompt_with and waits at the head of the queue until the first's prefill is done, then
 // adopts its prompt pages from the prefix cache (all but the last partial page with a BF16 cache;
 // sinks and history with INT2: the recent window is recomputed). tests: NChoicesSharePromptPages.
+//
+// A step that fails (the forward pass, demotion, logits processing, sampling or log-probabilities
+// return an error, e.g. a CUDA error on a GPU) fails the requests in that step with the error
+// (the server's OpenAI error object or stream error event); the loop goes on serving the rest.
+// FaultInjection makes a chosen step fail on purpose, so that tests can check this on the CPU.
 #pragma once
 
 #include <atomic>
@@ -51,6 +56,17 @@
 
 namespace oscar::engine {
 
+// A deliberate failure, for tests and debugging: the n-th forward step (kStep) or the n-th
+// sampling call (kSample), counted from 1 since start-up, returns an Internal error as a failed
+// device step would. Spelled "step:N" or "sample:N" (SchedulerOptions::fault_inject or the
+// environment variable OSCAR_FAULT_INJECT).
+struct FaultInjection {
+  enum Where { kNone, kStep, kSample };
+  Where where = kNone;
+  int64_t n = 0;  // >= 1 when where != kNone
+  static Result<FaultInjection> parse(std::string_view spec);
+};
+
 struct SchedulerOptions {
   std::string model_name = "tiny-qwen3";
   int max_running = 64;         // sequences decoded together
@@ -61,12 +77,16 @@ struct SchedulerOptions {
   // max_position_embeddings, lowered to the longest sequence whose peak pages fit the pools.
   int max_model_len = 0;
   // Requests queued for admission at most; submit() answers ResourceExhausted beyond (the server's
-  // 429). 0: unbounded.
+  // 429). The later choices of an n > 1 request may take max_running places more (submit()).
+  // 0: unbounded.
   int max_waiting = 1024;
   // KV-cache events for routers (kv/kv_events.h; e.g. server::KvEventPublisher): every page the
   // radix cache stores or evicts, one batch per step. Not owned; outlives the scheduler. Needs
   // prefix_cache. Null = no events.
   kv::KvEventSink* kv_event_sink = nullptr;
+  // FaultInjection::parse's spelling ("step:3", "sample:1"); "" = none, unless the environment
+  // variable OSCAR_FAULT_INJECT gives one (a debugging knob: never set it in production).
+  std::string fault_inject;
 };
 
 class Scheduler : public Engine {
@@ -117,6 +137,9 @@ class Scheduler : public Engine {
   void end(Sequence& s, const GenerationEvent& terminal);
   void release(Sequence& s);
   void publish_kv_events();
+  void snapshot_pools();  // mu_ held
+  // The injected failure of this call (FaultInjection), else OK. Loop thread.
+  Status injected(FaultInjection::Where where);
 
   std::unique_ptr<Runtime> runtime_;
   SchedulerOptions options_;
@@ -140,6 +163,8 @@ class Scheduler : public Engine {
   std::atomic<bool> ready_{false};
 
   // Loop-thread state.
+  FaultInjection fault_;
+  int64_t fault_calls_[3] = {0, 0, 0};  // calls so far, by FaultInjection::Where
   DeviceBuffer logits_scratch_;  // [n_logit_rows, vocab] processed logits (grown when needed)
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;

@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "eval/eval_data.h"
+#include "kernels/backend.h"
 #include "quant/modes.h"
 #include "tokenizer/tokenizer.h"
 
@@ -165,7 +166,20 @@ Result<engine::RuntimeOptions> apply_mode_variant(const std::string& label,
   return ro;
 }
 
+Status check_fidelity_device(const EvalConfig& config, Device device) {
+  if (config.fidelity.n_windows <= 0 || device == Device::kCpu) return Status();
+  return invalid_argument(
+      "eval: attention fidelity (--fidelity-windows %d) reads the cache with the CPU kernels and "
+      "cannot run on the %s device; pass --fidelity-windows 0, or --device cpu for fidelity",
+      config.fidelity.n_windows, device_name(device));
+}
+
 Result<EvalReport> run_evaluation(const EvalConfig& config_in) {
+  if (config_in.fidelity.n_windows > 0) {  // before any work: the device fidelity would run on
+    OSCAR_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
+                           kernels::make_backend(config_in.runtime.device));
+    OSCAR_RETURN_IF_ERROR(check_fidelity_device(config_in, backend->device()));
+  }
   const auto t0 = Clock::now();
   EvalReport report;
   report.config = config_in;

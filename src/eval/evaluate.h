@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "core/status.h"
 #include "engine/runtime.h"
 #include "eval/cache_bits.h"
@@ -64,7 +65,14 @@ struct EvalReport {
   double seconds = 0.0;
 };
 
+// Checks the configuration before any work (check_fidelity_device included), then runs it.
 Result<EvalReport> run_evaluation(const EvalConfig& config);
+
+// Attention fidelity reads cache rows back with the CPU kernels (SequenceCache::read_row, host
+// caches only), so it runs on the CPU backend alone: InvalidArgument saying so, and what to pass
+// instead, when fidelity windows are asked of another device. `oscar eval` sets the windows'
+// default to 0 off the CPU (with a note) and keeps this error for an explicit request.
+Status check_fidelity_device(const EvalConfig& config, Device device);
 
 // A mode label is a cache mode optionally followed by ':'-separated overrides, so variants of one
 // mode run side by side: "oscar-lloyd:k=1:v=1", "oscar:rot=/tmp/r.safetensors:k=0.98".

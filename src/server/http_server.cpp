@@ -8,14 +8,20 @@
 // can touch a Session once the io_context is gone.
 #include "server/http_server.h"
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cctype>
+#include <cerrno>
 #include <condition_variable>
 #include <csignal>
+#include <cstdint>
 #include <ctime>
 #include <mutex>
 #include <optional>
@@ -40,6 +46,11 @@ using json = nlohmann::ordered_json;
 
 class Session;
 
+// Beyond max_connections, when every connection has a request in progress: this many more may
+// connect to ask GET /health or /metrics (one request each, within kProbeHeaderTimeout).
+constexpr int kProbeConnections = 8;
+constexpr std::chrono::milliseconds kProbeHeaderTimeout{2'000};
+
 // Lets engine threads post to sessions only while the server runs.
 struct EventGate {
   std::mutex mu;
@@ -58,6 +69,13 @@ struct HttpServer::State {
   // accept() failures (EMFILE...): wait this long before the next try; 0 after a success.
   std::optional<net::steady_timer> accept_timer;
   std::chrono::milliseconds accept_backoff{0};
+  // A descriptor held in reserve (/dev/null): out of descriptors, accept() fails and the client
+  // would wait in the kernel's queue; closing this one lets us take the connection, answer 503
+  // and close it (take_one_with_spare_fd). -1 while spent.
+  int spare_fd = -1;
+  ~State() {
+    if (spare_fd >= 0) ::close(spare_fd);
+  }
   std::vector<std::thread> threads;
   uint16_t bound_port = 0;
   std::atomic<bool> shutting_down{false};
@@ -74,6 +92,8 @@ struct HttpServer::State {
   std::condition_variable sessions_cv;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
   int busy_sessions = 0;
+  int evicting_sessions = 0;  // idle sessions asked to close for a new connection, not yet gone
+  int probe_sessions = 0;     // sessions beyond max_connections that answer /health and /metrics
 
   mutable std::mutex counters_mu;
   ServerCounters counters;
@@ -95,6 +115,10 @@ struct HttpServer::State {
     std::lock_guard<std::mutex> lock(counters_mu);
     ++counters.responses_by_status[503];
     return ++counters.connections_rejected;
+  }
+  uint64_t count_evicted_connection() {
+    std::lock_guard<std::mutex> lock(counters_mu);
+    return ++counters.connections_evicted;
   }
 };
 
@@ -207,13 +231,17 @@ int64_t unix_now() {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, std::shared_ptr<HttpServer::State> st)
-      : st_(std::move(st)), stream_(std::move(socket)) {}
+  // probe: a connection beyond max_connections while every other one has a request in progress
+  // (do_accept): it answers one GET /health or /metrics, anything else 503, then closes.
+  Session(tcp::socket socket, std::shared_ptr<HttpServer::State> st, bool probe = false)
+      : st_(std::move(st)), stream_(std::move(socket)), probe_(probe) {}
 
   ~Session() {
     std::lock_guard<std::mutex> lock(st_->sessions_mu);
     st_->sessions.erase(this);
     if (busy_) --st_->busy_sessions;
+    if (evicting_) --st_->evicting_sessions;
+    if (probe_) --st_->probe_sessions;
     st_->sessions_cv.notify_all();
   }
 
@@ -257,6 +285,30 @@ class Session : public std::enable_shared_from_this<Session> {
   // stop(), after the I/O threads have been joined: break the self-reference.
   void release_after_join() { self_hold_.reset(); }
 
+  // At max_connections (do_accept), with st_->sessions_mu held: whether this connection waits
+  // for, or is still reading, a request (no request in progress) and is not yet asked to close;
+  // *since: when it started waiting.
+  bool evictable(std::chrono::steady_clock::time_point* since) const {
+    *since = waiting_since_;
+    return !busy_ && !evicting_ && !probe_;
+  }
+  // With st_->sessions_mu held: chosen to close for a new connection (counted until it is gone).
+  void mark_evicting() {
+    evicting_ = true;
+    ++st_->evicting_sessions;
+  }
+  // On the session's strand, after mark_evicting: closes the connection unless a request arrived
+  // in between (then it stays, and counts as open again).
+  void evict() {
+    if (busy_) {
+      std::lock_guard<std::mutex> lock(st_->sessions_mu);
+      evicting_ = false;
+      --st_->evicting_sessions;
+      return;
+    }
+    close();
+  }
+
  private:
   // One choice of the response (n of them): one engine request each.
   struct Choice {
@@ -277,10 +329,15 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void do_read() {
     if (st_->shutting_down) return close();
+    {
+      std::lock_guard<std::mutex> lock(st_->sessions_mu);
+      waiting_since_ = std::chrono::steady_clock::now();
+    }
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(kMaxHeaderBytes));
     parser_->body_limit(kMaxBodyBytes);
-    stream_.expires_after(st_->options.read_timeout);
+    stream_.expires_after(probe_ ? std::min(st_->options.header_timeout, kProbeHeaderTimeout)
+                                 : st_->options.header_timeout);
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, size_t) {
                               self->on_header(ec);
@@ -291,6 +348,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // such as curl send "Expect: 100-continue" before a large body and wait for our go-ahead.
   void on_header(beast::error_code ec) {
     if (ec || parser_->is_done()) return on_read(ec);
+    stream_.expires_after(st_->options.read_timeout);  // the body's time
     auto expect = parser_->get().find(http::field::expect);
     if (expect != parser_->get().end() && beast::iequals(expect->value(), "100-continue")) {
       static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -337,7 +395,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     http::request<http::string_body> req = parser_->release();
     version_ = req.version();
-    keep_alive_ = req.keep_alive();
+    keep_alive_ = req.keep_alive() && !probe_;
     head_ = req.method() == http::verb::head;
     if (auto o = req.find(http::field::origin); o != req.end()) {
       origin_ = std::string(o->value().data(), o->value().size());
@@ -355,6 +413,16 @@ class Session : public std::enable_shared_from_this<Session> {
     if (size_t q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
     const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
     const bool post = req.method() == http::verb::post;
+    if (probe_ && !(get && (target == "/health" || target == "/metrics"))) {
+      ApiError e = invalid_request(
+          str_format("every connection (--max-connections %d) has a request in progress; only "
+                     "GET /health and /metrics are answered now; retry later",
+                     st_->options.max_connections),
+          "", 503);
+      e.type = "server_error";
+      e.code = "too_many_connections";
+      return send_error(e, /*keep_alive=*/false);
+    }
     const char* methods = route_methods(target, kModelPrefix);
     if (!methods) {
       ApiError e = invalid_request("no route for " + std::string(target), "", 404);
@@ -377,8 +445,10 @@ class Session : public std::enable_shared_from_this<Session> {
         std::lock_guard<std::mutex> lock(st_->counters_mu);
         counters = st_->counters;
       }
-      return send(200, render_prometheus(st_->engine->metrics(), counters),
-                  "text/plain; version=0.0.4; charset=utf-8");
+      // Labelled with the name clients send (vLLM labels with the served model name).
+      engine::EngineMetrics m = st_->engine->metrics();
+      m.model_name = st_->model_name;
+      return send(200, render_prometheus(m, counters), "text/plain; version=0.0.4; charset=utf-8");
     }
     if (!st_->options.api_key.empty()) {
       auto it = req.find(http::field::authorization);
@@ -434,7 +504,8 @@ class Session : public std::enable_shared_from_this<Session> {
       e.type = "server_error";
       return send_error(e, keep_alive_);
     }
-    ModelLimits limits{st_->model_name, info.max_context_tokens, info.vocab_size};
+    ModelLimits limits{st_->model_name, info.max_context_tokens, info.vocab_size,
+                       info.max_live_requests};
     ParseResult parsed = parse_openai_request(endpoint, body, limits);
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*e, keep_alive_);
     OpenAIRequest& req = std::get<OpenAIRequest>(parsed);
@@ -693,7 +764,8 @@ class Session : public std::enable_shared_from_this<Session> {
       e.type = "server_error";
       return send_error(e, keep_alive_);
     }
-    ModelLimits limits{st_->model_name, info.max_context_tokens, info.vocab_size};
+    ModelLimits limits{st_->model_name, info.max_context_tokens, info.vocab_size,
+                       info.max_live_requests};
     auto parsed = parse_generate_request(body, limits);
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*e, keep_alive_);
     GenerateRequest& req = std::get<GenerateRequest>(parsed);
@@ -1041,8 +1113,10 @@ class Session : public std::enable_shared_from_this<Session> {
     res->set(http::field::content_type, "application/json");
     if (e.http_status == 401) res->set(http::field::www_authenticate, "Bearer");
     if (e.http_status == 405) res->set(http::field::allow, allow_);
-    if (e.http_status == 429) res->set(http::field::retry_after, "1");
-    if (e.http_status >= 500) {
+    if (e.http_status == 429 || e.code == "too_many_connections") {
+      res->set(http::field::retry_after, "1");
+    }
+    if (e.http_status >= 500 && e.code != "too_many_connections") {  // do_accept logs those
       OSCAR_LOG_WARN("server: status=%d request_id=%s message=%s", e.http_status, req_id_.c_str(),
                      e.message.c_str());
     }
@@ -1133,6 +1207,11 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string req_id_;         // X-Request-Id of the answer
   const char* allow_ = "GET, HEAD, OPTIONS";  // methods of the route, for Allow
   bool busy_ = false;     // from a request read to its response written (guarded by sessions_mu)
+  const bool probe_;      // beyond max_connections: /health and /metrics only, then close
+  // Guarded by sessions_mu: when the connection last started waiting for a request, and whether
+  // do_accept chose it to close for a new connection.
+  std::chrono::steady_clock::time_point waiting_since_ = std::chrono::steady_clock::now();
+  bool evicting_ = false;
   bool closed_ = false;
   bool client_gone_ = false;
 
@@ -1220,13 +1299,57 @@ void reject_connection(const std::shared_ptr<HttpServer::State>& st, tcp::socket
   std::make_shared<Rejecter>(std::move(socket), std::move(res))->run();
 }
 
+// Out of descriptors (EMFILE/ENFILE), with a connection waiting: spends the spare descriptor to
+// accept it, answers 503 (Retry-After) and closes it, then takes the spare back. False when
+// there was no spare, or no connection could be taken with it.
+bool take_one_with_spare_fd(HttpServer::State& st) {
+  if (st.spare_fd < 0) return false;
+  ::close(st.spare_fd);
+  st.spare_fd = -1;
+  beast::error_code ec;
+  st.acceptor->non_blocking(true, ec);  // the connection that failed is queued: do not wait
+  tcp::socket socket = ec ? tcp::socket(st.ioc) : st.acceptor->accept(ec);
+  beast::error_code ignored;
+  st.acceptor->non_blocking(false, ignored);
+  const bool took = !ec && socket.is_open();
+  if (took) {
+    st.count_rejected_connection();
+    ApiError e = invalid_request("the server is out of file descriptors; retry later", "", 503);
+    e.type = "server_error";
+    e.code = "too_many_connections";
+    const std::string body = e.to_json();
+    const std::string res =
+        "HTTP/1.1 503 Service Unavailable\r\nServer: oscar\r\nContent-Type: application/json\r\n"
+        "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    net::write(socket, net::buffer(res), ignored);  // a fresh socket's send buffer is empty
+    socket.shutdown(tcp::socket::shutdown_both, ignored);
+    socket.close(ignored);
+  }
+  st.spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return took;
+}
+
 void do_accept(std::shared_ptr<HttpServer::State> st) {
   st->acceptor->async_accept(net::make_strand(st->ioc), [st](beast::error_code ec,
                                                              tcp::socket socket) {
     if (ec == net::error::operation_aborted || !st->acceptor->is_open()) return;
     if (ec) {
-      // Out of file descriptors (EMFILE/ENFILE) or memory: the connection stays queued in the
-      // kernel, so retrying at once would spin. Back off, doubling from 10 ms to 1 s.
+      // Out of file descriptors (EMFILE/ENFILE): the client gets a 503 through the spare
+      // descriptor, not a hang, and the next connection is awaited at once.
+      const bool no_fds = ec == net::error::no_descriptors || ec.value() == ENFILE;
+      if (no_fds && !st->shutting_down && take_one_with_spare_fd(*st)) {
+        const uint64_t n = st->count_accept_error();
+        if ((n & (n - 1)) == 0) {
+          OSCAR_LOG_WARN("server: out of file descriptors (%s): answered 503 with the spare "
+                         "descriptor (errors_total=%llu)",
+                         ec.message().c_str(), static_cast<unsigned long long>(n));
+        }
+        return do_accept(st);
+      }
+      // Otherwise (no spare, no connection waiting: Linux's accept() fails with EMFILE before it
+      // looks at the queue; out of memory) retrying at once would spin. Back off, doubling from
+      // 10 ms to 1 s; a connection that arrives meanwhile is answered at the next try.
       using std::chrono::milliseconds;
       st->accept_backoff = std::clamp(st->accept_backoff * 2, milliseconds(10), milliseconds(1000));
       const uint64_t n = st->count_accept_error();
@@ -1244,15 +1367,52 @@ void do_accept(std::shared_ptr<HttpServer::State> st) {
     }
     st->accept_backoff = std::chrono::milliseconds(0);
     if (!st->shutting_down) {
+      // At the cap, the connection that has waited longest for a request makes room (idle
+      // keep-alive connections, clients that send nothing or drip their request); only when
+      // every connection has a request in progress is the new one refused.
       size_t open = 0;
+      bool full = false;
+      std::shared_ptr<Session> victim;
       {
         std::lock_guard<std::mutex> lock(st->sessions_mu);
-        open = st->sessions.size();
+        open = st->sessions.size() -
+               static_cast<size_t>(st->evicting_sessions + st->probe_sessions);
+        full = st->options.max_connections > 0 &&
+               open >= static_cast<size_t>(st->options.max_connections);
+        std::chrono::steady_clock::time_point oldest = std::chrono::steady_clock::time_point::max();
+        for (auto& [ptr, weak] : st->sessions) {
+          std::chrono::steady_clock::time_point since;
+          if (!full || !ptr->evictable(&since) || since >= oldest) continue;
+          if (std::shared_ptr<Session> s = weak.lock()) {
+            victim = std::move(s);
+            oldest = since;
+          }
+        }
+        if (victim) victim->mark_evicting();
       }
-      if (st->options.max_connections > 0 &&
-          open >= static_cast<size_t>(st->options.max_connections)) {
+      // Every connection busy: a few more may still ask /health and /metrics (a liveness probe
+      // must not fail because the server is busy); beyond those, 503 at once.
+      bool probe = false;
+      if (full && !victim) {
+        std::lock_guard<std::mutex> lock(st->sessions_mu);
+        probe = st->probe_sessions < kProbeConnections;
+        if (probe) ++st->probe_sessions;
+      }
+      if (full && !victim && !probe) {
         reject_connection(st, std::move(socket), open);
+      } else if (probe) {
+        std::make_shared<Session>(std::move(socket), st, /*probe=*/true)->start();
       } else {
+        if (victim) {
+          const uint64_t n = st->count_evicted_connection();
+          if ((n & (n - 1)) == 0) {
+            OSCAR_LOG_INFO(
+                "server: closing an idle connection for a new one, open=%zu "
+                "max_connections=%d evicted_total=%llu",
+                open, st->options.max_connections, static_cast<unsigned long long>(n));
+          }
+          net::post(victim->get_executor_for_shutdown(), [victim] { victim->evict(); });
+        }
         std::make_shared<Session>(std::move(socket), st)->start();
       }
     }
@@ -1291,9 +1451,19 @@ Status HttpServer::start() {
                                                        : st.options.served_model_name;
   st.created = unix_now();
 
+  if (st.options.max_connections == kMaxConnectionsAuto) {
+    rlimit fds{};
+    const uint64_t limit = getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur != RLIM_INFINITY
+                               ? static_cast<uint64_t>(fds.rlim_cur)
+                               : UINT64_MAX;
+    st.options.max_connections = max_connections_for_fd_limit(limit);
+  }
   if (st.options.max_connections < 0) {
-    return invalid_argument("server: max_connections must be >= 0, got %d",
+    return invalid_argument("server: max_connections must be >= 0 or kMaxConnectionsAuto, got %d",
                             st.options.max_connections);
+  }
+  if (st.options.header_timeout.count() <= 0 || st.options.read_timeout.count() <= 0) {
+    return invalid_argument("server: header_timeout and read_timeout must be > 0");
   }
   if (!st.options.reasoning_parser.empty() && st.options.reasoning_parser != "qwen3") {
     return invalid_argument("server: unknown reasoning parser '%s' (supported: qwen3)",
@@ -1326,6 +1496,7 @@ Status HttpServer::start() {
                          st.options.port, ec.message().c_str()));
   }
   st.bound_port = st.acceptor->local_endpoint().port();
+  st.spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   st.accept_timer.emplace(st.ioc);
   st.work.emplace(st.ioc.get_executor());
   do_accept(state_);
@@ -1337,11 +1508,14 @@ Status HttpServer::start() {
   for (const std::string& o : st.options.allowed_origins) {
     origins += (origins.empty() ? "" : ",") + o;
   }
-  OSCAR_LOG_INFO("server: listening host=%s port=%u model=%s threads=%d auth=%s "
-                 "max_connections=%d cors=%s",
-                 st.options.host.c_str(), st.bound_port, st.model_name.c_str(),
-                 st.options.n_threads, st.options.api_key.empty() ? "off" : "bearer",
-                 st.options.max_connections, origins.empty() ? "off" : origins.c_str());
+  OSCAR_LOG_INFO(
+      "server: listening host=%s port=%u model=%s threads=%d auth=%s "
+      "max_connections=%d header_timeout_ms=%lld read_timeout_ms=%lld cors=%s",
+      st.options.host.c_str(), st.bound_port, st.model_name.c_str(), st.options.n_threads,
+      st.options.api_key.empty() ? "off" : "bearer", st.options.max_connections,
+      static_cast<long long>(st.options.header_timeout.count()),
+      static_cast<long long>(st.options.read_timeout.count()),
+      origins.empty() ? "off" : origins.c_str());
   return Status();
 }
 
@@ -1386,6 +1560,14 @@ void HttpServer::stop() {
   }
   for (auto& s : live_sessions(st)) s->release_after_join();
   OSCAR_LOG_INFO("server: stopped port=%u", st.bound_port);
+}
+
+int HttpServer::max_connections() const { return state_->options.max_connections; }
+
+int max_connections_for_fd_limit(uint64_t fd_limit) {
+  const uint64_t headroom = std::max<uint64_t>(32, fd_limit / 8);
+  const uint64_t n = fd_limit > headroom ? fd_limit - headroom : 1;
+  return static_cast<int>(std::min<uint64_t>(n, 16384));
 }
 
 ServerCounters HttpServer::counters() const {

@@ -18,11 +18,17 @@
 // X-Request-Id (the client's own X-Request-Id when it sent a sane one, else a fresh id).
 //
 // Robustness: headers over kMaxHeaderBytes get 431, bodies over kMaxBodyBytes 413, both then close
-// the connection; a request must arrive within read_timeout; keep-alive between requests; a client
-// that disconnects while its request runs (streaming or not) has its engine request cancelled;
-// beyond max_connections a new connection gets 503 and is closed; an engine whose waiting queue is
-// full (ResourceExhausted from submit) gives a 429 with Retry-After; when accept() fails (out of
-// file descriptors) the acceptor backs off (10 ms doubling to 1 s) instead of spinning.
+// the connection; a request's headers must arrive within header_timeout (also the keep-alive idle
+// time) and its body within read_timeout; a client that disconnects while its request runs
+// (streaming or not) has its engine request cancelled; at max_connections (by default from the
+// descriptor limit) a new connection closes the one that has waited longest for a request, so
+// idle or slow clients cannot lock others (or /health) out; when every connection has a request
+// in progress, a few more (kProbeConnections) may still ask GET /health or /metrics once, and
+// anything else gets 503 and is closed; an engine whose waiting queue is
+// full (ResourceExhausted from submit) gives a 429 with Retry-After; out of file descriptors, a
+// waiting connection is taken with a spare descriptor kept for this, answered 503 and closed (an
+// answer, not a hang), and when accept() keeps failing the acceptor backs off (10 ms doubling to
+// 1 s) instead of spinning.
 // Chat output: when the request has tools (and tool_choice is not "none"), <tool_call> blocks
 // become tool_calls with finish_reason "tool_calls"; with reasoning_parser "qwen3", <think>
 // becomes reasoning_content (output_parser.h), streamed as deltas too.
@@ -48,22 +54,37 @@
 
 namespace oscar::server {
 
+inline constexpr int kMaxConnectionsAuto = -1;
+
+// The connections a process may keep open with `fd_limit` descriptors (RLIMIT_NOFILE's soft
+// limit): all but a headroom of max(32, fd_limit / 8) for the listener, the model's files, the
+// I/O threads' epoll and eventfds, ZMQ sockets and the 503s sent beyond the cap; at least 1, at
+// most 16384 (each connection holds buffers). 128 -> 96, 1024 -> 896.
+int max_connections_for_fd_limit(uint64_t fd_limit);
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;            // 0: the OS picks a free port; see HttpServer::port()
   int n_threads = 2;               // I/O threads (parsing and JSON; the engine has its own)
   std::string api_key;             // non-empty: /v1/* requires "Authorization: Bearer <api_key>"
   std::string served_model_name;   // what clients put in "model"; "" = engine info().model_name
-  // Time for a whole request (headers and body) to arrive, and for an idle keep-alive connection
-  // to send its next one.
+  // Time for a request's line and headers to arrive: from the connection's opening, and on
+  // keep-alive from the previous response (uvicorn, behind vLLM, closes idle keep-alive
+  // connections after 5 s). Short, so that idle and slow clients let go of their connections.
+  std::chrono::milliseconds header_timeout{10'000};
+  // Time for the body to arrive once the headers are in.
   std::chrono::milliseconds read_timeout{30'000};
   // Time for one write to the client to complete (a stalled reader is disconnected).
   std::chrono::milliseconds write_timeout{30'000};
   // stop() lets running requests finish for this long, then cancels them: an open stream gets an
   // error event and [DONE], a waiting non-streaming request a 503.
   std::chrono::milliseconds shutdown_grace{5'000};
-  // Open connections at most; one more is answered 503 (Retry-After) and closed. 0: no cap.
-  int max_connections = 512;
+  // Open connections at most. At the cap a new connection closes the one that has waited longest
+  // for (or is still reading) a request; when every connection has a request in progress, the new
+  // one may ask GET /health or /metrics once (8 such at a time), anything else is answered 503
+  // (Retry-After) and closed. 0: no cap. kMaxConnectionsAuto: from the
+  // process's descriptor limit (max_connections_for_fd_limit of RLIMIT_NOFILE's soft limit).
+  int max_connections = kMaxConnectionsAuto;
   // Origins allowed to call from a browser (CORS): exact origins such as
   // "http://localhost:3000", or "*" for any. Empty: no CORS headers (browsers refuse).
   std::vector<std::string> allowed_origins;
@@ -91,6 +112,8 @@ class HttpServer {
   void stop();
 
   ServerCounters counters() const;
+  // options.max_connections as resolved by start() (kMaxConnectionsAuto replaced).
+  int max_connections() const;
 
   struct State;  // shared with the connections; defined in http_server.cpp
 

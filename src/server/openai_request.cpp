@@ -74,6 +74,16 @@ const char* json_type_name(const json& v) {
   return "null";
 }
 
+// x in the fewest significant digits that read back as x ("1e-39", "0.0099999999999999985").
+std::string shortest(double x) {
+  std::string out;
+  for (int digits = 6; digits <= 17; ++digits) {
+    out = str_format("%.*g", digits, x);
+    if (std::strtod(out.c_str(), nullptr) == x) break;
+  }
+  return out;
+}
+
 ApiError wrong_type(const std::string& field, const char* expected, const json& got) {
   return invalid_request(
       str_format("'%s' must be %s, got %s", field.c_str(), expected, json_type_name(got)), field);
@@ -229,6 +239,17 @@ std::optional<ApiError> content_text(const json& content, const std::string& nam
   }
   *out = std::move(text);
   return std::nullopt;
+}
+
+// OpenAI's rule for function names: ^[a-zA-Z0-9_-]{1,64}$.
+bool valid_tool_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
 }
 
 // tool_calls of an assistant message: [{"id"?, "type"?: "function", "function": {"name": string,
@@ -404,6 +425,14 @@ std::optional<ApiError> parse_messages(const json& body, OpenAIRequest* req) {
         return invalid_request("'" + tp + ".function.name' is required", tp + ".function.name");
       }
       if (!fname->is_string()) return wrong_type(tp + ".function.name", "a string", *fname);
+      if (const std::string f = fname->get<std::string>(); !valid_tool_name(f)) {
+        return invalid_request(
+            str_format("'%s.function.name' = %s must be 1 to 64 characters of a-z, A-Z, 0-9, "
+                       "underscore and dash",
+                       tp.c_str(),
+                       fname->dump(-1, ' ', false, json::error_handler_t::replace).c_str()),
+            tp + ".function.name");
+      }
     }
     if (!t->empty()) req->tools = *t;
   }
@@ -599,6 +628,15 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
                    static_cast<long long>(*n)),
         "n");
   }
+  if (n && limits.max_live_requests > 0 && *n > limits.max_live_requests) {
+    // Its choices run as n requests: more than the engine holds at once could never all run
+    // (a 429 would invite retries that can not succeed).
+    return invalid_request(
+        str_format("'n' = %lld exceeds the %d requests this server can hold at once "
+                   "(--max-running + --max-queue)",
+                   static_cast<long long>(*n), limits.max_live_requests),
+        "n");
+  }
   if (n) req->n = static_cast<int>(*n);
 
   // max_completion_tokens (current name) wins over max_tokens (legacy).
@@ -635,10 +673,13 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
   if (const json* rp = field(body, "repetition_penalty")) {
     if (!rp->is_number()) return wrong_type("repetition_penalty", "a number", *rp);
     const double x = rp->get<double>();
-    if (!std::isfinite(x) || !(x > 0.0) || static_cast<float>(x) <= 0.0f ||
-        !std::isfinite(static_cast<float>(x))) {
+    // The engine's range (engine_api.h says why it is bounded): a tiny or huge factor would
+    // overflow the logits to infinity.
+    if (!(x >= engine::kMinRepetitionPenalty) || !(x <= engine::kMaxRepetitionPenalty)) {
       return invalid_request(
-          str_format("'repetition_penalty' must be a finite number > 0, got %.17g", x),
+          str_format("'repetition_penalty' must be in [%g, %g], got %s",
+                     static_cast<double>(engine::kMinRepetitionPenalty),
+                     static_cast<double>(engine::kMaxRepetitionPenalty), shortest(x).c_str()),
           "repetition_penalty");
     }
     repetition = x;

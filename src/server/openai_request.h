@@ -7,15 +7,16 @@
 // Accepted (both endpoints unless noted): model, messages (chat), prompt (completions: string,
 // list of token ids, or a list of exactly one string / one id list), max_tokens,
 // max_completion_tokens, temperature, top_p, top_k (extension), seed, stop (string or list), n
-// (1..kMaxChoices; not /v1/responses), stream, stream_options.include_usage, tools and
-// chat_template_kwargs (chat, extensions passed to the template), ignore_eos (extension), logprobs
-// (chat: boolean with top_logprobs 0..20; completions: 0..20), presence_penalty and
-// frequency_penalty (OpenAI, [-2, 2]), repetition_penalty (vLLM, > 0), tool_choice (chat: "auto",
-// "none", "required" with tools, or {"type": "function", "function": {"name"}} naming one of the
-// tools). A null value means "not given". Unknown fields are ignored, as OpenAI clients expect;
-// known ones this server does not implement (min_p, logit_bias, best_of, echo, suffix, beam search,
-// stop_token_ids, response_format other than text, functions, tool_choice outside chat, audio
-// output, guided decoding) get a 400 naming them unless set to their no-op value.
+// (1..kMaxChoices and at most ModelLimits::max_live_requests; not /v1/responses), stream,
+// stream_options.include_usage, tools and chat_template_kwargs (chat, extensions passed to the
+// template), ignore_eos (extension), logprobs (chat: boolean with top_logprobs 0..20;
+// completions: 0..20), presence_penalty and frequency_penalty (OpenAI, [-2, 2]),
+// repetition_penalty (vLLM, [0.01, 100]: engine::kMinRepetitionPenalty), tool_choice (chat:
+// "auto", "none", "required" with tools, or {"type": "function", "function": {"name"}} naming one
+// of the tools). A null value means "not given". Unknown fields are ignored, as OpenAI clients
+// expect; known ones this server does not implement (min_p, logit_bias, best_of, echo, suffix, beam
+// search, stop_token_ids, response_format other than text, functions, tool_choice outside chat,
+// audio output, guided decoding) get a 400 naming them unless set to their no-op value.
 //
 // /v1/responses: input (a string, or message items {role, content} whose content is a string or
 // input_text/output_text parts), instructions (a system message first), max_output_tokens,
@@ -27,7 +28,9 @@
 // else a 400 naming it; content a string or an array of content parts, whose text parts are
 // joined with "\n" and whose image/audio/file parts get a 400 saying the model takes text only;
 // a message without content is refused, except an assistant turn with tool_calls (content null);
-// tool_calls and tools are checked for the fields the template reads (function.name).
+// tool_calls and tools are checked for the fields the template reads (function.name); a tool's
+// name must match OpenAI's ^[a-zA-Z0-9_-]{1,64}$ (it is written into the prompt and into the
+// constrained tool call, so markup in a name could break either).
 #pragma once
 
 #include <cstddef>
@@ -81,6 +84,7 @@ struct ModelLimits {
   std::string model_name;
   int max_context_tokens = 0;
   int vocab_size = 0;
+  int max_live_requests = 0;  // the most choices (n) the engine can ever hold; 0: no cap
 };
 
 struct OpenAIRequest {

@@ -75,16 +75,23 @@ void vllm_families(std::string* out, const engine::EngineMetrics& m) {
   sample("vllm:num_preemptions_total", "counter",
          "Running requests preempted because the KV cache ran out (recomputed later).",
          static_cast<double>(m.num_preemptions_total));
-  // One fraction for several pools: the fullest pool is the one that stops admission.
+  // One fraction for several pools: the fullest pool is the one that stops admission. Pages only
+  // the prefix cache holds are evictable on demand, so they count as free (as in vLLM, whose idle
+  // warm replica reads about 0).
   double usage = 0;
   for (const engine::KvPoolUsage& p : m.kv_pools)
     if (p.pages_total > 0)
-      usage = std::max(usage, static_cast<double>(p.pages_used) / static_cast<double>(p.pages_total));
+      usage = std::max(usage, static_cast<double>(p.pages_used - p.pages_evictable) /
+                                  static_cast<double>(p.pages_total));
   sample("vllm:kv_cache_usage_perc", "gauge",
-         "KV-cache usage, 0 to 1: the fullest of oscar's page pools.", usage);
-  sample("vllm:prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache.",
+         "KV-cache usage, 0 to 1: the fullest of oscar's page pools, evictable prefix-cache pages "
+         "excluded.",
+         usage);
+  // Counters under their exposed names (what prometheus_client writes for vLLM's counters).
+  sample("vllm:prefix_cache_queries_total", "counter",
+         "Prompt tokens looked up in the prefix cache.",
          static_cast<double>(m.prefix_cache_query_tokens));
-  sample("vllm:prefix_cache_hits", "counter", "Prompt tokens found in the prefix cache.",
+  sample("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
          static_cast<double>(m.prefix_cache_hit_tokens));
   auto hist = [&](const char* name, const char* help, const engine::Histogram& h) {
     std::string body;
@@ -141,6 +148,18 @@ std::string render_prometheus(const engine::EngineMetrics& m, const ServerCounte
     out += str_format("oscar_kv_pages_total{pool=\"%s\"} %lld\n", label(p.pool).c_str(),
                   static_cast<long long>(p.pages_total));
   }
+  head(&out, "oscar_kv_pages_cached", "gauge",
+       "KV cache pages the prefix cache holds, per pool (part of oscar_kv_pages_used).");
+  for (const auto& p : m.kv_pools) {
+    out += str_format("oscar_kv_pages_cached{pool=\"%s\"} %lld\n", label(p.pool).c_str(),
+                      static_cast<long long>(p.pages_cached));
+  }
+  head(&out, "oscar_kv_pages_evictable", "gauge",
+       "KV cache pages only the prefix cache holds, per pool: freed when a request needs room.");
+  for (const auto& p : m.kv_pools) {
+    out += str_format("oscar_kv_pages_evictable{pool=\"%s\"} %lld\n", label(p.pool).c_str(),
+                      static_cast<long long>(p.pages_evictable));
+  }
   if (m.device_memory_total_bytes >= 0) {
     scalar(&out, "oscar_device_memory_used_bytes", "gauge",
            "GPU memory in use (weights, KV pages, activations, and other processes').",
@@ -166,6 +185,9 @@ std::string render_prometheus(const engine::EngineMetrics& m, const ServerCounte
   scalar(&out, "oscar_http_connections_rejected_total", "counter",
          "Connections beyond --max-connections, answered 503 and closed.",
          static_cast<double>(c.connections_rejected));
+  scalar(&out, "oscar_http_connections_evicted_total", "counter",
+         "Idle connections closed at --max-connections to admit a new one.",
+         static_cast<double>(c.connections_evicted));
   vllm_families(&out, m);
   return out;
 }

@@ -822,5 +822,109 @@ TEST(Scheduler, QueueCapRefusesBeyondMaxWaiting) {
   EXPECT_EQ(used_pages(*sched), 0);
 }
 
+// The choices of one n > 1 request are submitted together: a request of max_running +
+// max_waiting choices (info().max_live_requests, the server's cap on n) fits an idle engine and
+// every choice finishes (before, a third choice found the queue of two full). More choices are
+// the server's 400 (test_openai_request: ChoicesBeyondTheEngineAre400).
+TEST(Scheduler, ChoicesUpToMaxLiveRequestsFitAnIdleEngine) {
+  SchedulerOptions so;
+  so.max_running = 2;
+  so.max_waiting = 2;
+  so.prefix_cache = true;
+  auto sched = make_scheduler_with("bf16", so, {}, 1);
+  EXPECT_EQ(sched->info().max_live_requests, 4);
+  auto prompt = sched->tokenize("def fibonacci(n):\n").value();
+  std::vector<std::unique_ptr<Collector>> cs;
+  for (int i = 0; i < 4; ++i) {
+    cs.push_back(std::make_unique<Collector>());
+    GenerationRequest r = greedy("c" + std::to_string(i), prompt, 8);
+    if (i > 0) r.share_prompt_with = "c0";
+    Status st = sched->submit(std::move(r), cs.back()->callback());
+    ASSERT_TRUE(st.ok()) << i << ": " << st.to_string();
+  }
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(cs[i]->wait()) << i;
+    EXPECT_TRUE(cs[i]->error.ok()) << cs[i]->error.to_string();
+    EXPECT_EQ(cs[i]->text, cs[0]->text) << i;
+  }
+  wait_idle(*sched);
+}
+
+// The repetition penalty's range is checked at submit too (engine_api.h: kMinRepetitionPenalty).
+TEST(Scheduler, RepetitionPenaltyOutOfRangeIsRefused) {
+  SchedulerOptions so;
+  auto sched = make_scheduler_with("bf16", so, {}, 1);
+  auto prompt = sched->tokenize("hello").value();
+  for (float r : {1e-39f, 0.005f, 1e30f}) {
+    GenerationRequest req = greedy("r", prompt, 4);
+    req.sampling.repetition_penalty = r;
+    Status st = sched->submit(std::move(req), [](const GenerationEvent&) {});
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << r;
+    EXPECT_NE(st.message().find("[0.01, 100]"), std::string::npos) << st.message();
+  }
+}
+
+}  // namespace
+}  // namespace oscar::engine
+
+namespace oscar::engine {
+namespace {
+
+TEST(Scheduler, FaultInjectionSpelling) {
+  auto step = FaultInjection::parse("step:3");
+  ASSERT_TRUE(step.ok());
+  EXPECT_EQ(step.value().where, FaultInjection::kStep);
+  EXPECT_EQ(step.value().n, 3);
+  EXPECT_EQ(FaultInjection::parse("sample:1").value().where, FaultInjection::kSample);
+  EXPECT_EQ(FaultInjection::parse("").value().where, FaultInjection::kNone);
+  for (const char* bad : {"step", "step:", "step:0", "step:-1", "step:1x", "forward:1", ":2"}) {
+    auto r = FaultInjection::parse(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("step:N or sample:N"), std::string::npos);
+    }
+  }
+  RuntimeOptions o;
+  o.model_dir = kModel;
+  o.cache_mode = "bf16";
+  o.kv_budget_bytes = size_t{1} << 20;
+  SchedulerOptions so;
+  so.fault_inject = "sample";
+  auto s = Scheduler::create(Runtime::create(o).value(), so);
+  EXPECT_FALSE(s.ok());
+}
+
+// A step that fails (an injected error after the forward pass, or from sampling, as a CUDA error
+// would) fails the request in it with that error, frees its pages, and the loop serves the next
+// request exactly as if nothing had happened.
+TEST(Scheduler, FailedStepFailsItsRequestAndTheLoopGoesOn) {
+  auto clean = make_scheduler("int2-hadamard");
+  auto prompt = clean->tokenize("def fibonacci(n):\n").value();
+  Collector baseline;
+  ASSERT_TRUE(clean->submit(greedy("base", prompt, 8), baseline.callback()).ok());
+  ASSERT_TRUE(baseline.wait());
+  ASSERT_TRUE(baseline.error.ok());
+  for (const char* spec : {"step:2", "sample:2"}) {
+    SCOPED_TRACE(spec);
+    SchedulerOptions so;
+    so.prefix_cache = false;
+    so.fault_inject = spec;
+    auto sched = make_scheduler_with("int2-hadamard", so);
+    Collector a;
+    ASSERT_TRUE(sched->submit(greedy("a", prompt, 8), a.callback()).ok());
+    ASSERT_TRUE(a.wait());
+    EXPECT_EQ(a.error.code(), StatusCode::kInternal) << a.error.to_string();
+    EXPECT_NE(a.error.message().find("injected fault"), std::string::npos) << a.error.message();
+    EXPECT_EQ(a.ids.size(), 1u);  // step 1 (the prefill) gave a token; step 2 failed
+    wait_idle(*sched);
+    EXPECT_EQ(used_pages(*sched), 0);
+    Collector b;
+    ASSERT_TRUE(sched->submit(greedy("b", prompt, 8), b.callback()).ok());
+    ASSERT_TRUE(b.wait());
+    EXPECT_TRUE(b.error.ok()) << b.error.to_string();
+    EXPECT_EQ(b.ids, baseline.ids);
+  }
+}
+
 }  // namespace
 }  // namespace oscar::engine

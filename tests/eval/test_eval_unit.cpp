@@ -238,3 +238,34 @@ TEST(Report, UnsupportedModeAppearsInTableAndJson) {
 
 }  // namespace
 }  // namespace oscar::eval
+
+namespace oscar::eval {
+namespace {
+
+// Fidelity reads the cache with the CPU kernels: asked of a GPU it is a clear error before any
+// work, never the abort in SequenceCache::read_row (issue 24 item 6).
+TEST(Evaluate, FidelityOffTheCpuIsRefusedBeforeAnyWork) {
+  EvalConfig cfg;
+  cfg.fidelity.n_windows = 4;
+  EXPECT_TRUE(check_fidelity_device(cfg, Device::kCpu).ok());
+  const Status st = check_fidelity_device(cfg, Device::kCuda);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("cannot run on the cuda device; pass --fidelity-windows 0"),
+            std::string::npos)
+      << st.message();
+  cfg.fidelity.n_windows = 0;
+  EXPECT_TRUE(check_fidelity_device(cfg, Device::kCuda).ok());
+
+  // run_evaluation checks the device first: no model is read (the directory does not exist), and
+  // the answer is an error (this CPU build has no CUDA backend; on a GPU, the fidelity error).
+  cfg.fidelity.n_windows = 4;
+  cfg.runtime.device = "cuda";
+  cfg.runtime.model_dir = "/nonexistent/model";
+  auto r = run_evaluation(cfg);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message().find("/nonexistent"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("cuda"), std::string::npos) << r.status().message();
+}
+
+}  // namespace
+}  // namespace oscar::eval

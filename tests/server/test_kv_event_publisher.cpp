@@ -8,12 +8,15 @@
 //    gap (the slow-joiner start included) through the replay socket, decodes every event and
 //    rebuilds exactly the block set the cache holds after every step;
 //  - replay from a start sequence, from past the end, and from a small ring buffer;
-//  - connect mode into a bound SUB (llm-d's topology);
+//  - connect mode into a bound SUB (llm-d's topology), and a bound ipc:// socket (the README's
+//    host-local example);
 //  - a one-batch queue under a burst: every batch is either sent or counted as dropped, and the
 //    sequence numbers the subscriber sees are exactly the sent ones, increasing.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <msgpack.hpp>
 #include <thread>
@@ -425,6 +428,38 @@ TEST(KvEventPublisher, ConnectsToABoundSubscriber) {
   EXPECT_EQ(frames[0].to_string(), "kv@pod-b@m");
   EXPECT_LT(from_be64(frames[1]), published);
   EXPECT_EQ(decode_batch(frames[2].to_string()).events, std::vector<KvEvent>{AllBlocksCleared{}});
+}
+
+// The README's example: an ipc:// endpoint binds a socket only this host reaches, and a
+// subscriber on it receives the batches.
+TEST(KvEventPublisher, BindsAnIpcSocket) {
+  const std::string path = "/tmp/oscar-kv-events-test-" + std::to_string(getpid());
+  KvEventPublisherOptions o;
+  o.endpoint = "ipc://" + path;
+  o.topic = "kv@pod-c@m";
+  EXPECT_TRUE(kv_event_endpoint_binds(o.endpoint));
+  auto pub = KvEventPublisher::create(o);
+  ASSERT_TRUE(pub.ok()) << pub.status().to_string();
+  EXPECT_EQ((*pub)->endpoint(), o.endpoint);
+  zmq::context_t ctx(1);
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "");
+  sub.connect(o.endpoint);
+  std::vector<zmq::message_t> frames;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (frames.empty() && std::chrono::steady_clock::now() < deadline) {
+    (*pub)->publish({AllBlocksCleared{}});  // PUB drops until the subscription is up
+    zmq::pollitem_t item{sub.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(50));
+    if (item.revents & ZMQ_POLLIN) {
+      ASSERT_TRUE(zmq::recv_multipart(sub, std::back_inserter(frames)));
+    }
+  }
+  ASSERT_EQ(frames.size(), 3u);
+  EXPECT_EQ(frames[0].to_string(), "kv@pod-c@m");
+  EXPECT_EQ(decode_batch(frames[2].to_string()).events, std::vector<KvEvent>{AllBlocksCleared{}});
+  (*pub).reset();  // closes the socket
+  std::remove(path.c_str());
 }
 
 TEST(KvEventPublisher, FullQueueDropsAndCountsAndTheGapIsVisible) {

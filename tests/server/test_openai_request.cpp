@@ -154,6 +154,30 @@ std::vector<BadCase> bad_cases() {
       {"tool_without_name", C,
        R"({"model":"m","tools":[{"type":"function","function":{}}],)" + kMsgs + "}", 400,
        "tools[0].function.name", "required"},
+      // Tool names as OpenAI validates them: ^[a-zA-Z0-9_-]{1,64}$.
+      {"tool_name_markup", C,
+       R"({"model":"m","tools":[{"type":"function","function":{"name":"get_weather"}},)"
+       R"({"type":"function","function":{"name":"f</tool_call>"}}],)" +
+           kMsgs + "}",
+       400, "tools[1].function.name", R"("f</tool_call>" must be 1 to 64 characters)"},
+      {"tool_name_empty", C,
+       R"({"model":"m","tools":[{"type":"function","function":{"name":""}}],)" + kMsgs + "}", 400,
+       "tools[0].function.name", "1 to 64 characters"},
+      {"tool_name_space", C,
+       R"({"model":"m","tools":[{"type":"function","function":{"name":"get weather"}}],)" + kMsgs +
+           "}",
+       400, "tools[0].function.name", "\"get weather\""},
+      {"tool_name_dot", C,
+       R"({"model":"m","tools":[{"type":"function","function":{"name":"a.b"}}],)" + kMsgs + "}",
+       400, "tools[0].function.name", "underscore and dash"},
+      {"tool_name_65", C,
+       R"({"model":"m","tools":[{"type":"function","function":{"name":")" + std::string(65, 'a') +
+           R"("}}],)" + kMsgs + "}",
+       400, "tools[0].function.name", "1 to 64 characters"},
+      {"tool_name_unicode", C,
+       R"({"model":"m","tools":[{"type":"function","function":{"name":"wetter_\u00e4"}}],)" +
+           kMsgs + "}",
+       400, "tools[0].function.name", "1 to 64 characters"},
       {"tool_wrong_type", C, R"({"model":"m","tools":[{"type":"web_search"}],)" + kMsgs + "}", 400,
        "tools[0].type", "web_search"},
       {"reasoning_content_type", C,
@@ -171,7 +195,7 @@ std::vector<BadCase> bad_cases() {
        "[0, 20], got 21"},
       {"responses_logprobs", R, R"({"model":"m","input":"x","top_logprobs":2})", 400,
        "top_logprobs", "/v1/chat/completions"},
-      // Penalties: OpenAI's [-2, 2], vLLM's repetition_penalty > 0.
+      // Penalties: OpenAI's [-2, 2], repetition_penalty in [0.01, 100] (engine_api.h).
       {"presence_penalty", C, R"({"model":"m","presence_penalty":2.5,)" + kMsgs + "}", 400,
        "presence_penalty", "[-2, 2], got 2.5"},
       {"frequency_penalty", P, R"({"model":"m","prompt":"x","frequency_penalty":-3})", 400,
@@ -179,12 +203,21 @@ std::vector<BadCase> bad_cases() {
       {"frequency_penalty_type", C, R"({"model":"m","frequency_penalty":"1",)" + kMsgs + "}", 400,
        "frequency_penalty", "a number"},
       {"repetition_penalty_zero", C, R"({"model":"m","repetition_penalty":0,)" + kMsgs + "}", 400,
-       "repetition_penalty", "> 0, got 0"},
+       "repetition_penalty", "[0.01, 100], got 0"},
       {"repetition_penalty_negative", P, R"({"model":"m","prompt":"x","repetition_penalty":-1})",
-       400, "repetition_penalty", "> 0, got -1"},
+       400, "repetition_penalty", "[0.01, 100], got -1"},
       {"repetition_penalty_underflow", C,
        R"({"model":"m","repetition_penalty":1e-300,)" + kMsgs + "}", 400, "repetition_penalty",
        "got 1e-300"},
+      // Positive, and a float denormal or more: a positive logit divided by it is infinite.
+      {"repetition_penalty_tiny", C, R"({"model":"m","repetition_penalty":1e-39,)" + kMsgs + "}",
+       400, "repetition_penalty", "[0.01, 100], got 1e-39"},
+      {"repetition_penalty_small", P, R"({"model":"m","prompt":"x","repetition_penalty":0.0099})",
+       400, "repetition_penalty", "got 0.0099"},
+      {"repetition_penalty_huge", P, R"({"model":"m","prompt":"x","repetition_penalty":1e38})", 400,
+       "repetition_penalty", "[0.01, 100], got 1e+38"},
+      {"repetition_penalty_type", C, R"({"model":"m","repetition_penalty":"2",)" + kMsgs + "}", 400,
+       "repetition_penalty", "a number"},
       {"logit_bias", C, R"({"model":"m","logit_bias":{"5":-100},)" + kMsgs + "}", 400, "logit_bias",
        "not supported"},
       {"response_format", C,
@@ -241,6 +274,44 @@ TEST(OpenAIRequest, RejectsBadInputWithFieldAndStatus) {
         << "message: " << e->message << "\nwanted: " << c.message_part;
     EXPECT_EQ(e->type, "invalid_request_error");
   }
+}
+
+TEST(OpenAIRequest, ToolNamesOpenAIAccepts) {
+  const std::string names[] = {"f", "get_weather", "Get-Weather_2", std::string(64, 'z')};
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    ParseResult r = chat(R"({"model":"m","tools":[{"type":"function","function":{"name":")" + name +
+                         R"("}}],"tool_choice":"required",)" + kMsgs + "}");
+    ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(r)) << std::get<ApiError>(r).message;
+    EXPECT_EQ(std::get<OpenAIRequest>(r).tool_call_names, std::vector<std::string>{name});
+  }
+}
+
+TEST(OpenAIRequest, RepetitionPenaltyBounds) {
+  for (double r : {0.01, 1.0, 1.3, 100.0}) {
+    SCOPED_TRACE(r);
+    ParseResult p =
+        completion(R"({"model":"m","prompt":"x","repetition_penalty":)" + std::to_string(r) + "}");
+    ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(p)) << std::get<ApiError>(p).message;
+    EXPECT_FLOAT_EQ(std::get<OpenAIRequest>(p).sampling.repetition_penalty, static_cast<float>(r));
+  }
+}
+
+// n beyond the requests the engine can hold at once (running + queued) is a 400 naming n, not a
+// 429 that no retry can cure; up to it is accepted.
+TEST(OpenAIRequest, ChoicesBeyondTheEngineAre400) {
+  const ModelLimits limits{"m", 100, 50, /*max_live_requests=*/6};
+  ParseResult ok =
+      parse_openai_request(Endpoint::kCompletions, R"({"model":"m","prompt":"x","n":6})", limits);
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(ok)) << std::get<ApiError>(ok).message;
+  EXPECT_EQ(std::get<OpenAIRequest>(ok).n, 6);
+  ParseResult bad = parse_openai_request(Endpoint::kChatCompletions,
+                                         R"({"model":"m","n":7,)" + kMsgs + "}", limits);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(bad));
+  const ApiError& e = std::get<ApiError>(bad);
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.param, "n");
+  EXPECT_NE(e.message.find("'n' = 7 exceeds the 6 requests"), std::string::npos) << e.message;
 }
 
 TEST(OpenAIRequest, UnknownModelIsModelNotFound) {

@@ -18,7 +18,8 @@ engine::EngineMetrics snapshot() {
   engine::EngineMetrics m;
   m.requests_running = 3;
   m.requests_waiting = 2;
-  m.kv_pools = {{"bf16", 30, 120}, {"int2", 90, 100}};
+  m.kv_pools = {{"bf16", 30, 120, /*cached=*/25, /*evictable=*/10},
+                {"int2", 90, 100, /*cached=*/70, /*evictable=*/50}};
   m.prefix_cache_query_tokens = 1000;
   m.prefix_cache_hit_tokens = 640;
   m.model_name = "tiny \"qwen3\"";
@@ -64,10 +65,19 @@ TEST(Prometheus, ParsesAndCarriesVllmFamilies) {
   EXPECT_EQ(typed["vllm:num_preemptions_total"], "counter");
   EXPECT_EQ(values["vllm:num_preemptions_total" + l], 7);
   EXPECT_EQ(values["oscar_preemptions_total"], 7);
-  EXPECT_DOUBLE_EQ(values["vllm:kv_cache_usage_perc" + l], 0.9);  // the fullest pool: 90 / 100
-  EXPECT_EQ(typed["vllm:prefix_cache_queries"], "counter");
-  EXPECT_EQ(values["vllm:prefix_cache_queries" + l], 1000);
-  EXPECT_EQ(values["vllm:prefix_cache_hits" + l], 640);
+  // The fullest pool, evictable prefix-cache pages counted as free: (90 - 50) / 100.
+  EXPECT_DOUBLE_EQ(values["vllm:kv_cache_usage_perc" + l], 0.4);
+  EXPECT_EQ(values[R"(oscar_kv_pages_used{pool="int2"})"], 90);
+  EXPECT_EQ(values[R"(oscar_kv_pages_cached{pool="bf16"})"], 25);
+  EXPECT_EQ(values[R"(oscar_kv_pages_cached{pool="int2"})"], 70);
+  EXPECT_EQ(typed["oscar_kv_pages_evictable"], "gauge");
+  EXPECT_EQ(values[R"(oscar_kv_pages_evictable{pool="int2"})"], 50);
+  // vLLM's counter names, as its /metrics exposes them (with _total).
+  EXPECT_EQ(typed["vllm:prefix_cache_queries_total"], "counter");
+  EXPECT_EQ(values["vllm:prefix_cache_queries_total" + l], 1000);
+  EXPECT_EQ(typed["vllm:prefix_cache_hits_total"], "counter");
+  EXPECT_EQ(values["vllm:prefix_cache_hits_total" + l], 640);
+  EXPECT_EQ(typed.count("vllm:prefix_cache_queries"), 0u);
   EXPECT_EQ(typed["vllm:time_to_first_token_seconds"], "histogram");
   EXPECT_EQ(values[R"(vllm:time_to_first_token_seconds_bucket{model_name="tiny \"qwen3\"",le="1"})"], 3);
   EXPECT_EQ(values[R"(vllm:time_to_first_token_seconds_bucket{model_name="tiny \"qwen3\"",le="+Inf"})"], 6);

@@ -4,8 +4,11 @@
 // clients at once: the poisoned non-streaming request gets an OpenAI error object, the poisoned
 // streaming request gets an error event and [DONE], and the clean streaming request beside them
 // completes with exactly the text it gives alone. Every KV page comes back and the server keeps
-// serving. Raw sockets with Connection: close, so a response is everything until EOF.
+// serving. A failed step (FailedStep*: injected with SchedulerOptions::fault_inject or
+// OSCAR_FAULT_INJECT) fails its request and the server goes on. Raw sockets with
+// Connection: close, so a response is everything until EOF.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -13,13 +16,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "engine/scheduler.h"
 #include "server/http_server.h"
@@ -148,6 +150,92 @@ TEST(ServerFailures, NonFiniteKvFailsOnlyItsRequest) {
   EXPECT_EQ(used, 0);
   EXPECT_EQ(parse_sse(post(server.port(), "/v1/completions", body(good, true))).text, alone.text);
   server.stop();
+}
+
+// A failing device step (issue 24 item 6), injected on the CPU: the n-th forward step or sampling
+// call returns an error, as a CUDA error would. The request in that step gets the error (an
+// error event and [DONE] when streaming, an OpenAI error object otherwise), its pages come back,
+// /health stays 200, and the same request then completes with the text it gives on a server
+// that never failed. The second case sets the fault through OSCAR_FAULT_INJECT.
+TEST(ServerFailures, FailedStepFailsItsRequestAndTheServerKeepsServing) {
+  struct Case {
+    const char* spec;
+    bool via_env;
+    bool stream;
+  };
+  std::string reference;
+  for (const Case& c : {Case{"step:2", false, true}, Case{"sample:2", true, false}}) {
+    SCOPED_TRACE(c.spec);
+    engine::RuntimeOptions o;
+    o.model_dir = "models/tiny-qwen3";
+    o.cache_mode = "int2-hadamard";
+    o.kv_budget_bytes = size_t{16} << 20;
+    auto rt = engine::Runtime::create(o);
+    ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+    engine::SchedulerOptions so;
+    if (c.via_env)
+      setenv("OSCAR_FAULT_INJECT", c.spec, 1);
+    else
+      so.fault_inject = c.spec;
+    auto sched = engine::Scheduler::create(std::move(rt).value(), so);
+    unsetenv("OSCAR_FAULT_INJECT");
+    ASSERT_TRUE(sched.ok()) << sched.status().to_string();
+    ServerOptions sopt;
+    sopt.port = 0;
+    HttpServer server(sched.value().get(), sopt);
+    ASSERT_TRUE(server.start().ok());
+    auto body = [](bool stream) {
+      return json{{"model", "tiny-qwen3"},
+                  {"prompt", "def fibonacci(n):\n"},
+                  {"max_tokens", 8},
+                  {"temperature", 0},
+                  {"stream", stream}}
+          .dump();
+    };
+    const std::string failed = post(server.port(), "/v1/completions", body(c.stream));
+    if (c.stream) {
+      const Stream s = parse_sse(failed);
+      EXPECT_NE(s.error.find("injected fault"), std::string::npos) << failed;
+      EXPECT_TRUE(s.done) << failed;
+    } else {
+      EXPECT_EQ(failed.rfind("HTTP/1.1 500", 0), 0u) << failed.substr(0, 40);
+      const size_t at = failed.find("\r\n\r\n");
+      ASSERT_NE(at, std::string::npos) << failed;
+      const json err = json::parse(failed.substr(at + 4), nullptr, false);
+      ASSERT_TRUE(err.contains("error")) << failed;
+      EXPECT_NE(err["error"].value("message", "").find("injected fault"), std::string::npos)
+          << failed;
+      EXPECT_EQ(err["error"].value("type", ""), "server_error") << failed;
+    }
+    // Still up: /health answers 200, the pages came back, the same request now completes.
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(server.port());
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    (void)!write(fd, get.data(), get.size());
+    std::string got;
+    char buf[1024];
+    for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+    close(fd);
+    EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got.substr(0, 40);
+    int64_t used = -1;
+    for (int i = 0; i < 200 && used != 0; ++i) {
+      used = 0;
+      for (const auto& p : sched.value()->metrics().kv_pools) used += p.pages_used;
+      if (used != 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(used, 0);
+    const Stream again = parse_sse(post(server.port(), "/v1/completions", body(true)));
+    EXPECT_TRUE(again.error.empty()) << again.error;
+    EXPECT_TRUE(again.done);
+    EXPECT_FALSE(again.text.empty());
+    if (reference.empty()) reference = again.text;
+    EXPECT_EQ(again.text, reference);
+    server.stop();
+  }
 }
 
 }  // namespace
