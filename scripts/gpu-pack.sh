@@ -30,8 +30,12 @@ cp "$B/apps/oscar" scripts/gpu-check.sh "$DEST/"
 # the embedded model's serves, token ids are random there anyway).
 for m in qwen3-8b qwen3-4b; do
   mkdir -p "$DEST/configs/$m"
-  cp "../shared/configs/$m.json" "$DEST/configs/$m/config.json" 2>/dev/null ||
-    cp "/work/shared/configs/$m.json" "$DEST/configs/$m/config.json"
+  src="../shared/configs/$m.json"
+  [ -f "$src" ] || src="/work/shared/configs/$m.json"
+  # max_position_embeddings 131072: Qwen3's long-context setting (YaRN x4 on its 32K native
+  # window, as its model card describes) for 100K-token runs; dummy weights, so only shapes matter.
+  python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["max_position_embeddings"]=131072; json.dump(c,open(sys.argv[2],"w"),indent=1)' \
+    "$src" "$DEST/configs/$m/config.json"
   cp models/tiny-qwen3/tokenizer.json models/tiny-qwen3/tokenizer_config.json "$DEST/configs/$m/"
 done
 # Non-CUDA shared libraries from this machine that the binaries need (CUDA's are on the device).
