@@ -20,12 +20,15 @@
 // so the grid is one wave of resident blocks per KV head and each block walks the items
 // (item b, b + gridDim.x, ...; a sequence's tiles are numbered last-first, so the long ones
 // start first); the block finds its item's sequence by scanning cu_seqlens.
-// Two kernels over the same items, key addressing (key_rows) and history unpacking
-// (cuda_detail::dequant_element: uniform or Lloyd-Max INT2, the bit plan's 4-, 3- and 1-bit rows):
-//   tensor cores (the default, prefill_attn_mma_kernel): 64-key tiles staged in shared memory as
-//     BF16 by 8 warps, mma.sync m16n8k16 with FP32 accumulation for Q·Kᵀ and P·V,
-//     FlashAttention-2 layout (a warp per 16 rows, P kept in registers); q, P and dequantized
-//     history rounded to BF16.
+// Serving prefill (kAuto) runs the tiled kernel of prefill_attn_tc.cu (cp.async double-buffered
+// tiles, history dequantized once per tile, wgmma). This file holds the two earlier kernels over the
+// same items (prefill_items.cuh: key addressing and history unpacking, cuda_detail::dequant_element:
+// uniform or Lloyd-Max INT2, the bit plan's 4-, 3- and 1-bit rows), which the decode-equivalent
+// reading still uses and tests compare against:
+//   staged tensor cores (prefill_attn_mma_kernel; kStaged, and decode-equivalent under kAuto):
+//     64-key tiles staged in shared memory as BF16 by 8 warps with synchronous loads, mma.sync
+//     m16n8k16 with FP32 accumulation for Q·Kᵀ and P·V, FlashAttention-2 layout (a warp per 16
+//     rows, P kept in registers); q, P and dequantized history rounded to BF16.
 //   FP32 SIMT (PrefillAttnCudaPath::kSimt, prefill_attn_kernel): 32-key tiles staged as float,
 //     thread = 4 rows x 4 keys of S and the same 4 rows x d/8 dims of O, P through shared memory;
 //     agrees with the CPU's float computation to accumulation rounding (the test's tight check).
@@ -33,8 +36,8 @@
 //
 // Not here (return Unimplemented): KIVI history (either reading).
 // Refused (InvalidArgument): F32 exact pages, head_dim other than 64 / 128, gqa > 64.
-// Not yet: cp.async / ldmatrix staging, a vectorised history unpack (raw rows staged, several
-// codes per instruction as decode_attn.cuh does), splitting long sequences' keys across blocks.
+// Not yet: the decode-equivalent reading in the tiled kernel, splitting long sequences' keys
+// across blocks.
 #include <cuda_bf16.h>
 
 #include <algorithm>
