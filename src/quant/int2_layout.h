@@ -91,6 +91,21 @@ OSCAR_HD constexpr void int2_set_code(uint8_t* group_codes, int i, int group_siz
   group_codes[b] = static_cast<uint8_t>((group_codes[b] & ~(3u << sh)) | ((code & 3u) << sh));
 }
 
+// A row's codes read as 32-bit words (how the CUDA prefill kernel unpacks a tile: one load per
+// 16 elements): word w holds code bytes 4w .. 4w+3, all in group int2_word_group(w, G) (G / 4 is
+// a multiple of 4). Its code at bit shift 8x + 2k (x, k in 0..3) is the element
+// int2_word_element(w, G, k) + x of the row: four runs of four consecutive elements.
+OSCAR_HD constexpr int int2_word_group(int w, int group_size) {
+  return 4 * w / (group_size / kInt2CodesPerByte);
+}
+OSCAR_HD constexpr int int2_word_element(int w, int group_size, int k) {
+  const int quarter = group_size / kInt2CodesPerByte;
+  return int2_word_group(w, group_size) * group_size + k * quarter + (4 * w) % quarter;
+}
+OSCAR_HD constexpr uint32_t int2_word_code(uint32_t word, int x, int k) {
+  return (word >> (8 * x + 2 * k)) & 3u;
+}
+
 // Bits per element of the quantized region alone (codes + metadata), e.g. 2.25 for G = 128.
 OSCAR_HD constexpr double int2_bits_per_element(int head_dim, int group_size) {
   return 8.0 * int2_row_bytes(head_dim, group_size) / head_dim;

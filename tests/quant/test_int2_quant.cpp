@@ -83,6 +83,35 @@ TEST(Int2Layout, PackUnpackRoundTripByQuarters) {
   }
 }
 
+// The 32-bit word reading of a row (the CUDA prefill kernel's unpacking, int2_word_*) visits
+// every element once and gives each the code int2_get_code gives it, on random code bytes.
+TEST(Int2Layout, WordReadingMatchesTheElementDefinition) {
+  std::mt19937 rng(77);
+  for (int d : {64, 128, 256})
+    for (int G : {32, 64, 128}) {
+      if (!int2_valid_group(d, G)) continue;
+      std::vector<uint8_t> codes(static_cast<size_t>(int2_codes_bytes(d)));
+      for (uint8_t& b : codes) b = static_cast<uint8_t>(rng());
+      std::vector<int> seen(static_cast<size_t>(d), 0);
+      for (int w = 0; w < d / 16; ++w) {
+        uint32_t word;
+        std::memcpy(&word, codes.data() + 4 * w, 4);
+        const int g = int2_word_group(w, G);
+        for (int k = 0; k < 4; ++k)
+          for (int x = 0; x < 4; ++x) {
+            const int e = int2_word_element(w, G, k) + x;
+            ASSERT_GE(e, g * G);
+            ASSERT_LT(e, (g + 1) * G) << "d " << d << " G " << G << " w " << w;
+            seen[static_cast<size_t>(e)] += 1;
+            EXPECT_EQ(int2_word_code(word, x, k),
+                      int2_get_code(codes.data() + int2_group_codes_offset(g, G), e - g * G, G))
+                << "d " << d << " G " << G << " element " << e;
+          }
+      }
+      for (int e = 0; e < d; ++e) EXPECT_EQ(seen[static_cast<size_t>(e)], 1) << "element " << e;
+    }
+}
+
 TEST(ClipThreshold, MatchesNumpyLinearQuantile) {
   // numpy.quantile(|x|, q) with the default 'linear' method.
   std::vector<float> x = {-10, 9, -8, 7, 6, -5, 4, 3, -2, 1};

@@ -755,7 +755,9 @@ TEST_F(HttpServerTest, ConnectionCapClosesTheLongestIdleConnectionFirst) {
 TEST_F(HttpServerTest, ConnectionCapKeepsHealthAnswerableWhenEveryConnectionIsBusy) {
   ServerOptions sopt;
   sopt.max_connections = 2;
-  start(FakeEngine::Options{.token_delay = std::chrono::milliseconds(5)}, sopt);
+  // 8 s of tokens each: both must still run through every check below, also on a loaded machine
+  // (at 2 s, a run under load saw them finish first, freeing the connections).
+  start(FakeEngine::Options{.token_delay = std::chrono::milliseconds(20)}, sopt);
   const std::string slow =
       R"({"model":"fake-model","prompt":"x","max_tokens":400,"ignore_eos":true})";
   Reply r1, r2;

@@ -9,7 +9,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <utility>
 
 #include "core/status.h"
@@ -134,6 +136,39 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Resident blocks per SM of `kernel` at `threads` threads and `smem_bytes` of dynamic shared
+// memory (raising its dynamic shared-memory limit to that first); at least 1.
+template <typename K>
+Status kernel_resident_blocks(K kernel, int threads, size_t smem_bytes, int* blocks) {
+  const int smem = static_cast<int>(smem_bytes);
+  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, smem));
+  *blocks = std::max(1, *blocks);
+  return Status();
+}
+
+// Facts about the current device computed once per device (fill(&facts, device) on the first
+// call there; thread-safe), then copied to *out. One cache per Facts type.
+template <typename Facts, typename Fill>
+Status facts_per_device(Facts* out, Fill fill) {
+  static std::mutex mu;
+  static Facts facts[64];
+  static bool ready[64] = {};
+  int dev = 0;
+  OSCAR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return ::oscar::internal_error("device %d out of range", dev);
+  std::lock_guard<std::mutex> lock(mu);
+  if (!ready[dev]) {
+    Facts f;
+    const Status st = fill(&f, dev);
+    if (!st.ok()) return st;
+    facts[dev] = f;
+    ready[dev] = true;
+  }
+  *out = facts[dev];
+  return Status();
 }
 
 // A device buffer that grows and never shrinks: a kernel's own workspace, one per device, under

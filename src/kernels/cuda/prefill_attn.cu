@@ -497,42 +497,24 @@ struct DeviceFacts {
   int blocks[2][2] = {{0, 0}, {0, 0}};
 };
 
-template <typename K>
-Status kernel_setup(K kernel, int threads, size_t smem_size, int* blocks) {
-  const int smem = static_cast<int>(smem_size);
-  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, smem));
-  *blocks = std::max(1, *blocks);
-  return Status();
-}
-
 Status device_facts(DeviceFacts* out) {
-  static std::mutex mu;
-  static DeviceFacts facts[64];
-  static bool ready[64] = {};
-  int dev = 0;
-  OSCAR_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) return internal_error("prefill_attn_cuda: device %d", dev);
-  std::lock_guard<std::mutex> lock(mu);
-  if (!ready[dev]) {
-    DeviceFacts f;
-    OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev));
+  return oscar::cuda::facts_per_device(out, [](DeviceFacts* f, int dev) {
+    using oscar::cuda::kernel_resident_blocks;
+    OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f->sms, cudaDevAttrMultiProcessorCount, dev));
     int major = 0, minor = 0;
     OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    f.wgmma = major == 9 && minor == 0;
-    OSCAR_RETURN_IF_ERROR(kernel_setup(prefill_attn_kernel<64>, kThreads, smem_bytes<64>(), &f.blocks[0][0]));
-    OSCAR_RETURN_IF_ERROR(
-        kernel_setup(prefill_attn_kernel<128>, kThreads, smem_bytes<128>(), &f.blocks[0][1]));
-    OSCAR_RETURN_IF_ERROR(
-        kernel_setup(prefill_attn_mma_kernel<64>, kMmaThreads, mma_smem_bytes<64>(), &f.blocks[1][0]));
-    OSCAR_RETURN_IF_ERROR(
-        kernel_setup(prefill_attn_mma_kernel<128>, kMmaThreads, mma_smem_bytes<128>(), &f.blocks[1][1]));
-    facts[dev] = f;
-    ready[dev] = true;
-  }
-  *out = facts[dev];
-  return Status();
+    f->wgmma = major == 9 && minor == 0;
+    OSCAR_RETURN_IF_ERROR(kernel_resident_blocks(prefill_attn_kernel<64>, kThreads,
+                                                 smem_bytes<64>(), &f->blocks[0][0]));
+    OSCAR_RETURN_IF_ERROR(kernel_resident_blocks(prefill_attn_kernel<128>, kThreads,
+                                                 smem_bytes<128>(), &f->blocks[0][1]));
+    OSCAR_RETURN_IF_ERROR(kernel_resident_blocks(prefill_attn_mma_kernel<64>, kMmaThreads,
+                                                 mma_smem_bytes<64>(), &f->blocks[1][0]));
+    OSCAR_RETURN_IF_ERROR(kernel_resident_blocks(prefill_attn_mma_kernel<128>, kMmaThreads,
+                                                 mma_smem_bytes<128>(), &f->blocks[1][1]));
+    return Status();
+  });
 }
 
 // The decode-equivalent scratch of each device (prefill_deq_zone.cuh), grown on demand and never

@@ -35,6 +35,7 @@
 #include "kernels/cuda/hist_row.cuh"
 #include "kernels/cuda/prefill_items.cuh"
 #include "kernels/cuda/wgmma.cuh"
+#include "quant/int2_layout.h"
 
 namespace oscar::kernels::prefill_detail {
 
@@ -168,7 +169,7 @@ __device__ __forceinline__ void hist_prefetch(const Args& a, const Planes& pl, c
                                               int k0, HistUnits<D>& h) {
   using H = HistUnits<D>;
   const int u = threadIdx.x % TcShape<D>::kUnits;
-  const int gi = 16 * u / a.group_size;  // the word's group (G / 4 code bytes a group)
+  const int gi = quant::int2_word_group(u, a.group_size);
 #pragma unroll
   for (int r = 0; r < H::kRounds; ++r) {
     const int j = k0 + threadIdx.x / TcShape<D>::kUnits + r * H::kKeysPerRound;
@@ -181,7 +182,7 @@ __device__ __forceinline__ void hist_prefetch(const Args& a, const Planes& pl, c
       if (pl.hbits[kv] != 2) continue;
       const uint8_t* row = pg + pl.hoff[kv] + static_cast<uint32_t>(slot * pl.hrb[kv]);
       h.code[r][kv] = *reinterpret_cast<const uint32_t*>(row + 4 * u);
-      h.meta[r][kv] = *reinterpret_cast<const uint32_t*>(row + D / 4 + 4 * gi);
+      h.meta[r][kv] = *reinterpret_cast<const uint32_t*>(row + quant::int2_group_meta_offset(D, gi));
     }
   }
 }
@@ -195,9 +196,7 @@ __device__ __forceinline__ void hist_store(const Args& a, const Planes& pl, cons
   using H = HistUnits<D>;
   const int G = a.group_size;
   const int u = threadIdx.x % TcShape<D>::kUnits;
-  // Word u = code bytes 4u .. 4u+3 of the row; byte b of group gi holds values b, b + G/4,
-  // b + G/2, b + 3G/4 (quant/int2_layout.h), 2 bits each from the low end.
-  const int gi = 16 * u / G, b = 4 * u - gi * (G / 4);
+  // Word u = code bytes 4u .. 4u+3 of the row: four runs of four values (quant/int2_layout.h).
 #pragma unroll
   for (int r = 0; r < H::kRounds; ++r) {
     const int kk = threadIdx.x / TcShape<D>::kUnits + r * H::kKeysPerRound, j = k0 + kk;
@@ -218,10 +217,10 @@ __device__ __forceinline__ void hist_store(const Args& a, const Planes& pl, cons
           float v[4];
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
-            const uint32_t q = w >> (8 * x + 2 * qq) & 3u;
+            const uint32_t q = quant::int2_word_code(w, x, qq);
             v[x] = q & 2u ? (q & 1u ? lv[3] : lv[2]) : (q & 1u ? lv[1] : lv[0]);
           }
-          *reinterpret_cast<uint2*>(dst + tile_off<D>(kk, gi * G + qq * (G / 4) + b)) =
+          *reinterpret_cast<uint2*>(dst + tile_off<D>(kk, quant::int2_word_element(u, G, qq))) =
               make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
         }
       } else {
@@ -496,34 +495,18 @@ struct TcFacts {
 
 template <int D, bool kWg>
 Status tc_setup(int* blocks) {
-  const int smem = static_cast<int>(TcShape<D>::kSmemBytes);
-  OSCAR_CUDA_CHECK(cudaFuncSetAttribute(prefill_attn_tc_kernel<D, kWg>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      blocks, prefill_attn_tc_kernel<D, kWg>, kTcThreads, smem));
-  *blocks = std::max(1, *blocks);
-  return Status();
+  return oscar::cuda::kernel_resident_blocks(prefill_attn_tc_kernel<D, kWg>, kTcThreads,
+                                             TcShape<D>::kSmemBytes, blocks);
 }
 
 Status tc_facts(TcFacts* out) {
-  static std::mutex mu;
-  static TcFacts facts[64];
-  static bool ready[64] = {};
-  int dev = 0;
-  OSCAR_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) return internal_error("prefill_attn_tc: device %d", dev);
-  std::lock_guard<std::mutex> lock(mu);
-  if (!ready[dev]) {
-    TcFacts f;
-    OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev));
-    OSCAR_RETURN_IF_ERROR((tc_setup<64, false>(&f.blocks[0][0])));
-    OSCAR_RETURN_IF_ERROR((tc_setup<128, false>(&f.blocks[1][0])));
-    OSCAR_RETURN_IF_ERROR((tc_setup<128, true>(&f.blocks[1][1])));
-    facts[dev] = f;
-    ready[dev] = true;
-  }
-  *out = facts[dev];
-  return Status();
+  return oscar::cuda::facts_per_device(out, [](TcFacts* f, int dev) {
+    OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f->sms, cudaDevAttrMultiProcessorCount, dev));
+    OSCAR_RETURN_IF_ERROR((tc_setup<64, false>(&f->blocks[0][0])));
+    OSCAR_RETURN_IF_ERROR((tc_setup<128, false>(&f->blocks[1][0])));
+    OSCAR_RETURN_IF_ERROR((tc_setup<128, true>(&f->blocks[1][1])));
+    return Status();
+  });
 }
 
 template <int D, bool kWg>
