@@ -293,10 +293,14 @@ TEST(Scheduler, LogprobsAreTheRawLogSoftmax) {
   EXPECT_EQ(bytes, with_lp.text);
   ASSERT_FALSE(hot.tokens.empty());
   ASSERT_TRUE(hot.tokens[0].has_logprobs);
+  // The same prompt's first logprobs, whatever ran beside it. Not bit-equal yet: the two requests
+  // may share a prefill step or not (or one may reuse the other's cached prefix and compute only
+  // its last token), and the CPU ops' summation order depends on the rows in a step (issue #24
+  // item 2: batch-invariant ops). Seen: -0.39944634 vs -0.39944708 on a fresh machine.
   for (size_t k = 0; k < 5; ++k) {
     EXPECT_EQ(hot.tokens[0].top_logprobs[k].token_id, with_lp.tokens[0].top_logprobs[k].token_id);
-    EXPECT_FLOAT_EQ(hot.tokens[0].top_logprobs[k].logprob,
-                    with_lp.tokens[0].top_logprobs[k].logprob);
+    EXPECT_NEAR(hot.tokens[0].top_logprobs[k].logprob, with_lp.tokens[0].top_logprobs[k].logprob,
+                1e-5);
   }
   EXPECT_TRUE(plain.tokens[0].top_logprobs.empty());
   EXPECT_FALSE(plain.tokens[0].has_logprobs);
