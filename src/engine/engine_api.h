@@ -67,6 +67,9 @@ struct GenerationRequest {
   // `<tool_call>\n{"name": "<name>", "arguments": <JSON object>}\n</tool_call>`, after which the
   // request finishes with "stop" (engine/tool_constraint.h says what is constrained).
   std::vector<std::string> tool_call_names;
+  // JSON mode (response_format json_object): the output is constrained to be one JSON object,
+  // after which the request finishes with "stop". Not with tool_call_names.
+  bool json_object = false;
   // The id of a request submitted just before with the same prompt (the choices of n > 1): this
   // one is admitted only once that one's prompt is in the prefix cache, so that the prompt's
   // pages are shared, not computed and stored again. Ignored without the prefix cache, or when

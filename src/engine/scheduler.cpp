@@ -282,10 +282,14 @@ Status Scheduler::submit(GenerationRequest req,
         static_cast<long long>(int2_total));
 
   auto s = std::make_unique<Sequence>();
+  if (req.json_object && !req.tool_call_names.empty())
+    return invalid_argument("json_object output and a constrained tool call exclude each other");
   if (!req.tool_call_names.empty()) {
     auto c = ToolCallConstraint::create(runtime_->tokenizer(), req.tool_call_names);
     if (!c.ok()) return c.status();
     s->constraint = std::move(c).value();
+  } else if (req.json_object) {
+    s->constraint = ToolCallConstraint::create_json_object(runtime_->tokenizer());
   }
   if (!req.sampling.has_seed) sc.seed = std::random_device{}();
   s->sampling = sc;

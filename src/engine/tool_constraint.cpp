@@ -318,6 +318,17 @@ Result<std::unique_ptr<ToolCallConstraint>> ToolCallConstraint::create(
   return c;
 }
 
+std::unique_ptr<ToolCallConstraint> ToolCallConstraint::create_json_object(
+    const tok::Tokenizer& tokenizer) {
+  std::unique_ptr<ToolCallConstraint> c(new ToolCallConstraint());
+  const int32_t vocab = tokenizer.vocab_size();
+  c->bytes_.resize(vocab);
+  for (int32_t t = 0; t < vocab; ++t)
+    if (!tokenizer.is_added(t)) c->bytes_[t] = std::string(tokenizer.token_bytes(t));
+  c->phase_ = Phase::kArgs;  // no prefix, no name; no suffix after the object
+  return c;
+}
+
 bool ToolCallConstraint::name_allows(std::string_view bytes) const {
   if (bytes.empty()) return false;
   const std::string s = name_ + std::string(bytes);
@@ -399,7 +410,7 @@ bool ToolCallConstraint::advance(int32_t token) {
       for (char ch : b)
         if (next.complete() || !next.feed(static_cast<unsigned char>(ch))) return false;
       json_ = next;
-      if (json_.complete()) phase_ = Phase::kSuffix;
+      if (json_.complete()) phase_ = suffix_.empty() ? Phase::kDone : Phase::kSuffix;
       return true;
     }
     case Phase::kSuffix:

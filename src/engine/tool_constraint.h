@@ -23,6 +23,10 @@
 // shortest way to closing it are then allowed;
 // one call only (no parallel calls); no reasoning (<think>) before the call.
 //
+// JSON mode (response_format {"type": "json_object"}, create_json_object): the same machine
+// without the tags and the name: the whole output is step 3 alone, one JSON object, closing within
+// the budget, after which the request ends.
+//
 // Single-threaded (one per sequence, on the scheduler's thread). The tokenizer outlives it.
 #pragma once
 
@@ -95,6 +99,8 @@ class ToolCallConstraint {
   // names: the functions allowed (non-empty strings; duplicates are ignored).
   static Result<std::unique_ptr<ToolCallConstraint>> create(const tok::Tokenizer& tokenizer,
                                                             const std::vector<std::string>& names);
+  // JSON mode: the output is one JSON object (no tags, no name).
+  static std::unique_ptr<ToolCallConstraint> create_json_object(const tok::Tokenizer& tokenizer);
 
   // allowed[t] = 1 for every token t that may come next (resized to the vocabulary), given the
   // tokens the request may still generate (this one included). At least one token is allowed

@@ -559,6 +559,7 @@ class Session : public std::enable_shared_from_this<Session> {
     greq.ignore_eos = req.ignore_eos;
     greq.logprobs = req.logprobs;
     greq.tool_call_names = req.tool_call_names;
+    greq.json_object = req.json_object;
 
     std::weak_ptr<Session> weak = weak_from_this();
     std::shared_ptr<EventGate> gate = st_->gate;

@@ -437,6 +437,11 @@ std::optional<ApiError> parse_messages(const json& body, OpenAIRequest* req) {
     if (!t->empty()) req->tools = *t;
   }
   if (auto e = parse_tool_choice(body, req)) return e;
+  if (req->json_object && !req->tool_call_names.empty()) {
+    return invalid_request(
+        "'response_format' json_object cannot be combined with a 'tool_choice' that forces a call",
+        "response_format");
+  }
   if (const json* k = field(body, "chat_template_kwargs")) {
     if (!k->is_object()) return wrong_type("chat_template_kwargs", "an object", *k);
     req->chat_template_kwargs = *k;
@@ -510,8 +515,12 @@ std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) 
       return refuse(k, v, "use 'stop' strings");
     }
     if (k == "response_format" &&
-        !(v.is_object() && v.contains("type") && v["type"] == "text")) {
-      return refuse(k, v, "structured output is not implemented; only {\"type\": \"text\"}");
+        !(v.is_object() && v.contains("type") &&
+          (v["type"] == "text" ||
+           (v["type"] == "json_object" && endpoint != Endpoint::kResponses)))) {
+      return refuse(k, v,
+                    "structured output is {\"type\": \"text\"} or {\"type\": \"json_object\"} "
+                    "(chat and completions); json_schema is not implemented yet");
     }
     if (k == "functions" || k == "function_call") {
       return refuse(k, v, "use 'tools' (the legacy function-calling fields are not supported)");
@@ -591,6 +600,8 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
   }
 
   if (auto e = refuse_unsupported(body, req->endpoint)) return e;
+  if (const json* rf = field(body, "response_format"); rf && (*rf)["type"] == "json_object")
+    req->json_object = true;  // checked against a constrained tool call below
   if (req->endpoint == Endpoint::kChatCompletions) {
     if (auto e = parse_messages(body, req)) return e;
   } else if (req->endpoint == Endpoint::kResponses) {

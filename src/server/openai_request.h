@@ -101,6 +101,9 @@ struct OpenAIRequest {
   // constrained to one call to one of tool_call_names (engine/tool_constraint.h).
   std::string tool_choice;
   std::vector<std::string> tool_call_names;
+  // response_format {"type": "json_object"} (chat and completions): the output is constrained to
+  // one JSON object (engine/tool_constraint.h).
+  bool json_object = false;
 
   // /v1/completions: either text or ids.
   bool prompt_is_ids = false;

@@ -459,6 +459,40 @@ TEST(Scheduler, ConstrainedToolCallIsValid) {
   EXPECT_EQ(sched->submit(bad, unused.callback()).code(), StatusCode::kInvalidArgument);
 }
 
+// json_object (response_format json_object): the output is one JSON object, greedy and sampled,
+// closed within max_tokens by the budget rule, and the request ends with "stop" right after it.
+TEST(Scheduler, JsonObjectOutputIsOneObject) {
+  auto sched = make_scheduler("oscar");
+  const auto prompt = sched->tokenize("Answer in JSON: the capital of France").value();
+  int i = 0;
+  for (float temperature : {0.f, 1.f, 2.f}) {
+    for (int max_tokens : {3, 24, 80}) {
+      GenerationRequest r = greedy("json" + std::to_string(i), prompt, max_tokens);
+      r.sampling.config.temperature = temperature;
+      r.sampling.has_seed = true;
+      r.sampling.config.seed = static_cast<uint64_t>(i++);
+      r.json_object = true;
+      Collector col;
+      ASSERT_TRUE(sched->submit(r, col.callback()).ok());
+      ASSERT_TRUE(col.wait());
+      SCOPED_TRACE(col.text);
+      nlohmann::json j;
+      if (col.finish == "length") {  // the budget was too small for even `{}` plus a key
+        EXPECT_LE(max_tokens, 3);
+        continue;
+      }
+      EXPECT_EQ(col.finish, "stop");
+      ASSERT_NO_THROW(j = nlohmann::json::parse(col.text));
+      EXPECT_TRUE(j.is_object());
+    }
+  }
+  GenerationRequest both = greedy("both", prompt, 8);
+  both.json_object = true;
+  both.tool_call_names = {"f"};
+  Collector unused;
+  EXPECT_EQ(sched->submit(both, unused.callback()).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(Scheduler, RefusesImpossibleRequests) {
   // 1 MiB of BF16 pages = 8 pages = 128 tokens: max_model_len defaults to that.
   auto sched = make_scheduler("bf16", 1);

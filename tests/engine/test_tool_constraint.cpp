@@ -245,6 +245,36 @@ TEST(ToolCallConstraint, EveryBudgetAllowsATokenAndFitsTheShortestCall) {
   EXPECT_EQ(whole.rfind(t.value().decode(ids), 0), 0u) << t.value().decode(ids);
 }
 
+// JSON mode: random allowed draws make one JSON object, closed within every budget that fits
+// `{}`, and every step allows a token.
+TEST(ToolCallConstraint, JsonModeGivesOneObjectWithinEveryBudget) {
+  auto t = tok::Tokenizer::load("models/tiny-qwen3");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  std::mt19937_64 rng(11);
+  for (int budget : {2, 3, 5, 8, 20, 60}) {
+    for (int rep = 0; rep < 4; ++rep) {
+      auto c = ToolCallConstraint::create_json_object(t.value());
+      std::vector<uint8_t> allowed;
+      std::vector<int32_t> ids;
+      for (int step = 0; step < budget && !c->done(); ++step) {
+        c->allowed_tokens(&allowed, budget - step);
+        std::vector<int32_t> choices;
+        for (int32_t i = 0; i < static_cast<int32_t>(allowed.size()); ++i)
+          if (allowed[i]) choices.push_back(i);
+        ASSERT_FALSE(choices.empty()) << "budget " << budget << " step " << step;
+        const int32_t tok = choices[rng() % choices.size()];
+        ASSERT_TRUE(c->advance(tok));
+        ids.push_back(tok);
+      }
+      const std::string text = t.value().decode(ids);
+      ASSERT_TRUE(c->done()) << "budget " << budget << ": " << text;
+      nlohmann::json j;
+      ASSERT_NO_THROW(j = nlohmann::json::parse(text)) << text;
+      EXPECT_TRUE(j.is_object()) << text;
+    }
+  }
+}
+
 TEST(ToolCallConstraint, RefusesNoNames) {
   auto t = tok::Tokenizer::load("models/tiny-qwen3");
   ASSERT_TRUE(t.ok());

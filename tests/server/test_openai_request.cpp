@@ -220,9 +220,18 @@ std::vector<BadCase> bad_cases() {
        "repetition_penalty", "a number"},
       {"logit_bias", C, R"({"model":"m","logit_bias":{"5":-100},)" + kMsgs + "}", 400, "logit_bias",
        "not supported"},
-      {"response_format", C,
-       R"({"model":"m","response_format":{"type":"json_object"},)" + kMsgs + "}", 400,
+      {"response_format_schema", C,
+       R"({"model":"m","response_format":{"type":"json_schema","json_schema":{"name":"x"}},)" +
+           kMsgs + "}",
+       400, "response_format", "json_schema is not implemented"},
+      {"response_format_responses", R,
+       R"({"model":"m","input":"x","response_format":{"type":"json_object"}})", 400,
        "response_format", "structured output"},
+      {"response_format_and_forced_call", C,
+       R"({"model":"m","response_format":{"type":"json_object"},"tools":[{"type":"function",)"
+       R"("function":{"name":"f"}}],"tool_choice":"required",)" +
+           kMsgs + "}",
+       400, "response_format", "cannot be combined"},
       // tool_choice: required needs tools, a named function must be one of them.
       {"tool_choice_required", C, R"({"model":"m","tool_choice":"required",)" + kMsgs + "}", 400,
        "tool_choice", "needs a non-empty 'tools'"},
@@ -285,6 +294,18 @@ TEST(OpenAIRequest, ToolNamesOpenAIAccepts) {
     ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(r)) << std::get<ApiError>(r).message;
     EXPECT_EQ(std::get<OpenAIRequest>(r).tool_call_names, std::vector<std::string>{name});
   }
+}
+
+TEST(OpenAIRequest, JsonObjectResponseFormat) {
+  ParseResult c = chat(R"({"model":"m","response_format":{"type":"json_object"},)" + kMsgs + "}");
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(c)) << std::get<ApiError>(c).message;
+  EXPECT_TRUE(std::get<OpenAIRequest>(c).json_object);
+  ParseResult p = completion(R"({"model":"m","prompt":"x","response_format":{"type":"json_object"}})");
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(p)) << std::get<ApiError>(p).message;
+  EXPECT_TRUE(std::get<OpenAIRequest>(p).json_object);
+  ParseResult t = chat(R"({"model":"m","response_format":{"type":"text"},)" + kMsgs + "}");
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(t));
+  EXPECT_FALSE(std::get<OpenAIRequest>(t).json_object);
 }
 
 TEST(OpenAIRequest, RepetitionPenaltyBounds) {
