@@ -12,8 +12,13 @@
 // single-token steps, and `decode-tokens` timed ones (so the timed decode runs from context +
 // warmup-tokens to context + warmup-tokens + decode-tokens). A row prints the medians over the
 // repetitions, the decode figure last (bench/llamacpp/run.sh reads it there), with its min-max and
-// max/min. Every repetition's figures also go to stderr, one line each.
+// max/min, and the median count of voluntary context switches per timed decode token ("sleeps
+// / token": an OpenMP thread that sleeps between parallel regions is woken by a futex, which
+// on the development VM costs tens of µs and made repeated runs fall into two clusters 2-3×
+// apart, docs/results/bench_method.md). Every repetition's figures also go to stderr.
 // `--decode-tokens 32 --warmup-tokens 0 --reps 1` is the measurement before issue 28.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -48,10 +53,18 @@ constexpr const char* kUsage =
     "prefill, --warmup-tokens untimed decode steps and --decode-tokens timed ones, after one\n"
     "untimed warm-up; the decode min-max and max/min beside. Repetitions go to stderr.\n";
 
-// Prefill time and decode time of one repetition, in seconds.
+// Prefill time and decode time of one repetition, in seconds, and the voluntary context switches
+// (all threads) during the timed decode.
 struct Times {
   double prefill_s = 0, decode_s = 0;
+  long decode_sleeps = 0;
 };
+
+long voluntary_context_switches() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_nvcsw;
+}
 
 // On a fresh cache: prefill tokens [0, n) of `all`, then `warmup` untimed single-token steps and
 // `decode` timed ones over the tokens after them. all.size() >= n + warmup + decode.
@@ -66,9 +79,11 @@ Status run_once(engine::Runtime& r, const std::vector<int32_t>& all, size_t n, i
   Status st = r.model().forward_one(std::span<const int32_t>(all.data(), n), *cache, &logits);
   times->prefill_s = since(t);
   for (int k = 0; k < warmup && st.ok(); ++k) st = step(n + k);
+  const long sleeps = voluntary_context_switches();
   t = Clock::now();
   for (int k = 0; k < decode && st.ok(); ++k) st = step(n + warmup + k);
   times->decode_s = since(t);
+  times->decode_sleeps = voluntary_context_switches() - sleeps;
   return st;
 }
 
@@ -117,8 +132,8 @@ int main(int argc, char** argv) {
   }
   std::printf("%d repetitions of: prefill, %d untimed decode steps, %d timed ones (medians)\n\n",
               reps, warmup_tokens, decode_tokens);
-  std::printf("| mode | model load s | context | prefill tok/s | decode tok/s min-max | max/min | "
-              "decode tok/s |\n|---|---|---|---|---|---|---|\n");
+  std::printf("| mode | model load s | context | prefill tok/s | sleeps / token | decode tok/s "
+              "min-max | max/min | decode tok/s |\n|---|---|---|---|---|---|---|---|\n");
   for (const std::string& mode : split(modes)) {
     engine::RuntimeOptions o;
     o.model_dir = model;
@@ -143,22 +158,25 @@ int main(int argc, char** argv) {
       Times times;
       Status st;
       if (warmup_tokens > 0) st = run_once(r, all, n, warmup_tokens, 0, &times);
-      std::vector<double> prefill, decode;
+      std::vector<double> prefill, decode, sleeps;
       for (int rep = 0; rep < reps && st.ok(); ++rep) {
         st = run_once(r, all, n, warmup_tokens, decode_tokens, &times);
         prefill.push_back(n / times.prefill_s);
         decode.push_back(decode_tokens / times.decode_s);
-        std::fprintf(stderr, "mode=%s context=%zu rep=%d prefill_tok_s=%.0f decode_tok_s=%.1f\n",
-                     mode.c_str(), n, rep, prefill.back(), decode.back());
+        sleeps.push_back(static_cast<double>(times.decode_sleeps) / decode_tokens);
+        std::fprintf(stderr,
+                     "mode=%s context=%zu rep=%d prefill_tok_s=%.0f decode_tok_s=%.1f "
+                     "sleeps_per_token=%.1f\n",
+                     mode.c_str(), n, rep, prefill.back(), decode.back(), sleeps.back());
       }
       if (!st.ok()) {
         std::fprintf(stderr, "%s: %s\n", mode.c_str(), st.message().c_str());
         break;
       }
       const bench::Spread d = bench::spread(decode);
-      std::printf("| %s | %.3f | %zu | %.0f | %s | %.2f | %.1f |\n", mode.c_str(), load_s, n,
-                  bench::spread(prefill).median, bench::min_max(d, 1).c_str(), d.ratio(),
-                  d.median);
+      std::printf("| %s | %.3f | %zu | %.0f | %.1f | %s | %.2f | %.1f |\n", mode.c_str(), load_s, n,
+                  bench::spread(prefill).median, bench::spread(sleeps).median,
+                  bench::min_max(d, 1).c_str(), d.ratio(), d.median);
       std::fflush(stdout);
     }
   }
