@@ -3,7 +3,13 @@
 // attention, K/V append, demotion, sampling, the rest), for one cache mode.
 //
 //   ./build/bench/bench_step [--model DIR] [--mode oscar] [--contexts 4096,32000]
-//                            [--batches 1,16,64] [--steps 8]
+//                            [--batches 1,16,64] [--steps 8] [--warmup-steps 2] [--reps 5]
+//
+// Per (context, batch): `warmup-steps` untimed steps, then `reps` repetitions of `steps` timed
+// steps on the same caches (so the context grows by warmup-steps + reps x steps). "step ms" is the
+// median over the repetitions of their mean step, with its min-max and max/min beside; the phase
+// columns are means over all timed steps, and "rest" is the mean step less their sum
+// (docs/results/bench_method.md).
 //
 // Every sequence of a batch holds `context` tokens: one sequence is filled with random K/V, the
 // others adopt its sinks and history pages as a prefix (as requests sharing a system prompt do)
@@ -23,6 +29,7 @@
 
 #include "core/omp_env.h"
 #include "engine/runtime.h"
+#include "repeat_stats.h"
 
 #if __has_include("kernels/backend.h")
 #define OSCAR_BENCH_PHASES 1
@@ -112,14 +119,16 @@ int main(int argc, char** argv) {
   set_omp_wait_policy(argv);
   std::string model = "models/tiny-qwen3", mode = "oscar", contexts = "4096,32000",
               batches = "1,16,64";
-  int steps = 8;
+  int steps = 8, warmup_steps = 2, reps = 5;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
       std::printf(
           "usage: bench_step [--model DIR] [--mode oscar] [--contexts 4096,32000]\n"
-          "                  [--batches 1,16,64] [--steps 8]\n"
-          "One CPU decode step of a batch by phase, a markdown row per (context, batch).\n"
-          "A context plus the steps decoded must fit the model's context.\n");
+          "                  [--batches 1,16,64] [--steps 8] [--warmup-steps 2] [--reps 5]\n"
+          "One CPU decode step of a batch by phase, a markdown row per (context, batch):\n"
+          "--warmup-steps untimed steps, then --reps repetitions of --steps timed ones; the\n"
+          "median step with its min-max and max/min. A context plus the steps decoded must fit\n"
+          "the model's context.\n");
       return 0;
     }
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -129,7 +138,18 @@ int main(int argc, char** argv) {
     else if (a == "--contexts") contexts = argv[i + 1];
     else if (a == "--batches") batches = argv[i + 1];
     else if (a == "--steps") steps = std::stoi(argv[i + 1]);
+    else if (a == "--warmup-steps") warmup_steps = std::stoi(argv[i + 1]);
+    else if (a == "--reps") reps = std::stoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "bench_step: unknown option %s (--help lists them)\n", a.c_str());
+      return 2;
+    }
   }
+  if (steps < 1 || warmup_steps < 0 || reps < 1) {
+    std::fprintf(stderr, "bench_step: need --steps >= 1, --warmup-steps >= 0, --reps >= 1\n");
+    return 2;
+  }
+  const int decoded = warmup_steps + reps * steps;  // steps per (context, batch)
   engine::RuntimeOptions o;
   o.model_dir = model;
   o.cache_mode = mode;
@@ -144,13 +164,16 @@ int main(int argc, char** argv) {
 #endif
   const char* phases[] = {"linear", "attention", "append", "demotion", "sampling", "other ops"};
   for (int ctx : split_ints(contexts))
-    if (ctx + steps + 1 > cfg.max_position_embeddings) {
+    if (ctx + decoded > cfg.max_position_embeddings) {
       std::fprintf(stderr, "bench_step: context %d + %d steps exceeds the model's context of %d\n",
-                   ctx, steps + 1, cfg.max_position_embeddings);
+                   ctx, decoded, cfg.max_position_embeddings);
       return 2;
     }
-  std::printf("| mode | context | batch | step ms | tok/s | linear | attention | append | demotion | "
-              "sampling | other ops | rest |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("%d warm-up steps, then %d repetitions of %d steps (step ms: the median)\n\n",
+              warmup_steps, reps, steps);
+  std::printf("| mode | context | batch | step ms | min-max | max/min | tok/s | linear | attention | "
+              "append | demotion | sampling | other ops | rest |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937 rng(7);
   for (int ctx : split_ints(contexts)) {
     // One sequence of ctx tokens whose sinks and history the others share.
@@ -170,13 +193,15 @@ int main(int argc, char** argv) {
       std::vector<std::vector<float>> logits(batch);
       std::vector<model::SeqChunk> chunks(batch);
       double total = 0, sampling = 0;
+      std::vector<double> rep_ms;  // the mean step of each repetition
 #ifdef OSCAR_BENCH_PHASES
       timed.seconds.clear();
 #endif
-      for (int s = -1; s < steps; ++s) {  // step -1 warms up
+      for (int s = -warmup_steps; s < reps * steps; ++s) {  // steps below 0 warm up
 #ifdef OSCAR_BENCH_PHASES
         if (s == 0) timed.seconds.clear();
 #endif
+        if (s >= 0 && s % steps == 0) rep_ms.push_back(0);
         const auto t = Clock::now();
         for (int b = 0; b < batch; ++b)
           chunks[b] = model::SeqChunk{std::span<const int32_t>(&next[b], 1), caches[b].get(),
@@ -187,25 +212,29 @@ int main(int argc, char** argv) {
           next[b] = static_cast<int32_t>(std::max_element(logits[b].begin(), logits[b].end()) -
                                          logits[b].begin());
         if (s >= 0) {
+          const double step_s = since(t);
           sampling += since(ts);
-          total += since(t);
+          total += step_s;
+          rep_ms.back() += 1e3 * step_s / steps;
         }
       }
-      const double step_ms = 1e3 * total / steps;
-      std::printf("| %s | %d | %d | %.2f | %.0f |", mode.c_str(), ctx, batch, step_ms,
-                  batch / (total / steps));
+      const int timed_steps = reps * steps;
+      const double step_ms = 1e3 * total / timed_steps;  // the mean, which the phases add up to
+      const bench::Spread ms = bench::spread(rep_ms);
+      std::printf("| %s | %d | %d | %.2f | %s | %.2f | %.0f |", mode.c_str(), ctx, batch,
+                  ms.median, bench::min_max(ms, 2).c_str(), ms.ratio(), 1e3 * batch / ms.median);
 #ifdef OSCAR_BENCH_PHASES
       timed.seconds["sampling"] += sampling;
       double sum = 0;
       for (const char* ph : phases) {
-        const double ms = 1e3 * timed.seconds[ph] / steps;
-        sum += ms;
-        std::printf(" %.2f |", ms);
+        const double phase_ms = 1e3 * timed.seconds[ph] / timed_steps;
+        sum += phase_ms;
+        std::printf(" %.2f |", phase_ms);
       }
       std::printf(" %.2f |\n", step_ms - sum);
 #else
-      (void)phases;
-      std::printf(" - | - | - | - | %.2f | - | - |\n", 1e3 * sampling / steps);
+      (void)phases, (void)step_ms;
+      std::printf(" - | - | - | - | %.2f | - | - |\n", 1e3 * sampling / timed_steps);
 #endif
       std::fflush(stdout);
     }

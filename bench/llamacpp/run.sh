@@ -20,6 +20,7 @@ fi
 cd "$(dirname "$0")/../.."
 rounds=${1:-5}
 contexts=${2:-512,2048,8192}
+decode=256  # timed decode tokens per row, each engine (docs/results/bench_method.md)
 model=models/tiny-qwen3
 dir=build/llamacpp
 version=3.22.1  # @node-llama-cpp/linux-x64, the binaries of node-llama-cpp 3.22.1
@@ -43,10 +44,13 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 out="$dir/rounds.md"
 : > "$out"
 for r in $(seq 1 "$rounds"); do
+  # One repetition a round (the rounds are the repetitions), after bench_model's warm-up steps;
+  # llamacpp_decode has no warm-up.
   ./build/bench/bench_model --model "$model" --modes bf16,oscar --contexts "$contexts" \
-    --decode-tokens 32 2>/dev/null | grep '^| \(bf16\|oscar\) ' | sed "s/^/round $r /" | tee -a "$out"
+    --decode-tokens "$decode" --reps 1 2>/dev/null | grep '^| \(bf16\|oscar\) ' |
+    sed "s/^/round $r /" | tee -a "$out"
   for fa in auto off; do
-    "$dir/llamacpp_decode" "$gguf" "$model/data/dev_eval.txt" "$libs" "$contexts" 32 \
+    "$dir/llamacpp_decode" "$gguf" "$model/data/dev_eval.txt" "$libs" "$contexts" "$decode" \
       "$OMP_NUM_THREADS" "$fa" 2>/dev/null | grep '^| llama' | sed "s/^/round $r /" | tee -a "$out"
   done
 done
