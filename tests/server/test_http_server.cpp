@@ -777,8 +777,13 @@ TEST_F(HttpServerTest, ConnectionCapKeepsHealthAnswerableWhenEveryConnectionIsBu
   // Eight silent probe connections take the reserve; the next connection gets 503 at once.
   std::vector<std::unique_ptr<Client>> silent;
   for (int i = 0; i < 8; ++i) silent.push_back(std::make_unique<Client>(server_->port()));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  Reply r = get("/health");
+  // Once the server has taken the eight in (under a loaded CI machine, more than 100 ms: a fixed
+  // sleep failed there), a probe is refused; a probe answered before that closes after its answer.
+  Reply r;
+  EXPECT_TRUE(wait_until([&] {
+    r = get("/health");
+    return r.status == 503;
+  }));
   EXPECT_EQ(r.status, 503);
   EXPECT_EQ(json::parse(r.body)["error"]["code"], "too_many_connections");
   EXPECT_GE(server_->counters().connections_rejected, 1u);
