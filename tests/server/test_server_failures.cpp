@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "engine/scheduler.h"
+#include "raw_http.h"
 #include "server/http_server.h"
 
 namespace oscar::server {
@@ -33,26 +34,7 @@ using json = nlohmann::json;
 
 // POSTs `body` to `path` and returns the raw response (status line, headers, body).
 std::string post(uint16_t port, const std::string& path, const std::string& body) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{120, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string req = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                          "Content-Type: application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body;
-  (void)!write(fd, req.data(), req.size());
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
-  close(fd);
-  return out;
+  return test::raw_post(port, path, body);
 }
 
 // The concatenated text of an SSE completion stream, and whether it carried an error event.
@@ -72,8 +54,7 @@ Stream parse_sse(const std::string& raw) {
     }
     const json j = json::parse(data, nullptr, false);
     if (j.contains("error")) s.error = j["error"].value("message", "?");
-    if (j.contains("choices") && !j["choices"].empty())
-      s.text += j["choices"][0].value("text", "");
+    if (j.contains("choices") && !j["choices"].empty()) s.text += j["choices"][0].value("text", "");
   }
   return s;
 }
@@ -86,12 +67,12 @@ TEST(ServerFailures, NonFiniteKvFailsOnlyItsRequest) {
   auto rt = engine::Runtime::create(o);
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
   const int32_t poison = rt.value()->model().config().vocab_size - 3;
-  ASSERT_TRUE(rt.value()
-                  ->model()
-                  .set_embedding_row(poison, std::vector<float>(
-                                                 rt.value()->model().config().hidden_size,
-                                                 std::nanf("")))
-                  .ok());
+  ASSERT_TRUE(
+      rt.value()
+          ->model()
+          .set_embedding_row(
+              poison, std::vector<float>(rt.value()->model().config().hidden_size, std::nanf("")))
+          .ok());
   engine::SchedulerOptions so;
   so.prefix_cache = false;
   auto sched = engine::Scheduler::create(std::move(rt).value(), so);
@@ -109,15 +90,18 @@ TEST(ServerFailures, NonFiniteKvFailsOnlyItsRequest) {
   std::vector<int32_t> bad = good;
   bad[100] = poison;  // its page is demoted during the prefill: the history refuses it
   auto body = [](const std::vector<int32_t>& ids, bool stream) {
-    return json{{"model", "tiny-qwen3"}, {"prompt", ids}, {"max_tokens", 24},
-                {"temperature", 0}, {"stream", stream}}
+    return json{{"model", "tiny-qwen3"},
+                {"prompt", ids},
+                {"max_tokens", 24},
+                {"temperature", 0},
+                {"stream", stream}}
         .dump();
   };
   const Stream alone = parse_sse(post(server.port(), "/v1/completions", body(good, true)));
   ASSERT_TRUE(alone.done && alone.error.empty() && !alone.text.empty());
 
-  auto f_good = std::async(std::launch::async,
-                           [&] { return post(server.port(), "/v1/completions", body(good, true)); });
+  auto f_good = std::async(
+      std::launch::async, [&] { return post(server.port(), "/v1/completions", body(good, true)); });
   auto f_bad_stream = std::async(
       std::launch::async, [&] { return post(server.port(), "/v1/completions", body(bad, true)); });
   auto f_bad = std::async(std::launch::async,

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/scheduler.h"
+#include "raw_http.h"
 #include "server/http_server.h"
 
 namespace oscar::server {
@@ -29,32 +30,11 @@ namespace {
 
 using json = nlohmann::json;
 
-// Sends a raw request and returns the raw response (status line, headers, body).
 std::string roundtrip(uint16_t port, const std::string& request) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{120, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  (void)!write(fd, request.data(), request.size());
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
-  close(fd);
-  return out;
+  return test::raw_roundtrip(port, request);
 }
-
 std::string post(uint16_t port, const std::string& path, const std::string& body) {
-  return roundtrip(port, "POST " + path +
-                             " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                             "Content-Type: application/json\r\nContent-Length: " +
-                             std::to_string(body.size()) + "\r\n\r\n" + body);
+  return test::raw_post(port, path, body);
 }
 
 // /metrics as {sample name + labels: value}; fails the test on a line that is not Prometheus
