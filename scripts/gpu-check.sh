@@ -238,6 +238,24 @@ PY
       done
       grep -E "== ncu|decode_attn_kernel|combine_kernel|Duration|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occupancy|Issued Warp|No Eligible|inst_executed|dram__bytes|issue_stalled|pipe_tensor|Pipe" "$OUT/ncu.txt" | awk '$NF+0 > 0.05 || /==|kernel|Duration|DRAM|inst|Issued|Eligible|Occupancy|Registers|pipe/' | cut -c1-150 | head -150
       ;;
+    ncu-prefill)
+      # The prefill kernel under Nsight Compute, one launch per (case, path) of
+      # bench_prefill_attn_cuda (NCU_PREFILL: "case:path ...", cases in its table's order).
+      M=smsp__inst_executed.sum,smsp__cycles_active.avg,sm__inst_executed_pipe_alu.sum,sm__inst_executed_pipe_fma.sum,sm__inst_executed_pipe_lsu.sum,sm__inst_executed_pipe_xu.sum
+      for r in long_scoreboard short_scoreboard wait barrier math_pipe_throttle mio_throttle lg_throttle not_selected selected dispatch_stall no_instruction branch_resolving misc; do
+        M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
+      done
+      for cp in ${NCU_PREFILL:-2:auto 3:auto}; do
+        echo "== ncu prefill case ${cp%%:*} path ${cp##*:}" | tee -a "$OUT/ncu_prefill.txt"
+        ncu --clock-control none --kernel-name regex:"prefill_attn" --launch-skip 2 --launch-count 1 \
+          --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \
+          --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats \
+          --section SourceCounters --metrics "$M" "$G/bench_prefill_attn_cuda" --case ${cp%%:*} \
+          --path ${cp##*:} --iters 1 >> "$OUT/ncu_prefill.txt" 2>&1
+        echo "rc=$? ($(( $(date +%s) - t0 )) s)"
+      done
+      grep -E "== ncu|Duration|Throughput|Registers|Achieved Occupancy|Issued Warp|No Eligible|Eligible Warps|issue_stalled|Pipe|inst_executed|L1/TEX Hit|L2 Hit|Shared Memory|Bank" "$OUT/ncu_prefill.txt" | cut -c1-150 | head -120
+      ;;
   esac
 done
 

@@ -7,15 +7,17 @@
 //   extend: a chunk of 8K after a 24K prefix, 32 x 64 after 16K each (the shared-prefix load
 //     test's shape), 512 after 8K, 4 x 256 after 4K, 1024 after 32K, each with the prefix in BF16
 //     pages and as INT2 history (64 sinks, the last 64 prefix tokens and the chunk in recent pages).
-// Paths: kAuto (the tiled kernel on wgmma, for this serving reading), kTiledMma (the same on
-// mma.sync) and, where it takes under ~20 TFLOP (it runs ~40 TFLOP/s), kStaged (the previous
+// Paths: kAuto (the warp-specialised kernel, for this serving reading), kTiledWgmma and kTiledMma
+// (the tiled kernel on wgmma / mma.sync) and, where it takes under ~20 TFLOP (it runs ~40 TFLOP/s), kStaged (the previous
 // tensor-core kernel). Pages shuffled, contents random
 // (valid fp16 metadata). Timing: CUDA events around one call, the L2 flushed before each call by
 // reading 256 MiB; 2 warm-up calls, median of --iters (default 5). Reported: causal attention
 // flops (4·d·n_heads_q per (query, visible key) pair = torch_prefill.py's 2·N²·d·Hq for a whole
 // prompt) / time, and the kernel's speed-up over kStaged.
 //
-// Run: bench_prefill_attn_cuda [--iters n] [--quick]   (--quick: the cases up to 32K only)
+// Run: bench_prefill_attn_cuda [--iters n] [--quick] [--case i] [--path staged|mma|wgmma|auto]
+//   --quick: the cases up to 32K only; --case / --path: one case (0-based, in the table's order)
+//   or one path only, e.g. to profile a single kernel under ncu.
 // Not Google Benchmark: a plain program, so that one device call prints one table.
 #include <cuda_runtime.h>
 
@@ -56,13 +58,21 @@ T* upload(const std::vector<T>& v) {
 int main(int argc, char** argv) {
   int iters = 5;
   bool quick = false;
+  int only_case = -1;
+  const char* only_path = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
       iters = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--quick"))
       quick = true;
+    else if (!std::strcmp(argv[i], "--case") && i + 1 < argc)
+      only_case = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--path") && i + 1 < argc)
+      only_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--iters n] [--quick]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--iters n] [--quick] [--case i] [--path staged|mma|wgmma|auto]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -104,7 +114,9 @@ int main(int argc, char** argv) {
   std::printf(
       "\n| batch | prefix | chunk | prefix as | path | median us | p10 | p90 | TFLOP/s | vs staged |\n"
       "|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const BenchCase& bc : cases) {
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    if (only_case >= 0 && static_cast<size_t>(only_case) != ci) continue;
+    const BenchCase& bc = cases[ci];
     const bool int2 = bc.int2;
     const int64_t hist = int2 ? bc.prefix - kSink - kRecentExtra : 0;
     std::vector<int32_t> indptr[3], ids[3], last[3], cu = {0};
@@ -190,10 +202,16 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&out, q.size() * sizeof(float)));
     p.out = out;
     double staged_us = 0;
-    for (PrefillAttnCudaPath path : {PrefillAttnCudaPath::kStaged, PrefillAttnCudaPath::kTiledMma,
-                                     PrefillAttnCudaPath::kAuto}) {
+    for (PrefillAttnCudaPath path :
+         {PrefillAttnCudaPath::kStaged, PrefillAttnCudaPath::kTiledMma,
+          PrefillAttnCudaPath::kTiledWgmma, PrefillAttnCudaPath::kAuto}) {
       const bool staged = path == PrefillAttnCudaPath::kStaged;
-      if (staged && flops > 2e13) continue;
+      const char* path_name = staged                                      ? "staged"
+                              : path == PrefillAttnCudaPath::kTiledMma   ? "mma"
+                              : path == PrefillAttnCudaPath::kTiledWgmma ? "wgmma"
+                                                                          : "auto";
+      if (only_path != nullptr ? std::strcmp(only_path, path_name) != 0 : staged && flops > 2e13)
+        continue;
       std::vector<double> ts;
       const auto call = [&] {
         const Status st = prefill_attn_cuda_ex(p, path, stream);
@@ -208,9 +226,10 @@ int main(int argc, char** argv) {
       std::printf("| %d | %lld | %lld | %s | %s | %.1f | %.1f | %.1f | %.1f | %s |\n", bc.batch,
                   static_cast<long long>(bc.prefix), static_cast<long long>(bc.chunk),
                   int2 ? "int2" : "bf16",
-                  staged                                     ? "staged"
-                  : path == PrefillAttnCudaPath::kTiledMma ? "tiled mma.sync"
-                                                             : "tiled wgmma",
+                  staged                                       ? "staged"
+                  : path == PrefillAttnCudaPath::kTiledMma   ? "tiled mma.sync"
+                  : path == PrefillAttnCudaPath::kTiledWgmma ? "tiled wgmma"
+                                                               : "warp-specialised",
                   med, pct(ts, 0.1),
                   pct(ts, 0.9), flops / (med * 1e-6) / 1e12, ratio);
       std::fflush(stdout);

@@ -106,6 +106,15 @@ OSCAR_HD constexpr uint32_t int2_word_code(uint32_t word, int x, int k) {
   return (word >> (8 * x + 2 * k)) & 3u;
 }
 
+// Byte-permutation selector of run k of a code word (how the CUDA prefill kernels unpack): with a
+// group's four levels as BF16 at bytes 2q, 2q + 1 of an 8-byte pair {lo, hi}, __byte_perm(lo, hi,
+// sel) is elements 0 and 1 of the run as a BF16 pair, and __byte_perm(lo, hi, sel >> 16) elements
+// 2 and 3. Byte x of (word >> 2k) & 0x03030303 is element x's code q, and q·0x22 + 0x10 is the
+// selector byte of nibbles 2q, 2q + 1 (no carries: q·0x22 + 0x10 <= 0x76).
+OSCAR_HD constexpr uint32_t int2_run_perm_selector(uint32_t word, int k) {
+  return ((word >> (2 * k)) & 0x03030303u) * 0x22u + 0x10101010u;
+}
+
 // Bits per element of the quantized region alone (codes + metadata), e.g. 2.25 for G = 128.
 OSCAR_HD constexpr double int2_bits_per_element(int head_dim, int group_size) {
   return 8.0 * int2_row_bytes(head_dim, group_size) / head_dim;

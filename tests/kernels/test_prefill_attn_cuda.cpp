@@ -275,13 +275,15 @@ void run_case(const Case& c) {
   upload(h, dv);
   ASSERT_NE(dv.out, nullptr);
   std::vector<float> got(h.q.size());
-  for (PrefillAttnCudaPath path : {PrefillAttnCudaPath::kAuto, PrefillAttnCudaPath::kTiledMma,
-                                   PrefillAttnCudaPath::kStaged, PrefillAttnCudaPath::kSimt}) {
+  for (PrefillAttnCudaPath path :
+       {PrefillAttnCudaPath::kAuto, PrefillAttnCudaPath::kTiledWgmma,
+        PrefillAttnCudaPath::kTiledMma, PrefillAttnCudaPath::kStaged, PrefillAttnCudaPath::kSimt}) {
     const bool mma = path != PrefillAttnCudaPath::kSimt;
-    const char* what = path == PrefillAttnCudaPath::kAuto       ? "auto"
-                       : path == PrefillAttnCudaPath::kTiledMma ? "tmma"
-                       : mma                                    ? "stgd"
-                                                                : "simt";
+    const char* what = path == PrefillAttnCudaPath::kAuto         ? "auto"
+                       : path == PrefillAttnCudaPath::kTiledWgmma ? "twg"
+                       : path == PrefillAttnCudaPath::kTiledMma   ? "tmma"
+                       : mma                                      ? "stgd"
+                                                                  : "simt";
     CUDA_OK(cudaMemset(dv.out, 0xFF, got.size() * sizeof(float)));
     const Status st = prefill_attn_cuda_ex(dv.params, path, nullptr);
     ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();

@@ -112,6 +112,33 @@ TEST(Int2Layout, WordReadingMatchesTheElementDefinition) {
     }
 }
 
+// The CUDA kernels' unpacking by byte permutation (int2_run_perm_selector) picks each element's
+// level, checked with a plain emulation of PTX prmt / __byte_perm (default mode).
+TEST(Int2Layout, PermutationSelectorPicksEachElementsLevel) {
+  const auto byte_perm = [](uint32_t lo, uint32_t hi, uint32_t sel) {
+    const uint64_t bytes = (static_cast<uint64_t>(hi) << 32) | lo;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((bytes >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+    return r;
+  };
+  std::mt19937 rng(78);
+  // Four distinct 16-bit "levels": level q at bytes 2q, 2q + 1.
+  const uint16_t level[4] = {0x3f80, 0xc0a1, 0x1234, 0xfedc};
+  const uint32_t lo = level[0] | (static_cast<uint32_t>(level[1]) << 16);
+  const uint32_t hi = level[2] | (static_cast<uint32_t>(level[3]) << 16);
+  for (int trial = 0; trial < 1000; ++trial) {
+    const uint32_t word = static_cast<uint32_t>(rng());
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t sel = int2_run_perm_selector(word, k);
+      ASSERT_EQ(sel & 0x88888888u, 0u);  // no sign-replicating nibble
+      const uint32_t pair[2] = {byte_perm(lo, hi, sel), byte_perm(lo, hi, sel >> 16)};
+      for (int x = 0; x < 4; ++x)
+        ASSERT_EQ((pair[x / 2] >> (16 * (x % 2))) & 0xFFFF, level[int2_word_code(word, x, k)])
+            << "word " << word << " run " << k << " element " << x;
+    }
+  }
+}
+
 TEST(ClipThreshold, MatchesNumpyLinearQuantile) {
   // numpy.quantile(|x|, q) with the default 'linear' method.
   std::vector<float> x = {-10, 9, -8, 7, 6, -5, 4, 3, -2, 1};

@@ -17,11 +17,12 @@
 // gqa in FP32), the tile's rows being its queries × the KV head's gqa query heads, so each K/V
 // byte is read once per group.
 // The host knows neither the chunk sizes nor the sequence lengths (device memory; no host sync),
-// so the grid is one wave of resident blocks per KV head and each block walks the items
-// (item b, b + gridDim.x, ...; a sequence's tiles are numbered last-first, so the long ones
+// so the grid is one wave of resident blocks and each block walks (item, KV head) pairs
+// (find_work: b, b + gridDim.x, ...; a sequence's tiles are numbered last-first, so the long ones
 // start first); the block finds its item's sequence by scanning cu_seqlens.
-// Serving prefill (kAuto) runs the tiled kernel of prefill_attn_tc.cu (cp.async double-buffered
-// tiles, history dequantized once per tile, wgmma). This file holds the two earlier kernels over the
+// Serving prefill (kAuto) runs the warp-specialised kernel of prefill_attn_ws.cu at head_dim 128
+// on sm_90a, else the tiled kernel of prefill_attn_tc.cu (cp.async double-buffered tiles, history
+// dequantized once per tile, wgmma or mma.sync). This file holds the two earlier kernels over the
 // same items (prefill_items.cuh: key addressing and history unpacking, cuda_detail::dequant_element:
 // uniform or Lloyd-Max INT2, the bit plan's 4-, 3- and 1-bit rows), which the decode-equivalent
 // reading still uses and tests compare against:
@@ -41,6 +42,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "kernels/cuda/common.cuh"
@@ -83,17 +86,17 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
   float* Ks = Qs + kRowsM * LQ;  // [kKeys][LK]
   float* Vs = Ks + kKeys * LK;   // [kKeys][LV]
   float* Ps = Vs + kKeys * LV;   // [kRowsM][LP]
-  const int kvh = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int tr = tid >> 3;  // rows 4tr .. 4tr+3 (S and PV)
   const int tk = tid & 7;   // keys tk + 8c (S), dims tk + 8jj (PV)
   const int M = a.qt * a.gqa;
-  const Planes pl = make_planes(a, kvh, D);
 
 #pragma unroll 1
-  for (int item = blockIdx.x;; item += gridDim.x) {
+  for (int w = blockIdx.x;; w += gridDim.x) {
     Item it;
-    if (!find_item(a, item, it)) break;
+    int kvh;
+    if (!find_work(a, w, it, kvh)) break;
+    const Planes pl = make_planes(a, kvh, D);
     const int nqt = it.nqt;
     const int64_t kend = it.kend, row0 = it.row0;
 
@@ -311,17 +314,17 @@ __global__ void __launch_bounds__(kMmaThreads)
   static_assert(kKeysT % (kMmaWarps * kKeysPerIter) == 0);
   __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kKeysT][LKS]
   __nv_bfloat16* Vt = Ks + kKeysT * LKS;                           // [D][LVT]
-  const int kvh = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int sub = lane / kLanesPerKey, chunk = lane % kLanesPerKey;
   const int M = a.qt * a.gqa;
-  const Planes pl = make_planes(a, kvh, D);
 
 #pragma unroll 1
-  for (int item = blockIdx.x;; item += gridDim.x) {
+  for (int w = blockIdx.x;; w += gridDim.x) {
     Item it;
-    if (!find_item(a, item, it)) break;
+    int kvh;
+    if (!find_work(a, w, it, kvh)) break;
+    const Planes pl = make_planes(a, kvh, D);
     const int64_t kend = it.kend;
 
     // This lane's rows: r = 0 -> row 16w + g, r = 1 -> row 16w + g + 8.
@@ -494,6 +497,9 @@ __global__ void __launch_bounds__(kMmaThreads)
 struct DeviceFacts {
   int sms = 0;
   bool wgmma = false;  // compute capability 9.0 (this library's sm_90a code)
+  // The warp-specialised kernel for serving prefill at head_dim 128 (OSCAR_PREFILL_WS=0: the tiled
+  // one instead, to compare the two inside the whole model).
+  bool ws = true;
   int blocks[2][2] = {{0, 0}, {0, 0}};
 };
 
@@ -505,6 +511,8 @@ Status device_facts(DeviceFacts* out) {
     OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     f->wgmma = major == 9 && minor == 0;
+    const char* ws = std::getenv("OSCAR_PREFILL_WS");
+    f->ws = f->wgmma && !(ws != nullptr && std::strcmp(ws, "0") == 0);
     OSCAR_RETURN_IF_ERROR(kernel_resident_blocks(prefill_attn_kernel<64>, kThreads,
                                                  smem_bytes<64>(), &f->blocks[0][0]));
     OSCAR_RETURN_IF_ERROR(kernel_resident_blocks(prefill_attn_kernel<128>, kThreads,
@@ -649,17 +657,23 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
     OSCAR_RETURN_IF_ERROR(cuda_detail::prefill_deq_rows_cuda(p, deq, a.cap_rows, stream));
   }
 
-  // Serving prefill: the tiled kernel (prefill_attn_tc.cu), on wgmma where the device has it.
-  if ((path == PrefillAttnCudaPath::kAuto || path == PrefillAttnCudaPath::kTiledMma) && a.de == 0)
-    return prefill_attn_tc_launch(a, L.head_dim, L.n_heads_kv,
-                                  path == PrefillAttnCudaPath::kAuto && facts.wgmma, stream);
+  // Serving prefill: the warp-specialised kernel (prefill_attn_ws.cu) over BF16 caches at head_dim
+  // 128 on sm_90a, else the tiled one (prefill_attn_tc.cu), on wgmma where the device has it. Over
+  // quantized history the tiled kernel is faster (all eight warps unpack; the warp-specialised
+  // one has one producer warpgroup: 162-176 against 121-137 TFLOP/s on the H200, 2026-12-03).
+  if (a.de == 0) {
+    if (path == PrefillAttnCudaPath::kAuto && facts.ws && L.head_dim == 128 && !p.quantized)
+      return prefill_attn_ws_launch(a, L.head_dim, stream);
+    if (path == PrefillAttnCudaPath::kAuto || path == PrefillAttnCudaPath::kTiledMma ||
+        path == PrefillAttnCudaPath::kTiledWgmma)
+      return prefill_attn_tc_launch(a, L.head_dim,
+                                    path != PrefillAttnCudaPath::kTiledMma && facts.wgmma, stream);
+  }
 
-  // One wave of resident blocks over all KV heads; each block walks its items.
+  // One wave of resident blocks; each block walks its (item, KV head) pairs.
   const bool d64 = L.head_dim == 64;
   const int per_sm = facts.blocks[mma ? 1 : 0][d64 ? 0 : 1];
-  const int gx = std::max(1, (facts.sms * per_sm + L.n_heads_kv - 1) / L.n_heads_kv);
-  if (L.n_heads_kv > 65535) return invalid_argument("prefill_attn_cuda: too many KV heads");
-  const dim3 grid(gx, L.n_heads_kv);
+  const dim3 grid(std::max(1, facts.sms * per_sm));
   if (mma) {
     if (d64)
       prefill_attn_mma_kernel<64><<<grid, kMmaThreads, mma_smem_bytes<64>(), stream>>>(a);

@@ -34,6 +34,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/hist_row.cuh"
 #include "kernels/cuda/prefill_items.cuh"
+#include "kernels/cuda/prefill_tile.cuh"
 #include "kernels/cuda/wgmma.cuh"
 #include "quant/int2_layout.h"
 
@@ -46,202 +47,17 @@ constexpr int kTcThreads = 32 * kTcWarps;
 constexpr int kTcKeys = 64;  // keys per tile
 
 template <int D>
-struct TcShape {
-  // A K or V tile: [kTcKeys keys][D] BF16 in the 128-byte swizzled layout (wgmma.cuh), as D / 64
-  // atoms of [kTcKeys][64] one after another: the layout wgmma reads K from (K-major) and V from
-  // (MN-major), and ldmatrix reads without bank conflicts.
-  static constexpr int kAtomBytes = kTcKeys * 128;
-  static constexpr int kTileBytes = kTcKeys * D * 2;
-  static constexpr size_t kSmemBytes = 2 * 2 * kTileBytes + 1024;  // 2 stages x (K, V), aligned
-  static constexpr int kChunks = D / 8;                  // 16-byte chunks of a BF16 row
-  static constexpr int kExactPerThread = 2 * kTcKeys * kChunks / kTcThreads;
-  static constexpr int kUnits = D / 16;                  // 16-value units of a row
-  static constexpr int kHistPerThread = 2 * kTcKeys * kUnits / kTcThreads;
-  // Each of K and V takes whole rounds of the block's threads (so a round's kv is known).
-  static_assert(kTcKeys * kChunks % kTcThreads == 0 && kTcKeys * kUnits % kTcThreads == 0);
-  static_assert(D % 64 == 0);
+struct TcShape : TileShape<D, kTcKeys> {
+  static constexpr size_t kSmemBytes = 2 * 2 * TileShape<D, kTcKeys>::kTileBytes + 1024;  // 2 stages x (K, V), aligned
 };
 
-// Byte offset of value e (a multiple of 4) of key row r inside a tile.
 template <int D>
 __device__ __forceinline__ uint32_t tile_off(int r, int e) {
-  const int c = (e >> 3) & 7;
-  return (e >> 6) * TcShape<D>::kAtomBytes + r * 128 + ((c ^ (r & 7)) << 4) + (e & 7) * 2;
+  return sw128_off(r, e, TcShape<D>::kAtomBytes);
 }
 
-__device__ __forceinline__ bool tile_has_hist(const Item& it, int64_t k0) {
-  return it.hist_end > it.n_sink_tok && k0 < it.hist_end && k0 + kTcKeys > it.n_sink_tok;
-}
-
-// A sequence's page lists for one item, and 32-bit key arithmetic: a 64-bit division or
-// remainder is a software routine of ~100 instructions, which per 16-byte copy cost more than
-// the MMAs (measured: the tiled kernel ran at 70-76 TFLOP/s with key_rows per copy).
-struct SeqPages {
-  const int32_t* sink;
-  const int32_t* hist;
-  const int32_t* recent;
-  int n_sink_tok, hist_end, kend;
-};
-
-__device__ __forceinline__ SeqPages seq_pages(const Args& a, const Item& it) {
-  SeqPages sp;
-  sp.sink = a.sinks.page_ids + a.sinks.indptr[it.seq];
-  sp.hist = a.history.page_ids + a.history.indptr[it.seq];
-  sp.recent = a.recent.page_ids + a.recent.indptr[it.seq];
-  sp.n_sink_tok = static_cast<int>(it.n_sink_tok);
-  sp.hist_end = static_cast<int>(it.hist_end);
-  sp.kend = static_cast<int>(it.kend);
-  return sp;
-}
-
-// Token t's page (index into a page list) and slot; a.page_shift >= 0: the page size is 2^shift.
-__device__ __forceinline__ void page_slot(const Args& a, int t, int& page, int& slot) {
-  if (a.page_shift >= 0) {
-    page = t >> a.page_shift;
-    slot = t & ((1 << a.page_shift) - 1);
-  } else {
-    page = t / a.page_size;
-    slot = t - page * a.page_size;
-  }
-}
-
-// Key j's exact row (BF16 sink or recent; plane offset not added).
 template <int D>
-__device__ __forceinline__ const uint8_t* exact_row(const Args& a, const SeqPages& sp, int j) {
-  const bool sink = j < sp.n_sink_tok;
-  int page, slot;
-  page_slot(a, sink ? j : j - sp.hist_end, page, slot);
-  const int id = (sink ? sp.sink : sp.recent)[page];
-  return a.exact_pool + static_cast<uint64_t>(id) * a.exact_page_bytes +
-         static_cast<uint32_t>(slot * D * 2);
-}
-
-// Key j's history page base and slot.
-__device__ __forceinline__ const uint8_t* hist_page(const Args& a, const Planes& pl,
-                                                    const SeqPages& sp, int j, int& slot) {
-  int page;
-  page_slot(a, j - sp.n_sink_tok, page, slot);
-  return a.hist_pool + static_cast<uint64_t>(sp.hist[page]) * pl.hpb;
-}
-
-__device__ __forceinline__ bool key_is_hist(const SeqPages& sp, int j) {
-  return j >= sp.n_sink_tok && j < sp.hist_end;
-}
-
-// cp.async of the tile's BF16 rows (keys past kend zero-filled; history rows left alone): thread
-// copies 16-byte chunk c of its keys' K and V rows, one row lookup per key.
-template <int D>
-__device__ __forceinline__ void load_exact(const Args& a, const Planes& pl, const SeqPages& sp,
-                                           int k0, bool hist, uint32_t ks, uint32_t vs) {
-  using S = TcShape<D>;
-  constexpr int kRounds = S::kExactPerThread / 2, kKeysPerRound = kTcThreads / S::kChunks;
-  const int c = threadIdx.x % S::kChunks;
-#pragma unroll
-  for (int r = 0; r < kRounds; ++r) {
-    const int kk = threadIdx.x / S::kChunks + r * kKeysPerRound, j = k0 + kk;
-    const uint32_t off = tile_off<D>(kk, 8 * c);
-    if (j >= sp.kend) {
-      oscar::cuda::cp_async16(ks + off, a.exact_pool, false);
-      oscar::cuda::cp_async16(vs + off, a.exact_pool, false);
-    } else if (!(hist && key_is_hist(sp, j))) {
-      const uint8_t* row = exact_row<D>(a, sp, j) + 16 * c;
-      oscar::cuda::cp_async16(ks + off, row + pl.eplane[0], true);
-      oscar::cuda::cp_async16(vs + off, row + pl.eplane[1], true);
-    }
-  }
-}
-
-// A thread's history units of a tile: round r covers key kk(r) and unit u = thread % (D / 16):
-// the 32-bit code word u of a 2-bit row (16 values), or values 16u .. 16u+15 of another width;
-// [r][0] K, [r][1] V.
-template <int D>
-struct HistUnits {
-  static constexpr int kRounds = TcShape<D>::kHistPerThread / 2;
-  static constexpr int kKeysPerRound = kTcThreads / TcShape<D>::kUnits;
-  uint32_t code[kRounds][2];
-  uint32_t meta[kRounds][2];
-};
-
-// Loads the 2-bit units' code words and group metadata (issued before the current tile's MMAs,
-// consumed after them).
-template <int D>
-__device__ __forceinline__ void hist_prefetch(const Args& a, const Planes& pl, const SeqPages& sp,
-                                              int k0, HistUnits<D>& h) {
-  using H = HistUnits<D>;
-  const int u = threadIdx.x % TcShape<D>::kUnits;
-  const int gi = quant::int2_word_group(u, a.group_size);
-#pragma unroll
-  for (int r = 0; r < H::kRounds; ++r) {
-    const int j = k0 + threadIdx.x / TcShape<D>::kUnits + r * H::kKeysPerRound;
-    h.code[r][0] = h.code[r][1] = h.meta[r][0] = h.meta[r][1] = 0;
-    if (j >= sp.kend || !key_is_hist(sp, j)) continue;
-    int slot;
-    const uint8_t* pg = hist_page(a, pl, sp, j, slot);
-#pragma unroll
-    for (int kv = 0; kv < 2; ++kv) {
-      if (pl.hbits[kv] != 2) continue;
-      const uint8_t* row = pg + pl.hoff[kv] + static_cast<uint32_t>(slot * pl.hrb[kv]);
-      h.code[r][kv] = *reinterpret_cast<const uint32_t*>(row + 4 * u);
-      h.meta[r][kv] = *reinterpret_cast<const uint32_t*>(row + quant::int2_group_meta_offset(D, gi));
-    }
-  }
-}
-
-// Writes the tile's history rows as BF16: 2-bit units from the prefetched words, other widths
-// element by element from global memory.
-template <int D>
-__device__ __forceinline__ void hist_store(const Args& a, const Planes& pl, const SeqPages& sp,
-                                           int k0, const HistUnits<D>& h, uint8_t* ks,
-                                           uint8_t* vs) {
-  using H = HistUnits<D>;
-  const int G = a.group_size;
-  const int u = threadIdx.x % TcShape<D>::kUnits;
-  // Word u = code bytes 4u .. 4u+3 of the row: four runs of four values (quant/int2_layout.h).
-#pragma unroll
-  for (int r = 0; r < H::kRounds; ++r) {
-    const int kk = threadIdx.x / TcShape<D>::kUnits + r * H::kKeysPerRound, j = k0 + kk;
-    if (j >= sp.kend || !key_is_hist(sp, j)) continue;
-#pragma unroll
-    for (int kv = 0; kv < 2; ++kv) {
-      uint8_t* dst = kv ? vs : ks;
-      if (pl.hbits[kv] == 2) {
-        const float sc = cuda_detail::fp16_bits_to_f32(h.meta[r][kv]);
-        const float mn = cuda_detail::fp16_bits_to_f32(h.meta[r][kv] >> 16);
-        float lv[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q)  // min + q·scale, or μ + level[q]·σ (Lloyd-Max): one FMA
-          lv[q] = fmaf(a.uniform ? static_cast<float>(q) : a.lloyd[q], sc, mn);
-        const uint32_t w = h.code[r][kv];
-#pragma unroll
-        for (int qq = 0; qq < 4; ++qq) {
-          float v[4];
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            const uint32_t q = quant::int2_word_code(w, x, qq);
-            v[x] = q & 2u ? (q & 1u ? lv[3] : lv[2]) : (q & 1u ? lv[1] : lv[0]);
-          }
-          *reinterpret_cast<uint2*>(dst + tile_off<D>(kk, quant::int2_word_element(u, G, qq))) =
-              make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
-        }
-      } else {
-        int slot;
-        const uint8_t* pg = hist_page(a, pl, sp, j, slot);
-        const uint8_t* row = pg + pl.hoff[kv] + static_cast<uint32_t>(slot * pl.hrb[kv]);
-        uint32_t p[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          p[e] = pack_bf16(cuda_detail::dequant_element(row, 16 * u + 2 * e, D, G, pl.hbits[kv],
-                                                        a.uniform, a.lloyd),
-                           cuda_detail::dequant_element(row, 16 * u + 2 * e + 1, D, G,
-                                                        pl.hbits[kv], a.uniform, a.lloyd));
-        *reinterpret_cast<uint4*>(dst + tile_off<D>(kk, 16 * u)) =
-            make_uint4(p[0], p[1], p[2], p[3]);
-        *reinterpret_cast<uint4*>(dst + tile_off<D>(kk, 16 * u + 8)) =
-            make_uint4(p[4], p[5], p[6], p[7]);
-      }
-    }
-  }
-}
+using TcHist = HistUnits<D, kTcKeys, kTcThreads>;
 
 // S = Q·Kᵀ of a warp's 16 rows over the tile's 64 keys (log2 units): s[nb] = keys 8nb .. 8nb+7.
 // kWg: one warpgroup-wide wgmma per 16 dims (K from shared memory through a descriptor); else
@@ -332,16 +148,16 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   const uint32_t raw_addr = oscar::cuda::smem_addr(smem_raw);
   uint8_t* tiles = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
   const uint32_t tiles_addr = oscar::cuda::smem_addr(tiles);
-  const int kvh = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int M = a.qt * a.gqa;
-  const Planes pl = make_planes(a, kvh, D);
 
 #pragma unroll 1
-  for (int item = blockIdx.x;; item += gridDim.x) {
+  for (int w = blockIdx.x;; w += gridDim.x) {
     Item it;
-    if (!find_item(a, item, it)) break;
+    int kvh;
+    if (!find_work(a, w, it, kvh)) break;
+    const Planes pl = make_planes(a, kvh, D);
     const int64_t kend = it.kend;
     const int64_t first_pos = it.p0 + it.q0;  // the item's smallest query position
 
@@ -382,13 +198,16 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     const SeqPages sp = seq_pages(a, it);
     // Prologue: tile 0 into stage 0.
     {
-      const bool h0 = tile_has_hist(it, 0);
-      load_exact<D>(a, pl, sp, 0, h0, tiles_addr, tiles_addr + S::kTileBytes);
+      const bool h0 = tile_has_hist(it, 0, kTcKeys);
+      load_exact<D, kTcKeys, kTcThreads>(a, pl, sp, 0, h0, tiles_addr,
+                                         tiles_addr + S::kTileBytes, threadIdx.x);
       oscar::cuda::cp_async_commit();
       if (h0) {
-        HistUnits<D> hu;
-        hist_prefetch<D>(a, pl, sp, 0, hu);
-        hist_store<D>(a, pl, sp, 0, hu, tiles, tiles + S::kTileBytes);
+        TcHist<D> hk, hv;
+        hist_prefetch(a, pl, sp, 0, 0, threadIdx.x, hk);
+        hist_prefetch(a, pl, sp, 0, 1, threadIdx.x, hv);
+        hist_store(a, pl, sp, 0, 0, threadIdx.x, hk, tiles);
+        hist_store(a, pl, sp, 0, 1, threadIdx.x, hv, tiles + S::kTileBytes);
       }
     }
 #pragma unroll 1
@@ -399,13 +218,17 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       uint8_t* ks_next = tiles + ((tile + 1) & 1) * 2 * S::kTileBytes;
       const uint32_t ks_next_addr = tiles_addr + ((tile + 1) & 1) * 2 * S::kTileBytes;
       const bool next = tile + 1 < n_tiles;
-      const bool next_hist = next && tile_has_hist(it, k0 + kTcKeys);
-      HistUnits<D> hu;
+      const bool next_hist = next && tile_has_hist(it, k0 + kTcKeys, kTcKeys);
+      TcHist<D> hk, hv;
       if (next) {
-        load_exact<D>(a, pl, sp, static_cast<int>(k0) + kTcKeys, next_hist, ks_next_addr,
-                      ks_next_addr + S::kTileBytes);
+        load_exact<D, kTcKeys, kTcThreads>(a, pl, sp, static_cast<int>(k0) + kTcKeys, next_hist,
+                                           ks_next_addr, ks_next_addr + S::kTileBytes,
+                                           threadIdx.x);
         oscar::cuda::cp_async_commit();
-        if (next_hist) hist_prefetch<D>(a, pl, sp, static_cast<int>(k0) + kTcKeys, hu);
+        if (next_hist) {
+          hist_prefetch(a, pl, sp, static_cast<int>(k0) + kTcKeys, 0, threadIdx.x, hk);
+          hist_prefetch(a, pl, sp, static_cast<int>(k0) + kTcKeys, 1, threadIdx.x, hv);
+        }
         oscar::cuda::cp_async_wait<1>();
       } else {
         oscar::cuda::cp_async_wait<0>();
@@ -463,9 +286,11 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       tile_pv<D, kWg>(pa, vs, o);
       // The next tile's history rows, unpacked now that this tile's MMAs are done (their stage
       // was last read in the previous iteration, before its closing barrier).
-      if (next_hist)
-        hist_store<D>(a, pl, sp, static_cast<int>(k0) + kTcKeys, hu, ks_next,
-                      ks_next + S::kTileBytes);
+      if (next_hist) {
+        hist_store(a, pl, sp, static_cast<int>(k0) + kTcKeys, 0, threadIdx.x, hk, ks_next);
+        hist_store(a, pl, sp, static_cast<int>(k0) + kTcKeys, 1, threadIdx.x, hv,
+                   ks_next + S::kTileBytes);
+      }
       __syncthreads();  // every warp is done with this stage before it is refilled
     }
 
@@ -518,8 +343,7 @@ Status tc_launch(const Args& a, dim3 grid, cudaStream_t stream) {
 
 }  // namespace
 
-Status prefill_attn_tc_launch(const Args& a_in, int head_dim, int n_heads_kv, bool wgmma,
-                              cudaStream_t stream) {
+Status prefill_attn_tc_launch(const Args& a_in, int head_dim, bool wgmma, cudaStream_t stream) {
   if (a_in.de != 0) return internal_error("prefill_attn_tc: serving prefill only");
   if (head_dim != 64 && head_dim != 128)
     return invalid_argument("prefill_attn_tc: head_dim %d (64 or 128)", head_dim);
@@ -532,11 +356,10 @@ Status prefill_attn_tc_launch(const Args& a_in, int head_dim, int n_heads_kv, bo
   a.page_shift = -1;
   for (int sh = 0; sh < 31; ++sh)
     if (a.page_size == 1 << sh) a.page_shift = sh;
-  // One wave of resident blocks over all KV heads; each block walks its head's items.
+  // One wave of resident blocks; each block walks its (item, KV head) pairs.
   if (head_dim == 64) wgmma = false;
   const int per_sm = f.blocks[head_dim == 64 ? 0 : 1][wgmma ? 1 : 0];
-  const int gx = std::max(1, (f.sms * per_sm + n_heads_kv - 1) / n_heads_kv);
-  const dim3 grid(gx, n_heads_kv);
+  const dim3 grid(std::max(1, f.sms * per_sm));
   // head_dim 64 runs on mma.sync: its wgmma variant (one 64-wide atom for V's MN-major operand)
   // disagreed with the CPU on the H200 (test_prefill_attn_cuda, 2026-12-03); not investigated yet.
   if (head_dim == 64) return tc_launch<64, false>(a, grid, stream);

@@ -4,7 +4,8 @@
 // once per group. find_item numbers a sequence's tiles last-first (the long ones start first);
 // key_rows says where key j lives (a BF16 sink or recent row, or a history row). The
 // decode-equivalent helpers (row_deq_end, n_passes, pass_masked, deq_row) serve the staged
-// kernels of prefill_attn.cu; the tiled kernel (prefill_attn_tc.cu) runs serving prefill only.
+// kernels of prefill_attn.cu; the tiled kernels (prefill_attn_tc.cu, prefill_attn_ws.cu) run
+// serving prefill only.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -143,6 +144,14 @@ __device__ __forceinline__ bool find_item(const Args& a, int item, Item& it) {
   return false;
 }
 
+// Work w of a block: item w / n_heads_kv for KV head w % n_heads_kv. Blocks take w = blockIdx.x,
+// + gridDim.x, ..., and the grid is exactly one wave of resident blocks: a partial second wave
+// would start only when the first ends and double the time (136 blocks on 132 SMs did).
+__device__ __forceinline__ bool find_work(const Args& a, int w, Item& it, int& kvh) {
+  kvh = w % a.n_heads_kv;
+  return find_item(a, w / a.n_heads_kv, it);
+}
+
 // Where key j (< kend) of the item lives: its K and V rows, exact (BF16) or history.
 struct KeyRows {
   const uint8_t* k;
@@ -184,8 +193,10 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 // The tiled tensor-core kernel (prefill_attn_tc.cu): serving prefill (a.de == 0), head_dim 64 or
 // 128, any history width; wgmma (sm_90a) or mma.sync. Grid as prefill_attn.cu's kernels (one wave
-// per KV head). Asynchronous on `stream`.
-Status prefill_attn_tc_launch(const Args& a, int head_dim, int n_heads_kv, bool wgmma,
-                              cudaStream_t stream);
+// of resident blocks walking find_work). Asynchronous on `stream`.
+Status prefill_attn_tc_launch(const Args& a, int head_dim, bool wgmma, cudaStream_t stream);
+
+// The warp-specialised kernel (prefill_attn_ws.cu): serving prefill, head_dim 128, sm_90a.
+Status prefill_attn_ws_launch(const Args& a, int head_dim, cudaStream_t stream);
 
 }  // namespace oscar::kernels::prefill_detail
