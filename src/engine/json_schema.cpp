@@ -1278,6 +1278,14 @@ bool JsonSchemaPrefix::can_end() const {
   return false;
 }
 
+bool JsonSchemaPrefix::in_free_string() const {
+  if (alt_end_.size() != 1 || frames_.empty()) return false;
+  const Frame& f = frames_.back();
+  if (f.kind != kStr || f.phase != kChars) return false;
+  const Node& n = schema_->node(f.node);
+  return n.max_count == INT64_MAX && f.v >= n.min_count;
+}
+
 int64_t JsonSchemaPrefix::min_completion() const {
   PrefixStepper st{*schema_, nullptr};
   int64_t best = kInf;

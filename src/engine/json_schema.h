@@ -125,6 +125,10 @@ class JsonSchemaPrefix {
   // The fewest bytes that make the text a whole valid document (0 when can_end()); each is
   // ASCII or a UTF-8 continuation byte, and feeding the first leaves min_completion() - 1.
   int64_t min_completion() const;
+  // One alternative, inside a string without maxLength that has reached its minLength, not in an
+  // escape or a UTF-8 character: any further plain character leaves the state as it is (but for
+  // the count) and min_completion() unchanged.
+  bool in_free_string() const;
 
   struct Frame {
     uint8_t kind = 0;
