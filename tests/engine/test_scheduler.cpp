@@ -946,7 +946,8 @@ TEST(Scheduler, ChoicesUpToMaxLiveRequestsFitAnIdleEngine) {
   std::vector<std::unique_ptr<Collector>> cs;
   for (int i = 0; i < 4; ++i) {
     cs.push_back(std::make_unique<Collector>());
-    GenerationRequest r = greedy(std::string("c").append(std::to_string(i)), prompt, 8);  // GCC 12: "c" + to_string trips a -Wrestrict false positive here
+    // Not "c" + std::to_string(i): GCC 12 warns -Wrestrict (a false positive) on it here.
+    GenerationRequest r = greedy(std::string("c").append(std::to_string(i)), prompt, 8);
     if (i > 0) r.share_prompt_with = "c0";
     Status st = sched->submit(std::move(r), cs.back()->callback());
     ASSERT_TRUE(st.ok()) << i << ": " << st.to_string();
