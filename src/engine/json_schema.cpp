@@ -109,17 +109,29 @@ int64_t scaled_bound(double x, int scale, bool lower, bool exclusive, int64_t li
 
 bool is_annotation(const std::string& k) {
   static const std::set<std::string> kAnnotations = {
-      "title",   "description", "$schema",    "$id",       "$comment",    "examples",
-      "default", "deprecated",  "readOnly",   "writeOnly", "$defs",       "definitions"};
+      "title",   "description", "$schema",  "$id",       "$comment", "examples",
+      "default", "deprecated",  "readOnly", "writeOnly", "$defs",    "definitions"};
   return kAnnotations.count(k) > 0;
 }
 
 bool is_supported(const std::string& k) {
-  static const std::set<std::string> kSupported = {
-      "type",      "properties", "required",  "additionalProperties", "items",
-      "minItems",  "maxItems",   "enum",      "const",                "anyOf",
-      "$ref",      "minimum",    "maximum",   "exclusiveMinimum",     "exclusiveMaximum",
-      "minLength", "maxLength"};
+  static const std::set<std::string> kSupported = {"type",
+                                                   "properties",
+                                                   "required",
+                                                   "additionalProperties",
+                                                   "items",
+                                                   "minItems",
+                                                   "maxItems",
+                                                   "enum",
+                                                   "const",
+                                                   "anyOf",
+                                                   "$ref",
+                                                   "minimum",
+                                                   "maximum",
+                                                   "exclusiveMinimum",
+                                                   "exclusiveMaximum",
+                                                   "minLength",
+                                                   "maxLength"};
   return kSupported.count(k) > 0;
 }
 
@@ -322,14 +334,15 @@ struct SchemaCompiler {
     // The types allowed.
     std::vector<std::string> types;
     if (auto t = s.find("type"); t != s.end()) {
-      static const std::set<std::string> kTypes = {"object", "array",   "string", "number",
+      static const std::set<std::string> kTypes = {"object",  "array",   "string", "number",
                                                    "integer", "boolean", "null"};
       const json list = t->is_array() ? *t : json::array({*t});
       for (const json& v : list) {
         if (!v.is_string() || !kTypes.count(v.get<std::string>())) {
-          fail("'type' (at %s) has %s; the types are object, array, string, number, integer, "
-               "boolean and null",
-               ptr.c_str(), v.dump().c_str());
+          fail(
+              "'type' (at %s) has %s; the types are object, array, string, number, integer, "
+              "boolean and null",
+              ptr.c_str(), v.dump().c_str());
           return {};
         }
         if (std::find(types.begin(), types.end(), v.get<std::string>()) == types.end())
@@ -505,11 +518,11 @@ struct SchemaCompiler {
       fail("'additionalProperties' (at %s) must be a boolean or a schema", ptr.c_str());
       return n;
     }
-    if (n.props.empty()) {  // a map
+    if (n.props.empty()) {                                                  // a map
       if (ap != s.end() && ap->is_boolean() && !ap->get<bool>()) return n;  // only {}
       n.kind = Kind::kMap;
-      n.items = ap == s.end() || ap->is_boolean() ? any()
-                                                  : compile(*ap, ptr + "/additionalProperties");
+      n.items =
+          ap == s.end() || ap->is_boolean() ? any() : compile(*ap, ptr + "/additionalProperties");
       return n;
     }
     if (ap != s.end() && ap->is_object()) {
@@ -552,7 +565,8 @@ struct SchemaCompiler {
             depth = 1;
             break;
           case Kind::kArray:
-            bytes = n.min_count == 0 ? 2 : add(2 + (n.min_count - 1), mul(mb(n.items), n.min_count));
+            bytes =
+                n.min_count == 0 ? 2 : add(2 + (n.min_count - 1), mul(mb(n.items), n.min_count));
             depth = n.min_count == 0 ? 1 : 1 + md(n.items);
             break;
           case Kind::kString:
@@ -597,10 +611,10 @@ struct SchemaCompiler {
         const JsonSchema::Prop& p = n.props[k];
         n.first_required[k] = p.required ? static_cast<int32_t>(k) : n.first_required[k + 1];
         n.n_required[k] = n.n_required[k + 1] + (p.required ? 1 : 0);
-        n.required_bytes[k] =
-            p.required ? add(n.required_bytes[k + 1],
-                             add(static_cast<int64_t>(p.quoted.size()) + 1, mb(p.node)))
-                       : n.required_bytes[k + 1];
+        n.required_bytes[k] = p.required
+                                  ? add(n.required_bytes[k + 1],
+                                        add(static_cast<int64_t>(p.quoted.size()) + 1, mb(p.node)))
+                                  : n.required_bytes[k + 1];
       }
     }
   }
@@ -1078,8 +1092,7 @@ struct PrefixStepper {
             return emit(s);
           }
           // Not part of the number: it ends here if it may, and c goes to the frame below.
-          if (f.phase == kNumStart || number_rest(n, f.phase, f.x != 0, f.v, f.a, f.b) != 0)
-            return;
+          if (f.phase == kNumStart || number_rest(n, f.phase, f.x != 0, f.v, f.a, f.b) != 0) return;
           child_done(s);
           if (s.empty()) return;  // nothing follows the top-level value
           continue;
@@ -1137,13 +1150,15 @@ struct PrefixStepper {
               const std::string& qj = n.props[static_cast<size_t>(j)].quoted;
               if (qj.size() < pos || qj.compare(0, pos, q, 0, pos) != 0) continue;
               if (!fits(depth, n.props[static_cast<size_t>(j)].node)) continue;
-              best = std::min(best, add(entry(j) - static_cast<int64_t>(pos), after(n, j + 1, true)));
+              best =
+                  std::min(best, add(entry(j) - static_cast<int64_t>(pos), after(n, j + 1, true)));
             }
             return best;
           }
           case kColon:
-            return add(entry(f.b) - static_cast<int64_t>(n.props[static_cast<size_t>(f.b)].quoted.size()),
-                       after(n, f.b + 1, true));
+            return add(
+                entry(f.b) - static_cast<int64_t>(n.props[static_cast<size_t>(f.b)].quoted.size()),
+                after(n, f.b + 1, true));
           case kAfterColon:
             return add(node(n.props[static_cast<size_t>(f.b)].node).min_bytes,
                        after(n, f.b + 1, true));
@@ -1219,7 +1234,8 @@ struct PrefixStepper {
       case kEnumF: {
         int64_t best = kInf;
         for (int32_t k = f.a; k < f.b; ++k)
-          best = std::min(best, static_cast<int64_t>(n.literals[static_cast<size_t>(k)].size()) - f.v);
+          best =
+              std::min(best, static_cast<int64_t>(n.literals[static_cast<size_t>(k)].size()) - f.v);
         return best;
       }
       default:
@@ -1260,9 +1276,7 @@ bool JsonSchemaPrefix::feed(unsigned char c) {
   return true;
 }
 
-bool JsonSchemaPrefix::complete() const {
-  return !alt_end_.empty() && frames_.empty();
-}
+bool JsonSchemaPrefix::complete() const { return !alt_end_.empty() && frames_.empty(); }
 
 bool JsonSchemaPrefix::can_end() const {
   uint32_t begin = 0;

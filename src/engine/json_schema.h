@@ -41,10 +41,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/status.h"
 
@@ -78,7 +77,7 @@ class JsonSchema {
     std::vector<int32_t> first_required;
     std::vector<int32_t> n_required;
     std::vector<int64_t> required_bytes;
-    int32_t items = -1;  // kArray: the items; kMap: the values
+    int32_t items = -1;                            // kArray: the items; kMap: the values
     int64_t min_count = 0, max_count = INT64_MAX;  // kArray items, kString code points
     bool integer = false;                          // kNumber
     int64_t lo = 0, hi = 0;  // kNumber bounds, in units of 10^-scale (scale 0 for integers)
@@ -147,7 +146,7 @@ class JsonSchemaPrefix {
 
  private:
   const JsonSchema* schema_ = nullptr;
-  std::vector<Frame> frames_;     // the alternatives' stacks, one after the other
+  std::vector<Frame> frames_;      // the alternatives' stacks, one after the other
   std::vector<uint32_t> alt_end_;  // [n_alternatives] end of each in frames_
   friend struct PrefixStepper;
 };

@@ -579,7 +579,8 @@ bool ToolCallConstraint::advance(int32_t token) {
       if (!name_allows(b)) return false;
       name_ += b;
       const auto it = std::find(targets_.begin(), targets_.end(), name_);
-      if (it != targets_.end()) start_args(target_schemas_[static_cast<size_t>(it - targets_.begin())]);
+      if (it != targets_.end())
+        start_args(target_schemas_[static_cast<size_t>(it - targets_.begin())]);
       return true;
     }
     case Phase::kArgs: {

@@ -17,7 +17,8 @@
 // if the shortest completion after it (one token per byte of JsonObjectPrefix::closing(), then
 // the forced end) still fits the tokens left.
 // Added/special tokens are never allowed in 2 and 3, nor is the end-of-sequence token anywhere.
-// Not constrained: the arguments' schema (types, required properties), which the model chooses; a
+// Not constrained: the arguments' schema (types, required properties), which the model chooses,
+// unless create() is given one for the name (strict tools, below); a
 // max_tokens too small for the whole shortest call (the forced parts, the name, `{}`) cuts the
 // call (finish_reason "length", left as content by the parser): past the name, the tokens on the
 // shortest way to closing it are then allowed;

@@ -451,10 +451,12 @@ std::optional<ApiError> parse_messages(const json& body, OpenAIRequest* req) {
             tp + ".function.name");
       }
       const json* strict = field(*fn, "strict");
-      if (strict && !strict->is_boolean()) return wrong_type(tp + ".function.strict", "a boolean", *strict);
+      if (strict && !strict->is_boolean())
+        return wrong_type(tp + ".function.strict", "a boolean", *strict);
       if (strict && strict->get<bool>()) {
         const json* params = field(*fn, "parameters");
-        const json schema = params ? *params : json{{"type", "object"}, {"properties", json::object()}};
+        const json schema =
+            params ? *params : json{{"type", "object"}, {"properties", json::object()}};
         std::shared_ptr<const engine::JsonSchema> compiled;
         if (auto e = compile_schema(schema, tp + ".function.parameters", &compiled)) return e;
         if (!compiled->root_is_object()) {
@@ -614,7 +616,8 @@ std::optional<ApiError> parse_response_format(const json& body, OpenAIRequest* r
   if (!fmt) return std::nullopt;
   if (!fmt->is_object()) return wrong_type(where, "an object", *fmt);
   const json* type = field(*fmt, "type");
-  if (!type || !type->is_string()) return wrong_type(where + ".type", "a string", type ? *type : json());
+  if (!type || !type->is_string())
+    return wrong_type(where + ".type", "a string", type ? *type : json());
   if (responses) req->text_format = *fmt;
   if (*type == "json_object") req->json_object = true;
   if (*type != "json_schema") return std::nullopt;

@@ -3,9 +3,8 @@
 #pragma once
 
 #include <cmath>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace oscar::engine::test {
 
@@ -19,7 +18,8 @@ inline bool validate_type(const json& v, const std::string& t) {
   if (t == "string") return v.is_string();
   if (t == "number") return v.is_number();
   if (t == "integer")
-    return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+    return v.is_number_integer() ||
+           (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
   if (t == "boolean") return v.is_boolean();
   if (t == "null") return v.is_null();
   return false;

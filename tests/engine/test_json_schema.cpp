@@ -58,7 +58,8 @@ std::string random_document(const JsonSchema& schema, std::mt19937_64& rng, int 
     if (options.empty()) break;
     bool shorter = false;
     for (auto& o : options) shorter = shorter || o.second == need - 1;
-    EXPECT_TRUE(shorter || need == 0) << "no byte shortens the completion " << need << " after " << text;
+    EXPECT_TRUE(shorter || need == 0)
+        << "no byte shortens the completion " << need << " after " << text;
     std::vector<unsigned char> pick;
     for (auto& o : options)
       if (step < wander || o.second == need - 1) pick.push_back(o.first);
@@ -150,8 +151,10 @@ TEST(JsonSchema, RefusesUnsupportedKeywordsNamingThem) {
       {R"({"type":"array","items":[{"type":"string"}]})", "tuple"},
       {R"({"type":"number","minimum":"1"})", "'minimum' (at #) must be a number"},
       {R"(false)", "admits no value"},
-      {R"({"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})", "cycle"},
-      {R"({"type":"object","properties":{"self":{"$ref":"#"}},"required":["self"]})", "finite size"},
+      {R"({"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})",
+       "cycle"},
+      {R"({"type":"object","properties":{"self":{"$ref":"#"}},"required":["self"]})",
+       "finite size"},
       {R"({"$defs":{"l":{"type":"array","items":{"$ref":"#/$defs/l"},"minItems":1}},"$ref":"#/$defs/l"})",
        "finite size"},
       {R"(3)", "must be an object or a boolean"},
@@ -175,17 +178,20 @@ struct Case {
 TEST(JsonSchemaPrefix, HandWrittenDocuments) {
   const Case cases[] = {
       {R"({"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"],"additionalProperties":false})",
-       {R"({"name":"Ann","age":31})", R"({"name": "Ann", "age": 31})", R"({ "name" : "" , "age" : -0 })",
-        R"({"name":"\u00e9\n\"","age":0})", "{\"name\":\"\xc3\xa9\xe2\x82\xac\",\"age\":7}"},
+       {R"({"name":"Ann","age":31})", R"({"name": "Ann", "age": 31})",
+        R"({ "name" : "" , "age" : -0 })", R"({"name":"\u00e9\n\"","age":0})",
+        "{\"name\":\"\xc3\xa9\xe2\x82\xac\",\"age\":7}"},
        {R"({"age":31,"name":"Ann"})", R"({"name":"Ann"})", R"({"name":"Ann","age":31,"x":1})",
         R"({"name":"Ann","age":3.5})", R"({"name":"Ann","age":01})", R"({"name":"Ann","age":1e3})",
         R"({"name":"Ann",  "age":1})", "{\n\"name\":\"a\",\"age\":1}", R"( {"name":"a","age":1})",
-        R"({"name":"Ann","age":31} )", R"({"name":"\ud800","age":1})", "{\"name\":\"\xc3\",\"age\":1}",
-        R"({"name":"Ann","age":1234567890123456})"}},
+        R"({"name":"Ann","age":31} )", R"({"name":"\ud800","age":1})",
+        "{\"name\":\"\xc3\",\"age\":1}", R"({"name":"Ann","age":1234567890123456})"}},
       {R"({"type":"object","properties":{"a":{"type":"boolean"},"b":{"type":"null"},"c":{"type":"number"}},"required":["b"]})",
-       {R"({"b":null})", R"({"a":true,"b":null})", R"({"b":null,"c":1.5})", R"({"a":false,"b":null,"c":-0.000001})"},
-       {R"({})", R"({"a":true})", R"({"b":null,"a":true})", R"({"b":null,"c":0.0000001})", R"({"b":nul})",
-        R"({"b":null,"c":1.})", R"({"b":null,"c":.5})", R"({"b":null,"c":1234567890123})"}},
+       {R"({"b":null})", R"({"a":true,"b":null})", R"({"b":null,"c":1.5})",
+        R"({"a":false,"b":null,"c":-0.000001})"},
+       {R"({})", R"({"a":true})", R"({"b":null,"a":true})", R"({"b":null,"c":0.0000001})",
+        R"({"b":nul})", R"({"b":null,"c":1.})", R"({"b":null,"c":.5})",
+        R"({"b":null,"c":1234567890123})"}},
       {R"({"type":"array","items":{"type":"integer","minimum":10,"maximum":20},"minItems":2,"maxItems":3})",
        {"[10,20]", "[15, 11, 19]", "[ 10 , 20 ]"},
        {"[10]", "[10,20,15,12]", "[9,10]", "[10,21]", "[]", "[10,2]", "[10,-15]"}},
@@ -200,7 +206,8 @@ TEST(JsonSchemaPrefix, HandWrittenDocuments) {
        {R"("abcd")", "\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\"", "1"}},
       {R"({"type":"string","minLength":2})", {R"("ab")", R"("\n\t")"}, {R"("a")", R"("")"}},
       {R"({"type":"object","additionalProperties":{"type":"integer"}})",
-       {"{}", R"({"a":1,"b":2})", R"({"":0})"}, {R"({"a":"x"})", R"({"a":1,})"}},
+       {"{}", R"({"a":1,"b":2})", R"({"":0})"},
+       {R"({"a":"x"})", R"({"a":1,})"}},
       {R"({"type":"object","additionalProperties":false})", {"{}"}, {R"({"a":1})"}},
       {R"({"anyOf":[{"type":"object","properties":{"kind":{"const":"a"},"x":{"type":"integer"}},"required":["kind","x"]},{"type":"object","properties":{"kind":{"const":"b"},"y":{"type":"string"}},"required":["kind","y"]}]})",
        {R"({"kind":"a","x":1})", R"({"kind":"b","y":"s"})"},
@@ -208,7 +215,9 @@ TEST(JsonSchemaPrefix, HandWrittenDocuments) {
       {R"({"$defs":{"t":{"type":"object","properties":{"v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/t"}}},"required":["v","kids"],"additionalProperties":false}},"$ref":"#/$defs/t"})",
        {R"({"v":1,"kids":[]})", R"({"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[]}]}]})"},
        {R"({"v":1})", R"({"v":1,"kids":[{"v":2}]})"}},
-      {R"({})", {R"({"a":[1,{"b":null}],"c":"x"})", "[]", "true", "-1.25", R"("s")"}, {"{]", "tru"}},
+      {R"({})",
+       {R"({"a":[1,{"b":null}],"c":"x"})", "[]", "true", "-1.25", R"("s")"},
+       {"{]", "tru"}},
   };
   for (const Case& c : cases) {
     const json schema = json::parse(c.schema);

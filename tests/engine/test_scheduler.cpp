@@ -11,8 +11,8 @@
 #include <condition_variable>
 #include <functional>
 #include <map>
-#include <set>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <variant>
@@ -557,8 +557,8 @@ TEST(Scheduler, StrictToolCallArgumentsValidate) {
     ASSERT_EQ(col.text.rfind(open, 0), 0u);
     ASSERT_GT(col.text.size(), open.size() + close.size());
     nlohmann::ordered_json j;
-    ASSERT_NO_THROW(j = nlohmann::ordered_json::parse(
-                        col.text.substr(open.size(), col.text.size() - open.size() - close.size())));
+    ASSERT_NO_THROW(j = nlohmann::ordered_json::parse(col.text.substr(
+                        open.size(), col.text.size() - open.size() - close.size())));
     std::string why;
     EXPECT_TRUE(test::validate(j["arguments"], schema, schema, &why)) << why;
   }

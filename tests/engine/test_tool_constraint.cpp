@@ -294,7 +294,6 @@ TEST(ToolCallConstraint, RefusesNoNames) {
   EXPECT_EQ(std::count(allowed.begin(), allowed.end(), 1), 1);
 }
 
-
 // ---- structured outputs (json_schema) and strict tool calls ----
 
 using ojson = nlohmann::ordered_json;
@@ -330,8 +329,8 @@ std::string random_document(const tok::Tokenizer& t, ToolCallConstraint& c, int 
     for (int32_t i = 0; i < static_cast<int32_t>(allowed.size()); ++i)
       if (allowed[i]) choices.push_back(i);
     EXPECT_FALSE(choices.empty()) << "step " << step << " after " << t.decode(ids) << " ("
-                                  << ids.size() << " tokens, last " << (ids.empty() ? -1 : ids.back())
-                                  << ")";
+                                  << ids.size() << " tokens, last "
+                                  << (ids.empty() ? -1 : ids.back()) << ")";
     if (choices.empty()) break;
     int32_t tok = choices[rng() % choices.size()];
     if (step > budget / 3)
@@ -416,7 +415,8 @@ TEST(ToolCallConstraint, JsonSchemaMaskEqualsPerTokenProbe) {
     ASSERT_FALSE(choices.empty());
     const int32_t tok = choices[rng() % choices.size()];
     ASSERT_TRUE(c->advance(tok));
-    for (char ch : vocab->bytes[static_cast<size_t>(tok)]) ASSERT_TRUE(doc.feed(static_cast<unsigned char>(ch)));
+    for (char ch : vocab->bytes[static_cast<size_t>(tok)])
+      ASSERT_TRUE(doc.feed(static_cast<unsigned char>(ch)));
   }
 }
 
@@ -473,7 +473,8 @@ TEST(ToolCallConstraint, StrictToolArgumentsFollowTheirSchema) {
   }
   EXPECT_GT(weather_calls, 0);
   // A non-object schema is refused for arguments.
-  EXPECT_FALSE(ToolCallConstraint::create(t.value(), {"f"}, {compile_or_die(R"({"type":"string"})")}).ok());
+  EXPECT_FALSE(
+      ToolCallConstraint::create(t.value(), {"f"}, {compile_or_die(R"({"type":"string"})")}).ok());
   EXPECT_FALSE(ToolCallConstraint::create(t.value(), {"f", "g"}, {nullptr}).ok());
 }
 
@@ -488,12 +489,14 @@ TEST(ToolCallConstraint, JsonSchemaMaskCost) {
     const double build_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     auto compiled = compile_or_die(kTokenSchemas[0]);
-    std::printf("[ mask cost ] %s: vocab %d, trie %zu nodes (%zu plain string tokens) built in "
-                "%.1f ms\n",
-                dir, t.value().vocab_size(), vocab->all.nodes.size(), vocab->plain.size(), build_ms);
+    std::printf(
+        "[ mask cost ] %s: vocab %d, trie %zu nodes (%zu plain string tokens) built in "
+        "%.1f ms\n",
+        dir, t.value().vocab_size(), vocab->all.nodes.size(), vocab->plain.size(), build_ms);
     auto person = compile_or_die(kTokenSchemas[2]);
     for (const auto& [label, prefix] : std::vector<std::pair<const char*, std::string>>{
-             {"start", ""}, {"in a string", R"({"steps":[{"explanation":"abc)"},
+             {"start", ""},
+             {"in a string", R"({"steps":[{"explanation":"abc)"},
              {"after a key", R"({"steps":[{"explanation")"},
              {"in a number", R"({"name":"a","age":4)"}}) {
       auto c = ToolCallConstraint::create_json_schema(
@@ -503,18 +506,23 @@ TEST(ToolCallConstraint, JsonSchemaMaskCost) {
       const int reps = 20;
       const auto s0 = std::chrono::steady_clock::now();
       for (int r = 0; r < reps; ++r) c->allowed_tokens(&allowed, 1000);
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count() / reps;
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count() /
+          reps;
       std::printf("[ mask cost ] %s, %s: %.3f ms per token, %lld tokens allowed\n", dir, label, ms,
                   static_cast<long long>(std::count(allowed.begin(), allowed.end(), 1)));
     }
     // The JSON-object machine (response_format json_object) for comparison.
     auto j = ToolCallConstraint::create_json_object(t.value(), vocab);
-    for (int32_t id : t.value().encode(R"({"steps":[{"explanation":"abc)")) ASSERT_TRUE(j->advance(id));
+    for (int32_t id : t.value().encode(R"({"steps":[{"explanation":"abc)"))
+      ASSERT_TRUE(j->advance(id));
     std::vector<uint8_t> allowed;
     const auto s0 = std::chrono::steady_clock::now();
     for (int r = 0; r < 20; ++r) j->allowed_tokens(&allowed, 1000);
-    std::printf("[ mask cost ] %s, json_object in a string: %.3f ms per token\n", dir,
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count() / 20);
+    std::printf(
+        "[ mask cost ] %s, json_object in a string: %.3f ms per token\n", dir,
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count() /
+            20);
   }
 }
 

@@ -269,8 +269,8 @@ std::vector<BadCase> bad_cases() {
            kMsgs + "}",
        400, "tools[0].function.parameters", "must be an object schema"},
       {"tool_strict_type", C,
-       R"({"model":"m","tools":[{"type":"function","function":{"name":"f","strict":1}}],)" +
-           kMsgs + "}",
+       R"({"model":"m","tools":[{"type":"function","function":{"name":"f","strict":1}}],)" + kMsgs +
+           "}",
        400, "tools[0].function.strict", "a boolean"},
       {"response_format_schema_and_forced_call", C,
        R"({"model":"m","response_format":{"type":"json_schema","json_schema":{"schema":{}}},)"
@@ -364,22 +364,24 @@ TEST(OpenAIRequest, JsonSchemaResponseFormat) {
       R"("additionalProperties":false})";
   for (const char* strict : {"true", "false"}) {
     ParseResult c = chat(R"({"model":"m","response_format":{"type":"json_schema","json_schema":)"
-                         R"({"name":"x","strict":)" + std::string(strict) + R"(,"schema":)" +
-                         schema + "}}," + kMsgs + "}");
+                         R"({"name":"x","strict":)" +
+                         std::string(strict) + R"(,"schema":)" + schema + "}}," + kMsgs + "}");
     ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(c)) << std::get<ApiError>(c).message;
     ASSERT_TRUE(std::get<OpenAIRequest>(c).json_schema);
     EXPECT_TRUE(std::get<OpenAIRequest>(c).json_schema->root_is_object());
     EXPECT_FALSE(std::get<OpenAIRequest>(c).json_object);
   }
   ParseResult p = completion(R"({"model":"m","prompt":"x","response_format":{"type":"json_schema",)"
-                             R"("json_schema":{"schema":)" + schema + "}}}");
+                             R"("json_schema":{"schema":)" +
+                             schema + "}}}");
   ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(p)) << std::get<ApiError>(p).message;
   EXPECT_TRUE(std::get<OpenAIRequest>(p).json_schema);
   // /v1/responses: text.format, flat; echoed in the response.
   ParseResult r = parse_openai_request(
       Endpoint::kResponses,
       R"({"model":"m","input":"x","text":{"format":{"type":"json_schema","name":"x","strict":true,)"
-      R"("schema":)" + schema + "}}}",
+      R"("schema":)" +
+          schema + "}}}",
       kLimits);
   ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(r)) << std::get<ApiError>(r).message;
   EXPECT_TRUE(std::get<OpenAIRequest>(r).json_schema);
@@ -405,8 +407,9 @@ TEST(OpenAIRequest, StrictToolSchemas) {
   ASSERT_EQ(r.tool_call_schemas.size(), 2u);
   EXPECT_TRUE(r.tool_call_schemas[0]);
   EXPECT_FALSE(r.tool_call_schemas[1]);  // not strict: any object (its pattern is not compiled)
-  ParseResult named = chat(R"({"model":"m",)" + tools +
-                           R"("tool_choice":{"type":"function","function":{"name":"a"}},)" + kMsgs + "}");
+  ParseResult named =
+      chat(R"({"model":"m",)" + tools +
+           R"("tool_choice":{"type":"function","function":{"name":"a"}},)" + kMsgs + "}");
   ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(named));
   EXPECT_EQ(std::get<OpenAIRequest>(named).tool_call_schemas.size(), 1u);
   ParseResult none = chat(R"({"model":"m",)" + tools + kMsgs.substr(0) + "}");
