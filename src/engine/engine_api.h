@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +54,8 @@ inline constexpr float kMaxRepetitionPenalty = 100.f;
 // temperature: vLLM's default "raw logprobs").
 inline constexpr int kMaxLogprobs = 20;
 
+class JsonSchema;  // engine/json_schema.h
+
 struct GenerationRequest {
   std::string request_id;           // unique among live requests; cancel() uses it
   std::vector<int32_t> prompt_ids;  // [n_prompt_tokens], each in [0, vocab_size)
@@ -67,9 +70,16 @@ struct GenerationRequest {
   // `<tool_call>\n{"name": "<name>", "arguments": <JSON object>}\n</tool_call>`, after which the
   // request finishes with "stop" (engine/tool_constraint.h says what is constrained).
   std::vector<std::string> tool_call_names;
+  // Empty, or one per tool_call_names: the arguments of a call to that function follow the
+  // schema (strict tools); null: any JSON object.
+  std::vector<std::shared_ptr<const JsonSchema>> tool_call_schemas;
   // JSON mode (response_format json_object): the output is constrained to be one JSON object,
   // after which the request finishes with "stop". Not with tool_call_names.
   bool json_object = false;
+  // Structured outputs (response_format json_schema): the output is constrained to be one
+  // document valid under this schema (engine/json_schema.h), after which the request finishes
+  // with "stop". Not with tool_call_names or json_object.
+  std::shared_ptr<const JsonSchema> json_schema;
   // The id of a request submitted just before with the same prompt (the choices of n > 1): this
   // one is admitted only once that one's prompt is in the prefix cache, so that the prompt's
   // pages are shared, not computed and stored again. Ignored without the prefix cache, or when

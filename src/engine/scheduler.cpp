@@ -239,6 +239,12 @@ kv::PageNeed Scheduler::pages_needed(int64_t n_tokens) const {
   return kv::peak_pages(runtime_->spec().regions, runtime_->spec().quantized(), n_tokens);
 }
 
+std::shared_ptr<const TokenTrie> Scheduler::token_trie() {
+  std::lock_guard<std::mutex> lock(trie_mu_);
+  if (!token_trie_) token_trie_ = TokenTrie::build(runtime_->tokenizer());
+  return token_trie_;
+}
+
 Status Scheduler::submit(GenerationRequest req,
                          std::function<void(const GenerationEvent&)> on_event) {
   const format::ModelConfig& config = runtime_->model().config();
@@ -282,14 +288,20 @@ Status Scheduler::submit(GenerationRequest req,
         static_cast<long long>(int2_total));
 
   auto s = std::make_unique<Sequence>();
-  if (req.json_object && !req.tool_call_names.empty())
-    return invalid_argument("json_object output and a constrained tool call exclude each other");
+  if ((req.json_object || req.json_schema) && !req.tool_call_names.empty())
+    return invalid_argument("json output and a constrained tool call exclude each other");
+  if (req.json_object && req.json_schema)
+    return invalid_argument("json_object and json_schema output exclude each other");
   if (!req.tool_call_names.empty()) {
-    auto c = ToolCallConstraint::create(runtime_->tokenizer(), req.tool_call_names);
+    auto c = ToolCallConstraint::create(runtime_->tokenizer(), req.tool_call_names,
+                                        req.tool_call_schemas, token_trie());
     if (!c.ok()) return c.status();
     s->constraint = std::move(c).value();
   } else if (req.json_object) {
-    s->constraint = ToolCallConstraint::create_json_object(runtime_->tokenizer());
+    s->constraint = ToolCallConstraint::create_json_object(runtime_->tokenizer(), token_trie());
+  } else if (req.json_schema) {
+    s->constraint = ToolCallConstraint::create_json_schema(runtime_->tokenizer(), req.json_schema,
+                                                           token_trie());
   }
   if (!req.sampling.has_seed) sc.seed = std::random_device{}();
   s->sampling = sc;

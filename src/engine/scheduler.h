@@ -56,6 +56,8 @@
 
 namespace oscar::engine {
 
+struct TokenTrie;  // engine/tool_constraint.h
+
 // A deliberate failure, for tests and debugging: the n-th forward step (kStep) or the n-th
 // sampling call (kSample), counted from 1 since start-up, returns an Internal error as a failed
 // device step would. Spelled "step:N" or "sample:N" (SchedulerOptions::fault_inject or the
@@ -140,6 +142,8 @@ class Scheduler : public Engine {
   void snapshot_pools();  // mu_ held
   // The injected failure of this call (FaultInjection), else OK. Loop thread.
   Status injected(FaultInjection::Where where);
+  // The tokenizer's TokenTrie for constrained decoding, built on first use (any thread).
+  std::shared_ptr<const TokenTrie> token_trie();
 
   std::unique_ptr<Runtime> runtime_;
   SchedulerOptions options_;
@@ -161,6 +165,8 @@ class Scheduler : public Engine {
   int n_queued_ = 0;  // submitted, never admitted, not ended (max_waiting counts these)
   EngineMetrics metrics_;
   std::atomic<bool> ready_{false};
+  std::mutex trie_mu_;  // guards token_trie_
+  std::shared_ptr<const TokenTrie> token_trie_;
 
   // Loop-thread state.
   FaultInjection fault_;

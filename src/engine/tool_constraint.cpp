@@ -295,22 +295,138 @@ int64_t JsonObjectPrefix::closing_size() const {
   return n;
 }
 
+namespace {
+
+// Whole characters of JSON string content, as the schema machine takes them (json_schema.cpp).
+bool plain_string_bytes(const std::string& b) {
+  if (b.empty()) return false;
+  for (size_t i = 0; i < b.size();) {
+    const unsigned char c = static_cast<unsigned char>(b[i]);
+    if (c < 0x80) {
+      if (c < 0x20 || c == '"' || c == '\\') return false;
+      ++i;
+      continue;
+    }
+    int n = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      n = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      n = 2;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      n = 3;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return false;
+    }
+    if (i + 1 + static_cast<size_t>(n) > b.size()) return false;
+    for (int k = 1; k <= n; ++k) {
+      const unsigned char d = static_cast<unsigned char>(b[i + static_cast<size_t>(k)]);
+      if (d < lo || d > hi) return false;
+      lo = 0x80;
+      hi = 0xBF;
+    }
+    i += 1 + static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// A trie over ids (sorted by their bytes).
+void build_trie(const std::vector<std::string>& bytes, const std::vector<int32_t>& ids,
+                TokenTrie::Trie* t) {
+  // The node of the tokens ids[lo, hi), which share their first `depth` bytes.
+  auto build_node = [&](auto& self, size_t lo, size_t hi, size_t depth) -> uint32_t {
+    const uint32_t id = static_cast<uint32_t>(t->nodes.size());
+    t->nodes.emplace_back();
+    t->nodes[id].first_token = static_cast<uint32_t>(t->tokens.size());
+    while (lo < hi && bytes[static_cast<size_t>(ids[lo])].size() == depth)
+      t->tokens.push_back(ids[lo++]);
+    t->nodes[id].n_tokens = static_cast<uint32_t>(t->tokens.size()) - t->nodes[id].first_token;
+    std::vector<std::pair<size_t, size_t>> groups;  // by the byte at depth
+    for (size_t i = lo; i < hi;) {
+      size_t j = i;
+      const char c = bytes[static_cast<size_t>(ids[i])][depth];
+      while (j < hi && bytes[static_cast<size_t>(ids[j])][depth] == c) ++j;
+      groups.push_back({i, j});
+      i = j;
+    }
+    const uint32_t first = static_cast<uint32_t>(t->edge_byte.size());
+    t->nodes[id].first_edge = first;
+    t->nodes[id].n_edges = static_cast<uint32_t>(groups.size());
+    t->edge_byte.resize(first + groups.size());
+    t->edge_child.resize(first + groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      t->edge_byte[first + g] =
+          static_cast<uint8_t>(bytes[static_cast<size_t>(ids[groups[g].first])][depth]);
+      const uint32_t child = self(self, groups[g].first, groups[g].second, depth + 1);
+      t->edge_child[first + g] = child;
+    }
+    return id;
+  };
+  build_node(build_node, 0, ids.size(), 0);
+}
+
+}  // namespace
+
+std::shared_ptr<const TokenTrie> TokenTrie::build(const tok::Tokenizer& tokenizer) {
+  auto t = std::make_shared<TokenTrie>();
+  const int32_t vocab = tokenizer.vocab_size();
+  t->bytes.resize(static_cast<size_t>(vocab));
+  std::vector<int32_t> ids, special;
+  for (int32_t i = 0; i < vocab; ++i) {
+    if (tokenizer.is_added(i)) continue;
+    std::string& b = t->bytes[static_cast<size_t>(i)];
+    b = std::string(tokenizer.token_bytes(i));
+    if (b.empty()) continue;
+    ids.push_back(i);
+    (plain_string_bytes(b) ? t->plain : special).push_back(i);
+    t->max_token_bytes = std::max(t->max_token_bytes, b.size());
+  }
+  auto by_bytes = [&](int32_t a, int32_t b) {
+    return t->bytes[static_cast<size_t>(a)] < t->bytes[static_cast<size_t>(b)];
+  };
+  std::sort(ids.begin(), ids.end(), by_bytes);
+  std::sort(special.begin(), special.end(), by_bytes);
+  build_trie(t->bytes, ids, &t->all);
+  build_trie(t->bytes, special, &t->special);
+  return t;
+}
+
+void ToolCallConstraint::init(const tok::Tokenizer& tokenizer,
+                              std::shared_ptr<const TokenTrie> vocab) {
+  vocab_ = vocab ? std::move(vocab) : TokenTrie::build(tokenizer);
+  bytes_ = &vocab_->bytes;
+  eos_ = tokenizer.eos_token_id().value_or(-1);
+}
+
 Result<std::unique_ptr<ToolCallConstraint>> ToolCallConstraint::create(
-    const tok::Tokenizer& tokenizer, const std::vector<std::string>& names) {
+    const tok::Tokenizer& tokenizer, const std::vector<std::string>& names,
+    const std::vector<std::shared_ptr<const JsonSchema>>& schemas,
+    std::shared_ptr<const TokenTrie> vocab) {
   if (names.empty()) return invalid_argument("tool call constraint: no function names");
+  if (!schemas.empty() && schemas.size() != names.size())
+    return invalid_argument("tool call constraint: %zu schemas for %zu names", schemas.size(),
+                            names.size());
   std::unique_ptr<ToolCallConstraint> c(new ToolCallConstraint());
-  for (const std::string& name : names) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
     if (name.empty()) return invalid_argument("tool call constraint: an empty function name");
+    const std::shared_ptr<const JsonSchema> schema = schemas.empty() ? nullptr : schemas[i];
+    if (schema && !schema->root_is_object())
+      return invalid_argument("tool call constraint: the arguments of '%s' must be an object",
+                              name.c_str());
     const std::string quoted =
         nlohmann::json(name).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::string target = quoted.substr(1) + kArgsKey;  // `name", "arguments": `
-    if (std::find(c->targets_.begin(), c->targets_.end(), target) == c->targets_.end())
+    if (std::find(c->targets_.begin(), c->targets_.end(), target) == c->targets_.end()) {
       c->targets_.push_back(std::move(target));
+      c->target_schemas_.push_back(schema);
+    }
   }
-  const int32_t vocab = tokenizer.vocab_size();
-  c->bytes_.resize(vocab);
-  for (int32_t t = 0; t < vocab; ++t)
-    if (!tokenizer.is_added(t)) c->bytes_[t] = std::string(tokenizer.token_bytes(t));
+  c->init(tokenizer, std::move(vocab));
   c->prefix_ = tokenizer.encode(kCallPrefix);
   c->suffix_ = tokenizer.encode(kCallSuffix);
   if (c->prefix_.empty() || c->suffix_.empty())
@@ -319,14 +435,26 @@ Result<std::unique_ptr<ToolCallConstraint>> ToolCallConstraint::create(
 }
 
 std::unique_ptr<ToolCallConstraint> ToolCallConstraint::create_json_object(
-    const tok::Tokenizer& tokenizer) {
+    const tok::Tokenizer& tokenizer, std::shared_ptr<const TokenTrie> vocab) {
   std::unique_ptr<ToolCallConstraint> c(new ToolCallConstraint());
-  const int32_t vocab = tokenizer.vocab_size();
-  c->bytes_.resize(vocab);
-  for (int32_t t = 0; t < vocab; ++t)
-    if (!tokenizer.is_added(t)) c->bytes_[t] = std::string(tokenizer.token_bytes(t));
+  c->init(tokenizer, std::move(vocab));
   c->phase_ = Phase::kArgs;  // no prefix, no name; no suffix after the object
   return c;
+}
+
+std::unique_ptr<ToolCallConstraint> ToolCallConstraint::create_json_schema(
+    const tok::Tokenizer& tokenizer, std::shared_ptr<const JsonSchema> schema,
+    std::shared_ptr<const TokenTrie> vocab) {
+  std::unique_ptr<ToolCallConstraint> c(new ToolCallConstraint());
+  c->init(tokenizer, std::move(vocab));
+  c->start_args(std::move(schema));
+  return c;
+}
+
+void ToolCallConstraint::start_args(std::shared_ptr<const JsonSchema> schema) {
+  phase_ = Phase::kArgs;
+  schema_ = std::move(schema);
+  if (schema_) doc_ = JsonSchemaPrefix(schema_.get());
 }
 
 bool ToolCallConstraint::name_allows(std::string_view bytes) const {
@@ -337,8 +465,56 @@ bool ToolCallConstraint::name_allows(std::string_view bytes) const {
   return false;
 }
 
+// Each token under trie node `node` (whose bytes levels_[depth] has taken): its shortest
+// completion in cost_, or -1 where the machine refuses a byte.
+void ToolCallConstraint::walk(const TokenTrie::Trie& t, uint32_t node, size_t depth) const {
+  const TokenTrie::Node& n = t.nodes[node];
+  for (uint32_t e = n.first_edge; e < n.first_edge + n.n_edges; ++e) {
+    JsonSchemaPrefix& next = levels_[depth + 1];
+    if (!levels_[depth].feed_into(t.edge_byte[e], &next)) continue;
+    const TokenTrie::Node& child = t.nodes[t.edge_child[e]];
+    if (child.n_tokens > 0) {
+      const int64_t cost = next.min_completion();
+      for (uint32_t k = child.first_token; k < child.first_token + child.n_tokens; ++k)
+        cost_[static_cast<size_t>(t.tokens[k])] = cost;
+    }
+    // The document may close only at a token's last byte.
+    if (child.n_edges > 0 && !next.complete()) walk(t, t.edge_child[e], depth + 1);
+  }
+}
+
+void ToolCallConstraint::schema_allowed(std::vector<uint8_t>* allowed, int64_t room) const {
+  const size_t vocab = bytes_->size();
+  cost_.assign(vocab, -1);
+  if (levels_.size() < vocab_->max_token_bytes + 1) levels_.resize(vocab_->max_token_bytes + 1);
+  levels_[0] = doc_;
+  if (doc_.in_free_string()) {
+    const int64_t cost = doc_.min_completion();
+    for (int32_t t : vocab_->plain) cost_[static_cast<size_t>(t)] = cost;
+    walk(vocab_->special, 0, 0);
+  } else {
+    walk(vocab_->all, 0, 0);
+  }
+  // The budget rule of the object machine, with min_completion() for closing_size().
+  int64_t shortest = -1;
+  bool any = false;
+  for (size_t t = 0; t < vocab; ++t) {
+    const int64_t n = cost_[t];
+    if (n < 0) continue;
+    if (shortest < 0 || n < shortest) shortest = n;
+    (*allowed)[t] = n <= room;
+    any = any || n <= room;
+  }
+  if (!any && shortest >= 0)
+    for (size_t t = 0; t < vocab; ++t) (*allowed)[t] = cost_[t] == shortest;
+  // A top-level value that may end here (or go on, as a number can) ends with end-of-sequence.
+  if (eos_ >= 0 && static_cast<size_t>(eos_) < vocab && doc_.can_end())
+    (*allowed)[static_cast<size_t>(eos_)] = 1;
+}
+
 void ToolCallConstraint::allowed_tokens(std::vector<uint8_t>* allowed, int64_t tokens_left) const {
-  const int32_t vocab = static_cast<int32_t>(bytes_.size());
+  const int32_t vocab = static_cast<int32_t>(bytes_->size());
+  const std::vector<std::string>& bytes = *bytes_;
   allowed->assign(vocab, 0);
   switch (phase_) {
     case Phase::kPrefix:
@@ -348,7 +524,7 @@ void ToolCallConstraint::allowed_tokens(std::vector<uint8_t>* allowed, int64_t t
       (*allowed)[suffix_[forced_pos_]] = 1;
       return;
     case Phase::kName:
-      for (int32_t t = 0; t < vocab; ++t) (*allowed)[t] = name_allows(bytes_[t]);
+      for (int32_t t = 0; t < vocab; ++t) (*allowed)[t] = name_allows(bytes[t]);
       return;
     case Phase::kArgs: {
       // A token is allowed when the text stays a JSON object prefix and the shortest completion
@@ -359,8 +535,9 @@ void ToolCallConstraint::allowed_tokens(std::vector<uint8_t>* allowed, int64_t t
       // max_tokens (finish_reason "length") as when the name does not fit, rather than a mask
       // that allows nothing.
       const int64_t room = tokens_left - 1 - static_cast<int64_t>(suffix_.size());
+      if (schema_) return schema_allowed(allowed, room);
       auto closing_after = [&](int32_t t) -> int64_t {  // -1: the token breaks the object
-        const std::string& b = bytes_[t];
+        const std::string& b = bytes[t];
         if (b.empty()) return -1;
         JsonObjectPrefix probe = json_;
         for (size_t i = 0; i < b.size(); ++i) {
@@ -388,7 +565,8 @@ void ToolCallConstraint::allowed_tokens(std::vector<uint8_t>* allowed, int64_t t
 }
 
 bool ToolCallConstraint::advance(int32_t token) {
-  if (token < 0 || token >= static_cast<int32_t>(bytes_.size())) return false;
+  if (token < 0 || token >= static_cast<int32_t>(bytes_->size())) return false;
+  const std::string& b = (*bytes_)[static_cast<size_t>(token)];
   switch (phase_) {
     case Phase::kPrefix:
       if (token != prefix_[forced_pos_]) return false;
@@ -397,14 +575,28 @@ bool ToolCallConstraint::advance(int32_t token) {
         forced_pos_ = 0;
       }
       return true;
-    case Phase::kName:
-      if (!name_allows(bytes_[token])) return false;
-      name_ += bytes_[token];
-      if (std::find(targets_.begin(), targets_.end(), name_) != targets_.end())
-        phase_ = Phase::kArgs;
+    case Phase::kName: {
+      if (!name_allows(b)) return false;
+      name_ += b;
+      const auto it = std::find(targets_.begin(), targets_.end(), name_);
+      if (it != targets_.end())
+        start_args(target_schemas_[static_cast<size_t>(it - targets_.begin())]);
       return true;
+    }
     case Phase::kArgs: {
-      const std::string& b = bytes_[token];
+      if (schema_) {
+        if (token == eos_ && doc_.can_end()) {
+          phase_ = Phase::kDone;
+          return true;
+        }
+        if (b.empty()) return false;
+        JsonSchemaPrefix next = doc_;
+        for (char ch : b)
+          if (next.complete() || !next.feed(static_cast<unsigned char>(ch))) return false;
+        doc_ = std::move(next);
+        if (doc_.complete()) phase_ = suffix_.empty() ? Phase::kDone : Phase::kSuffix;
+        return true;
+      }
       if (b.empty()) return false;
       JsonObjectPrefix next = json_;
       for (char ch : b)

@@ -17,7 +17,8 @@
 // if the shortest completion after it (one token per byte of JsonObjectPrefix::closing(), then
 // the forced end) still fits the tokens left.
 // Added/special tokens are never allowed in 2 and 3, nor is the end-of-sequence token anywhere.
-// Not constrained: the arguments' schema (types, required properties), which the model chooses; a
+// Not constrained: the arguments' schema (types, required properties), which the model chooses,
+// unless create() is given one for the name (strict tools, below); a
 // max_tokens too small for the whole shortest call (the forced parts, the name, `{}`) cuts the
 // call (finish_reason "length", left as content by the parser): past the name, the tokens on the
 // shortest way to closing it are then allowed;
@@ -26,6 +27,15 @@
 // JSON mode (response_format {"type": "json_object"}, create_json_object): the same machine
 // without the tags and the name: the whole output is step 3 alone, one JSON object, closing within
 // the budget, after which the request ends.
+//
+// Structured outputs (response_format json_schema, create_json_schema): the whole output is one
+// document valid under a compiled JsonSchema (engine/json_schema.h says which documents), closing
+// within the budget the same way (JsonSchemaPrefix::min_completion() in place of closing()).
+// A top-level value that may go on (a number) ends with the end-of-sequence token, which is then
+// allowed; every other top-level value ends the request where it closes. Strict tool calls:
+// create() with a schema for a name makes that call's arguments follow it.
+// The schema machine is probed along a byte trie of the vocabulary (TokenTrie): a prefix shared by
+// many tokens is fed once, and a refused prefix drops every token under it.
 //
 // Single-threaded (one per sequence, on the scheduler's thread). The tokenizer outlives it.
 #pragma once
@@ -37,6 +47,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
 namespace oscar::engine {
@@ -94,13 +105,47 @@ class JsonObjectPrefix {
   uint8_t ws_run_ = 0;
 };
 
+// What each token decodes to ("" for added tokens) and byte tries over them. Immutable, shared by
+// the constraints of one tokenizer (the scheduler builds it once).
+struct TokenTrie {
+  struct Node {
+    uint32_t first_edge = 0, n_edges = 0;    // edges [first_edge, first_edge + n_edges)
+    uint32_t first_token = 0, n_tokens = 0;  // tokens ending here, in `tokens`
+  };
+  struct Trie {
+    std::vector<Node> nodes;  // nodes[0]: the root (the empty prefix)
+    std::vector<uint8_t> edge_byte;
+    std::vector<uint32_t> edge_child;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<std::string> bytes;  // [vocab]
+  Trie all;                        // every non-empty token
+  // Tokens that are whole characters of JSON string content (no quote, backslash, control byte
+  // or partial UTF-8): inside a string without a length limit each leaves the machine where it
+  // was, so they are allowed together and only the `special` trie (the others) is walked.
+  std::vector<int32_t> plain;
+  Trie special;
+  size_t max_token_bytes = 0;
+
+  static std::shared_ptr<const TokenTrie> build(const tok::Tokenizer& tokenizer);
+};
+
 class ToolCallConstraint {
  public:
-  // names: the functions allowed (non-empty strings; duplicates are ignored).
-  static Result<std::unique_ptr<ToolCallConstraint>> create(const tok::Tokenizer& tokenizer,
-                                                            const std::vector<std::string>& names);
+  // names: the functions allowed (non-empty strings; duplicates are ignored). schemas: empty, or
+  // one per name: the arguments of a call to names[i] follow schemas[i] (an object schema), any
+  // JSON object where null. vocab: the tokenizer's TokenTrie (built here when null).
+  static Result<std::unique_ptr<ToolCallConstraint>> create(
+      const tok::Tokenizer& tokenizer, const std::vector<std::string>& names,
+      const std::vector<std::shared_ptr<const JsonSchema>>& schemas = {},
+      std::shared_ptr<const TokenTrie> vocab = nullptr);
   // JSON mode: the output is one JSON object (no tags, no name).
-  static std::unique_ptr<ToolCallConstraint> create_json_object(const tok::Tokenizer& tokenizer);
+  static std::unique_ptr<ToolCallConstraint> create_json_object(
+      const tok::Tokenizer& tokenizer, std::shared_ptr<const TokenTrie> vocab = nullptr);
+  // Structured outputs: the output is one document valid under schema (non-null).
+  static std::unique_ptr<ToolCallConstraint> create_json_schema(
+      const tok::Tokenizer& tokenizer, std::shared_ptr<const JsonSchema> schema,
+      std::shared_ptr<const TokenTrie> vocab = nullptr);
 
   // allowed[t] = 1 for every token t that may come next (resized to the vocabulary), given the
   // tokens the request may still generate (this one included). At least one token is allowed
@@ -113,15 +158,28 @@ class ToolCallConstraint {
  private:
   enum class Phase { kPrefix, kName, kArgs, kSuffix, kDone };
   ToolCallConstraint() = default;
+  void init(const tok::Tokenizer& tokenizer, std::shared_ptr<const TokenTrie> vocab);
   bool name_allows(std::string_view bytes) const;
+  void start_args(std::shared_ptr<const JsonSchema> schema);
+  void schema_allowed(std::vector<uint8_t>* allowed, int64_t room) const;
+  void walk(const TokenTrie::Trie& trie, uint32_t node, size_t depth) const;
 
-  std::vector<std::string> bytes_;        // [vocab] what each token decodes to; "" for added tokens
+  std::shared_ptr<const TokenTrie> vocab_;
+  const std::vector<std::string>* bytes_ = nullptr;  // vocab_->bytes
   std::vector<int32_t> prefix_, suffix_;  // forced tokens
   std::vector<std::string> targets_;      // `<name>", "arguments": ` per name (JSON-escaped)
+  std::vector<std::shared_ptr<const JsonSchema>> target_schemas_;  // [targets_] null: any object
+  int32_t eos_ = -1;
   Phase phase_ = Phase::kPrefix;
   size_t forced_pos_ = 0;
   std::string name_;  // kName: the bytes so far
-  JsonObjectPrefix json_;
+  JsonObjectPrefix json_;                     // kArgs without a schema
+  std::shared_ptr<const JsonSchema> schema_;  // kArgs with one
+  JsonSchemaPrefix doc_;
+  // Scratch of allowed_tokens() with a schema: the machine after each trie depth, and each
+  // token's shortest completion (-1: refused).
+  mutable std::vector<JsonSchemaPrefix> levels_;
+  mutable std::vector<int64_t> cost_;
 };
 
 }  // namespace oscar::engine

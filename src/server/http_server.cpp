@@ -530,7 +530,8 @@ class Session : public std::enable_shared_from_this<Session> {
                                  info.max_context_tokens, st_->options.default_max_tokens);
     if (auto* e = std::get_if<ApiError>(&fit)) return send_error(*e, keep_alive_);
 
-    meta_ = ResponseMeta{endpoint, make_response_id(endpoint), unix_now(), st_->model_name};
+    meta_ = ResponseMeta{endpoint, make_response_id(endpoint), unix_now(), st_->model_name,
+                         req.text_format};
     item_id_ = "msg_" + make_response_id(Endpoint::kCompletions).substr(5);
     seq_ = 0;
     request_id_ = meta_.id;
@@ -560,6 +561,8 @@ class Session : public std::enable_shared_from_this<Session> {
     greq.logprobs = req.logprobs;
     greq.tool_call_names = req.tool_call_names;
     greq.json_object = req.json_object;
+    greq.json_schema = req.json_schema;
+    greq.tool_call_schemas = req.tool_call_schemas;
 
     std::weak_ptr<Session> weak = weak_from_this();
     std::shared_ptr<EventGate> gate = st_->gate;

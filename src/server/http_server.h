@@ -37,9 +37,10 @@
 // the first's prompt pages (engine_api.h: share_prompt_with); the body has n choices, a stream
 // carries each choice's chunks with its index and ends after the last choice; usage counts the
 // prompt once. tool_choice "required" / named: the engine constrains the output to one call
-// (engine/tool_constraint.h), parsed as any other.
-// Not here: TLS, HTTP/2, rate limiting, parallel constrained calls, response_format / guided
-// decoding.
+// (engine/tool_constraint.h), parsed as any other; response_format json_object / json_schema
+// (text.format on /v1/responses): the engine constrains the output to the schema.
+// Not here: TLS, HTTP/2, rate limiting, parallel constrained calls, guided decoding (regex,
+// grammar, choice).
 #pragma once
 
 #include <chrono>

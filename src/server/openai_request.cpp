@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <map>
+#include <memory>
 #include <utility>
 
 #include "core/status.h"
@@ -343,6 +345,20 @@ std::optional<ApiError> parse_tool_choice(const json& body, OpenAIRequest* req) 
 // The roles the chat template is given. "developer" (OpenAI's newer name) becomes "system".
 constexpr const char* kRoles = "system, developer, user, assistant, tool";
 
+// A strict tool's parameters (or a response_format schema), compiled; errors name `param`.
+std::optional<ApiError> compile_schema(const json& schema, const std::string& param,
+                                       std::shared_ptr<const engine::JsonSchema>* out) {
+  Result<std::shared_ptr<const engine::JsonSchema>> r = engine::JsonSchema::compile(schema);
+  if (!r.ok()) {
+    return invalid_request(str_format("'%s': %s (structured outputs support OpenAI's strict "
+                                      "subset: see the server's README)",
+                                      param.c_str(), r.status().message().c_str()),
+                           param);
+  }
+  *out = std::move(r).value();
+  return std::nullopt;
+}
+
 std::optional<ApiError> parse_messages(const json& body, OpenAIRequest* req) {
   const json* m = field(body, "messages");
   if (!m) return invalid_request("'messages' is required", "messages");
@@ -406,6 +422,7 @@ std::optional<ApiError> parse_messages(const json& body, OpenAIRequest* req) {
     out.push_back(std::move(norm));
   }
   req->messages = std::move(out);
+  std::map<std::string, std::shared_ptr<const engine::JsonSchema>> strict_schemas;  // by name
   if (const json* t = field(body, "tools")) {
     if (!t->is_array()) return wrong_type("tools", "an array", *t);
     for (size_t i = 0; i < t->size(); ++i) {
@@ -433,13 +450,36 @@ std::optional<ApiError> parse_messages(const json& body, OpenAIRequest* req) {
                        fname->dump(-1, ' ', false, json::error_handler_t::replace).c_str()),
             tp + ".function.name");
       }
+      const json* strict = field(*fn, "strict");
+      if (strict && !strict->is_boolean())
+        return wrong_type(tp + ".function.strict", "a boolean", *strict);
+      if (strict && strict->get<bool>()) {
+        const json* params = field(*fn, "parameters");
+        const json schema =
+            params ? *params : json{{"type", "object"}, {"properties", json::object()}};
+        std::shared_ptr<const engine::JsonSchema> compiled;
+        if (auto e = compile_schema(schema, tp + ".function.parameters", &compiled)) return e;
+        if (!compiled->root_is_object()) {
+          return invalid_request("'" + tp + ".function.parameters' must be an object schema",
+                                 tp + ".function.parameters");
+        }
+        strict_schemas[fname->get<std::string>()] = std::move(compiled);
+      }
     }
     if (!t->empty()) req->tools = *t;
   }
   if (auto e = parse_tool_choice(body, req)) return e;
-  if (req->json_object && !req->tool_call_names.empty()) {
+  if (!strict_schemas.empty()) {
+    for (const std::string& name : req->tool_call_names) {
+      auto it = strict_schemas.find(name);
+      req->tool_call_schemas.push_back(it == strict_schemas.end() ? nullptr : it->second);
+    }
+  }
+  if ((req->json_object || req->json_schema) && !req->tool_call_names.empty()) {
     return invalid_request(
-        "'response_format' json_object cannot be combined with a 'tool_choice' that forces a call",
+        str_format("'response_format' %s cannot be combined with a 'tool_choice' that forces a "
+                   "call",
+                   req->json_object ? "json_object" : "json_schema"),
         "response_format");
   }
   if (const json* k = field(body, "chat_template_kwargs")) {
@@ -514,13 +554,16 @@ std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) 
     if (k == "stop_token_ids" && !(v.is_array() && v.empty())) {
       return refuse(k, v, "use 'stop' strings");
     }
+    if (k == "response_format" && endpoint == Endpoint::kResponses &&
+        !(v.is_object() && v.contains("type") && v["type"] == "text")) {
+      return refuse(k, v, "use 'text.format' on /v1/responses");
+    }
     if (k == "response_format" &&
         !(v.is_object() && v.contains("type") &&
-          (v["type"] == "text" ||
-           (v["type"] == "json_object" && endpoint != Endpoint::kResponses)))) {
+          (v["type"] == "text" || v["type"] == "json_object" || v["type"] == "json_schema"))) {
       return refuse(k, v,
-                    "structured output is {\"type\": \"text\"} or {\"type\": \"json_object\"} "
-                    "(chat and completions); json_schema is not implemented yet");
+                    "structured output is {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                    "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}}");
     }
     if (k == "functions" || k == "function_call") {
       return refuse(k, v, "use 'tools' (the legacy function-calling fields are not supported)");
@@ -540,9 +583,13 @@ std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) 
         return refuse(k, v, "responses are not stored; send the whole conversation as input");
       }
       if (k == "background" && v != false) return refuse(k, v, "");
-      if (k == "text" && v.is_object() && v.contains("format") &&
-          !(v["format"].is_object() && v["format"].value("type", "") == "text")) {
-        return refuse(k, v, "only text output");
+      if (k == "text" && v.is_object() && v.contains("format") && !v["format"].is_null() &&
+          !(v["format"].is_object() && (v["format"].value("type", "") == "text" ||
+                                        v["format"].value("type", "") == "json_object" ||
+                                        v["format"].value("type", "") == "json_schema"))) {
+        return refuse(k, v,
+                      "text.format is {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                      "{\"type\": \"json_schema\", \"schema\": ...}");
       }
     }
     if (k == "audio" || k == "prediction" || k == "guided_json" || k == "guided_regex" ||
@@ -551,6 +598,41 @@ std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) 
     }
   }
   return std::nullopt;
+}
+
+// response_format (chat, completions) or text.format (/v1/responses): json_object or json_schema.
+// refuse_unsupported() has checked the type.
+std::optional<ApiError> parse_response_format(const json& body, OpenAIRequest* req) {
+  const bool responses = req->endpoint == Endpoint::kResponses;
+  req->text_format = json{{"type", "text"}};
+  const json* fmt = nullptr;
+  if (!responses) {
+    fmt = field(body, "response_format");
+  } else if (const json* t = field(body, "text")) {
+    if (!t->is_object()) return wrong_type("text", "an object", *t);
+    fmt = field(*t, "format");
+  }
+  const std::string where = responses ? "text.format" : "response_format";
+  if (!fmt) return std::nullopt;
+  if (!fmt->is_object()) return wrong_type(where, "an object", *fmt);
+  const json* type = field(*fmt, "type");
+  if (!type || !type->is_string())
+    return wrong_type(where + ".type", "a string", type ? *type : json());
+  if (responses) req->text_format = *fmt;
+  if (*type == "json_object") req->json_object = true;
+  if (*type != "json_schema") return std::nullopt;
+  // Chat / completions: {"type": "json_schema", "json_schema": {...}}; responses: flat.
+  const std::string js_name = responses ? where : where + ".json_schema";
+  const json* js = responses ? fmt : field(*fmt, "json_schema");
+  if (!js) return invalid_request("'" + js_name + "' is required", js_name);
+  if (!js->is_object()) return wrong_type(js_name, "an object", *js);
+  if (const json* n = field(*js, "name"); n && !n->is_string())
+    return wrong_type(js_name + ".name", "a string", *n);
+  if (const json* st = field(*js, "strict"); st && !st->is_boolean())
+    return wrong_type(js_name + ".strict", "a boolean", *st);
+  const json* schema = field(*js, "schema");
+  if (!schema) return invalid_request("'" + js_name + ".schema' is required", js_name + ".schema");
+  return compile_schema(*schema, js_name + ".schema", &req->json_schema);
 }
 
 std::optional<ApiError> parse_stop(const json& body, OpenAIRequest* req) {
@@ -600,8 +682,7 @@ std::optional<ApiError> parse_fields(const json& body, const ModelLimits& limits
   }
 
   if (auto e = refuse_unsupported(body, req->endpoint)) return e;
-  if (const json* rf = field(body, "response_format"); rf && (*rf)["type"] == "json_object")
-    req->json_object = true;  // checked against a constrained tool call below
+  if (auto e = parse_response_format(body, req)) return e;  // checked against forced calls below
   if (req->endpoint == Endpoint::kChatCompletions) {
     if (auto e = parse_messages(body, req)) return e;
   } else if (req->endpoint == Endpoint::kResponses) {

@@ -15,13 +15,23 @@
 // "auto", "none", "required" with tools, or {"type": "function", "function": {"name"}} naming one
 // of the tools). A null value means "not given". Unknown fields are ignored, as OpenAI clients
 // expect; known ones this server does not implement (min_p, logit_bias, best_of, echo, suffix, beam
-// search, stop_token_ids, response_format other than text, functions, tool_choice outside chat,
-// audio output, guided decoding) get a 400 naming them unless set to their no-op value.
+// search, stop_token_ids, functions, tool_choice outside chat, audio output, guided decoding) get a
+// 400 naming them unless set to their no-op value.
+// response_format: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema",
+// "json_schema": {"schema": {...}, "name", "strict", "description"}} (chat and completions):
+// constrained decoding; the schema is compiled here (engine/json_schema.h lists the keywords),
+// and a keyword outside the supported subset is a 400 naming it and where it is
+// (param "response_format.json_schema.schema"). strict true or false constrains the same way.
+// A tool with function.strict true has its parameters compiled the same way: a forced call to it
+// (tool_choice "required" or naming it) has arguments valid under them; with tool_choice "auto"
+// nothing is constrained.
 //
 // /v1/responses: input (a string, or message items {role, content} whose content is a string or
 // input_text/output_text parts), instructions (a system message first), max_output_tokens,
-// temperature, top_p, stream; tools, previous_response_id, background, conversation, n > 1,
-// logprobs / top_logprobs and non-text output formats get a 400.
+// temperature, top_p, stream, text.format (text, json_object, or json_schema with its fields
+// flat: {"type": "json_schema", "name", "schema", "strict"}); tools, previous_response_id,
+// background, conversation, n > 1, logprobs / top_logprobs and response_format (use text.format)
+// get a 400.
 //
 // Chat messages are normalized for the chat template (the validator accepts exactly what the
 // template is given): roles system, developer (sent as system), user, assistant, tool, anything
@@ -35,6 +45,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,6 +55,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine_api.h"
+#include "engine/json_schema.h"
 
 namespace oscar::server {
 
@@ -101,9 +113,18 @@ struct OpenAIRequest {
   // constrained to one call to one of tool_call_names (engine/tool_constraint.h).
   std::string tool_choice;
   std::vector<std::string> tool_call_names;
-  // response_format {"type": "json_object"} (chat and completions): the output is constrained to
-  // one JSON object (engine/tool_constraint.h).
+  // Empty, or one per tool_call_names: the compiled parameters of the tools with
+  // function.strict true (null for the others).
+  std::vector<std::shared_ptr<const engine::JsonSchema>> tool_call_schemas;
+  // response_format {"type": "json_object"} (chat and completions; /v1/responses: text.format):
+  // the output is constrained to one JSON object (engine/tool_constraint.h).
   bool json_object = false;
+  // response_format {"type": "json_schema", "json_schema": {"schema", "name", "strict"}} (chat
+  // and completions; /v1/responses: text.format {"type": "json_schema", "schema", ...}): the
+  // output is constrained to one document valid under it (engine/json_schema.h).
+  std::shared_ptr<const engine::JsonSchema> json_schema;
+  // /v1/responses: the text.format given ({"type": "text"} when none), echoed in the response.
+  nlohmann::ordered_json text_format;
 
   // /v1/completions: either text or ids.
   bool prompt_is_ids = false;

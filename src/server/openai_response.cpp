@@ -263,7 +263,8 @@ json response_object(const ResponseMeta& meta, const std::string& status,
   r["parallel_tool_calls"] = false;
   r["tool_choice"] = "none";
   r["tools"] = json::array();
-  r["text"] = json{{"format", {{"type", "text"}}}};
+  r["text"] =
+      json{{"format", meta.text_format.is_object() ? meta.text_format : json{{"type", "text"}}}};
   json u = json::object();
   u["input_tokens"] = usage.prompt_tokens;
   u["input_tokens_details"] = json{{"cached_tokens", usage.cached_tokens}};

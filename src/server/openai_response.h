@@ -28,6 +28,7 @@ struct ResponseMeta {
   std::string id;        // "chatcmpl-...", "cmpl-..." or "resp_..."
   int64_t created = 0;   // Unix seconds
   std::string model;
+  nlohmann::ordered_json text_format = nullptr;  // /v1/responses: text.format asked; null: text
 };
 
 // A fresh id with the endpoint's prefix and 24 random hex digits. Thread-safe.

@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
 #include "engine/tool_constraint.h"
+#include "schema_validator.h"
 
 namespace oscar::engine {
 namespace {
@@ -289,6 +292,238 @@ TEST(ToolCallConstraint, RefusesNoNames) {
   c.value()->allowed_tokens(&allowed, 100);
   EXPECT_EQ(allowed[x], 0);
   EXPECT_EQ(std::count(allowed.begin(), allowed.end(), 1), 1);
+}
+
+// ---- structured outputs (json_schema) and strict tool calls ----
+
+using ojson = nlohmann::ordered_json;
+
+// Schemas for the token-level draws: OpenAI's math reasoning and UI examples, and small ones with
+// every kind of value.
+const char* kTokenSchemas[] = {
+    R"({"type":"object","properties":{"steps":{"type":"array","items":{"type":"object","properties":{"explanation":{"type":"string"},"output":{"type":"string"}},"required":["explanation","output"],"additionalProperties":false}},"final_answer":{"type":"string"}},"required":["steps","final_answer"],"additionalProperties":false})",
+    R"({"type":"object","properties":{"type":{"type":"string","enum":["div","button","header","section","field","form"]},"label":{"type":"string"},"children":{"type":"array","items":{"$ref":"#"}},"attributes":{"type":"array","items":{"type":"object","properties":{"name":{"type":"string"},"value":{"type":"string"}},"required":["name","value"],"additionalProperties":false}}},"required":["type","label","children","attributes"],"additionalProperties":false})",
+    R"({"type":"object","properties":{"name":{"type":"string","maxLength":20},"age":{"type":"integer","minimum":0,"maximum":120},"score":{"type":"number","minimum":-1,"maximum":1},"ok":{"type":"boolean"},"tags":{"type":"array","items":{"enum":["x","y"]},"minItems":1,"maxItems":3},"note":{"type":["string","null"]}},"required":["name","age","ok","tags"]})",
+    R"({"anyOf":[{"type":"object","properties":{"kind":{"const":"circle"},"r":{"type":"number","exclusiveMinimum":0}},"required":["kind","r"]},{"type":"object","properties":{"kind":{"const":"square"},"side":{"type":"integer","minimum":1}},"required":["kind","side"]}]})",
+    R"({"type":"integer","minimum":10,"maximum":99})",
+    R"({"type":"array","items":{"type":"string","minLength":1,"maxLength":4},"minItems":2,"maxItems":2})",
+};
+
+std::shared_ptr<const JsonSchema> compile_or_die(const char* text) {
+  auto r = JsonSchema::compile(ojson::parse(text));
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? r.value() : nullptr;
+}
+
+// Random allowed tokens (steered to closing characters late, as in random_call) until done or the
+// budget ends; returns the text, with *eos when the end-of-sequence token ended it.
+std::string random_document(const tok::Tokenizer& t, ToolCallConstraint& c, int budget,
+                            std::mt19937_64& rng, bool* ended) {
+  std::vector<uint8_t> allowed;
+  std::vector<int32_t> ids, choices;
+  const int32_t eos = t.eos_token_id().value_or(-1);
+  *ended = false;
+  for (int step = 0; step < budget && !c.done(); ++step) {
+    c.allowed_tokens(&allowed, budget - step);
+    choices.clear();
+    for (int32_t i = 0; i < static_cast<int32_t>(allowed.size()); ++i)
+      if (allowed[i]) choices.push_back(i);
+    EXPECT_FALSE(choices.empty()) << "step " << step << " after " << t.decode(ids) << " ("
+                                  << ids.size() << " tokens, last "
+                                  << (ids.empty() ? -1 : ids.back()) << ")";
+    if (choices.empty()) break;
+    int32_t tok = choices[rng() % choices.size()];
+    if (step > budget / 3)
+      for (int32_t ch : choices)
+        if (t.token_bytes(ch).find_first_of("}]\"") != std::string_view::npos && rng() % 2) {
+          tok = ch;
+          break;
+        }
+    EXPECT_TRUE(c.advance(tok));
+    if (tok == eos) {
+      *ended = true;
+      break;
+    }
+    ids.push_back(tok);
+  }
+  return t.decode(ids);
+}
+
+void check_schema_draws(const tok::Tokenizer& t, int reps, std::shared_ptr<const TokenTrie> vocab) {
+  std::mt19937_64 rng(5);
+  for (const char* text : kTokenSchemas) {
+    // A top-level number ends with end-of-sequence: not with a tokenizer that has none (the
+    // Qwen3 test tokenizer ships without its config).
+    if (text == kTokenSchemas[4] && !t.eos_token_id()) continue;
+    SCOPED_TRACE(text);
+    const ojson schema = ojson::parse(text);
+    auto compiled = compile_or_die(text);
+    ASSERT_TRUE(compiled);
+    for (int budget : {static_cast<int>(compiled->node(compiled->root()).min_bytes) + 2, 40, 150}) {
+      for (int rep = 0; rep < reps; ++rep) {
+        auto c = ToolCallConstraint::create_json_schema(t, compiled, vocab);
+        bool ended = false;
+        const std::string doc = random_document(t, *c, budget, rng, &ended);
+        ASSERT_TRUE(c->done()) << "budget " << budget << ": " << doc;
+        ojson v;
+        ASSERT_NO_THROW(v = ojson::parse(doc)) << doc;
+        std::string why;
+        EXPECT_TRUE(test::validate(v, schema, schema, &why)) << why << "\n" << doc;
+      }
+    }
+  }
+}
+
+TEST(ToolCallConstraint, JsonSchemaDrawsValidateTinyModel) {
+  auto t = tok::Tokenizer::load("models/tiny-qwen3");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  check_schema_draws(t.value(), 6, TokenTrie::build(t.value()));
+}
+
+TEST(ToolCallConstraint, JsonSchemaDrawsValidateQwen3Tokenizer) {
+  auto t = tok::Tokenizer::load("tests/data/qwen3_tokenizer");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  check_schema_draws(t.value(), 1, TokenTrie::build(t.value()));
+}
+
+// The trie walk gives the same mask as probing each token alone (the definition).
+TEST(ToolCallConstraint, JsonSchemaMaskEqualsPerTokenProbe) {
+  auto t = tok::Tokenizer::load("models/tiny-qwen3");
+  ASSERT_TRUE(t.ok());
+  auto vocab = TokenTrie::build(t.value());
+  auto compiled = compile_or_die(kTokenSchemas[2]);
+  ASSERT_TRUE(compiled);
+  auto c = ToolCallConstraint::create_json_schema(t.value(), compiled, vocab);
+  JsonSchemaPrefix doc(compiled.get());
+  std::mt19937_64 rng(3);
+  std::vector<uint8_t> allowed;
+  for (int step = 0; step < 40 && !c->done(); ++step) {
+    const int64_t left = 1000;
+    c->allowed_tokens(&allowed, left);
+    for (int32_t tok = 0; tok < t.value().vocab_size(); ++tok) {
+      const std::string& b = vocab->bytes[static_cast<size_t>(tok)];
+      bool ok = !b.empty();
+      JsonSchemaPrefix probe = doc;
+      for (size_t i = 0; ok && i < b.size(); ++i)
+        ok = !probe.complete() && probe.feed(static_cast<unsigned char>(b[i]));
+      ok = ok && probe.min_completion() <= left - 1;
+      ASSERT_EQ(allowed[static_cast<size_t>(tok)] != 0, ok) << "token " << tok << " '" << b << "'";
+    }
+    std::vector<int32_t> choices;
+    for (int32_t i = 0; i < static_cast<int32_t>(allowed.size()); ++i)
+      if (allowed[i]) choices.push_back(i);
+    ASSERT_FALSE(choices.empty());
+    const int32_t tok = choices[rng() % choices.size()];
+    ASSERT_TRUE(c->advance(tok));
+    for (char ch : vocab->bytes[static_cast<size_t>(tok)])
+      ASSERT_TRUE(doc.feed(static_cast<unsigned char>(ch)));
+  }
+}
+
+// A top-level number ends with the end-of-sequence token, allowed once the number may end.
+TEST(ToolCallConstraint, JsonSchemaTopLevelNumberEndsWithEos) {
+  auto t = tok::Tokenizer::load("models/tiny-qwen3");
+  ASSERT_TRUE(t.ok());
+  const int32_t eos = t.value().eos_token_id().value();
+  auto c = ToolCallConstraint::create_json_schema(t.value(), compile_or_die(kTokenSchemas[4]));
+  std::vector<uint8_t> allowed;
+  c->allowed_tokens(&allowed, 10);
+  EXPECT_EQ(allowed[static_cast<size_t>(eos)], 0);
+  ASSERT_TRUE(c->advance(t.value().encode("4")[0]));
+  c->allowed_tokens(&allowed, 10);
+  EXPECT_EQ(allowed[static_cast<size_t>(eos)], 0);  // 4 is below the minimum
+  ASSERT_TRUE(c->advance(t.value().encode("2")[0]));
+  c->allowed_tokens(&allowed, 10);
+  EXPECT_EQ(allowed[static_cast<size_t>(eos)], 1);
+  EXPECT_EQ(std::count(allowed.begin(), allowed.end(), 1), 1);  // 42: two digits at most
+  EXPECT_TRUE(c->advance(eos));
+  EXPECT_TRUE(c->done());
+}
+
+// Strict tool calls: the arguments of each name follow that name's schema.
+TEST(ToolCallConstraint, StrictToolArgumentsFollowTheirSchema) {
+  auto t = tok::Tokenizer::load("models/tiny-qwen3");
+  ASSERT_TRUE(t.ok());
+  const char* weather =
+      R"({"type":"object","properties":{"city":{"type":"string","minLength":1},"unit":{"enum":["c","f"]}},"required":["city","unit"],"additionalProperties":false})";
+  const std::vector<std::string> names = {"get_weather", "get_time"};
+  const std::vector<std::shared_ptr<const JsonSchema>> schemas = {compile_or_die(weather), nullptr};
+  auto vocab = TokenTrie::build(t.value());
+  std::mt19937_64 rng(9);
+  int weather_calls = 0;
+  for (int rep = 0; rep < 16; ++rep) {
+    auto c = ToolCallConstraint::create(t.value(), names, schemas, vocab);
+    ASSERT_TRUE(c.ok());
+    bool ended = false;
+    const std::string text = random_document(t.value(), *c.value(), 90, rng, &ended);
+    ASSERT_TRUE(c.value()->done()) << text;
+    const std::string open = "<tool_call>\n", close = "\n</tool_call>";
+    ASSERT_EQ(text.rfind(open, 0), 0u) << text;
+    const std::string body = text.substr(open.size(), text.size() - open.size() - close.size());
+    ojson j;
+    ASSERT_NO_THROW(j = ojson::parse(body)) << body;
+    if (j["name"] == "get_weather") {
+      ++weather_calls;
+      std::string why;
+      const ojson schema = ojson::parse(weather);
+      EXPECT_TRUE(test::validate(j["arguments"], schema, schema, &why)) << why << "\n" << body;
+    } else {
+      EXPECT_TRUE(j["arguments"].is_object()) << body;
+    }
+  }
+  EXPECT_GT(weather_calls, 0);
+  // A non-object schema is refused for arguments.
+  EXPECT_FALSE(
+      ToolCallConstraint::create(t.value(), {"f"}, {compile_or_die(R"({"type":"string"})")}).ok());
+  EXPECT_FALSE(ToolCallConstraint::create(t.value(), {"f", "g"}, {nullptr}).ok());
+}
+
+// The mask's cost per decoded token (printed; not a pass/fail bound): the tiny model's vocabulary
+// and Qwen3's, at the start of a document, inside a free string and inside a number.
+TEST(ToolCallConstraint, JsonSchemaMaskCost) {
+  for (const char* dir : {"models/tiny-qwen3", "tests/data/qwen3_tokenizer"}) {
+    auto t = tok::Tokenizer::load(dir);
+    ASSERT_TRUE(t.ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    auto vocab = TokenTrie::build(t.value());
+    const double build_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    auto compiled = compile_or_die(kTokenSchemas[0]);
+    std::printf(
+        "[ mask cost ] %s: vocab %d, trie %zu nodes (%zu plain string tokens) built in "
+        "%.1f ms\n",
+        dir, t.value().vocab_size(), vocab->all.nodes.size(), vocab->plain.size(), build_ms);
+    auto person = compile_or_die(kTokenSchemas[2]);
+    for (const auto& [label, prefix] : std::vector<std::pair<const char*, std::string>>{
+             {"start", ""},
+             {"in a string", R"({"steps":[{"explanation":"abc)"},
+             {"after a key", R"({"steps":[{"explanation")"},
+             {"in a number", R"({"name":"a","age":4)"}}) {
+      auto c = ToolCallConstraint::create_json_schema(
+          t.value(), prefix.rfind(R"({"name")", 0) == 0 ? person : compiled, vocab);
+      for (int32_t id : t.value().encode(prefix)) ASSERT_TRUE(c->advance(id)) << prefix;
+      std::vector<uint8_t> allowed;
+      const int reps = 20;
+      const auto s0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < reps; ++r) c->allowed_tokens(&allowed, 1000);
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count() /
+          reps;
+      std::printf("[ mask cost ] %s, %s: %.3f ms per token, %lld tokens allowed\n", dir, label, ms,
+                  static_cast<long long>(std::count(allowed.begin(), allowed.end(), 1)));
+    }
+    // The JSON-object machine (response_format json_object) for comparison.
+    auto j = ToolCallConstraint::create_json_object(t.value(), vocab);
+    for (int32_t id : t.value().encode(R"({"steps":[{"explanation":"abc)"))
+      ASSERT_TRUE(j->advance(id));
+    std::vector<uint8_t> allowed;
+    const auto s0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < 20; ++r) j->allowed_tokens(&allowed, 1000);
+    std::printf(
+        "[ mask cost ] %s, json_object in a string: %.3f ms per token\n", dir,
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count() /
+            20);
+  }
 }
 
 }  // namespace

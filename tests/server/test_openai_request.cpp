@@ -220,13 +220,63 @@ std::vector<BadCase> bad_cases() {
        "repetition_penalty", "a number"},
       {"logit_bias", C, R"({"model":"m","logit_bias":{"5":-100},)" + kMsgs + "}", 400, "logit_bias",
        "not supported"},
-      {"response_format_schema", C,
+      {"response_format_schema_missing", C,
        R"({"model":"m","response_format":{"type":"json_schema","json_schema":{"name":"x"}},)" +
            kMsgs + "}",
-       400, "response_format", "json_schema is not implemented"},
+       400, "response_format.json_schema.schema", "is required"},
+      {"response_format_json_schema_missing", P,
+       R"({"model":"m","prompt":"x","response_format":{"type":"json_schema"}})", 400,
+       "response_format.json_schema", "is required"},
+      {"response_format_schema_pattern", C,
+       R"({"model":"m","response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)"
+       R"({"type":"object","properties":{"a":{"type":"string","pattern":"^a"}}}}},)" +
+           kMsgs + "}",
+       400, "response_format.json_schema.schema", "'pattern' (at #/properties/a) is not supported"},
+      {"response_format_schema_oneof", P,
+       R"({"model":"m","prompt":"x","response_format":{"type":"json_schema","json_schema":)"
+       R"({"schema":{"oneOf":[{"type":"string"}]}}}})",
+       400, "response_format.json_schema.schema", "'oneOf' (at #) is not supported"},
+      {"response_format_schema_strict_type", C,
+       R"({"model":"m","response_format":{"type":"json_schema","json_schema":{"schema":{},)"
+       R"("strict":"yes"}},)" +
+           kMsgs + "}",
+       400, "response_format.json_schema.strict", "a boolean"},
+      {"response_format_schema_not_object", C,
+       R"({"model":"m","response_format":{"type":"json_schema","json_schema":{"schema":4}},)" +
+           kMsgs + "}",
+       400, "response_format.json_schema.schema", "must be an object or a boolean"},
+      {"response_format_grammar", C,
+       R"({"model":"m","response_format":{"type":"grammar","grammar":"x"},)" + kMsgs + "}", 400,
+       "response_format", "structured output is"},
       {"response_format_responses", R,
        R"({"model":"m","input":"x","response_format":{"type":"json_object"}})", 400,
-       "response_format", "structured output"},
+       "response_format", "use 'text.format'"},
+      {"text_format_responses_schema", R,
+       R"({"model":"m","input":"x","text":{"format":{"type":"json_schema","name":"x",)"
+       R"("schema":{"type":"object","properties":{"a":{"format":"email"}}}}}})",
+       400, "text.format.schema", "'format' (at #/properties/a) is not supported"},
+      {"text_format_responses_other", R,
+       R"({"model":"m","input":"x","text":{"format":{"type":"grammar"}}})", 400, "text",
+       "text.format is"},
+      {"tool_strict_unsupported", C,
+       R"({"model":"m","tools":[{"type":"function","function":{"name":"f","strict":true,)"
+       R"("parameters":{"type":"object","properties":{"n":{"type":"number","multipleOf":2}}}}}],)" +
+           kMsgs + "}",
+       400, "tools[0].function.parameters", "'multipleOf' (at #/properties/n) is not supported"},
+      {"tool_strict_not_object", C,
+       R"({"model":"m","tools":[{"type":"function","function":{"name":"f","strict":true,)"
+       R"("parameters":{"type":"string"}}}],)" +
+           kMsgs + "}",
+       400, "tools[0].function.parameters", "must be an object schema"},
+      {"tool_strict_type", C,
+       R"({"model":"m","tools":[{"type":"function","function":{"name":"f","strict":1}}],)" + kMsgs +
+           "}",
+       400, "tools[0].function.strict", "a boolean"},
+      {"response_format_schema_and_forced_call", C,
+       R"({"model":"m","response_format":{"type":"json_schema","json_schema":{"schema":{}}},)"
+       R"("tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required",)" +
+           kMsgs + "}",
+       400, "response_format", "json_schema cannot be combined"},
       {"response_format_and_forced_call", C,
        R"({"model":"m","response_format":{"type":"json_object"},"tools":[{"type":"function",)"
        R"("function":{"name":"f"}}],"tool_choice":"required",)" +
@@ -306,6 +356,65 @@ TEST(OpenAIRequest, JsonObjectResponseFormat) {
   ParseResult t = chat(R"({"model":"m","response_format":{"type":"text"},)" + kMsgs + "}");
   ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(t));
   EXPECT_FALSE(std::get<OpenAIRequest>(t).json_object);
+}
+
+TEST(OpenAIRequest, JsonSchemaResponseFormat) {
+  const std::string schema =
+      R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],)"
+      R"("additionalProperties":false})";
+  for (const char* strict : {"true", "false"}) {
+    ParseResult c = chat(R"({"model":"m","response_format":{"type":"json_schema","json_schema":)"
+                         R"({"name":"x","strict":)" +
+                         std::string(strict) + R"(,"schema":)" + schema + "}}," + kMsgs + "}");
+    ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(c)) << std::get<ApiError>(c).message;
+    ASSERT_TRUE(std::get<OpenAIRequest>(c).json_schema);
+    EXPECT_TRUE(std::get<OpenAIRequest>(c).json_schema->root_is_object());
+    EXPECT_FALSE(std::get<OpenAIRequest>(c).json_object);
+  }
+  ParseResult p = completion(R"({"model":"m","prompt":"x","response_format":{"type":"json_schema",)"
+                             R"("json_schema":{"schema":)" +
+                             schema + "}}}");
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(p)) << std::get<ApiError>(p).message;
+  EXPECT_TRUE(std::get<OpenAIRequest>(p).json_schema);
+  // /v1/responses: text.format, flat; echoed in the response.
+  ParseResult r = parse_openai_request(
+      Endpoint::kResponses,
+      R"({"model":"m","input":"x","text":{"format":{"type":"json_schema","name":"x","strict":true,)"
+      R"("schema":)" +
+          schema + "}}}",
+      kLimits);
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(r)) << std::get<ApiError>(r).message;
+  EXPECT_TRUE(std::get<OpenAIRequest>(r).json_schema);
+  EXPECT_EQ(std::get<OpenAIRequest>(r).text_format["name"], "x");
+  ParseResult o = parse_openai_request(
+      Endpoint::kResponses, R"({"model":"m","input":"x","text":{"format":{"type":"json_object"}}})",
+      kLimits);
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(o)) << std::get<ApiError>(o).message;
+  EXPECT_TRUE(std::get<OpenAIRequest>(o).json_object);
+}
+
+// Strict tools: a forced call carries each named tool's compiled parameters (null when not strict).
+TEST(OpenAIRequest, StrictToolSchemas) {
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"a","strict":true,"parameters":)"
+      R"({"type":"object","properties":{"x":{"type":"string"}},"required":["x"],)"
+      R"("additionalProperties":false}}},{"type":"function","function":{"name":"b",)"
+      R"("parameters":{"type":"object","properties":{"y":{"type":"string","pattern":"z"}}}}}],)";
+  ParseResult req = chat(R"({"model":"m",)" + tools + R"("tool_choice":"required",)" + kMsgs + "}");
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(req)) << std::get<ApiError>(req).message;
+  const OpenAIRequest& r = std::get<OpenAIRequest>(req);
+  ASSERT_EQ(r.tool_call_names, (std::vector<std::string>{"a", "b"}));
+  ASSERT_EQ(r.tool_call_schemas.size(), 2u);
+  EXPECT_TRUE(r.tool_call_schemas[0]);
+  EXPECT_FALSE(r.tool_call_schemas[1]);  // not strict: any object (its pattern is not compiled)
+  ParseResult named =
+      chat(R"({"model":"m",)" + tools +
+           R"("tool_choice":{"type":"function","function":{"name":"a"}},)" + kMsgs + "}");
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(named));
+  EXPECT_EQ(std::get<OpenAIRequest>(named).tool_call_schemas.size(), 1u);
+  ParseResult none = chat(R"({"model":"m",)" + tools + kMsgs.substr(0) + "}");
+  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(none));
+  EXPECT_TRUE(std::get<OpenAIRequest>(none).tool_call_schemas.empty());
 }
 
 TEST(OpenAIRequest, RepetitionPenaltyBounds) {

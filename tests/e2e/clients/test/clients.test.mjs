@@ -10,7 +10,7 @@
 import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
-import { generateText, streamText, tool, isStepCount } from 'ai';
+import { generateText, generateObject, streamText, tool, isStepCount, Output } from 'ai';
 import { ChatOpenAI } from '@langchain/openai';
 import { HumanMessage, SystemMessage, ToolMessage } from '@langchain/core/messages';
 import { z } from 'zod';
@@ -283,4 +283,58 @@ test('a budget too small for the whole call is cut by length, not failed', real,
     }),
     { name: 'AI_ToolChoiceViolationError' },
   );
+});
+
+// Structured outputs against the real model: each client's own API with a zod schema. LangChain's
+// withStructuredOutput defaults to response_format json_schema (method "jsonSchema"); the AI SDK's
+// openai-compatible provider sends json_schema when created with supportsStructuredOutputs (else
+// json_object, which would not hold the tiny model to the schema). The server constrains decoding
+// to the schema, so what comes back validates.
+const Person = z.object({
+  name: z.string().max(40),
+  age: z.number().int().min(0).max(120),
+  kind: z.enum(['capital', 'town', 'village']),
+  tags: z.array(z.string().max(20)).max(2),
+  note: z.string().max(40).nullable(),
+  address: z.object({ city: z.string().max(30), zip: z.string().max(10).optional() }),
+});
+
+test('LangChain: withStructuredOutput(zod) with its defaults', real, async () => {
+  const structured = chat({ maxTokens: 250, temperature: 0 }).withStructuredOutput(Person);
+  const r = await structured.invoke([new HumanMessage('Describe Paris as a person record.')]);
+  assert.deepEqual(Person.parse(r), r);
+  // Sampled too, and with the raw message.
+  const raw = await chat({ maxTokens: 250, temperature: 1 }).withStructuredOutput(Person, { includeRaw: true, name: 'person' })
+    .invoke([new HumanMessage('Describe Lyon.')]);
+  assert.deepEqual(Person.parse(raw.parsed), raw.parsed);
+  assert.equal(raw.raw.response_metadata.finish_reason, 'stop');
+});
+
+test('LangChain: withStructuredOutput with an unsupported zod check is a 400 naming it', real, async () => {
+  await assert.rejects(
+    chat({ maxTokens: 20 }).withStructuredOutput(z.object({ email: z.string().email() })).invoke([new HumanMessage('x')]),
+    (err) => {
+      assert.equal(err.status, 400);
+      assert.match(String(err.message), /'(format|pattern)' \(at #\/properties\/email\) is not supported/);
+      return true;
+    },
+  );
+});
+
+test('AI SDK: generateObject with a zod schema', real, async () => {
+  const provider = createOpenAICompatible({ name: 'oscar', baseURL: `${baseURL}/v1`, apiKey, supportsStructuredOutputs: true });
+  for (const temperature of [0, 1]) {
+    const r = await generateObject({
+      model: provider.chatModel(modelId), schema: Person, schemaName: 'person',
+      prompt: 'Describe Paris as a person record.', maxOutputTokens: 250, temperature, maxRetries: 0,
+    });
+    assert.deepEqual(Person.parse(r.object), r.object);
+    assert.equal(r.finishReason, 'stop');
+  }
+  // generateObject's successor in AI SDK 7: generateText with an output setting.
+  const t = await generateText({
+    model: provider.chatModel(modelId), output: Output.object({ schema: Person }),
+    prompt: 'Describe Lyon.', maxOutputTokens: 250, temperature: 0, maxRetries: 0,
+  });
+  assert.deepEqual(Person.parse(t.output), t.output);
 });
