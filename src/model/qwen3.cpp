@@ -63,6 +63,9 @@ void Qwen3Model::init_rope() {
 
 Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir) {
   OSCAR_ASSIGN_OR_RETURN(format::ModelConfig config, format::ModelConfig::load(dir));
+  if (config.is_moe())
+    return unimplemented("%s: %s: the MoE forward pass is not implemented yet", dir.c_str(),
+                         config.architecture_name.c_str());
   OSCAR_ASSIGN_OR_RETURN(format::Checkpoint ckpt, format::Checkpoint::open(dir));
   OSCAR_ASSIGN_OR_RETURN(format::BoundWeights bound, format::bind_weights(config, ckpt));
 
@@ -102,6 +105,9 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir) {
 Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load_dummy(const format::ModelConfig& config,
                                                            uint64_t seed,
                                                            kernels::Backend* backend) {
+  if (config.is_moe())
+    return unimplemented("%s: the MoE forward pass is not implemented yet",
+                         config.architecture_name.c_str());
   kernels::Backend& be = backend != nullptr ? *backend : kernels::cpu_backend();
   const bool device = be.device() != Device::kCpu;
   std::unique_ptr<Qwen3Model> m(new Qwen3Model());
