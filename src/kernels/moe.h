@@ -66,9 +66,10 @@ struct MoeFfnParams {
   size_t work_bytes = 0;
 };
 
-// The scratch moe_ffn needs: the rows grouped by expert ([n·top_k, hidden] gathered x and expert
-// outputs, [n·top_k, moe_inter] gate and up) and the permutation ([n·top_k] row slots,
-// [n_experts + 1] offsets).
+// The scratch moe_ffn needs: the rows grouped by expert ([n·top_k, hidden] gathered x, then
+// the expert outputs in place; [n·top_k, moe_inter] gate and up) and the permutation
+// ([n·top_k] positions, [n_experts + 1] offsets): about n·top_k·(hidden + 2·moe_inter) floats,
+// 100 KiB a row at Qwen3-30B-A3B's shape.
 size_t moe_ffn_work_bytes(int64_t n, int32_t top_k, int32_t n_experts, int64_t hidden,
                           int64_t moe_inter);
 

@@ -21,8 +21,8 @@ size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
 // The scratch of moe_ffn, carved from MoeFfnParams::work in this order.
 struct FfnWork {
-  float* xs;          // [slots, hidden] x rows grouped by expert
-  float* ys;          // [slots, hidden] their expert outputs
+  float* xs;          // [slots, hidden] x rows grouped by expert; then their expert outputs
+                      // (an expert's down product overwrites its own rows, read by then)
   float* gate;        // [slots, inter]
   float* up;          // [slots, inter]
   int32_t* pos;       // [slots] grouped position of slot t·top_k + j
@@ -42,7 +42,6 @@ size_t layout(int64_t slots, int32_t n_experts, int64_t hidden, int64_t inter, u
   const size_t s = static_cast<size_t>(slots), e = static_cast<size_t>(n_experts);
   FfnWork v;
   v.xs = reinterpret_cast<float*>(take(s * hidden * sizeof(float)));
-  v.ys = reinterpret_cast<float*>(take(s * hidden * sizeof(float)));
   v.gate = reinterpret_cast<float*>(take(s * inter * sizeof(float)));
   v.up = reinterpret_cast<float*>(take(s * inter * sizeof(float)));
   v.pos = reinterpret_cast<int32_t*>(take(s * sizeof(int32_t)));
@@ -71,7 +70,7 @@ Status run_expert(const MoeFfnParams& p, const FfnWork& w, int32_t e, int64_t r0
   d.x = g.y;
   d.n = rows;
   d.w = p.down.expert(e);
-  d.y = w.ys + r0 * hidden;
+  d.y = w.xs + r0 * hidden;  // gate/up have read these rows
   return linear(d);
 }
 
@@ -165,7 +164,7 @@ Status moe_ffn(const MoeFfnParams& p) {
     float* y = p.y + t * hidden;
     for (int32_t j = 0; j < p.top_k; ++j) {
       const float wj = p.weights[t * p.top_k + j];
-      const float* o = w.ys + static_cast<int64_t>(w.pos[t * p.top_k + j]) * hidden;
+      const float* o = w.xs + static_cast<int64_t>(w.pos[t * p.top_k + j]) * hidden;
       if (j == 0)
         for (int64_t h = 0; h < hidden; ++h) y[h] = wj * o[h];
       else
