@@ -2,7 +2,7 @@
 """Hugging Face golden logits for models/tiny-qwen3-moe (issue #25).
 
 Runs the tiny Qwen3-MoE checkpoint (scripts/make_tiny_moe.py) through transformers'
-Qwen3MoeForCausalLM in float32 (eager attention, TF32 off) and writes, in the layout of
+Qwen3MoeForCausalLM in float32 (eager attention, eager experts, TF32 off) and writes, in the layout of
 models/tiny-qwen3/golden (read by tests/model/test_moe_model.cpp, MoeModel.HuggingFaceGolden):
 
   OUT/logits.safetensors   {name}.input_ids int64 [T], {name}.logits_last8 float32 [min(8, T), vocab],
@@ -59,8 +59,14 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
-    model, info = Qwen3MoeForCausalLM.from_pretrained(
-        args.model, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    # The eager experts backend (a loop over the selected experts in float32), as the reference;
+    # transformers before 5.3 has no experts backends (its loop is the eager one).
+    kwargs = dict(dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    try:
+        model, info = Qwen3MoeForCausalLM.from_pretrained(
+            args.model, experts_implementation="eager", **kwargs)
+    except (TypeError, ValueError):
+        model, info = Qwen3MoeForCausalLM.from_pretrained(args.model, **kwargs)
     problems = {k: v for k, v in info.items() if v}
     if problems:
         sys.exit(f"checkpoint does not load cleanly: {problems}")
@@ -88,7 +94,8 @@ def main():
 
     tensors, index = {}, {
         "compute": f"transformers Qwen3MoeForCausalLM, bf16 weights loaded with dtype=float32, "
-                   f"attn_implementation=eager, {device} fp32 with TF32 disabled",
+                   f"attn_implementation=eager, experts_implementation=eager, {device} fp32 "
+                   f"with TF32 disabled",
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
         "prompts": [],
