@@ -45,21 +45,21 @@ struct MoeRouteParams {
   const float* logits = nullptr;  // [n, n_experts] router logits
   int64_t n = 0;
   int32_t n_experts = 0;
-  int32_t top_k = 0;             // 1 <= top_k <= n_experts
+  int32_t top_k = 0;  // 1 <= top_k <= n_experts
   bool norm_topk_prob = false;
   int32_t* expert_ids = nullptr;  // out: [n, top_k], descending logit, ties to the lower index
   float* weights = nullptr;       // out: [n, top_k]
 };
 
 struct MoeFfnParams {
-  const float* x = nullptr;       // [n, hidden]
+  const float* x = nullptr;  // [n, hidden]
   int64_t n = 0;
   int32_t top_k = 0;
   const int32_t* expert_ids = nullptr;  // [n, top_k] from moe_route, each in [0, n_experts)
   const float* weights = nullptr;       // [n, top_k]
-  ExpertWeights gate, up;         // [n_experts, moe_inter, hidden]
-  ExpertWeights down;             // [n_experts, hidden, moe_inter]
-  float* y = nullptr;             // out: [n, hidden], overwritten; may not alias x
+  ExpertWeights gate, up;               // [n_experts, moe_inter, hidden]
+  ExpertWeights down;                   // [n_experts, hidden, moe_inter]
+  float* y = nullptr;                   // out: [n, hidden], overwritten; may not alias x
   // Scratch of the fast paths, at least moe_ffn_work_bytes(n, top_k, n_experts, hidden,
   // moe_inter) bytes, 16-byte aligned (the reference needs none). Owned by the caller.
   void* work = nullptr;

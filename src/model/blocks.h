@@ -24,21 +24,21 @@ struct DenseFfnWeights {
 
 // MoE FFN weights (kernels/moe.h): the router, then top_k of the stacked experts per row.
 struct MoeFfnWeights {
-  kernels::WeightView router;           // [n_experts, hidden]
-  kernels::ExpertWeights gate, up;      // [n_experts, moe_inter, hidden]
-  kernels::ExpertWeights down;          // [n_experts, hidden, moe_inter]
+  kernels::WeightView router;       // [n_experts, hidden]
+  kernels::ExpertWeights gate, up;  // [n_experts, moe_inter, hidden]
+  kernels::ExpertWeights down;      // [n_experts, hidden, moe_inter]
   int32_t top_k = 0;
   bool norm_topk_prob = false;
 };
 
 // Scratch of one FFN call over n rows, sized by the caller (Qwen3Model's workspace).
 struct FfnScratch {
-  float* gate = nullptr;           // dense: [n, inter]
-  float* up = nullptr;             // dense: [n, inter]
-  float* router_logits = nullptr;  // MoE: [n, n_experts]
-  int32_t* expert_ids = nullptr;   // MoE: [n, top_k]
+  float* gate = nullptr;            // dense: [n, inter]
+  float* up = nullptr;              // dense: [n, inter]
+  float* router_logits = nullptr;   // MoE: [n, n_experts]
+  int32_t* expert_ids = nullptr;    // MoE: [n, top_k]
   float* expert_weights = nullptr;  // MoE: [n, top_k]
-  void* moe_work = nullptr;        // MoE: kernels::moe_ffn_work_bytes(n, ...) bytes
+  void* moe_work = nullptr;         // MoE: kernels::moe_ffn_work_bytes(n, ...) bytes
   size_t moe_work_bytes = 0;
 };
 

@@ -8,7 +8,8 @@
 //   exponentials, one exp each, the divisions); we allow 2 · (n_experts + top_k + 4) · u relative.
 // - Expert FFN: float32 products of length hidden (gate, up) and moe_inter (down), the SiLU·mul,
 //   and the weighted sum of top_k slots. With G_i = Σ_c |x_c Wg_ic|, U_i likewise, g_i, u_i the
-//   exact gate and up, a_i = silu(g_i) u_i and A_i = 1.1 G_i |u_i| + |silu(g_i)| U_i + |a_i| (|silu'|
+//   exact gate and up, a_i = silu(g_i) u_i and A_i = 1.1 G_i |u_i| + |silu(g_i)| U_i + |a_i|
+//   (|silu'|
 //   <= 1.1 bounds how the gate error moves a_i), every output element is off by at most
 //   (hidden + moe_inter + top_k + 8) · u · Σ_j |w_j| Σ_i |Wd_hi| A_i to first order; the test
 //   allows twice that.
@@ -111,7 +112,7 @@ struct Case {
   DType dtype;
   std::vector<float> x, weights;
   std::vector<int32_t> ids;
-  std::vector<float> wf[3];      // gate, up, down as float (BF16-representable when kBF16)
+  std::vector<float> wf[3];  // gate, up, down as float (BF16-representable when kBF16)
   std::vector<bf16_t> wb[3];
   ExpertWeights view(int m) const {
     ExpertWeights w;
@@ -223,8 +224,8 @@ TEST(MoeFfn, FastMatchesReference) {
     int32_t E, K;
   };
   for (DType dtype : {DType::kBF16, DType::kF32})
-    for (Shape s : {Shape{64, 32, 8, 2}, Shape{128, 48, 16, 4}, Shape{40, 24, 4, 1},
-                    Shape{64, 32, 3, 3}})
+    for (Shape s :
+         {Shape{64, 32, 8, 2}, Shape{128, 48, 16, 4}, Shape{40, 24, 4, 1}, Shape{64, 32, 3, 3}})
       for (int64_t n : {1, 2, 5, 9, 40})
         for (bool skew : {false, true}) {
           const Case c = make_case(n, s.hidden, s.inter, s.E, s.K, dtype, skew, seed++);
@@ -235,11 +236,10 @@ TEST(MoeFfn, FastMatchesReference) {
           double dot = 0, ng = 0, nw = 0;
           for (size_t i = 0; i < got.size(); ++i) {
             const double err = std::fabs(double(got[i]) - want[i]);
-            ASSERT_LE(err, bound[i]) << "dtype " << int(dtype) << " n " << n << " hidden "
-                                     << s.hidden << " E " << s.E << " K " << s.K << " skew "
-                                     << skew << ": first mismatch at row " << i / s.hidden
-                                     << " col " << i % s.hidden << ": got " << got[i] << " want "
-                                     << want[i];
+            ASSERT_LE(err, bound[i])
+                << "dtype " << int(dtype) << " n " << n << " hidden " << s.hidden << " E " << s.E
+                << " K " << s.K << " skew " << skew << ": first mismatch at row " << i / s.hidden
+                << " col " << i % s.hidden << ": got " << got[i] << " want " << want[i];
             dot += double(got[i]) * want[i];
             ng += double(got[i]) * got[i];
             nw += double(want[i]) * want[i];

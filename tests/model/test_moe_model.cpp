@@ -67,8 +67,7 @@ class Reference {
     const int Hq = c_.n_heads_q, Hkv = c_.n_heads_kv;
     const Vec& embed = w("model.embed_tokens.weight");
     Vec x(static_cast<size_t>(T * H));
-    for (int64_t t = 0; t < T; ++t)
-      std::copy_n(embed.begin() + ids[t] * H, H, x.begin() + t * H);
+    for (int64_t t = 0; t < T; ++t) std::copy_n(embed.begin() + ids[t] * H, H, x.begin() + t * H);
     for (int l = 0; l < c_.n_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       Vec h = rms_norm(x, T, H, w(p + "input_layernorm.weight"));
@@ -219,7 +218,8 @@ std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int vocab) {
 
 // got [rows, vocab] against want (float64) rows [row0, row0 + rows).
 void expect_close(const std::vector<float>& got, const Vec& want, int64_t row0, int64_t rows,
-                  int vocab, double tol, const std::string& what, double min_cos_allowed = 1 - 1e-6) {
+                  int vocab, double tol, const std::string& what,
+                  double min_cos_allowed = 1 - 1e-6) {
   ASSERT_EQ(got.size(), static_cast<size_t>(rows * vocab)) << what;
   double max_err = 0, min_cos = 1;
   int64_t worst = -1;
@@ -252,7 +252,8 @@ TEST(MoeModel, TinyCheckpointShape) {
   EXPECT_FALSE(c.moe_layer(1));
   // Every matrix stays BF16 (2 bytes a parameter), norms are float32.
   const int64_t norms = c.hidden_size * (1 + 2 * c.n_layers) + 2 * c.head_dim * c.n_layers;
-  EXPECT_EQ(rt->model().weight_bytes(), static_cast<size_t>(2 * (c.n_params() - norms) + 4 * norms));
+  EXPECT_EQ(rt->model().weight_bytes(),
+            static_cast<size_t>(2 * (c.n_params() - norms) + 4 * norms));
 }
 
 // Prefill of a whole prompt (the grouped experts' many-rows path), logits of every position.
@@ -271,7 +272,8 @@ TEST(MoeModel, PrefillMatchesFloat64Reference) {
     expect_close(logits, want, 0, len, vocab, kLogitTolF32, "prefill " + std::to_string(len));
   }
   std::printf("min router margin %.4g\n", ref.min_router_margin());
-  ASSERT_GT(ref.min_router_margin(), kMinRouterMargin) << "a near-tie in the routing: pick other seeds";
+  ASSERT_GT(ref.min_router_margin(), kMinRouterMargin)
+      << "a near-tie in the routing: pick other seeds";
 }
 
 // A short prefill, then one token a step (one row: the experts in parallel, streaming path).
@@ -281,7 +283,8 @@ TEST(MoeModel, DecodeMatchesFloat64Reference) {
   std::mt19937 rng(2502);
   const std::vector<int32_t> ids = random_tokens(rng, 24, vocab);
   const Vec want = ref.forward(ids);
-  ASSERT_GT(ref.min_router_margin(), kMinRouterMargin) << "a near-tie in the routing: pick other seeds";
+  ASSERT_GT(ref.min_router_margin(), kMinRouterMargin)
+      << "a near-tie in the routing: pick other seeds";
   for (const char* mode : {"f32", "bf16"}) {
     auto rt = make_runtime(mode);
     ASSERT_TRUE(rt);
@@ -293,7 +296,8 @@ TEST(MoeModel, DecodeMatchesFloat64Reference) {
         rt->model().forward_one(std::span<const int32_t>(ids.data(), 8), *cache, &logits).ok());
     expect_close(logits, want, 7, 1, vocab, tol, std::string(mode) + " prefill 8", cos);
     for (size_t t = 8; t < ids.size(); ++t) {
-      ASSERT_TRUE(rt->model().forward_one(std::span<const int32_t>(&ids[t], 1), *cache, &logits).ok());
+      ASSERT_TRUE(
+          rt->model().forward_one(std::span<const int32_t>(&ids[t], 1), *cache, &logits).ok());
       expect_close(logits, want, static_cast<int64_t>(t), 1, vocab, tol,
                    std::string(mode) + " decode pos " + std::to_string(t), cos);
     }
@@ -308,12 +312,12 @@ TEST(MoeModel, MixedBatchMatchesFloat64Reference) {
   ASSERT_TRUE(rt);
   const int vocab = ref.config().vocab_size;
   std::mt19937 rng(2503);
-  std::vector<std::vector<int32_t>> seqs = {random_tokens(rng, 13, vocab),
-                                            random_tokens(rng, 30, vocab),
-                                            random_tokens(rng, 5, vocab)};
+  std::vector<std::vector<int32_t>> seqs = {
+      random_tokens(rng, 13, vocab), random_tokens(rng, 30, vocab), random_tokens(rng, 5, vocab)};
   std::vector<Vec> want;
   for (const auto& s : seqs) want.push_back(ref.forward(s));
-  ASSERT_GT(ref.min_router_margin(), kMinRouterMargin) << "a near-tie in the routing: pick other seeds";
+  ASSERT_GT(ref.min_router_margin(), kMinRouterMargin)
+      << "a near-tie in the routing: pick other seeds";
   // Sequence 0 has 12 tokens cached, then its 13th decodes beside the others' prefills.
   std::vector<std::unique_ptr<kv::SequenceCache>> caches;
   for (size_t i = 0; i < seqs.size(); ++i) caches.push_back(rt->new_cache());
@@ -324,8 +328,8 @@ TEST(MoeModel, MixedBatchMatchesFloat64Reference) {
   std::vector<std::vector<float>> logits(seqs.size());
   std::vector<model::SeqChunk> batch(seqs.size());
   for (size_t i = 0; i < seqs.size(); ++i) {
-    batch[i].tokens = i == 0 ? std::span<const int32_t>(&seqs[0][12], 1)
-                             : std::span<const int32_t>(seqs[i]);
+    batch[i].tokens =
+        i == 0 ? std::span<const int32_t>(&seqs[0][12], 1) : std::span<const int32_t>(seqs[i]);
     batch[i].cache = caches[i].get();
     batch[i].all_logits = true;
     batch[i].logits = &logits[i];
@@ -356,10 +360,12 @@ TEST(MoeModel, HuggingFaceGolden) {
   for (const auto& p : index["prompts"]) {
     const std::string name = p["name"];
     std::vector<int32_t> ids;
-    for (int64_t v : file->find(name + ".input_ids")->to_i64()) ids.push_back(static_cast<int32_t>(v));
+    for (int64_t v : file->find(name + ".input_ids")->to_i64())
+      ids.push_back(static_cast<int32_t>(v));
     const std::vector<float> last8 = file->find(name + ".logits_last8")->to_f32();
     std::vector<int32_t> greedy;
-    for (int64_t v : file->find(name + ".greedy_ids")->to_i64()) greedy.push_back(static_cast<int32_t>(v));
+    for (int64_t v : file->find(name + ".greedy_ids")->to_i64())
+      greedy.push_back(static_cast<int32_t>(v));
     auto cache = rt->new_cache();
     std::vector<float> logits;
     ASSERT_TRUE(rt->model().forward_one(ids, *cache, &logits, /*all_logits=*/true).ok());
@@ -391,7 +397,8 @@ TEST(MoeModel, DummyWeights) {
   ASSERT_TRUE(rt);
   const format::ModelConfig& c = rt->model().config();
   const int64_t norms = c.hidden_size * (1 + 2 * c.n_layers) + 2 * c.head_dim * c.n_layers;
-  EXPECT_EQ(rt->model().weight_bytes(), static_cast<size_t>(2 * (c.n_params() - norms) + 4 * norms));
+  EXPECT_EQ(rt->model().weight_bytes(),
+            static_cast<size_t>(2 * (c.n_params() - norms) + 4 * norms));
   auto cache = rt->new_cache();
   std::vector<float> logits;
   const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};

@@ -1,5 +1,8 @@
 // Fast CPU MoE ops (kernels/moe.h): float32 routing, and the expert FFN grouped by expert over the
-// CPU linear() kernels (cpu/linear.cpp). Tested against cpu/moe_ref.cpp (tests/kernels/test_moe.cpp).
+// CPU linear() kernels (cpu/linear.cpp). Tested against cpu/moe_ref.cpp
+// (tests/kernels/test_moe.cpp).
+#include "kernels/moe.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -9,7 +12,6 @@
 
 #include "kernels/cpu/moe_common.h"
 #include "kernels/elementwise.h"
-#include "kernels/moe.h"
 
 namespace oscar::kernels {
 
@@ -21,14 +23,14 @@ size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
 // The scratch of moe_ffn, carved from MoeFfnParams::work in this order.
 struct FfnWork {
-  float* xs;          // [slots, hidden] x rows grouped by expert; then their expert outputs
-                      // (an expert's down product overwrites its own rows, read by then)
-  float* gate;        // [slots, inter]
-  float* up;          // [slots, inter]
-  int32_t* pos;       // [slots] grouped position of slot t·top_k + j
-  int32_t* offsets;   // [n_experts + 1] first grouped row of each expert
-  int32_t* cursor;    // [n_experts]
-  int32_t* active;    // [n_experts] the experts with rows, ascending
+  float* xs;         // [slots, hidden] x rows grouped by expert; then their expert outputs
+                     // (an expert's down product overwrites its own rows, read by then)
+  float* gate;       // [slots, inter]
+  float* up;         // [slots, inter]
+  int32_t* pos;      // [slots] grouped position of slot t·top_k + j
+  int32_t* offsets;  // [n_experts + 1] first grouped row of each expert
+  int32_t* cursor;   // [n_experts]
+  int32_t* active;   // [n_experts] the experts with rows, ascending
 };
 
 size_t layout(int64_t slots, int32_t n_experts, int64_t hidden, int64_t inter, uint8_t* base,

@@ -42,9 +42,9 @@ Status check_ffn(const MoeFfnParams& p) {
   for (const ExpertWeights* w : {&g, &u, &d})
     if (w->dtype != DType::kF32 && w->dtype != DType::kBF16)
       return invalid_argument("moe_ffn: unknown weight dtype %d", static_cast<int>(w->dtype));
-  if (p.n > 0 && (p.x == nullptr || p.y == nullptr || p.expert_ids == nullptr ||
-                  p.weights == nullptr || g.data == nullptr || u.data == nullptr ||
-                  d.data == nullptr))
+  if (p.n > 0 &&
+      (p.x == nullptr || p.y == nullptr || p.expert_ids == nullptr || p.weights == nullptr ||
+       g.data == nullptr || u.data == nullptr || d.data == nullptr))
     return invalid_argument("moe_ffn: null x, y, routing or weights");
   const int64_t slots = p.n * p.top_k;
   for (int64_t s = 0; s < slots; ++s)
