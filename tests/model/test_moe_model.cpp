@@ -4,7 +4,8 @@
 //   checkpoint's tensors (not through Qwen3Model): prefill, token-by-token decode, and a batch of
 //   sequences of different lengths in one step, on fresh random tokens;
 // - the Hugging Face golden (scripts/goldens/qwen3_moe_golden.py), skipped while it is absent;
-// - --dummy-weights for the MoE config, and the refusal of a device without MoE kernels.
+// - experts stored in mixed dtypes (their stack widened to float32), --dummy-weights for the MoE
+//   config, and the refusal of a device without MoE kernels.
 //
 // Tolerances. With an f32 KV cache every operation is float32 with float32 accumulation over at
 // most 128 terms (hidden 64, q_dim 256, head_dim 128, expert width 32, the dense FFN's 128); the
@@ -17,6 +18,7 @@
 // logit) exceeds kMinRouterMargin = 1e-4, ten times the float32 error of a router logit (~1e-5):
 // the routes are then the same in both.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -389,6 +391,57 @@ TEST(MoeModel, HuggingFaceGolden) {
       ASSERT_TRUE(rt->model().forward_one(std::span<const int32_t>(&next, 1), *cache, &last).ok());
     }
   }
+}
+
+// Experts stored in other dtypes: one expert matrix of each sparse layer as F32 (its stack is then
+// widened to float32 at load, the others copied in), the rest BF16. The logits still match the
+// reference computed from the original checkpoint (same values, so a misplaced expert would show).
+TEST(MoeModel, MixedDtypeExpertsStack) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("oscar_moe_mixed_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(std::string(kModel) + "/config.json", dir / "config.json");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(std::string(kModel) + "/" + f, dir / f);
+  auto ckpt = format::Checkpoint::open(kModel);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+  std::vector<format::TensorToWrite> out;
+  for (const format::TensorView* t : ckpt->all()) {
+    if (t->name == "model.layers.0.mlp.experts.5.up_proj.weight" ||
+        t->name == "model.layers.2.mlp.experts.0.down_proj.weight") {
+      const std::vector<float> f = t->to_f32();
+      out.push_back(format::f32_tensor(t->name, t->shape, f));
+      continue;
+    }
+    const size_t bytes = static_cast<size_t>(t->numel()) * format::dtype_size(t->dtype);
+    out.push_back({t->name, t->dtype, t->shape, std::vector<uint8_t>(t->data, t->data + bytes)});
+  }
+  ASSERT_TRUE(format::write_safetensors((dir / "model.safetensors").string(), out, {}).ok());
+
+  Reference ref(kModel);
+  std::mt19937 rng(2504);
+  const std::vector<int32_t> ids = random_tokens(rng, 20, ref.config().vocab_size);
+  const Vec want = ref.forward(ids);
+  ASSERT_GT(ref.min_router_margin(), kMinRouterMargin);
+  engine::RuntimeOptions o;
+  o.model_dir = dir.string();
+  o.device = "cpu";
+  o.cache_mode = "f32";
+  o.kv_budget_bytes = size_t{64} << 20;
+  auto rt = engine::Runtime::create(o);
+  ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+  // Two stacks of four widened to float32: 2 more bytes per element of each.
+  const format::ModelConfig& c = rt.value()->model().config();
+  const size_t stack = static_cast<size_t>(c.n_experts) * c.moe_intermediate_size * c.hidden_size;
+  auto plain = make_runtime("f32");
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(rt.value()->model().weight_bytes(), plain->model().weight_bytes() + 2 * 2 * stack);
+  auto cache = rt.value()->new_cache();
+  std::vector<float> logits;
+  ASSERT_TRUE(rt.value()->model().forward_one(ids, *cache, &logits, /*all_logits=*/true).ok());
+  expect_close(logits, want, 0, 20, c.vocab_size, kLogitTolF32, "mixed-dtype experts");
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 // --dummy-weights: random weights of the MoE shape, every logit finite.
