@@ -63,6 +63,9 @@ void put_expert(Qwen3Model::Matrix& stack, int e, const format::TensorView* t) {
   }
 }
 
+// A matrix's slice of the CPU weight buffer: its bytes rounded up to 64 (cache lines, AVX loads).
+size_t cpu_slice_bytes(const Qwen3Model::Matrix& w) { return (w.bytes() + 63) / 64 * 64; }
+
 }  // namespace
 
 void Qwen3Model::init_rope() {
@@ -154,10 +157,15 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load_dummy(const format::ModelCo
   std::unique_ptr<Qwen3Model> m(new Qwen3Model());
   m->config_ = config;
   uint64_t index = 0;  // each matrix draws from its own range of the generator
+  // With the CPU backend the matrices are drawn straight into the one weight buffer that
+  // pack_cpu_weights would make (host vectors and that buffer would hold the weights twice):
+  // randn only shapes them, and they are drawn below in the same order (the same values).
+  const bool into_cpu_buffer = backend != nullptr && !device;
   auto randn = [&](int64_t rows, int64_t cols) -> Result<Matrix> {
     Matrix w;
     w.rows = rows;
     w.cols = cols;
+    if (into_cpu_buffer) return w;
     const uint64_t s = seed + (++index << 40);
     const int64_t n = rows * cols;
     if (device) {
@@ -202,6 +210,20 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load_dummy(const format::ModelCo
     OSCAR_ASSIGN_OR_RETURN(L.w_exp_gate, randn(E * MI, H));
     OSCAR_ASSIGN_OR_RETURN(L.w_exp_up, randn(E * MI, H));
     OSCAR_ASSIGN_OR_RETURN(L.w_exp_down, randn(E * H, MI));
+  }
+  if (into_cpu_buffer) {
+    size_t total = 0;
+    for (Matrix* w : m->matrices()) total += w->rows > 0 ? cpu_slice_bytes(*w) : 0;
+    OSCAR_ASSIGN_OR_RETURN(m->cpu_weights_, be.alloc(total, "weights"));
+    uint8_t* dst = m->cpu_weights_.as<uint8_t>();
+    for (Matrix* w : m->matrices()) {  // the order of the randn calls above
+      if (w->rows == 0) continue;
+      const uint64_t s = seed + (++index << 40);
+      OSCAR_RETURN_IF_ERROR(
+          kernels::fill_normal_bf16(reinterpret_cast<bf16_t*>(dst), w->rows * w->cols, 0.02f, s));
+      w->dev = DeviceBuffer(dst, w->bytes(), Device::kCpu, {});  // a view: the buffer owns it
+      dst += cpu_slice_bytes(*w);
+    }
   }
   m->init_rope();
   // The matrices are already in the backend's memory; set_backend uploads the vectors.
@@ -254,10 +276,9 @@ Status Qwen3Model::pack_cpu_weights(kernels::Backend& be) {
   if (!cpu_weights_.empty()) return Status();
   // 64-byte aligned slices of one buffer; the CPU backend puts a buffer this large on 2 MiB
   // pages (a decode step streams every weight once: with 4 KiB pages, one TLB miss per 4 KiB).
-  auto slice = [](const Matrix& w) { return (w.bytes() + 63) / 64 * 64; };
   size_t total = 0;
   for (Matrix* w : matrices())
-    if (w->rows > 0 && w->dev.empty()) total += slice(*w);
+    if (w->rows > 0 && w->dev.empty()) total += cpu_slice_bytes(*w);
   if (total == 0) return Status();
   OSCAR_ASSIGN_OR_RETURN(cpu_weights_, be.alloc(total, "weights"));
   uint8_t* dst = cpu_weights_.as<uint8_t>();
@@ -267,7 +288,7 @@ Status Qwen3Model::pack_cpu_weights(kernels::Backend& be) {
     w->dev = DeviceBuffer(dst, w->bytes(), Device::kCpu, {});  // a view: the arena owns it
     w->bf16 = {};
     w->f32 = {};
-    dst += slice(*w);
+    dst += cpu_slice_bytes(*w);
   }
   return Status();
 }
