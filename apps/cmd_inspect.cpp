@@ -68,6 +68,10 @@ Command add_inspect(CLI::App& app) {
     std::printf("architecture        %s\n", c.architecture_name.c_str());
     std::printf("layers              %d\n", c.n_layers);
     std::printf("hidden / inter      %d / %d\n", c.hidden_size, c.intermediate_size);
+    if (c.is_moe())
+      std::printf("experts             %d, top-%d%s, width %d; %d of %d layers sparse\n",
+                  c.n_experts, c.n_experts_per_tok, c.norm_topk_prob ? " renormalised" : "",
+                  c.moe_intermediate_size, c.n_moe_layers, c.n_layers);
     std::printf("heads q / kv        %d / %d (gqa %d), head_dim %d\n", c.n_heads_q, c.n_heads_kv,
                 c.gqa_ratio, c.head_dim);
     std::printf("vocab               %d\n", c.vocab_size);
@@ -75,6 +79,8 @@ Command add_inspect(CLI::App& app) {
     std::printf("context             %d\n", c.max_position_embeddings);
     std::printf("tied embeddings     %s\n", c.tie_word_embeddings ? "yes" : "no");
     std::printf("parameters          %lld\n", static_cast<long long>(c.n_params()));
+    if (c.is_moe())
+      std::printf("active per token    %lld\n", static_cast<long long>(c.n_active_params()));
     std::printf("config sha256       %s\n", c.sha256.c_str());
     print_default_rotations_line(model_dir);
 

@@ -17,11 +17,21 @@
 // on the development VM costs tens of µs and made repeated runs fall into two clusters 2-3×
 // apart, docs/results/bench_method.md). Every repetition's figures also go to stderr.
 // `--decode-tokens 32 --warmup-tokens 0 --reps 1` is the measurement before issue 28.
+//
+// Other shapes (issue #25): `--config FILE` runs that config.json instead of the model's (with
+// the model directory's tokenizer and text, so its vocabulary must cover the tokenizer's ids),
+// `--layers N` keeps its first N layers (a real-shape model that does not fit memory, e.g.
+// Qwen3-30B-A3B's 48 layers), `--dummy-weights` draws random weights instead of reading a
+// checkpoint (needed with either). The config copy goes to a temporary directory.
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -49,6 +59,7 @@ std::vector<std::string> split(const std::string& s) {
 constexpr const char* kUsage =
     "usage: bench_model [--model DIR] [--modes bf16,int2-hadamard] [--contexts 512,2048,4096]\n"
     "                   [--decode-tokens 256] [--warmup-tokens 16] [--reps 5]\n"
+    "                   [--config FILE] [--layers N] [--dummy-weights]\n"
     "Prefill and decode tokens/s per (mode, context): medians of --reps repetitions, each a\n"
     "prefill, --warmup-tokens untimed decode steps and --decode-tokens timed ones, after one\n"
     "untimed warm-up; the decode min-max and max/min beside. Repetitions go to stderr.\n";
@@ -87,6 +98,32 @@ Status run_once(engine::Runtime& r, const std::vector<int32_t>& all, size_t n, i
   return st;
 }
 
+// A temporary model directory: `config` (or DIR/config.json) with its first `layers` layers
+// (0: all), and DIR's tokenizer files.
+std::string config_dir(const std::string& dir, const std::string& config, int layers) {
+  std::ifstream in(config.empty() ? dir + "/config.json" : config);
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  if (layers > 0) {
+    cfg["num_hidden_layers"] = layers;
+    if (cfg.contains("mlp_only_layers") && cfg["mlp_only_layers"].is_array()) {
+      nlohmann::json kept = nlohmann::json::array();
+      for (const auto& l : cfg["mlp_only_layers"])
+        if (l.is_number_integer() && l.get<int>() < layers) kept.push_back(l);
+      cfg["mlp_only_layers"] = kept;
+    }
+  }
+  const std::string tmp =
+      (std::filesystem::temp_directory_path() / ("oscar-bench-model-" + std::to_string(::getpid())))
+          .string();
+  std::filesystem::create_directories(tmp);
+  std::ofstream(tmp + "/config.json") << cfg.dump(2);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    if (std::filesystem::exists(dir + "/" + f))
+      std::filesystem::copy_file(dir + "/" + f, tmp + "/" + f,
+                                 std::filesystem::copy_options::overwrite_existing);
+  return tmp;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -95,15 +132,26 @@ int main(int argc, char** argv) {
   std::string modes = "bf16,int2-hadamard";
   std::string contexts = "512,2048,4096";
   std::string qwen3_tokenizer = "tests/data/qwen3_tokenizer";
-  int decode_tokens = 256, warmup_tokens = 16, reps = 5;
+  std::string config;
+  int decode_tokens = 256, warmup_tokens = 16, reps = 5, layers = 0;
+  bool dummy = false;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
       std::printf("%s", kUsage);
       return 0;
     }
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) != "--dummy-weights") continue;
+    dummy = true;
+    for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];  // drop the flag
+    --argc;
+    break;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--model") model = argv[i + 1];
+    else if (a == "--config") config = argv[i + 1];
+    else if (a == "--layers") layers = std::stoi(argv[i + 1]);
     else if (a == "--modes") modes = argv[i + 1];
     else if (a == "--contexts") contexts = argv[i + 1];
     else if (a == "--decode-tokens") decode_tokens = std::stoi(argv[i + 1]);
@@ -113,6 +161,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench_model: unknown option %s\n%s", a.c_str(), kUsage);
       return 2;
     }
+  }
+  if ((!config.empty() || layers > 0) && !dummy) {
+    std::fprintf(stderr,
+                 "bench_model: --config and --layers need --dummy-weights (no checkpoint fits)\n");
+    return 2;
   }
   if (decode_tokens < 1 || warmup_tokens < 0 || reps < 1) {
     std::fprintf(stderr,
@@ -136,7 +189,8 @@ int main(int argc, char** argv) {
               "min-max | max/min | decode tok/s |\n|---|---|---|---|---|---|---|---|\n");
   for (const std::string& mode : split(modes)) {
     engine::RuntimeOptions o;
-    o.model_dir = model;
+    o.model_dir = config.empty() && layers == 0 ? model : config_dir(model, config, layers);
+    o.dummy_weights = dummy;
     o.cache_mode = mode;
     o.kv_budget_bytes = size_t{512} << 20;
     t = Clock::now();

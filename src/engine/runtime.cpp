@@ -189,6 +189,17 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
   RuntimeOptions& o = rt->options_;
   if (o.folded_weights != "auto" && o.folded_weights != "f32" && o.folded_weights != "bf16")
     return invalid_argument("folded weights '%s': auto, f32 or bf16", o.folded_weights.c_str());
+  // MoE models run on the CPU only for now (kernels/moe.h has no CUDA version): `auto` picks the
+  // CPU for them, an explicit device is refused here rather than at the first step.
+  if (o.device != "cpu") {
+    Result<format::ModelConfig> config = format::ModelConfig::load(o.model_dir);
+    if (config.ok() && config->is_moe()) {
+      if (o.device != "auto")
+        return unimplemented("%s: MoE not implemented on %s yet; use --device cpu",
+                             config->architecture_name.c_str(), o.device.c_str());
+      o.device = "cpu";
+    }
+  }
   OSCAR_ASSIGN_OR_RETURN(rt->backend_, kernels::make_backend(o.device));
 
   if (o.dummy_weights) {

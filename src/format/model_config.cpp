@@ -1,9 +1,11 @@
 // Parsing and validating config.json into ModelConfig. Field names and defaults follow the
-// Hugging Face configuration classes (Qwen3Config, Qwen2Config, LlamaConfig); anything that
-// would change the math oscar implements (rope scaling, sliding windows, MoE, another
-// activation) is refused by name rather than ignored.
+// Hugging Face configuration classes (Qwen3Config, Qwen3MoeConfig, Qwen2Config, LlamaConfig);
+// anything that would change the math oscar implements (rope scaling, sliding windows, experts in
+// a dense architecture, shared experts, another activation) is refused by name rather than
+// ignored.
 #include "format/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -21,9 +23,10 @@ using nlohmann::json;
 constexpr int kMaxVocab = 1 << 24;
 constexpr int kMaxHidden = 1 << 17;
 constexpr int kMaxIntermediate = 1 << 20;
-constexpr int kMaxCount = 1 << 12;  // layers, heads, head_dim
+constexpr int kMaxCount = 1 << 12;  // layers, heads, head_dim, experts
 
-constexpr const char* kSupported = "Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM";
+constexpr const char* kSupported =
+    "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM";
 
 // Reads an integer field that fits int. Absent (or null) -> `fallback` if given, else an error.
 Status get_int(const json& j, const char* key, int* out, const int* fallback = nullptr) {
@@ -108,6 +111,44 @@ Status check_rope_type(const json& rope, const char* where) {
   return Status();
 }
 
+// The Qwen3MoeConfig fields. Absent ones take that class's defaults; mlp_only_layers is a list of
+// layer indices (checked against num_hidden_layers by validate()).
+Status parse_moe(const json& j, ModelConfig* c) {
+  const int default_experts = 128, default_top_k = 8, default_moe_inter = 768, default_step = 1;
+  OSCAR_RETURN_IF_ERROR(get_int(j, "num_experts", &c->n_experts, &default_experts));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "num_experts_per_tok", &c->n_experts_per_tok, &default_top_k));
+  OSCAR_RETURN_IF_ERROR(
+      get_int(j, "moe_intermediate_size", &c->moe_intermediate_size, &default_moe_inter));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "decoder_sparse_step", &c->decoder_sparse_step, &default_step));
+  c->norm_topk_prob = false;
+  OSCAR_RETURN_IF_ERROR(get_bool(j, "norm_topk_prob", &c->norm_topk_prob));
+  c->mlp_only_layers.clear();
+  if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+    if (!it->is_array())
+      return invalid_argument("config.json: \"mlp_only_layers\" must be a list of layer indices, "
+                              "got %s", it->type_name());
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& v = (*it)[i];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+          v.get<int64_t>() > std::numeric_limits<int>::max())
+        return invalid_argument("config.json: mlp_only_layers[%zu] = %s is not a layer index", i,
+                                v.dump().substr(0, 40).c_str());
+      c->mlp_only_layers.push_back(static_cast<int>(v.get<int64_t>()));
+    }
+    std::sort(c->mlp_only_layers.begin(), c->mlp_only_layers.end());
+    c->mlp_only_layers.erase(std::unique(c->mlp_only_layers.begin(), c->mlp_only_layers.end()),
+                             c->mlp_only_layers.end());
+  }
+  // Shared experts (Qwen2-MoE) change the math; Qwen3-MoE has none.
+  for (const char* key : {"shared_expert_intermediate_size", "n_shared_experts"}) {
+    auto it = j.find(key);
+    if (it != j.end() && it->is_number_integer() && it->get<int64_t>() > 0)
+      return unimplemented("config.json: %s = %lld; shared experts are not supported", key,
+                           static_cast<long long>(it->get<int64_t>()));
+  }
+  return Status();
+}
+
 Result<ModelConfig> parse(const json& j) {
   if (!j.is_object()) return invalid_argument("config.json: must be a JSON object");
   ModelConfig c;
@@ -118,6 +159,10 @@ Result<ModelConfig> parse(const json& j) {
   c.architecture_name = (*archs)[0].get<std::string>();
   if (c.architecture_name == "Qwen3ForCausalLM") {
     c.arch = Architecture::kQwen3;
+    c.qk_norm = true;
+    c.attention_bias = false;
+  } else if (c.architecture_name == "Qwen3MoeForCausalLM") {
+    c.arch = Architecture::kQwen3Moe;
     c.qk_norm = true;
     c.attention_bias = false;
   } else if (c.architecture_name == "Qwen2ForCausalLM") {
@@ -151,7 +196,7 @@ Result<ModelConfig> parse(const json& j) {
     return invalid_argument("config.json: rms_norm_eps %g must be in (0, 1)", eps);
   c.rms_norm_eps = static_cast<float>(eps);
   OSCAR_RETURN_IF_ERROR(get_bool(j, "tie_word_embeddings", &c.tie_word_embeddings));
-  if (c.arch == Architecture::kQwen3 || c.arch == Architecture::kLlama)
+  if (c.arch != Architecture::kQwen2)
     OSCAR_RETURN_IF_ERROR(get_bool(j, "attention_bias", &c.attention_bias));
   OSCAR_RETURN_IF_ERROR(get_token_id(j, "bos_token_id", &c.bos_token_id));
   OSCAR_RETURN_IF_ERROR(get_token_id(j, "eos_token_id", &c.eos_token_id));
@@ -184,11 +229,17 @@ Result<ModelConfig> parse(const json& j) {
       return unimplemented("config.json: hidden_act %s is not supported (only silu)",
                            act->dump().c_str());
   }
-  for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"}) {
-    auto it = j.find(key);
-    if (it != j.end() && it->is_number_integer() && it->get<int64_t>() > 0)
-      return unimplemented("config.json: %s = %lld; mixture-of-experts models are not supported",
-                           key, static_cast<long long>(it->get<int64_t>()));
+  if (c.arch == Architecture::kQwen3Moe) {
+    OSCAR_RETURN_IF_ERROR(parse_moe(j, &c));
+  } else {
+    for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"}) {
+      auto it = j.find(key);
+      if (it != j.end() && it->is_number_integer() && it->get<int64_t>() > 0)
+        return unimplemented("config.json: %s = %lld in a %s config; mixture-of-experts models "
+                             "are supported as Qwen3MoeForCausalLM only",
+                             key, static_cast<long long>(it->get<int64_t>()),
+                             c.architecture_name.c_str());
+    }
   }
   bool mlp_bias = false;
   OSCAR_RETURN_IF_ERROR(get_bool(j, "mlp_bias", &mlp_bias));
@@ -260,23 +311,67 @@ Status ModelConfig::validate() {
   if (bos_token_id >= vocab_size || eos_token_id >= vocab_size)
     return invalid_argument("config: bos_token_id %d / eos_token_id %d outside vocab_size %d",
                             bos_token_id, eos_token_id, vocab_size);
+  n_moe_layers = 0;
+  if (arch == Architecture::kQwen3Moe) {
+    for (const Bounded& p :
+         {Bounded{"num_experts", n_experts, kMaxCount},
+          Bounded{"num_experts_per_tok", n_experts_per_tok, kMaxCount},
+          Bounded{"moe_intermediate_size", moe_intermediate_size, kMaxIntermediate},
+          Bounded{"decoder_sparse_step", decoder_sparse_step, kMaxCount}}) {
+      if (p.value <= 0)
+        return invalid_argument("config: %s = %d must be positive", p.name, p.value);
+      if (p.value > p.max)
+        return out_of_range("config: %s = %d exceeds the supported limit %d", p.name, p.value,
+                            p.max);
+    }
+    if (n_experts_per_tok > n_experts)
+      return invalid_argument("config: num_experts_per_tok %d exceeds num_experts %d",
+                              n_experts_per_tok, n_experts);
+    for (int l : mlp_only_layers)
+      if (l < 0 || l >= n_layers)
+        return invalid_argument("config: mlp_only_layers names layer %d; the model has %d layers",
+                                l, n_layers);
+    if (!std::is_sorted(mlp_only_layers.begin(), mlp_only_layers.end()) ||
+        std::adjacent_find(mlp_only_layers.begin(), mlp_only_layers.end()) !=
+            mlp_only_layers.end())
+      return invalid_argument("config: mlp_only_layers must be sorted and unique");
+    for (int l = 0; l < n_layers; ++l) n_moe_layers += moe_layer(l) ? 1 : 0;
+  } else if (n_experts != 0 || n_experts_per_tok != 0 || moe_intermediate_size != 0) {
+    return invalid_argument("config: expert fields set in a dense %s config",
+                            architecture_name.c_str());
+  }
   gqa_ratio = n_heads_q / n_heads_kv;
   q_dim = n_heads_q * head_dim;  // <= 2^24 by the limits above
   kv_dim = n_heads_kv * head_dim;
   return Status();
 }
 
+bool ModelConfig::moe_layer(int layer) const {
+  if (n_experts <= 0 || decoder_sparse_step <= 0) return false;
+  if (std::binary_search(mlp_only_layers.begin(), mlp_only_layers.end(), layer)) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
 int64_t ModelConfig::n_params() const {
   const int64_t h = hidden_size, v = vocab_size, inter = intermediate_size;
   int64_t per_layer = 2 * h                          // input / post-attention RMSNorm
                       + int64_t{q_dim} * h * 2       // q_proj, o_proj
-                      + int64_t{kv_dim} * h * 2      // k_proj, v_proj
-                      + 3 * inter * h;               // gate, up, down
+                      + int64_t{kv_dim} * h * 2;     // k_proj, v_proj
   if (qk_norm) per_layer += 2 * int64_t{head_dim};
   if (attention_bias) per_layer += q_dim + 2 * int64_t{kv_dim};
   int64_t n = v * h + h + per_layer * n_layers;
+  const int64_t dense_ffn = 3 * inter * h;                                   // gate, up, down
+  const int64_t moe_ffn = int64_t{n_experts} * h                             // router
+                          + int64_t{n_experts} * 3 * moe_intermediate_size * h;  // experts
+  n += dense_ffn * (n_layers - n_moe_layers) + moe_ffn * n_moe_layers;
   if (!tie_word_embeddings) n += v * h;
   return n;
+}
+
+int64_t ModelConfig::n_active_params() const {
+  const int64_t unrouted = int64_t{n_experts - n_experts_per_tok} * 3 * moe_intermediate_size *
+                           hidden_size * n_moe_layers;
+  return n_params() - unrouted;
 }
 
 int64_t ModelConfig::kv_bytes_per_token_bf16() const {

@@ -1,5 +1,5 @@
-// The weight table for Qwen3 / Qwen2 / Llama dense decoders and the binding of a checkpoint to
-// it. Binding never stops at the first problem: it lists every missing, mis-shaped, mis-typed and
+// The weight table for Qwen3 / Qwen2 / Llama dense decoders and Qwen3-MoE, and the binding of a
+// checkpoint to it. Binding never stops at the first problem: it lists every missing, mis-shaped, mis-typed and
 // unused tensor (up to a cap) so that one run shows everything wrong with a checkpoint.
 #include "format/weight_table.h"
 
@@ -49,9 +49,23 @@ std::vector<WeightSpec> weight_specs(const ModelConfig& config) {
     }
     add("self_attn.o_proj.weight", WeightKind::kOProj, {hidden, q_dim});
     add("post_attention_layernorm.weight", WeightKind::kPostAttnNorm, {hidden});
-    add("mlp.gate_proj.weight", WeightKind::kGateProj, {inter, hidden});
-    add("mlp.up_proj.weight", WeightKind::kUpProj, {inter, hidden});
-    add("mlp.down_proj.weight", WeightKind::kDownProj, {hidden, inter});
+    if (!config.moe_layer(l)) {
+      add("mlp.gate_proj.weight", WeightKind::kGateProj, {inter, hidden});
+      add("mlp.up_proj.weight", WeightKind::kUpProj, {inter, hidden});
+      add("mlp.down_proj.weight", WeightKind::kDownProj, {hidden, inter});
+      continue;
+    }
+    const int64_t n_experts = config.n_experts, moe_inter = config.moe_intermediate_size;
+    add("mlp.gate.weight", WeightKind::kRouter, {n_experts, hidden});
+    for (int e = 0; e < config.n_experts; ++e) {
+      const std::string x = "mlp.experts." + std::to_string(e) + ".";
+      auto add_expert = [&](const char* suffix, WeightKind kind, std::vector<int64_t> shape) {
+        specs.push_back({p + x + suffix, kind, l, std::move(shape), false, e});
+      };
+      add_expert("gate_proj.weight", WeightKind::kExpertGate, {moe_inter, hidden});
+      add_expert("up_proj.weight", WeightKind::kExpertUp, {moe_inter, hidden});
+      add_expert("down_proj.weight", WeightKind::kExpertDown, {hidden, moe_inter});
+    }
   }
   specs.push_back({"model.norm.weight", WeightKind::kFinalNorm, -1, {hidden}, false});
   specs.push_back({"lm_head.weight", WeightKind::kLmHead, -1, {vocab, hidden},

@@ -1,6 +1,8 @@
 // The table from Hugging Face tensor names to weight slots with the shapes config.json implies.
-// One entry per tensor (with `{layer}` expanded). Binding a checkpoint reports every missing,
-// mis-shaped, mis-typed or unused tensor in one error.
+// One entry per tensor (with `{layer}` and, for Qwen3-MoE experts, the expert index expanded: the
+// per-expert `mlp.experts.{e}.*_proj.weight` names Hugging Face saves). Binding a checkpoint
+// reports every missing, mis-shaped, mis-typed or unused tensor in one error. Stacking a layer's
+// experts into one [E, out, in] buffer is the loader's job (model/qwen3.cpp).
 #pragma once
 
 #include <string>
@@ -16,6 +18,10 @@ enum class WeightKind {
   kEmbed, kFinalNorm, kLmHead,
   kInputNorm, kPostAttnNorm, kQProj, kKProj, kVProj, kOProj, kQNorm, kKNorm,
   kQBias, kKBias, kVBias, kGateProj, kUpProj, kDownProj,
+  // A sparse layer's FFN (Qwen3-MoE): the router `mlp.gate.weight` [n_experts, hidden] and each
+  // expert's `mlp.experts.{e}.{gate,up,down}_proj.weight` ([moe_inter, hidden] twice, [hidden,
+  // moe_inter]).
+  kRouter, kExpertGate, kExpertUp, kExpertDown,
 };
 
 struct WeightSpec {
@@ -24,6 +30,7 @@ struct WeightSpec {
   int layer = -1;               // -1 for global weights
   std::vector<int64_t> shape;   // expected, HF layout ([out, in] for linear layers)
   bool optional = false;        // lm_head when embeddings are tied
+  int expert = -1;              // kExpert*: the expert's index in its layer, else -1
 };
 
 std::vector<WeightSpec> weight_specs(const ModelConfig& config);

@@ -22,6 +22,7 @@
 #include "kernels/kv_append.h"
 #include "kernels/linear.h"
 #include "kernels/logits.h"
+#include "kernels/moe.h"
 #include "kernels/prefill_attn.h"
 #include "kernels/sample.h"
 
@@ -84,6 +85,12 @@ class Backend {
   virtual Status decode_attn(const DecodeAttnParams& p) = 0;
   virtual Status prefill_attn(const PrefillAttnParams& p) = 0;
   virtual Status silu_mul(float* gate, const float* up, int64_t n) = 0;
+  // Mixture of experts (kernels/moe.h): the router's top-k over logits from linear(), then the
+  // grouped expert FFN, whose p.work holds moe_ffn_work_bytes() bytes of this backend's memory.
+  // The defaults (backend_cpu.cpp) refuse with a Status naming the device: a backend without MoE
+  // kernels (CUDA, for now) says so rather than computing something else.
+  virtual Status moe_route(const MoeRouteParams& p);
+  virtual Status moe_ffn(const MoeFfnParams& p);
   virtual Status add(float* x, const float* y, int64_t n) = 0;
   // x += y, then h = rms_norm(x): a sub-layer's residual add and the next norm, the composition
   // of add() and rms_norm() (a device backend fuses them into one launch, same bits).

@@ -12,6 +12,7 @@
 #include "format/safetensors.h"
 #include "format/weight_table.h"
 #include "kernels/backend.h"
+#include "model/blocks.h"
 
 namespace oscar::model {
 
@@ -48,6 +49,23 @@ Qwen3Model::Matrix to_matrix(const format::TensorView* t) {
   return m;
 }
 
+// Expert `e`'s checkpoint matrix [out, in] into its rows [e · out, (e + 1) · out) of a stacked
+// matrix sized by the loader (BF16 only when the tensor is BF16).
+void put_expert(Qwen3Model::Matrix& stack, int e, const format::TensorView* t) {
+  const size_t n = static_cast<size_t>(t->numel());
+  if (stack.dtype == kernels::DType::kBF16) {
+    OSCAR_CHECK(t->dtype == format::DType::kBF16, "expert %d: BF16 stack, tensor %s", e,
+                t->name.c_str());
+    std::memcpy(stack.bf16.data() + n * e, t->data, n * sizeof(bf16_t));
+  } else {
+    const std::vector<float> f = t->to_f32();
+    std::copy(f.begin(), f.end(), stack.f32.begin() + static_cast<ptrdiff_t>(n * e));
+  }
+}
+
+// A matrix's slice of the CPU weight buffer: its bytes rounded up to 64 (cache lines, AVX loads).
+size_t cpu_slice_bytes(const Qwen3Model::Matrix& w) { return (w.bytes() + 63) / 64 * 64; }
+
 }  // namespace
 
 void Qwen3Model::init_rope() {
@@ -69,6 +87,34 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir) {
   std::unique_ptr<Qwen3Model> m(new Qwen3Model());
   m->config_ = config;
   m->layers_.resize(config.n_layers);
+  // A sparse layer's experts go into one matrix per kind, [n_experts · out, in]: BF16 when every
+  // expert of that kind is BF16 in the checkpoint, else float32.
+  auto stack_of = [&](Layer& L, WeightKind kind) -> Matrix* {
+    return kind == WeightKind::kExpertGate ? &L.w_exp_gate
+           : kind == WeightKind::kExpertUp ? &L.w_exp_up
+           : kind == WeightKind::kExpertDown ? &L.w_exp_down
+                                             : nullptr;
+  };
+  for (size_t i = 0; i < bound.specs.size(); ++i) {
+    const format::WeightSpec& spec = bound.specs[i];
+    Matrix* stack = spec.layer >= 0 ? stack_of(m->layers_[spec.layer], spec.kind) : nullptr;
+    if (stack == nullptr) continue;
+    m->layers_[spec.layer].moe = true;
+    if (stack->rows == 0) {  // first expert of this kind: the shape of the stack
+      stack->rows = int64_t{config.n_experts} * spec.shape[0];
+      stack->cols = spec.shape[1];
+      stack->dtype = kernels::DType::kBF16;
+    }
+    if (bound.tensors[i]->dtype != format::DType::kBF16) stack->dtype = kernels::DType::kF32;
+  }
+  for (Layer& L : m->layers_)
+    for (Matrix* w : {&L.w_exp_gate, &L.w_exp_up, &L.w_exp_down}) {
+      if (w->rows == 0) continue;
+      if (w->dtype == kernels::DType::kBF16)
+        w->bf16.resize(static_cast<size_t>(w->rows * w->cols));
+      else
+        w->f32.resize(static_cast<size_t>(w->rows * w->cols));
+    }
   for (size_t i = 0; i < bound.specs.size(); ++i) {
     const format::WeightSpec& spec = bound.specs[i];
     const format::TensorView* t = bound.tensors[i];
@@ -92,6 +138,10 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir) {
       case WeightKind::kGateProj: L->w_gate = to_matrix(t); break;
       case WeightKind::kUpProj: L->w_up = to_matrix(t); break;
       case WeightKind::kDownProj: L->w_down = to_matrix(t); break;
+      case WeightKind::kRouter: L->w_router = to_matrix(t); break;
+      case WeightKind::kExpertGate:
+      case WeightKind::kExpertUp:
+      case WeightKind::kExpertDown: put_expert(*stack_of(*L, spec.kind), spec.expert, t); break;
     }
   }
   if (config.tie_word_embeddings) m->lm_head_ = Matrix();
@@ -107,10 +157,15 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load_dummy(const format::ModelCo
   std::unique_ptr<Qwen3Model> m(new Qwen3Model());
   m->config_ = config;
   uint64_t index = 0;  // each matrix draws from its own range of the generator
+  // With the CPU backend the matrices are drawn straight into the one weight buffer that
+  // pack_cpu_weights would make (host vectors and that buffer would hold the weights twice):
+  // randn only shapes them, and they are drawn below in the same order (the same values).
+  const bool into_cpu_buffer = backend != nullptr && !device;
   auto randn = [&](int64_t rows, int64_t cols) -> Result<Matrix> {
     Matrix w;
     w.rows = rows;
     w.cols = cols;
+    if (into_cpu_buffer) return w;
     const uint64_t s = seed + (++index << 40);
     const int64_t n = rows * cols;
     if (device) {
@@ -131,7 +186,9 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load_dummy(const format::ModelCo
   }
   m->final_norm_ = ones(H);
   m->layers_.resize(config.n_layers);
-  for (Layer& L : m->layers_) {
+  const int64_t E = config.n_experts, MI = config.moe_intermediate_size;
+  for (int l = 0; l < config.n_layers; ++l) {
+    Layer& L = m->layers_[l];
     L.input_norm = ones(H);
     L.post_norm = ones(H);
     OSCAR_ASSIGN_OR_RETURN(L.wq, randn(config.q_dim, H));
@@ -142,9 +199,31 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load_dummy(const format::ModelCo
       L.q_norm = ones(config.head_dim);
       L.k_norm = ones(config.head_dim);
     }
-    OSCAR_ASSIGN_OR_RETURN(L.w_gate, randn(I, H));
-    OSCAR_ASSIGN_OR_RETURN(L.w_up, randn(I, H));
-    OSCAR_ASSIGN_OR_RETURN(L.w_down, randn(H, I));
+    if (!config.moe_layer(l)) {
+      OSCAR_ASSIGN_OR_RETURN(L.w_gate, randn(I, H));
+      OSCAR_ASSIGN_OR_RETURN(L.w_up, randn(I, H));
+      OSCAR_ASSIGN_OR_RETURN(L.w_down, randn(H, I));
+      continue;
+    }
+    L.moe = true;
+    OSCAR_ASSIGN_OR_RETURN(L.w_router, randn(E, H));
+    OSCAR_ASSIGN_OR_RETURN(L.w_exp_gate, randn(E * MI, H));
+    OSCAR_ASSIGN_OR_RETURN(L.w_exp_up, randn(E * MI, H));
+    OSCAR_ASSIGN_OR_RETURN(L.w_exp_down, randn(E * H, MI));
+  }
+  if (into_cpu_buffer) {
+    size_t total = 0;
+    for (Matrix* w : m->matrices()) total += w->rows > 0 ? cpu_slice_bytes(*w) : 0;
+    OSCAR_ASSIGN_OR_RETURN(m->cpu_weights_, be.alloc(total, "weights"));
+    uint8_t* dst = m->cpu_weights_.as<uint8_t>();
+    for (Matrix* w : m->matrices()) {  // the order of the randn calls above
+      if (w->rows == 0) continue;
+      const uint64_t s = seed + (++index << 40);
+      OSCAR_RETURN_IF_ERROR(
+          kernels::fill_normal_bf16(reinterpret_cast<bf16_t*>(dst), w->rows * w->cols, 0.02f, s));
+      w->dev = DeviceBuffer(dst, w->bytes(), Device::kCpu, {});  // a view: the buffer owns it
+      dst += cpu_slice_bytes(*w);
+    }
   }
   m->init_rope();
   // The matrices are already in the backend's memory; set_backend uploads the vectors.
@@ -187,7 +266,9 @@ Status Qwen3Model::set_backend(kernels::Backend* backend) {
 std::vector<Qwen3Model::Matrix*> Qwen3Model::matrices() {
   std::vector<Matrix*> all = {&embed_, &lm_head_};
   for (Layer& L : layers_)
-    for (Matrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) all.push_back(w);
+    for (Matrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.w_router,
+                      &L.w_exp_gate, &L.w_exp_up, &L.w_exp_down})
+      all.push_back(w);
   return all;
 }
 
@@ -195,10 +276,9 @@ Status Qwen3Model::pack_cpu_weights(kernels::Backend& be) {
   if (!cpu_weights_.empty()) return Status();
   // 64-byte aligned slices of one buffer; the CPU backend puts a buffer this large on 2 MiB
   // pages (a decode step streams every weight once: with 4 KiB pages, one TLB miss per 4 KiB).
-  auto slice = [](const Matrix& w) { return (w.bytes() + 63) / 64 * 64; };
   size_t total = 0;
   for (Matrix* w : matrices())
-    if (w->rows > 0 && w->dev.empty()) total += slice(*w);
+    if (w->rows > 0 && w->dev.empty()) total += cpu_slice_bytes(*w);
   if (total == 0) return Status();
   OSCAR_ASSIGN_OR_RETURN(cpu_weights_, be.alloc(total, "weights"));
   uint8_t* dst = cpu_weights_.as<uint8_t>();
@@ -208,9 +288,35 @@ Status Qwen3Model::pack_cpu_weights(kernels::Backend& be) {
     w->dev = DeviceBuffer(dst, w->bytes(), Device::kCpu, {});  // a view: the arena owns it
     w->bf16 = {};
     w->f32 = {};
-    dst += slice(*w);
+    dst += cpu_slice_bytes(*w);
   }
   return Status();
+}
+
+DenseFfnWeights Qwen3Model::dense_weights(const Layer& L) const {
+  return DenseFfnWeights{L.w_gate.view(), L.w_up.view(), L.w_down.view()};
+}
+
+MoeFfnWeights Qwen3Model::moe_weights(const Layer& L) const {
+  const format::ModelConfig& c = config_;
+  auto experts = [&](const Matrix& w) {
+    const kernels::WeightView v = w.view();
+    kernels::ExpertWeights e;
+    e.data = v.data;
+    e.dtype = v.dtype;
+    e.n_experts = c.n_experts;
+    e.rows = v.rows / c.n_experts;
+    e.cols = v.cols;
+    return e;
+  };
+  MoeFfnWeights m;
+  m.router = L.w_router.view();
+  m.gate = experts(L.w_exp_gate);
+  m.up = experts(L.w_exp_up);
+  m.down = experts(L.w_exp_down);
+  m.top_k = c.n_experts_per_tok;
+  m.norm_topk_prob = c.norm_topk_prob;
+  return m;
 }
 
 kernels::WeightView Qwen3Model::Matrix::view() const {
@@ -244,7 +350,8 @@ size_t Qwen3Model::weight_bytes() const {
   size_t n = embed_.bytes() + lm_head_.bytes() + final_norm_.size() * sizeof(float);
   for (const Layer& L : layers_)
     n += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w_gate.bytes() +
-         L.w_up.bytes() + L.w_down.bytes() +
+         L.w_up.bytes() + L.w_down.bytes() + L.w_router.bytes() + L.w_exp_gate.bytes() +
+         L.w_exp_up.bytes() + L.w_exp_down.bytes() +
          sizeof(float) * (L.input_norm.size() + L.post_norm.size() + L.bq.size() + L.bk.size() +
                           L.bv.size() + L.q_norm.size() + L.k_norm.size());
   return n;
@@ -533,7 +640,7 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
 
 Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& options) {
   const format::ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, d = c.head_dim;
+  const int64_t H = c.hidden_size, d = c.head_dim;
   const int Hq = c.n_heads_q, Hkv = c.n_heads_kv;
   const int64_t n = plan.n_rows();
   if (n == 0) return Status();
@@ -570,7 +677,15 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
   }
   float *x = w.x.as<float>(), *h = w.h.as<float>(), *q = w.q.as<float>(), *k = w.k.as<float>(),
         *v = w.v.as<float>(), *qr = w.q_rot.as<float>(), *attn = w.attn.as<float>(),
-        *o = w.o.as<float>(), *gate = w.gate.as<float>(), *up = w.up.as<float>();
+        *o = w.o.as<float>();
+  FfnScratch ffn_scratch;
+  ffn_scratch.gate = w.gate.as<float>();
+  ffn_scratch.up = w.up.as<float>();
+  ffn_scratch.router_logits = w.router_logits.as<float>();
+  ffn_scratch.expert_ids = w.expert_ids.as<int32_t>();
+  ffn_scratch.expert_weights = w.expert_weights.as<float>();
+  ffn_scratch.moe_work = w.moe_work.data();
+  ffn_scratch.moe_work_bytes = w.moe_work.bytes();
   // RoPE angles once per step (they do not depend on the layer), on the host as the reference
   // computes them.
   kernels::rope_tables(plan.positions.data(), n, inv_freq_.data(), d / 2, w.cos.data(),
@@ -694,11 +809,11 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
       OSCAR_RETURN_IF_ERROR(be.linear(lin(attn, n, L.wo, nullptr, o)));
       OSCAR_RETURN_IF_ERROR(be.add_rms_norm(x, o, n, H, L.post_norm.data(), c.rms_norm_eps, h));
 
-      const kernels::LinearParams gate_up[2] = {lin(h, n, L.w_gate, nullptr, gate),
-                                                lin(h, n, L.w_up, nullptr, up)};
-      OSCAR_RETURN_IF_ERROR(be.linear_group(gate_up, 2));
-      OSCAR_RETURN_IF_ERROR(be.silu_mul(gate, up, n * I));
-      OSCAR_RETURN_IF_ERROR(be.linear(lin(gate, n, L.w_down, nullptr, o)));
+      // The FFN block of the layer (model/blocks.h): routed experts in a sparse layer.
+      if (L.moe)
+        OSCAR_RETURN_IF_ERROR(moe_ffn(be, moe_weights(L), h, n, ffn_scratch, o));
+      else
+        OSCAR_RETURN_IF_ERROR(dense_ffn(be, dense_weights(L), h, n, ffn_scratch, o));
       const float* next_norm =
           l + 1 < c.n_layers ? layers_[l + 1].input_norm.data() : final_norm_.data();
       OSCAR_RETURN_IF_ERROR(be.add_rms_norm(x, o, n, H, next_norm, c.rms_norm_eps, h));
@@ -751,7 +866,19 @@ Status Qwen3Model::Workspace::reserve(kernels::Backend& be, int64_t n, int64_t n
     for (DeviceBuffer* b : {&x, &h, &o}) OSCAR_RETURN_IF_ERROR(fit(*b, c.hidden_size));
     for (DeviceBuffer* b : {&q, &q_rot, &attn}) OSCAR_RETURN_IF_ERROR(fit(*b, c.q_dim));
     for (DeviceBuffer* b : {&k, &v}) OSCAR_RETURN_IF_ERROR(fit(*b, c.kv_dim));
-    for (DeviceBuffer* b : {&gate, &up}) OSCAR_RETURN_IF_ERROR(fit(*b, c.intermediate_size));
+    if (c.n_moe_layers < c.n_layers)  // a dense FFN somewhere
+      for (DeviceBuffer* b : {&gate, &up}) OSCAR_RETURN_IF_ERROR(fit(*b, c.intermediate_size));
+    if (c.n_moe_layers > 0) {
+      OSCAR_RETURN_IF_ERROR(fit(router_logits, c.n_experts));
+      static_assert(sizeof(int32_t) == sizeof(float));
+      for (DeviceBuffer* b : {&expert_ids, &expert_weights})
+        OSCAR_RETURN_IF_ERROR(fit(*b, c.n_experts_per_tok));
+      moe_work.reset();
+      OSCAR_ASSIGN_OR_RETURN(
+          moe_work, be.alloc(kernels::moe_ffn_work_bytes(r, c.n_experts_per_tok, c.n_experts,
+                                                         c.hidden_size, c.moe_intermediate_size),
+                             "MoE scratch"));
+    }
     cos.resize(static_cast<size_t>(r * (c.head_dim / 2)));
     sin.resize(cos.size());
     rows = r;

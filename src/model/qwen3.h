@@ -1,4 +1,5 @@
-// The Qwen3 decoder (also Qwen2 and Llama dense layouts).
+// The Qwen3 decoder (also Qwen2 and Llama dense layouts, and Qwen3-MoE: routed experts in the
+// sparse layers, each FFN one block of model/blocks.h; MoE runs on the CPU backend only for now).
 //
 // Weights are loaded from a checkpoint directory (format/weight_table.h). Matrices stay in the
 // checkpoint's BF16 and are widened inside the matrix product (kernels/linear.h): a decode step
@@ -7,7 +8,9 @@
 //
 // forward() runs one step from its plan (kv/step_plan.h): the linear layers once over all the
 // step's rows, K/V appended through the plan's slots, decode attention for all decode rows in one
-// batched call per layer, prefill attention per chunk. Not thread-safe (one workspace per model).
+// batched call per layer, prefill attention per chunk. A sparse layer's experts are stacked at
+// load time into one [n_experts · out, in] matrix per kind. Not thread-safe (one workspace per
+// model).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +27,7 @@
 #include "kernels/linear.h"
 #include "kv/sequence_cache.h"
 #include "kv/step_plan.h"
+#include "model/blocks.h"
 
 namespace oscar::model {
 
@@ -151,8 +155,18 @@ class Qwen3Model {
     Matrix wq, wk, wv, wo;                          // [q_dim|kv_dim|hidden, in] row-major
     Vec bq, bk, bv;                                 // [q_dim|kv_dim] (Qwen2) or empty
     Vec q_norm, k_norm;                             // [head_dim] (Qwen3) or empty
-    Matrix w_gate, w_up, w_down;                    // [inter, hidden], [inter, hidden], [hidden, inter]
+    // Dense FFN: [inter, hidden], [inter, hidden], [hidden, inter]; empty in a sparse layer.
+    Matrix w_gate, w_up, w_down;
+    // Sparse (MoE) FFN, config.moe_layer(l): the router and every expert of the layer stacked
+    // into one matrix each ([n_experts, out, in] as [n_experts · out, in] rows); empty otherwise.
+    Matrix w_router;              // [n_experts, hidden]
+    Matrix w_exp_gate, w_exp_up;  // [n_experts · moe_inter, hidden]
+    Matrix w_exp_down;            // [n_experts · hidden, moe_inter]
+    bool moe = false;
   };
+  // The FFN block weights of a layer (model/blocks.h).
+  DenseFfnWeights dense_weights(const Layer& L) const;
+  MoeFfnWeights moe_weights(const Layer& L) const;
 
   // Activations of one step in the backend's memory, reused across steps (grown, never shrunk),
   // and the plan's arrays where the ops read them (kernels take them from `plan` on a device).
@@ -161,7 +175,11 @@ class Qwen3Model {
     DeviceBuffer x, h, o;          // [n, hidden]
     DeviceBuffer q, q_rot, attn;   // [n, q_dim]
     DeviceBuffer k, v;             // [n, kv_dim]
-    DeviceBuffer gate, up;         // [n, intermediate]
+    DeviceBuffer gate, up;         // [n, intermediate] (a model with a dense FFN)
+    DeviceBuffer router_logits;    // [n, n_experts] (a model with sparse layers)
+    DeviceBuffer expert_ids;       // [n, top_k] int32
+    DeviceBuffer expert_weights;   // [n, top_k]
+    DeviceBuffer moe_work;         // kernels::moe_ffn_work_bytes(n, ...) bytes
     DeviceBuffer logits;           // [n_logit_rows, vocab]
     std::vector<float> cos, sin;   // [n, head_dim / 2] RoPE of each row's position (host)
     std::vector<uint8_t> staging;  // host bytes of the plan's arrays, uploaded in one copy

@@ -1,10 +1,12 @@
-// ModelConfig parsing: the tiny model, the six real Qwen3 shape configs (tests/data/configs),
-// both RoPE spellings, tied/untied embeddings, eos lists, and the refusals (unknown architecture,
-// rope scaling, sliding window, missing or mistyped fields, inconsistent head counts).
+// ModelConfig parsing: the tiny model, the six real Qwen3 shape configs and Qwen3-30B-A3B
+// (tests/data/configs), both RoPE spellings, tied/untied embeddings, eos lists, the MoE fields
+// (sparse layers, defaults), and the refusals (unknown architecture, rope scaling, sliding window,
+// missing or mistyped fields, inconsistent head counts, bad expert fields).
 // Also SHA-256 against the FIPS 180-2 test vectors.
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -209,12 +211,13 @@ TEST(ModelConfig, OtherArchitectures) {
 
 TEST(ModelConfig, UnknownArchitecture) {
   nlohmann::json j = base_config();
-  j["architectures"] = {"Qwen3MoeForCausalLM"};
+  j["architectures"] = {"MixtralForCausalLM"};
   Result<ModelConfig> r = parse(j);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
-  EXPECT_MSG_HAS(r.status(), "Qwen3MoeForCausalLM");
-  EXPECT_MSG_HAS(r.status(), "Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM");
+  EXPECT_MSG_HAS(r.status(), "MixtralForCausalLM");
+  EXPECT_MSG_HAS(r.status(),
+                 "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM");
   j.erase("architectures");
   EXPECT_MSG_HAS(parse(j).status(), "architectures");
 }
@@ -233,6 +236,131 @@ TEST(ModelConfig, RefusedFeatures) {
   nlohmann::json m = base_config();
   m["num_experts"] = 128;
   EXPECT_MSG_HAS(parse(m).status(), "num_experts");
+  EXPECT_MSG_HAS(parse(m).status(), "Qwen3MoeForCausalLM only");
+}
+
+// A small Qwen3-MoE config; tests edit it.
+nlohmann::json moe_config() {
+  nlohmann::json j = base_config();
+  j["architectures"] = {"Qwen3MoeForCausalLM"};
+  j["model_type"] = "qwen3_moe";
+  j["num_hidden_layers"] = 6;
+  j["num_experts"] = 8;
+  j["num_experts_per_tok"] = 2;
+  j["moe_intermediate_size"] = 32;
+  j["norm_topk_prob"] = true;
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = nlohmann::json::array();
+  return j;
+}
+
+std::vector<int> sparse_layers(const ModelConfig& c) {
+  std::vector<int> out;
+  for (int l = 0; l < c.n_layers; ++l)
+    if (c.moe_layer(l)) out.push_back(l);
+  return out;
+}
+
+// Qwen3-30B-A3B as published: 48 sparse layers of 128 experts, top-8, 30.5 B parameters of which
+// 3.3 B are active per token.
+TEST(ModelConfig, Qwen3MoeRealShape) {
+  Result<std::string> text = read_text_file("tests/data/configs/qwen3-30b-a3b.json");
+  ASSERT_TRUE(text.ok()) << text.status().to_string();
+  Result<ModelConfig> r = ModelConfig::from_json_text(text.value());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->arch, Architecture::kQwen3Moe);
+  EXPECT_TRUE(r->is_moe());
+  EXPECT_TRUE(r->qk_norm);
+  EXPECT_FALSE(r->attention_bias);
+  EXPECT_EQ(r->n_layers, 48);
+  EXPECT_EQ(r->n_heads_q, 32);
+  EXPECT_EQ(r->n_heads_kv, 4);
+  EXPECT_EQ(r->head_dim, 128);
+  EXPECT_EQ(r->n_experts, 128);
+  EXPECT_EQ(r->n_experts_per_tok, 8);
+  EXPECT_EQ(r->moe_intermediate_size, 768);
+  EXPECT_TRUE(r->norm_topk_prob);
+  EXPECT_EQ(r->n_moe_layers, 48);
+  EXPECT_TRUE(r->moe_layer(0));
+  EXPECT_TRUE(r->moe_layer(47));
+  // Embeddings and lm_head 2 · 151936 · 2048; per layer attention 18.9 M, router 0.26 M and
+  // experts 128 · 3 · 768 · 2048.
+  EXPECT_EQ(r->n_params(), 30532122624);
+  EXPECT_EQ(r->n_active_params(), 3353032704);
+}
+
+TEST(ModelConfig, Qwen3MoeSparseLayers) {
+  Result<ModelConfig> all = parse(moe_config());
+  ASSERT_TRUE(all.ok()) << all.status().to_string();
+  EXPECT_EQ(sparse_layers(*all), (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  nlohmann::json j = moe_config();
+  j["decoder_sparse_step"] = 2;  // (layer + 1) % 2 == 0: layers 1, 3, 5
+  j["mlp_only_layers"] = {3};
+  Result<ModelConfig> r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(sparse_layers(*r), (std::vector<int>{1, 5}));
+  EXPECT_EQ(r->n_moe_layers, 2);
+  nlohmann::json k = moe_config();
+  k["mlp_only_layers"] = {5, 0, 5};  // sorted and made unique
+  Result<ModelConfig> rk = parse(k);
+  ASSERT_TRUE(rk.ok()) << rk.status().to_string();
+  EXPECT_EQ(rk->mlp_only_layers, (std::vector<int>{0, 5}));
+  EXPECT_EQ(sparse_layers(*rk), (std::vector<int>{1, 2, 3, 4}));
+  // n_params: 4 sparse layers (router 8·64, experts 8·3·32·64) and 2 dense (3·128·64).
+  Result<ModelConfig> dense_only = parse(base_config());
+  ASSERT_TRUE(dense_only.ok());
+  const int64_t dense_layer_ffn = 3 * 128 * 64, sparse_layer_ffn = 8 * 64 + 8 * 3 * 32 * 64;
+  const int64_t per_layer_rest = (dense_only->n_params() - (1000 * 64 + 64)) / 2 - dense_layer_ffn;
+  EXPECT_EQ(rk->n_params(),
+            1000 * 64 + 64 + 6 * per_layer_rest + 2 * dense_layer_ffn + 4 * sparse_layer_ffn);
+  EXPECT_EQ(rk->n_active_params(), rk->n_params() - 4 * (8 - 2) * 3 * 32 * 64);
+  // A dense model has no sparse layer.
+  EXPECT_TRUE(sparse_layers(*dense_only).empty());
+  EXPECT_FALSE(dense_only->is_moe());
+}
+
+TEST(ModelConfig, Qwen3MoeDefaults) {
+  nlohmann::json j = moe_config();
+  for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                          "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"})
+    j.erase(key);
+  Result<ModelConfig> r = parse(j);  // transformers' Qwen3MoeConfig defaults
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->n_experts, 128);
+  EXPECT_EQ(r->n_experts_per_tok, 8);
+  EXPECT_EQ(r->moe_intermediate_size, 768);
+  EXPECT_FALSE(r->norm_topk_prob);
+  EXPECT_EQ(r->decoder_sparse_step, 1);
+  EXPECT_TRUE(r->mlp_only_layers.empty());
+}
+
+TEST(ModelConfig, Qwen3MoeRefusals) {
+  auto status_of = [](const char* key, nlohmann::json value) {
+    nlohmann::json j = moe_config();
+    j[key] = std::move(value);
+    return parse(j).status();
+  };
+  EXPECT_MSG_HAS(status_of("num_experts", 0), "num_experts = 0 must be positive");
+  EXPECT_MSG_HAS(status_of("num_experts_per_tok", 9), "num_experts_per_tok 9 exceeds num_experts 8");
+  EXPECT_MSG_HAS(status_of("num_experts_per_tok", 0), "num_experts_per_tok = 0");
+  EXPECT_MSG_HAS(status_of("moe_intermediate_size", -1), "moe_intermediate_size = -1");
+  EXPECT_MSG_HAS(status_of("decoder_sparse_step", 0), "decoder_sparse_step = 0");
+  EXPECT_MSG_HAS(status_of("mlp_only_layers", {1, 6}), "mlp_only_layers names layer 6");
+  EXPECT_MSG_HAS(status_of("mlp_only_layers", {-1}), "mlp_only_layers[0] = -1");
+  EXPECT_MSG_HAS(status_of("mlp_only_layers", 3), "list of layer indices");
+  EXPECT_MSG_HAS(status_of("num_experts", "8"), "num_experts");
+  EXPECT_MSG_HAS(status_of("norm_topk_prob", 1), "norm_topk_prob");
+  EXPECT_MSG_HAS(status_of("shared_expert_intermediate_size", 512), "shared experts");
+  EXPECT_EQ(status_of("num_experts", 1 << 20).code(), StatusCode::kOutOfRange);
+  // validate() on a config built in code checks the same.
+  Result<ModelConfig> r = parse(moe_config());
+  ASSERT_TRUE(r.ok());
+  ModelConfig c = r.value();
+  c.mlp_only_layers = {3, 1};
+  EXPECT_MSG_HAS(c.validate(), "sorted and unique");
+  ModelConfig d = parse(base_config()).value();
+  d.n_experts = 4;
+  EXPECT_MSG_HAS(d.validate(), "expert fields set in a dense");
 }
 
 TEST(ModelConfig, MissingAndBadFields) {

@@ -1,5 +1,6 @@
 // Weight table and binding on synthetic checkpoints written to a temp dir: a complete checkpoint
-// binds; a broken one reports every missing, mis-shaped, mis-typed and unused tensor at once.
+// binds (dense and Qwen3-MoE); a broken one reports every missing, mis-shaped, mis-typed and
+// unused tensor at once.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -110,6 +111,108 @@ TEST(WeightTable, SpecsQwen2HasBiasNoQkNorm) {
   EXPECT_EQ(bias, 6);
   EXPECT_EQ(qk_norm, 0);
   EXPECT_EQ(params, c.n_params());
+}
+
+// Qwen3-MoE: 3 layers, layer 1 dense (mlp_only_layers), layers 0 and 2 with a router and 4
+// experts each, named as Hugging Face saves them.
+ModelConfig moe_config() {
+  nlohmann::json j = {{"architectures", {"Qwen3MoeForCausalLM"}},
+                      {"vocab_size", 32},
+                      {"hidden_size", 16},
+                      {"intermediate_size", 24},
+                      {"moe_intermediate_size", 12},
+                      {"num_experts", 4},
+                      {"num_experts_per_tok", 2},
+                      {"mlp_only_layers", {1}},
+                      {"num_hidden_layers", 3},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"head_dim", 8},
+                      {"max_position_embeddings", 64},
+                      {"tie_word_embeddings", false}};
+  Result<ModelConfig> r = ModelConfig::from_json_text(j.dump());
+  OSCAR_CHECK(r.ok(), "%s", r.status().to_string().c_str());
+  return r.value();
+}
+
+TEST(WeightTable, SpecsQwen3Moe) {
+  ModelConfig c = moe_config();
+  std::vector<WeightSpec> specs = weight_specs(c);
+  // embed, norm, lm_head; per layer 8 attention tensors (norms, q/k/v/o, q/k norm); layer 1 a
+  // dense FFN (3), layers 0 and 2 a router and 4 · 3 expert matrices.
+  ASSERT_EQ(specs.size(), 3u + 3 * 8 + 3 + 2 * (1 + 4 * 3));
+  int64_t params = 0;
+  int routers = 0, dense = 0;
+  std::vector<int> experts_seen(3 * 4 * 3, 0);  // [layer, expert, kind]
+  for (const WeightSpec& s : specs) {
+    int64_t n = 1;
+    for (int64_t d : s.shape) n *= d;
+    params += n;
+    switch (s.kind) {
+      case WeightKind::kRouter:
+        ++routers;
+        EXPECT_EQ(s.shape, (std::vector<int64_t>{4, 16}));
+        EXPECT_EQ(s.hf_name, "model.layers." + std::to_string(s.layer) + ".mlp.gate.weight");
+        EXPECT_NE(s.layer, 1);
+        EXPECT_EQ(s.expert, -1);
+        break;
+      case WeightKind::kExpertGate:
+      case WeightKind::kExpertUp:
+      case WeightKind::kExpertDown: {
+        const int k = s.kind == WeightKind::kExpertGate ? 0 : s.kind == WeightKind::kExpertUp ? 1 : 2;
+        ASSERT_GE(s.expert, 0);
+        ASSERT_LT(s.expert, 4);
+        ++experts_seen[(s.layer * 4 + s.expert) * 3 + k];
+        const char* proj[] = {"gate_proj", "up_proj", "down_proj"};
+        EXPECT_EQ(s.hf_name, "model.layers." + std::to_string(s.layer) + ".mlp.experts." +
+                                 std::to_string(s.expert) + "." + proj[k] + ".weight");
+        EXPECT_EQ(s.shape, k == 2 ? (std::vector<int64_t>{16, 12}) : (std::vector<int64_t>{12, 16}));
+        break;
+      }
+      case WeightKind::kGateProj:
+      case WeightKind::kUpProj:
+      case WeightKind::kDownProj:
+        ++dense;
+        EXPECT_EQ(s.layer, 1);
+        break;
+      default:
+        EXPECT_EQ(s.expert, -1) << s.hf_name;
+    }
+  }
+  EXPECT_EQ(routers, 2);
+  EXPECT_EQ(dense, 3);
+  for (int l = 0; l < 3; ++l)
+    for (int i = 0; i < 4 * 3; ++i) EXPECT_EQ(experts_seen[l * 12 + i], l == 1 ? 0 : 1);
+  EXPECT_EQ(params, c.n_params());  // the table and n_params() agree
+}
+
+TEST(WeightTable, BindQwen3MoeCheckpoint) {
+  TempDir dir;
+  ModelConfig c = moe_config();
+  std::vector<TensorToWrite> t = full_checkpoint(c);
+  ASSERT_TRUE(write_safetensors((dir.path / "model.safetensors").string(), t, {}).ok());
+  Result<Checkpoint> ck = Checkpoint::open(dir.path.string());
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  Result<BoundWeights> b = bind_weights(c, ck.value());
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  // A missing expert, a mis-shaped one, and transformers 5's fused layout are each reported.
+  std::erase_if(t, [](const TensorToWrite& x) {
+    return x.name == "model.layers.2.mlp.experts.3.down_proj.weight";
+  });
+  for (TensorToWrite& x : t)
+    if (x.name == "model.layers.0.mlp.experts.1.up_proj.weight") x = zeros(x.name, DType::kBF16, {16, 12});
+  t.push_back(zeros("model.layers.0.mlp.experts.gate_up_proj", DType::kBF16, {4, 24, 16}));
+  TempDir broken;
+  ASSERT_TRUE(write_safetensors((broken.path / "model.safetensors").string(), t, {}).ok());
+  Result<Checkpoint> bk = Checkpoint::open(broken.path.string());
+  ASSERT_TRUE(bk.ok()) << bk.status().to_string();
+  Result<BoundWeights> bb = bind_weights(c, bk.value());
+  ASSERT_FALSE(bb.ok());
+  EXPECT_MSG_HAS(bb.status(), "3 problem(s)");
+  EXPECT_MSG_HAS(bb.status(), "missing model.layers.2.mlp.experts.3.down_proj.weight (expected "
+                              "[16, 12])");
+  EXPECT_MSG_HAS(bb.status(), "wrong shape model.layers.0.mlp.experts.1.up_proj.weight");
+  EXPECT_MSG_HAS(bb.status(), "unused model.layers.0.mlp.experts.gate_up_proj");
 }
 
 TEST(WeightTable, BindCompleteCheckpoint) {

@@ -68,6 +68,8 @@ class CpuBackend final : public Backend {
   Status silu_mul(float* gate, const float* up, int64_t n) override {
     return kernels::silu_mul(gate, up, n);
   }
+  Status moe_route(const MoeRouteParams& p) override { return kernels::moe_route(p); }
+  Status moe_ffn(const MoeFfnParams& p) override { return kernels::moe_ffn(p); }
   Status add(float* x, const float* y, int64_t n) override { return kernels::add(x, y, n); }
   Status gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t dim,
                      float* dst) override {
@@ -142,6 +144,18 @@ Status Backend::logprobs(const LogprobsParams& p) {
     OSCAR_RETURN_IF_ERROR(logprobs_ref(h));
   }
   return Status();
+}
+
+Status Backend::moe_route(const MoeRouteParams& p) {
+  (void)p;
+  return unimplemented("moe_route: MoE not implemented on %s yet (run MoE models with --device "
+                       "cpu)", device_name(device()));
+}
+
+Status Backend::moe_ffn(const MoeFfnParams& p) {
+  (void)p;
+  return unimplemented("moe_ffn: MoE not implemented on %s yet (run MoE models with --device cpu)",
+                       device_name(device()));
 }
 
 Status Backend::copy(const void* src, size_t bytes, void* dst) {
