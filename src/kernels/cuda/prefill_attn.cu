@@ -663,7 +663,7 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
   // one has one producer warpgroup: 162-176 against 121-137 TFLOP/s on the H200, 2026-12-03).
   if (a.de == 0) {
     if (path == PrefillAttnCudaPath::kAuto && facts.ws && L.head_dim == 128 && !p.quantized)
-      return prefill_attn_ws_launch(a, L.head_dim, stream);
+      return prefill_attn_ws_launch(a, L.head_dim, p.quantized, stream);
     if (path == PrefillAttnCudaPath::kAuto || path == PrefillAttnCudaPath::kTiledMma ||
         path == PrefillAttnCudaPath::kTiledWgmma)
       return prefill_attn_tc_launch(a, L.head_dim,

@@ -1,27 +1,26 @@
 // The warp-specialised prefill attention for sm_90a (prefill_detail::prefill_attn_ws_launch), the
-// default kernel of prefill_attn_cuda for serving prefill and extend at head_dim 128: causal
-// attention of a step's prefill chunks over the paged three-region cache, FlashAttention-3 style.
+// default kernel of prefill_attn_cuda for serving prefill and extend over a BF16 cache at head_dim
+// 128: causal attention of a step's prefill chunks over the paged cache, FlashAttention-3 style.
 //
 // Work: the items of prefill_items.cuh (a tile of 128 / gqa queries of one sequence x the gqa
 // query heads of one KV head = up to 128 rows), so every K/V tile is read once per KV group and
 // used by all its query heads. A block has three warpgroups:
 //   warpgroup 0, the producer (its registers given to the others by setmaxnreg): fills a ring of
-//     kStages K/V tiles of 128 keys: BF16 rows by cp.async straight from their pages, history rows
-//     (INT2 and every bit-plan width) dequantized into the same BF16 tile, once for every query
-//     row and head of the item, their code words loaded a tile ahead; it signals a slot full
+//     three K/V tiles of 128 keys by cp.async straight from their pages; it signals a slot full
 //     (mbarrier) one tile later, once its copies have landed, so two tiles' copies are in flight;
 //   warpgroups 1 and 2, the consumers, 64 rows each: S = Q·Kᵀ by wgmma with Q (BF16, pre-scaled
 //     by scale·log2 e) and K both in shared memory, the causal mask on tiles that reach past the
-//     item's first query only, online softmax in exp2 on the accumulators (O rescaled only when a
-//     row's maximum grew), P as BF16 A fragments in registers, O += P·V by wgmma (V MN-major);
+//     item's first query only, online softmax in exp2 on the accumulators, P as BF16 A fragments
+//     in registers, O += P·V by wgmma (V MN-major);
 //     then they signal the slot empty.
-// The consumers never wait on a load the producer could have issued earlier, and neither waits on
-// the other warpgroup's softmax: the two consumers' MMAs and softmaxes interleave on the SM.
+// Neither consumer waits on the other's softmax: their MMAs and softmaxes interleave on the SM.
+// FA3's intra-warpgroup overlap (tile t's QKᵀ issued with tile t-1's P·V, tile t's softmax while
+// P·V is in flight, P double-buffered in registers) is here too, behind a knob (ws_facts): it
+// measured slower.
 //
-// Not here (prefill_attn_tc.cu serves them): head_dim 64; the decode-equivalent reading is
-// prefill_attn.cu's. Not yet: head_dim 256, explicit ping-pong between the consumers, the next
-// tile's QKᵀ overlapped with this tile's softmax inside a warpgroup (FA3's intra-warpgroup
-// pipelining), TMA.
+// Not here (prefill_attn_tc.cu serves them): quantized history (there all eight warps unpack,
+// which measured faster than one producer warpgroup), head_dim 64; the decode-equivalent reading
+// is prefill_attn.cu's. Not yet: head_dim 256, explicit ping-pong between the consumers, TMA.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -43,7 +42,8 @@ constexpr int kWsThreads = 128 * (1 + kWsConsumers);  // warpgroup 0 produces
 constexpr int kWsRows = 64 * kWsConsumers;            // rows of an item
 constexpr int kWsKeys = 128;                          // keys per K/V tile
 // Registers per thread after reallocation: 128·P + 256·C within the launch's 384 x 168.
-constexpr int kProducerRegs = 88, kConsumerRegs = 208;
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+constexpr int kWsStages = 3;  // ring slots: 224 KiB of shared memory with Q
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kWsThreads * 168);
 
 template <int D, int kStages>
@@ -75,8 +75,7 @@ struct Ring {
 };
 
 template <int D, int kStages>
-__device__ __forceinline__ void ws_produce(const Args& a, uint8_t* tiles, uint32_t tiles_addr,
-                                           const Ring& ring) {
+__device__ __forceinline__ void ws_produce(const Args& a, uint32_t tiles_addr, const Ring& ring) {
   using S = WsShape<D, kStages>;
   using T = TileShape<D, kWsKeys>;
   const int tid = threadIdx.x;  // 0 .. 127
@@ -89,32 +88,15 @@ __device__ __forceinline__ void ws_produce(const Args& a, uint8_t* tiles, uint32
     const Planes pl = make_planes(a, kvh, D);
     const SeqPages sp = seq_pages(a, it);
     const int n_tiles = (sp.kend + kWsKeys - 1) / kWsKeys;
-    // History code words of K and V: loaded one tile ahead (while this tile's copies land), so
-    // the unpacking never waits on memory.
-    HistUnits<D, kWsKeys, 128> hk, hv;
-    if (tile_has_hist(it, 0, kWsKeys)) {
-      hist_prefetch(a, pl, sp, 0, 0, tid, hk);
-      hist_prefetch(a, pl, sp, 0, 1, tid, hv);
-    }
 #pragma unroll 1
     for (int tile = 0; tile < n_tiles; ++tile, ++n) {
       mbar_wait(ring.empty<kStages>(n), Ring::parity<kStages>(n) ^ 1);
-      const int k0 = tile * kWsKeys;
-      const uint32_t slot = (n % kStages) * S::kStageBytes;
-      const bool hist = tile_has_hist(it, k0, kWsKeys);
-      load_exact<D, kWsKeys, 128>(a, pl, sp, k0, hist, tiles_addr + slot,
-                                  tiles_addr + slot + T::kTileBytes, tid);
+      const uint32_t slot = tiles_addr + (n % kStages) * S::kStageBytes;
+      load_exact<D, kWsKeys, 128>(a, pl, sp, tile * kWsKeys, false, slot, slot + T::kTileBytes,
+                                  tid);
       cp_async_commit();
-      if (hist) {
-        hist_store(a, pl, sp, k0, 0, tid, hk, tiles + slot);
-        hist_store(a, pl, sp, k0, 1, tid, hv, tiles + slot + T::kTileBytes);
-      }
-      if (tile + 1 < n_tiles && tile_has_hist(it, k0 + kWsKeys, kWsKeys)) {
-        hist_prefetch(a, pl, sp, k0 + kWsKeys, 0, tid, hk);
-        hist_prefetch(a, pl, sp, k0 + kWsKeys, 1, tid, hv);
-      }
-      // The previous tile's copies have landed (this one's stay in flight): with its stores,
-      // visible to wgmma (the async proxy), then its slot is signalled full.
+      // The previous tile's copies have landed (this one's stay in flight): visible to wgmma
+      // (the async proxy), then its slot is signalled full.
       if (n > 0) {
         cp_async_wait<1>();
         fence_proxy_async_smem();
@@ -153,15 +135,138 @@ __device__ __forceinline__ void ws_stage_q(const Args& a, const Item& it, int kv
   }
 }
 
+// 2^x on the SFU (ex2.approx.ftz: 2^-inf = +0), the softmax's exponential.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+constexpr int kNB = kWsKeys / 8;    // 8-key blocks of S
+constexpr int kNKP = kWsKeys / 16;  // k-steps of P·V
+
+// A consumer warpgroup's online-softmax state for this lane's two rows (r = 0: row 16·warp + g,
+// r = 1: + 8).
+struct RowState {
+  float m[2] = {kNegInf, kNegInf};  // running maxima (log2 units)
+  float l[2] = {0.f, 0.f};          // this lane's part of the running sums
+  int64_t pos[2];                   // the rows' query positions (causal limit)
+};
+
+// Softmax of tile k0's scores s (causally masked): P as BF16 A fragments, this tile's row sums,
+// and the factor alpha by which the running O and l must be scaled. Updates the running maxima
+// only.
+__device__ __forceinline__ void tile_softmax(const float (&s_in)[kNB][4], int64_t k0,
+                                             int64_t first_pos, int t, RowState& st,
+                                             uint32_t (&pa)[kNKP][4], float (&sum)[2],
+                                             float (&alpha)[2]) {
+  // The scores are only read here, never written: in the pipelined loop they are the
+  // accumulators of a wgmma stage still open (P·V in flight), where ptxas would serialise the
+  // wgmmas on any other instruction defining them.
+  float s[kNB][4];
+  const bool diag = k0 + kWsKeys - 1 > first_pos;
+#pragma unroll
+  for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t j = k0 + 8 * nb + 2 * t + (c & 1);
+      s[nb][c] = diag && j > st.pos[c >> 1] ? kNegInf : s_in[nb][c];
+    }
+  // Row maxima over the tile: four independent chains per row, then the quad's lanes.
+  float mx[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float m4[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) m4[q] = fmaxf(s[q][2 * r], s[q][2 * r + 1]);
+#pragma unroll
+    for (int nb = 4; nb < kNB; ++nb)
+      m4[nb & 3] = fmaxf(m4[nb & 3], fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
+    mx[r] = fmaxf(fmaxf(m4[0], m4[1]), fmaxf(m4[2], m4[3]));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+  }
+  // No branch or vote here: in the pipelined loop this runs inside an open wgmma stage, where
+  // ptxas serialises the wgmmas around one (measured by its C7513 warning).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float mnew = fmaxf(st.m[r], mx[r]);
+    alpha[r] = mnew == st.m[r] ? 1.f : fast_exp2(st.m[r] - mnew);  // 2^-inf = 0
+    st.m[r] = mnew;
+  }
+  // P as BF16 A fragments: k-step kp = keys 16kp .. +15 = S blocks 2kp, 2kp + 1.
+  const float mb[2] = {st.m[0] == kNegInf ? 0.f : st.m[0],
+                       st.m[1] == kNegInf ? 0.f : st.m[1]};  // nothing visible yet: p = 0
+  float l4[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+  for (int nb = 0; nb < kNB; ++nb) {
+    float p[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      p[c] = fast_exp2(s[nb][c] - mb[c >> 1]);
+      l4[c >> 1][nb & 1] += p[c];
+    }
+    pa[nb >> 1][2 * (nb & 1)] = pack_bf16(p[0], p[1]);
+    pa[nb >> 1][2 * (nb & 1) + 1] = pack_bf16(p[2], p[3]);
+  }
+  sum[0] = l4[0][0] + l4[0][1];
+  sum[1] = l4[1][0] + l4[1][1];
+}
+
+// O and l scaled by alpha, then l += this tile's sums. Always: skipping alpha = 1 by a vote and a
+// branch made ptxas serialise the pipelined loop's wgmmas (its C7513 warning).
+template <int NDB>
+__device__ __forceinline__ void apply_tile(float (&o)[NDB][4], RowState& st, const float (&sum)[2],
+                                           const float (&alpha)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    st.l[r] = st.l[r] * alpha[r] + sum[r];
+#pragma unroll
+    for (int db = 0; db < NDB; ++db) {
+      o[db][2 * r] *= alpha[r];
+      o[db][2 * r + 1] *= alpha[r];
+    }
+  }
+}
+
+// S = Q·Kᵀ of the warpgroup's 64 rows over a 128-key tile (issued, not waited for).
 template <int D, int kStages>
+__device__ __forceinline__ void issue_scores(uint32_t qs_addr, uint32_t ks, float (&s)[kNB][4]) {
+  using S = WsShape<D, kStages>;
+  using T = TileShape<D, kWsKeys>;
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k) {
+    // K-major A and B: 16 dims = 32 bytes of each row inside atom k / 4; 8-row groups 1024 bytes
+    // apart.
+    const uint64_t qd =
+        wgmma_desc_sw128(qs_addr + (k / 4) * S::kQAtomBytes + (k % 4) * 32, 16, 1024);
+    const uint64_t kd = wgmma_desc_sw128(ks + (k / 4) * T::kAtomBytes + (k % 4) * 32, 16, 1024);
+    wgmma_m64n128k16_ss<0>(s, qd, kd, k > 0);
+  }
+  wgmma_commit();
+}
+
+// O += P·V over a 128-key tile (issued, not waited for).
+template <int D>
+__device__ __forceinline__ void issue_pv(const uint32_t (&pa)[kNKP][4], uint32_t vs,
+                                         float (&o)[D / 8][4]) {
+  using T = TileShape<D, kWsKeys>;
+#pragma unroll
+  for (int kp = 0; kp < kNKP; ++kp) {
+    // MN-major B: 16 keys = two 8-row groups (1024 bytes apart) from key 16kp; 64-dim atoms
+    // kAtomBytes apart.
+    const uint64_t vd = wgmma_desc_sw128(vs + kp * 2048, T::kAtomBytes, 1024);
+    wgmma_m64n128k16_rs<1>(o, pa[kp], vd, 1);
+  }
+  wgmma_commit();
+}
+
+template <int D, int kStages, bool kPipelined>
 __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
                                            uint32_t smem_addr_, const Ring& ring) {
   using S = WsShape<D, kStages>;
   using T = TileShape<D, kWsKeys>;
-  constexpr int NKS = D / 16;        // k-steps of S = Q·Kᵀ
-  constexpr int NB = kWsKeys / 8;    // 8-key blocks of S
-  constexpr int NDB = D / 8;         // 8-dim blocks of O
-  constexpr int NKP = kWsKeys / 16;  // k-steps of P·V
+  constexpr int NDB = D / 8;  // 8-dim blocks of O
   static_assert(D == 128, "O += P·V is one m64n128 wgmma per k-step");
   const int tid = threadIdx.x - 128 * (1 + cw);  // 0 .. 127 in this warpgroup
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -181,114 +286,96 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
     fence_proxy_async_smem();
     named_barrier(bar, 128);
 
-    // This lane's rows of the accumulators: r = 0 -> row 16·warp + g, r = 1 -> + 8.
-    int64_t rpos[2];
+    RowState st;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) rpos[r] = first_pos + (64 * cw + 16 * warp + g + 8 * r) / a.gqa;
+    for (int r = 0; r < 2; ++r) st.pos[r] = first_pos + (64 * cw + 16 * warp + g + 8 * r) / a.gqa;
     float o[NDB][4];
 #pragma unroll
     for (int db = 0; db < NDB; ++db)
 #pragma unroll
       for (int c = 0; c < 4; ++c) o[db][c] = 0.f;
-    float mrow[2] = {kNegInf, kNegInf}, lrow[2] = {0.f, 0.f};  // l: this lane's partial sum
 
     const int n_tiles = static_cast<int>((it.kend + kWsKeys - 1) / kWsKeys);
-#pragma unroll 1
-    for (int tile = 0; tile < n_tiles; ++tile, ++n) {
-      const int64_t k0 = static_cast<int64_t>(tile) * kWsKeys;
-      const uint32_t ks = tiles_addr + (n % kStages) * S::kStageBytes, vs = ks + T::kTileBytes;
+    const auto ks_of = [&](uint32_t m) { return tiles_addr + (m % kStages) * S::kStageBytes; };
+    float s[kNB][4], sum[2], alpha[2];
+    uint32_t pa[kNKP][4];
+    if constexpr (kPipelined) {
+      // Tile 0: scores, softmax (O is still zero: nothing to rescale).
       mbar_wait(ring.full<kStages>(n), Ring::parity<kStages>(n));
-
-      float s[NB][4];
       wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < NKS; ++k) {
-        // K-major A and B: 16 dims = 32 bytes of each row inside atom k / 4; 8-row groups 1024
-        // bytes apart.
-        const uint64_t qd = wgmma_desc_sw128(qs_addr + (k / 4) * S::kQAtomBytes + (k % 4) * 32,
-                                             16, 1024);
-        const uint64_t kd =
-            wgmma_desc_sw128(ks + (k / 4) * T::kAtomBytes + (k % 4) * 32, 16, 1024);
-        wgmma_m64n128k16_ss<0>(s, qd, kd, k > 0);
-      }
-      wgmma_commit();
+      issue_scores<D, kStages>(qs_addr, ks_of(n), s);
       wgmma_wait<0>();
-
-      if (k0 + kWsKeys - 1 > first_pos) {
+      tile_softmax(s, 0, first_pos, t, st, pa, sum, alpha);
+      apply_tile(o, st, sum, alpha);
+#pragma unroll 1
+      for (int tile = 1; tile < n_tiles; ++tile) {
+        const uint32_t cur = n + tile;
+        mbar_wait(ring.full<kStages>(cur), Ring::parity<kStages>(cur));
+        // Tile t's QKᵀ and tile t-1's P·V in flight together; tile t's softmax then overlaps
+        // the P·V, into a second set of P registers.
+        // Every descriptor computed before the stage opens: an instruction defining a wgmma
+        // input inside it would make ptxas serialise the stage's wgmmas.
+        uint64_t qd[D / 16], kd[D / 16], vd[kNKP];
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int64_t j = k0 + 8 * nb + 2 * t + (c & 1);
-            if (j > rpos[c >> 1]) s[nb][c] = kNegInf;
-          }
-      }
-      // Row maxima over the tile: four independent chains per row, then the quad's lanes.
-      float mx[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float m4[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) m4[q] = fmaxf(s[q][2 * r], s[q][2 * r + 1]);
-#pragma unroll
-        for (int nb = 4; nb < NB; ++nb)
-          m4[nb & 3] = fmaxf(m4[nb & 3], fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
-        mx[r] = fmaxf(fmaxf(m4[0], m4[1]), fmaxf(m4[2], m4[3]));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      }
-      // O and l are rescaled only when a row's maximum grew (late tiles of a long prompt rarely
-      // move it); skipping alpha = 1 exactly changes nothing.
-      const bool grew = mx[0] > mrow[0] || mx[1] > mrow[1];
-      if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float mnew = fmaxf(mrow[r], mx[r]);
-          const float alpha = mnew == mrow[r] ? 1.f : exp2f(mrow[r] - mnew);  // exp2(-inf) = 0
-          mrow[r] = mnew;
-          lrow[r] *= alpha;
-#pragma unroll
-          for (int db = 0; db < NDB; ++db) {
-            o[db][2 * r] *= alpha;
-            o[db][2 * r + 1] *= alpha;
-          }
+        for (int k = 0; k < D / 16; ++k) {
+          qd[k] = wgmma_desc_sw128(qs_addr + (k / 4) * S::kQAtomBytes + (k % 4) * 32, 16, 1024);
+          kd[k] = wgmma_desc_sw128(ks_of(cur) + (k / 4) * T::kAtomBytes + (k % 4) * 32, 16, 1024);
         }
-      }
-      // P as BF16 A fragments: k-step kp = keys 16kp .. +15 = S blocks 2kp, 2kp + 1.
-      const float mb[2] = {mrow[0] == kNegInf ? 0.f : mrow[0],
-                           mrow[1] == kNegInf ? 0.f : mrow[1]};  // nothing visible yet: p = 0
-      uint32_t pa[NKP][4];
-      float l4[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        float p[4];
+        for (int kp = 0; kp < kNKP; ++kp)
+          vd[kp] = wgmma_desc_sw128(ks_of(cur - 1) + T::kTileBytes + kp * 2048, T::kAtomBytes, 1024);
+        fence_operands(o);
+        fence_operands(pa);
+        wgmma_fence();
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          p[c] = exp2f(s[nb][c] - mb[c >> 1]);  // exp2(-inf) = 0
-          l4[c >> 1][nb & 1] += p[c];
+        for (int k = 0; k < D / 16; ++k) {
+          if (k == 0)
+            wgmma_m64n128k16_ss_zero<0>(s, qd[k], kd[k]);
+          else
+            wgmma_m64n128k16_ss<0>(s, qd[k], kd[k], 1);
         }
-        pa[nb >> 1][2 * (nb & 1)] = pack_bf16(p[0], p[1]);
-        pa[nb >> 1][2 * (nb & 1) + 1] = pack_bf16(p[2], p[3]);
+        wgmma_commit();
+#pragma unroll
+        for (int kp = 0; kp < kNKP; ++kp) wgmma_m64n128k16_rs<1>(o, pa[kp], vd[kp], 1);
+        wgmma_commit();
+        wgmma_wait<1>();  // the scores (committed first) are in
+        uint32_t pa_next[kNKP][4];
+        tile_softmax(s, static_cast<int64_t>(tile) * kWsKeys, first_pos, t, st, pa_next, sum,
+                     alpha);
+        wgmma_wait<0>();  // P·V of tile t-1 is in O
+        fence_operands(o);
+        fence_operands(pa);
+        mbar_arrive(ring.empty<kStages>(cur - 1));
+        apply_tile(o, st, sum, alpha);
+#pragma unroll
+        for (int kp = 0; kp < kNKP; ++kp)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) pa[kp][c] = pa_next[kp][c];
       }
-      lrow[0] += l4[0][0] + l4[0][1];
-      lrow[1] += l4[1][0] + l4[1][1];
-
       wgmma_fence();
-#pragma unroll
-      for (int kp = 0; kp < NKP; ++kp) {
-        // MN-major B: 16 keys = two 8-row groups (1024 bytes apart) from key 16kp; 64-dim atoms
-        // kAtomBytes apart.
-        const uint64_t vd = wgmma_desc_sw128(vs + kp * 2048, T::kAtomBytes, 1024);
-        wgmma_m64n128k16_rs<1>(o, pa[kp], vd, 1);
-      }
-      wgmma_commit();
+      issue_pv<D>(pa, ks_of(n + n_tiles - 1) + T::kTileBytes, o);
       wgmma_wait<0>();
-      mbar_arrive(ring.empty<kStages>(n));  // this thread is done with the slot
+      mbar_arrive(ring.empty<kStages>(n + n_tiles - 1));
+      n += n_tiles;
+    } else {
+#pragma unroll 1
+      for (int tile = 0; tile < n_tiles; ++tile, ++n) {
+        mbar_wait(ring.full<kStages>(n), Ring::parity<kStages>(n));
+        wgmma_fence();
+        issue_scores<D, kStages>(qs_addr, ks_of(n), s);
+        wgmma_wait<0>();
+        tile_softmax(s, static_cast<int64_t>(tile) * kWsKeys, first_pos, t, st, pa, sum, alpha);
+        apply_tile(o, st, sum, alpha);
+        wgmma_fence();
+        issue_pv<D>(pa, ks_of(n) + T::kTileBytes, o);
+        wgmma_wait<0>();
+        mbar_arrive(ring.empty<kStages>(n));  // this thread is done with the slot
+      }
     }
 
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float l = lrow[r];
+      float l = st.l[r];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const int m = 64 * cw + 16 * warp + g + 8 * r, qi = m / a.gqa, hh = m % a.gqa;
@@ -303,7 +390,7 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
   }
 }
 
-template <int D, int kStages>
+template <int D, int kStages, bool kPipelined>
 __global__ void __launch_bounds__(kWsThreads, 1)
     prefill_attn_ws_kernel(const __grid_constant__ Args a) {
   using S = WsShape<D, kStages>;
@@ -321,39 +408,43 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     }
   }
   __syncthreads();
-  const int wg = threadIdx.x / 128;
-  if (wg == 0) {
+  if (threadIdx.x / 128 == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    ws_produce<D, kStages>(a, smem + S::kQBytes, base + S::kQBytes, ring);
+    ws_produce<D, kStages>(a, base + S::kQBytes, ring);
   } else {
     setmaxnreg_inc<kConsumerRegs>();
-    ws_consume<D, kStages>(a, wg - 1, smem, base, ring);
+    ws_consume<D, kStages, kPipelined>(a, threadIdx.x / 128 - 1, smem, base, ring);
   }
 }
 
 struct WsFacts {
-  int sms = 0, blocks = 0, stages = 3;
+  int sms = 0, blocks = 0;
+  bool pipelined = false;
 };
 
-// Ring depth: 3 slots (224 KiB of shared memory with Q: the producer keeps two tiles in flight
-// while the consumers work on a third), or 2 (160 KiB) with OSCAR_PREFILL_WS_STAGES=2 (a
-// measurement knob, read once).
+// OSCAR_PREFILL_WS_PIPELINE=1: the consumers with the intra-warpgroup overlap (a measurement knob,
+// read once). Off by default: on the H200 it ran at 279-293 TFLOP/s against 327-357 without
+// (bench_prefill_attn_cuda, 2026-12-03): the two consumer warpgroups already interleave, and the
+// overlap costs a second set of P registers and an unconditional rescale of O.
 Status ws_facts(WsFacts* out) {
   return facts_per_device(out, [](WsFacts* f, int dev) {
     OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f->sms, cudaDevAttrMultiProcessorCount, dev));
-    const char* env = std::getenv("OSCAR_PREFILL_WS_STAGES");
-    f->stages = env != nullptr && std::atoi(env) == 2 ? 2 : 3;
-    return f->stages == 3 ? kernel_resident_blocks(prefill_attn_ws_kernel<128, 3>, kWsThreads,
-                                                   WsShape<128, 3>::kSmemBytes, &f->blocks)
-                          : kernel_resident_blocks(prefill_attn_ws_kernel<128, 2>, kWsThreads,
-                                                   WsShape<128, 2>::kSmemBytes, &f->blocks);
+    const char* env = std::getenv("OSCAR_PREFILL_WS_PIPELINE");
+    f->pipelined = env != nullptr && std::atoi(env) == 1;
+    using Sh = WsShape<128, kWsStages>;
+    return f->pipelined ? kernel_resident_blocks(prefill_attn_ws_kernel<128, kWsStages, true>,
+                                                 kWsThreads, Sh::kSmemBytes, &f->blocks)
+                        : kernel_resident_blocks(prefill_attn_ws_kernel<128, kWsStages, false>,
+                                                 kWsThreads, Sh::kSmemBytes, &f->blocks);
   });
 }
 
 }  // namespace
 
-Status prefill_attn_ws_launch(const Args& a_in, int head_dim, cudaStream_t stream) {
+Status prefill_attn_ws_launch(const Args& a_in, int head_dim, bool quantized,
+                              cudaStream_t stream) {
   if (a_in.de != 0) return internal_error("prefill_attn_ws: serving prefill only");
+  if (quantized) return internal_error("prefill_attn_ws: BF16 caches only");
   if (head_dim != 128) return invalid_argument("prefill_attn_ws: head_dim %d (128)", head_dim);
   if (a_in.gqa > kWsRows)
     return invalid_argument("prefill_attn_ws: gqa %d > %d", a_in.gqa, kWsRows);
@@ -366,10 +457,11 @@ Status prefill_attn_ws_launch(const Args& a_in, int head_dim, cudaStream_t strea
     if (a.page_size == 1 << sh) a.page_shift = sh;
   // One wave of resident blocks; each block walks its (item, KV head) pairs.
   const dim3 grid(std::max(1, f.sms * f.blocks));
-  if (f.stages == 3)
-    prefill_attn_ws_kernel<128, 3><<<grid, kWsThreads, WsShape<128, 3>::kSmemBytes, stream>>>(a);
+  constexpr size_t kSmem = WsShape<128, kWsStages>::kSmemBytes;
+  if (f.pipelined)
+    prefill_attn_ws_kernel<128, kWsStages, true><<<grid, kWsThreads, kSmem, stream>>>(a);
   else
-    prefill_attn_ws_kernel<128, 2><<<grid, kWsThreads, WsShape<128, 2>::kSmemBytes, stream>>>(a);
+    prefill_attn_ws_kernel<128, kWsStages, false><<<grid, kWsThreads, kSmem, stream>>>(a);
   OSCAR_CUDA_LAUNCH_CHECK("prefill_attn_ws_kernel");
   return Status();
 }

@@ -196,7 +196,8 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // of resident blocks walking find_work). Asynchronous on `stream`.
 Status prefill_attn_tc_launch(const Args& a, int head_dim, bool wgmma, cudaStream_t stream);
 
-// The warp-specialised kernel (prefill_attn_ws.cu): serving prefill, head_dim 128, sm_90a.
-Status prefill_attn_ws_launch(const Args& a, int head_dim, cudaStream_t stream);
+// The warp-specialised kernel (prefill_attn_ws.cu): serving prefill over a BF16 cache (quantized
+// true: refused), head_dim 128, sm_90a.
+Status prefill_attn_ws_launch(const Args& a, int head_dim, bool quantized, cudaStream_t stream);
 
 }  // namespace oscar::kernels::prefill_detail
