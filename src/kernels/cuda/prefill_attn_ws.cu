@@ -11,8 +11,7 @@
 //   warpgroups 1 and 2, the consumers, 64 rows each: S = Q·Kᵀ by wgmma with Q (BF16, pre-scaled
 //     by scale·log2 e) and K both in shared memory, the causal mask on tiles that reach past the
 //     item's first query only, online softmax in exp2 on the accumulators, P as BF16 A fragments
-//     in registers, O += P·V by wgmma (V MN-major);
-//     then they signal the slot empty.
+//     in registers, O += P·V by wgmma (V MN-major); then they signal the slot empty.
 // Neither consumer waits on the other's softmax: their MMAs and softmaxes interleave on the SM.
 // FA3's intra-warpgroup overlap (tile t's QKᵀ issued with tile t-1's P·V, tile t's softmax while
 // P·V is in flight, P double-buffered in registers) is here too, behind a knob (ws_facts): it
