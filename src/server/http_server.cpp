@@ -132,30 +132,6 @@ bool equal_constant_time(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-int http_status_for(const Status& s) {
-  switch (s.code()) {
-    case StatusCode::kInvalidArgument:
-    case StatusCode::kOutOfRange: return 400;
-    case StatusCode::kNotFound: return 404;
-    // The engine's waiting queue is full (a request that can never fit is InvalidArgument):
-    // retryable, with Retry-After.
-    case StatusCode::kResourceExhausted:
-      return 429;
-    case StatusCode::kUnimplemented: return 501;
-    default: return 500;
-  }
-}
-
-ApiError error_from_status(const Status& s, const char* context) {
-  ApiError e = invalid_request(std::string(context) + ": " + s.message(), "", http_status_for(s));
-  if (e.http_status >= 500) e.type = "server_error";
-  if (e.http_status == 429) {
-    e.type = "server_error";
-    e.code = "queue_full";
-  }
-  return e;
-}
-
 // RFC 9110 IMF-fixdate: "Tue, 01 Dec 2026 09:35:27 GMT".
 std::string http_date() {
   std::time_t now = std::time(nullptr);
@@ -220,12 +196,6 @@ const char* route_methods(std::string_view target, std::string_view model_prefix
 }
 
 constexpr std::string_view kModelPrefix = "/v1/models/";
-
-int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
@@ -499,11 +469,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void start_generation(Endpoint endpoint, const std::string& body) {
     engine::EngineInfo info = st_->engine->info();
-    if (!info.ready) {
-      ApiError e = invalid_request("the model is still loading", "", 503);
-      e.type = "server_error";
-      return send_error(e, keep_alive_);
-    }
+    if (!info.ready) return send_error(model_loading_error(), keep_alive_);
     ModelLimits limits{st_->model_name, info.max_context_tokens, info.vocab_size,
                        info.max_live_requests};
     ParseResult parsed = parse_openai_request(endpoint, body, limits);
@@ -763,11 +729,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void start_token_generation(const std::string& body) {
     engine::EngineInfo info = st_->engine->info();
-    if (!info.ready) {
-      ApiError e = invalid_request("the model is still loading", "", 503);
-      e.type = "server_error";
-      return send_error(e, keep_alive_);
-    }
+    if (!info.ready) return send_error(model_loading_error(), keep_alive_);
     ModelLimits limits{st_->model_name, info.max_context_tokens, info.vocab_size,
                        info.max_live_requests};
     auto parsed = parse_generate_request(body, limits);

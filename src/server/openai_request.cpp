@@ -33,6 +33,40 @@ ApiError invalid_request(std::string message, std::string param, int http_status
   return e;
 }
 
+namespace {
+
+int http_status_for(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange: return 400;
+    case StatusCode::kNotFound: return 404;
+    // The engine's waiting queue is full (a request that can never fit is InvalidArgument):
+    // retryable, with Retry-After.
+    case StatusCode::kResourceExhausted:
+      return 429;
+    case StatusCode::kUnimplemented: return 501;
+    default: return 500;
+  }
+}
+
+}  // namespace
+
+ApiError error_from_status(const Status& s, const char* context) {
+  ApiError e = invalid_request(std::string(context) + ": " + s.message(), "", http_status_for(s));
+  if (e.http_status >= 500) e.type = "server_error";
+  if (e.http_status == 429) {
+    e.type = "server_error";
+    e.code = "queue_full";
+  }
+  return e;
+}
+
+ApiError model_loading_error() {
+  ApiError e = invalid_request("the model is still loading", "", 503);
+  e.type = "server_error";
+  return e;
+}
+
 bool json_depth_exceeds(std::string_view text, int max_depth) {
   int depth = 0;
   bool in_string = false;
