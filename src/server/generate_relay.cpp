@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/log.h"
@@ -18,18 +20,18 @@ namespace {
 class GenerateRelay : public Relay {
  public:
   GenerateRelay(HttpSession& s, std::string request_id, const GenerateRequest& req)
-      : s_(s),
+      : session_(s),
         request_id_(std::move(request_id)),
         streaming_(req.stream),
         stop_token_ids_(req.stop_token_ids),
         usage_{static_cast<int>(req.input_ids.size()), 0, 0} {}
 
   void on_event(int /*choice*/, const engine::GenerationEvent& ev) override;
-  void cancel() override { s_.server().engine->cancel(request_id_); }
+  void cancel() override { session_.server().engine->cancel(request_id_); }
   void fail(const ApiError& e, bool keep_alive) override;
 
  private:
-  HttpSession& s_;
+  HttpSession& session_;  // owns this relay
   const std::string request_id_;
   const bool streaming_;
   const std::vector<int32_t> stop_token_ids_;
@@ -50,34 +52,36 @@ void GenerateRelay::on_event(int, const engine::GenerationEvent& ev) {
       if (std::find(stop_token_ids_.begin(), stop_token_ids_.end(), ev.token_id) !=
           stop_token_ids_.end()) {
         stopped_by_token_ = true;
-        s_.server().engine->cancel(request_id_);
+        session_.server().engine->cancel(request_id_);
       }
-      if (streaming_ && !s_.client_gone()) {
-        s_.queue_event(sse_event(generate_chunk(request_id_, {ev.token_id}, "", 0, 0, 0)));
-        s_.flush();
+      if (streaming_ && !session_.client_gone()) {
+        session_.queue_event(sse_event(generate_chunk(request_id_, {ev.token_id}, "", 0, 0, 0)));
+        session_.flush();
       }
       return;
     }
     case engine::GenerationEvent::kFinished: {
-      s_.generation_ended();
-      if (s_.client_gone()) return;
+      session_.generation_ended();
+      if (session_.client_gone()) return;
       const std::string reason = stopped_by_token_ ? "stop" : ev.finish_reason;
       if (streaming_) {
-        s_.queue_event(sse_event(generate_chunk(request_id_, {}, reason, usage_.prompt_tokens,
-                                                usage_.completion_tokens, usage_.cached_tokens)));
-        s_.queue_event(std::string(kSseDone));
-        return s_.end_stream();
+        session_.queue_event(
+            sse_event(generate_chunk(request_id_, {}, reason, usage_.prompt_tokens,
+                                     usage_.completion_tokens, usage_.cached_tokens)));
+        session_.queue_event(std::string(kSseDone));
+        return session_.end_stream();
       }
-      s_.stop_watching();
-      return s_.send(200,
-                     dump_json(generate_body(request_id_, output_ids_, reason, usage_.prompt_tokens,
-                                             usage_.completion_tokens, usage_.cached_tokens)),
-                     "application/json");
+      session_.stop_watching();
+      return session_.send(
+          200,
+          dump_json(generate_body(request_id_, output_ids_, reason, usage_.prompt_tokens,
+                                  usage_.completion_tokens, usage_.cached_tokens)),
+          "application/json");
     }
     case engine::GenerationEvent::kError: {
-      s_.generation_ended();
-      if (s_.client_gone()) return;
-      return fail(error_from_status(ev.error, "generation failed"), s_.keep_alive());
+      session_.generation_ended();
+      if (session_.client_gone()) return;
+      return fail(error_from_status(ev.error, "generation failed"), session_.keep_alive());
     }
   }
 }
@@ -85,12 +89,12 @@ void GenerateRelay::on_event(int, const engine::GenerationEvent& ev) {
 // In a stream: a data line with the OpenAI error body, then [DONE], as on /v1/completions.
 void GenerateRelay::fail(const ApiError& e, bool keep_alive) {
   if (streaming_) {
-    s_.queue_event("data: " + e.to_json() + "\n\n");
-    s_.queue_event(std::string(kSseDone));
-    return s_.end_stream();
+    session_.queue_event("data: " + e.to_json() + "\n\n");
+    session_.queue_event(std::string(kSseDone));
+    return session_.end_stream();
   }
-  s_.stop_watching();
-  s_.send_error(e, keep_alive);
+  session_.stop_watching();
+  session_.send_error(e, keep_alive);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "server/openai_response.h"
@@ -53,7 +55,7 @@ class OpenAIRelay : public Relay {
   void finish_response(const std::string& reason);
   void end_stream();
 
-  HttpSession& s_;
+  HttpSession& session_;  // owns this relay
   ResponseMeta meta_;
   std::vector<Choice> choices_;
   const bool streaming_;
@@ -65,7 +67,7 @@ class OpenAIRelay : public Relay {
 };
 
 OpenAIRelay::OpenAIRelay(HttpSession& s, const OpenAIRequest& req, int prompt_tokens)
-    : s_(s),
+    : session_(s),
       meta_{req.endpoint, make_response_id(req.endpoint), unix_now(), s.server().model_name,
             req.text_format},
       streaming_(req.stream),
@@ -90,25 +92,25 @@ OpenAIRelay::OpenAIRelay(HttpSession& s, const OpenAIRequest& req, int prompt_to
 void OpenAIRelay::open_stream() {
   if (meta_.endpoint == Endpoint::kChatCompletions) {
     for (size_t i = 0; i < choices_.size(); ++i) {
-      s_.queue_event(
+      session_.queue_event(
           sse_event(stream_chunk(meta_, "", /*role_first=*/true, "", static_cast<int>(i))));
     }
   }
   if (meta_.endpoint == Endpoint::kResponses) {
     const json r = response_object(meta_, "in_progress", item_id_, "", usage_);
-    s_.queue_event(response_event("response.created", json{{"response", r}}, &seq_));
-    s_.queue_event(response_event("response.in_progress", json{{"response", r}}, &seq_));
-    s_.queue_event(
+    session_.queue_event(response_event("response.created", json{{"response", r}}, &seq_));
+    session_.queue_event(response_event("response.in_progress", json{{"response", r}}, &seq_));
+    session_.queue_event(
         response_event("response.output_item.added",
                        json{{"output_index", 0},
                             {"item", response_message_item(item_id_, "in_progress", nullptr)}},
                        &seq_));
-    s_.queue_event(response_event("response.content_part.added",
-                                  json{{"item_id", item_id_},
-                                       {"output_index", 0},
-                                       {"content_index", 0},
-                                       {"part", output_text_part("")}},
-                                  &seq_));
+    session_.queue_event(response_event("response.content_part.added",
+                                        json{{"item_id", item_id_},
+                                             {"output_index", 0},
+                                             {"content_index", 0},
+                                             {"part", output_text_part("")}},
+                                        &seq_));
   }
 }
 
@@ -128,22 +130,22 @@ void OpenAIRelay::on_event(int i, const engine::GenerationEvent& ev) {
       }
       if (meta_.endpoint == Endpoint::kResponses) {
         c.text += ev.text_delta;
-        if (streaming_ && !ev.text_delta.empty() && !s_.client_gone()) {
-          s_.queue_event(response_event("response.output_text.delta",
-                                        {{"item_id", item_id_},
-                                         {"output_index", 0},
-                                         {"content_index", 0},
-                                         {"delta", ev.text_delta}},
-                                        &seq_));
-          s_.flush();
+        if (streaming_ && !ev.text_delta.empty() && !session_.client_gone()) {
+          session_.queue_event(response_event("response.output_text.delta",
+                                              {{"item_id", item_id_},
+                                               {"output_index", 0},
+                                               {"content_index", 0},
+                                               {"delta", ev.text_delta}},
+                                              &seq_));
+          session_.flush();
         }
       } else if (c.parser) {
         relay_delta(i, c.parser->push(ev.text_delta), "");
       } else if (streaming_) {
-        if ((!ev.text_delta.empty() || !c.logprobs.empty()) && !s_.client_gone()) {
-          s_.queue_event(
+        if ((!ev.text_delta.empty() || !c.logprobs.empty()) && !session_.client_gone()) {
+          session_.queue_event(
               sse_event(stream_chunk(meta_, ev.text_delta, false, "", i, take_logprobs(c))));
-          s_.flush();
+          session_.flush();
         }
       } else {
         c.text += ev.text_delta;
@@ -154,9 +156,9 @@ void OpenAIRelay::on_event(int i, const engine::GenerationEvent& ev) {
     case engine::GenerationEvent::kError: {
       c.live = false;
       cancel();  // the other choices: their events are ignored from now on
-      s_.generation_ended();
-      if (s_.client_gone()) return;
-      return fail(error_from_status(ev.error, "generation failed"), s_.keep_alive());
+      session_.generation_ended();
+      if (session_.client_gone()) return;
+      return fail(error_from_status(ev.error, "generation failed"), session_.keep_alive());
     }
   }
 }
@@ -169,21 +171,21 @@ void OpenAIRelay::on_finished(int i, const engine::GenerationEvent& ev) {
     OutputDelta last = c.parser->finish();
     if (c.parser->tool_calls_seen() > 0 && reason == "stop") reason = "tool_calls";
     c.finish_reason = reason;
-    if (!s_.client_gone()) relay_delta(i, std::move(last), streaming_ ? reason : "");
+    if (!session_.client_gone()) relay_delta(i, std::move(last), streaming_ ? reason : "");
   } else {
     c.finish_reason = reason;
-    if (streaming_ && !s_.client_gone() && meta_.endpoint != Endpoint::kResponses) {
-      s_.queue_event(sse_event(stream_chunk(meta_, "", false, reason, i, take_logprobs(c))));
-      s_.flush();
+    if (streaming_ && !session_.client_gone() && meta_.endpoint != Endpoint::kResponses) {
+      session_.queue_event(sse_event(stream_chunk(meta_, "", false, reason, i, take_logprobs(c))));
+      session_.flush();
     }
   }
   for (const Choice& other : choices_)
     if (other.live) return;  // the response ends with its last choice
-  s_.generation_ended();
-  if (s_.client_gone()) return;
+  session_.generation_ended();
+  if (session_.client_gone()) return;
   if (meta_.endpoint == Endpoint::kResponses) return finish_response(choices_[0].finish_reason);
   if (streaming_) {
-    if (include_usage_) s_.queue_event(sse_event(usage_chunk(meta_, usage_)));
+    if (include_usage_) session_.queue_event(sse_event(usage_chunk(meta_, usage_)));
     return end_stream();
   }
   json all = json::array();
@@ -197,8 +199,9 @@ void OpenAIRelay::on_finished(int i, const engine::GenerationEvent& ev) {
           completion_choice(static_cast<int>(k), ck.text, ck.finish_reason, take_logprobs(ck)));
     }
   }
-  s_.stop_watching();
-  s_.send(200, dump_json(body_with_choices(meta_, std::move(all), usage_)), "application/json");
+  session_.stop_watching();
+  session_.send(200, dump_json(body_with_choices(meta_, std::move(all), usage_)),
+                "application/json");
 }
 
 // A parsed chat delta of choice i: streamed as one chunk (with finish_reason when given, even if
@@ -212,11 +215,11 @@ void OpenAIRelay::relay_delta(int i, OutputDelta d, const std::string& finish_re
     for (ToolCall& call : d.tool_calls) c.chat_out.tool_calls.push_back(std::move(call));
     return;
   }
-  if (s_.client_gone() || (d.empty() && finish_reason.empty() && c.logprobs.empty())) return;
-  s_.queue_event(
+  if (session_.client_gone() || (d.empty() && finish_reason.empty() && c.logprobs.empty())) return;
+  session_.queue_event(
       sse_event(chat_delta_chunk(meta_, d, c.calls_sent, finish_reason, i, take_logprobs(c))));
   c.calls_sent += static_cast<int>(d.tool_calls.size());
-  s_.flush();
+  session_.flush();
 }
 
 // Usage of the whole response: the prompt once, the completion tokens of every choice.
@@ -240,7 +243,7 @@ json OpenAIRelay::take_logprobs(Choice& c) {
 // come (and end the response while the session is still generating, e.g. after a disconnect).
 void OpenAIRelay::cancel() {
   for (const Choice& c : choices_)
-    if (c.live) s_.server().engine->cancel(c.request_id);
+    if (c.live) session_.server().engine->cancel(c.request_id);
 }
 
 // /v1/responses: the closing events, or the whole Response object.
@@ -249,24 +252,24 @@ void OpenAIRelay::finish_response(const std::string& reason) {
   const std::string& text = choices_[0].text;
   json r = response_object(meta_, status, item_id_, text, usage_);
   if (!streaming_) {
-    s_.stop_watching();
-    return s_.send(200, dump_json(r), "application/json");
+    session_.stop_watching();
+    return session_.send(200, dump_json(r), "application/json");
   }
-  s_.queue_event(response_event(
+  session_.queue_event(response_event(
       "response.output_text.done",
       json{{"item_id", item_id_}, {"output_index", 0}, {"content_index", 0}, {"text", text}},
       &seq_));
-  s_.queue_event(response_event("response.content_part.done",
-                                json{{"item_id", item_id_},
-                                     {"output_index", 0},
-                                     {"content_index", 0},
-                                     {"part", output_text_part(text)}},
-                                &seq_));
-  s_.queue_event(response_event(
+  session_.queue_event(response_event("response.content_part.done",
+                                      json{{"item_id", item_id_},
+                                           {"output_index", 0},
+                                           {"content_index", 0},
+                                           {"part", output_text_part(text)}},
+                                      &seq_));
+  session_.queue_event(response_event(
       "response.output_item.done",
       json{{"output_index", 0}, {"item", response_message_item(item_id_, "completed", &text)}},
       &seq_));
-  s_.queue_event(
+  session_.queue_event(
       response_event(status == "completed" ? "response.completed" : "response.incomplete",
                      json{{"response", r}}, &seq_));
   end_stream();
@@ -276,25 +279,25 @@ void OpenAIRelay::finish_response(const std::string& reason) {
 // error body; responses: an "error" event), then the end of the stream. Else an error body.
 void OpenAIRelay::fail(const ApiError& e, bool keep_alive) {
   if (!streaming_) {
-    s_.stop_watching();
-    return s_.send_error(e, keep_alive);
+    session_.stop_watching();
+    return session_.send_error(e, keep_alive);
   }
   if (meta_.endpoint == Endpoint::kResponses) {
-    s_.queue_event(response_event("error",
-                                  {{"code", e.code.empty() ? json(nullptr) : json(e.code)},
-                                   {"message", e.message},
-                                   {"param", nullptr}},
-                                  &seq_));
+    session_.queue_event(response_event("error",
+                                        {{"code", e.code.empty() ? json(nullptr) : json(e.code)},
+                                         {"message", e.message},
+                                         {"param", nullptr}},
+                                        &seq_));
   } else {
-    s_.queue_event("data: " + e.to_json() + "\n\n");
+    session_.queue_event("data: " + e.to_json() + "\n\n");
   }
   end_stream();
 }
 
 // [DONE] (not for /v1/responses, whose stream ends with its last event), then the last chunk.
 void OpenAIRelay::end_stream() {
-  if (meta_.endpoint != Endpoint::kResponses) s_.queue_event(std::string(kSseDone));
-  s_.end_stream();
+  if (meta_.endpoint != Endpoint::kResponses) session_.queue_event(std::string(kSseDone));
+  session_.end_stream();
 }
 
 }  // namespace
