@@ -3,7 +3,7 @@
 // Here: request parsing and validation (pure functions from a body to a request or to the
 // OpenAI-format error), response bodies and stream events, and GenerateRegistry, the set of live
 // /v1/generate request ids that /v1/abort consults. The HTTP plumbing (submitting, relaying
-// events, SSE writes) lives in http_server.cpp beside the OpenAI endpoints.
+// events, SSE writes) lives in generate_relay.cpp and http_session.cpp.
 //
 // Wire shape (documented in docs/deploy.md, "Token-level API"):
 //   POST /v1/generate {"input_ids": [int, ...], "max_tokens": int, "temperature": num,

@@ -116,7 +116,7 @@ class HttpServer {
   // options.max_connections as resolved by start() (kMaxConnectionsAuto replaced).
   int max_connections() const;
 
-  struct State;  // shared with the connections; defined in http_server.cpp
+  struct State;  // shared with the connections; defined in server_state.h
 
  private:
   std::shared_ptr<State> state_;

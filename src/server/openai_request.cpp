@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/status.h"
+#include "server/json_fields.h"
 
 namespace oscar::server {
 
@@ -30,6 +31,40 @@ ApiError invalid_request(std::string message, std::string param, int http_status
   e.http_status = http_status;
   e.message = std::move(message);
   e.param = std::move(param);
+  return e;
+}
+
+namespace {
+
+int http_status_for(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange: return 400;
+    case StatusCode::kNotFound: return 404;
+    // The engine's waiting queue is full (a request that can never fit is InvalidArgument):
+    // retryable, with Retry-After.
+    case StatusCode::kResourceExhausted:
+      return 429;
+    case StatusCode::kUnimplemented: return 501;
+    default: return 500;
+  }
+}
+
+}  // namespace
+
+ApiError error_from_status(const Status& s, const char* context) {
+  ApiError e = invalid_request(std::string(context) + ": " + s.message(), "", http_status_for(s));
+  if (e.http_status >= 500) e.type = "server_error";
+  if (e.http_status == 429) {
+    e.type = "server_error";
+    e.code = "queue_full";
+  }
+  return e;
+}
+
+ApiError model_loading_error() {
+  ApiError e = invalid_request("the model is still loading", "", 503);
+  e.type = "server_error";
   return e;
 }
 
@@ -66,15 +101,9 @@ bool json_depth_exceeds(std::string_view text, int max_depth) {
 
 namespace {
 
-const char* json_type_name(const json& v) {
-  if (v.is_string()) return "string";
-  if (v.is_boolean()) return "boolean";
-  if (v.is_number_integer()) return "integer";
-  if (v.is_number()) return "number";
-  if (v.is_array()) return "array";
-  if (v.is_object()) return "object";
-  return "null";
-}
+using json_fields::field;
+using json_fields::int_in;
+using json_fields::wrong_type;
 
 // x in the fewest significant digits that read back as x ("1e-39", "0.0099999999999999985").
 std::string shortest(double x) {
@@ -84,18 +113,6 @@ std::string shortest(double x) {
     if (std::strtod(out.c_str(), nullptr) == x) break;
   }
   return out;
-}
-
-ApiError wrong_type(const std::string& field, const char* expected, const json& got) {
-  return invalid_request(
-      str_format("'%s' must be %s, got %s", field.c_str(), expected, json_type_name(got)), field);
-}
-
-// The value of `key`, or nullptr when absent or null (null means "not given").
-const json* field(const json& obj, const char* key) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
 }
 
 std::optional<ApiError> get_bool(const json& obj, const char* key, bool* out) {
@@ -125,22 +142,8 @@ std::optional<ApiError> get_int(const json& obj, const char* key, int64_t lo, in
                                 std::optional<int64_t>* out) {
   const json* v = field(obj, key);
   if (!v) return std::nullopt;
-  if (!v->is_number_integer()) return wrong_type(key, "an integer", *v);
   int64_t x = 0;
-  if (v->is_number_unsigned()) {
-    uint64_t u = v->get<uint64_t>();
-    x = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
-            ? std::numeric_limits<int64_t>::max()
-            : static_cast<int64_t>(u);
-  } else {
-    x = v->get<int64_t>();
-  }
-  if (x < lo || x > hi) {
-    return invalid_request(
-        str_format("'%s' must be in [%lld, %lld], got %lld", key, static_cast<long long>(lo),
-               static_cast<long long>(hi), static_cast<long long>(x)),
-        key);
-  }
+  if (auto e = int_in(*v, key, lo, hi, &x)) return e;
   *out = x;
   return std::nullopt;
 }

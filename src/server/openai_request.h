@@ -54,6 +54,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/status.h"
 #include "engine/engine_api.h"
 #include "engine/json_schema.h"
 
@@ -86,6 +87,13 @@ struct ApiError {
 };
 
 ApiError invalid_request(std::string message, std::string param = "", int http_status = 400);
+// A failed engine, tokenizer or template call as the client sees it, the message prefixed with
+// `context`: InvalidArgument and OutOfRange 400, NotFound 404, ResourceExhausted (the engine's
+// waiting queue is full) 429 with code "queue_full", Unimplemented 501, anything else 500; 429 and
+// 5xx have type "server_error".
+ApiError error_from_status(const Status& s, const char* context);
+// 503 while the engine is not ready (EngineInfo::ready false).
+ApiError model_loading_error();
 
 // kResponses: POST /v1/responses (text or message input, text output), parsed into the same
 // chat messages as kChatCompletions.

@@ -1,5 +1,6 @@
 #include "server/openai_response.h"
 
+#include <chrono>
 #include <cstdio>
 #include <mutex>
 #include <random>
@@ -24,6 +25,12 @@ std::string make_response_id(Endpoint endpoint) {
                        : endpoint == Endpoint::kResponses     ? "resp_"
                                                               : "cmpl-";
   return std::string(prefix) + hex;
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 std::string openai_finish_reason(const std::string& engine_reason) {

@@ -33,6 +33,8 @@ struct ResponseMeta {
 
 // A fresh id with the endpoint's prefix and 24 random hex digits. Thread-safe.
 std::string make_response_id(Endpoint endpoint);
+// The time now in Unix seconds, as "created" fields carry it.
+int64_t unix_now();
 
 // The engine's "cancelled" is not an OpenAI value; clients see "abort" (vLLM's spelling).
 std::string openai_finish_reason(const std::string& engine_reason);

@@ -4,11 +4,7 @@
 // stop_token_ids end the answer at the stop token; an abort ends a running stream with
 // "cancelled" and gives every KV page back; bad input is an OpenAI-format 400, an unknown abort id
 // a 404. One server for the whole suite; raw sockets with Connection: close.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,43 +16,13 @@
 #include <vector>
 
 #include "engine/scheduler.h"
+#include "raw_http.h"
 #include "server/http_server.h"
 
 namespace oscar::server {
 namespace {
 
 using json = nlohmann::json;
-
-int connect_to(uint16_t port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{60, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-void send_request(int fd, const std::string& method, const std::string& path,
-                  const std::string& body) {
-  const std::string req = method + " " + path +
-                          " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                          "Content-Type: application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body;
-  (void)!write(fd, req.data(), req.size());
-}
-
-std::string read_all(int fd, std::string out = "") {
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
-  close(fd);
-  return out;
-}
 
 struct Reply {
   int status = 0;
@@ -72,10 +38,7 @@ Reply split(const std::string& raw) {
 
 Reply request(uint16_t port, const std::string& method, const std::string& path,
               const std::string& body) {
-  const int fd = connect_to(port);
-  if (fd < 0) return {};
-  send_request(fd, method, path, body);
-  return split(read_all(fd));
+  return split(test::raw_roundtrip(port, test::raw_request(method, path, body)));
 }
 
 // The data events of a /v1/generate stream.
@@ -231,10 +194,12 @@ TEST_F(GenerateEndpoint, StopTokenIdsEndTheAnswer) {
 }
 
 TEST_F(GenerateEndpoint, AbortEndsTheStreamAndFreesPages) {
-  const int fd = connect_to(port());
+  const int fd = test::raw_connect(port());
   ASSERT_GE(fd, 0);
-  send_request(fd, "POST", "/v1/generate",
-               gen_body(*prompt_, 4000, true, {{"ignore_eos", true}, {"request_id", "abort-me"}}));
+  const std::string req = test::raw_request(
+      "POST", "/v1/generate",
+      gen_body(*prompt_, 4000, true, {{"ignore_eos", true}, {"request_id", "abort-me"}}));
+  (void)!write(fd, req.data(), req.size());
   // Read until the first token event, so the request is running.
   std::string raw;
   char buf[4096];
@@ -252,7 +217,7 @@ TEST_F(GenerateEndpoint, AbortEndsTheStreamAndFreesPages) {
   const Reply a = request(port(), "POST", "/v1/abort", R"({"request_id": "abort-me"})");
   EXPECT_EQ(a.status, 200) << a.body;
   EXPECT_EQ(json::parse(a.body, nullptr, false)["aborted"], true) << a.body;
-  const Stream s = parse_stream(read_all(fd, raw));
+  const Stream s = parse_stream(test::raw_read_all(fd, raw));
   EXPECT_TRUE(s.done);
   EXPECT_EQ(s.finish_reason, "cancelled");
   EXPECT_LT(s.ids.size(), 4000u);
