@@ -1,31 +1,31 @@
-// The tiled tensor-core prefill attention (prefill_detail::prefill_attn_tc_launch), the default
-// kernel of prefill_attn_cuda for serving prefill and extend (kernels/prefill_attn.h): causal
-// attention of a step's prefill chunks over the paged three-region cache, FlashAttention-2 style.
+// The tiled tensor-core prefill attention (prefill_detail::prefill_attn_tc_launch): the kernel of
+// prefill_attn_cuda for serving prefill and extend over quantized history, at head_dim 64, and off
+// sm_90a (kernels/prefill_attn.h; over BF16 caches at head_dim 128 on sm_90a prefill_attn_ws.cu
+// runs): causal attention of a step's prefill chunks over the paged three-region cache,
+// FlashAttention-2 style.
 //
 // Work: the items of prefill_items.cuh (a tile of 128 / gqa queries of one sequence x the gqa
 // query heads of one KV head = up to 128 rows), so every K/V tile is read once per KV group and
 // used by all its query heads. 8 warps of 16 rows; Q as BF16 A fragments in registers, pre-scaled
 // by scale·log2 e.
 //
-// Per 64-key tile, double-buffered in shared memory (row stride D + 8 BF16: ldmatrix reads 8 rows
-// of 16 bytes on distinct banks):
+// Per 64-key tile, double-buffered in shared memory in the 128-byte swizzled layout
+// (prefill_tile.cuh):
 //   BF16 rows (sinks, recent, the chunk's own) arrive by cp.async, 16 bytes a thread, straight
 //     from their pages, issued one tile ahead;
-//   history rows are dequantized once per tile into the same BF16 tile, for all 128 rows: a
-//     2-bit row (uniform or Lloyd-Max INT2, and the bit plan's 2-bit rows) is read as 32-bit code
-//     words, loaded before the current tile's MMAs and unpacked after them (16 values a word: the
-//     group's four levels min + level·scale computed once per word by FMA, then a select per
-//     value); other widths (the bit plan's 1-, 3- and 4-bit rows) through
-//     cuda_detail::dequant_element, 16 values a thread.
-// S = Q·Kᵀ and O += P·V by mma.sync m16n8k16 (BF16 operands, FP32 accumulation), K fragments by
-// ldmatrix, V fragments by ldmatrix.trans (no transpose pass); the causal mask only on tiles that
-// reach past the item's first query; online softmax in exp2 on the accumulator fragments, P
-// re-packed as BF16 A fragments in registers.
+//   history rows are dequantized once per tile into the same BF16 tile, for all 128 rows, by all
+//     eight warps: a 2-bit row (uniform or Lloyd-Max INT2, and the bit plan's 2-bit rows) is read
+//     as 32-bit code words, loaded before the current tile's MMAs and unpacked after them (the
+//     group's four levels computed once per word, then a byte permutation per pair of values);
+//     other widths (the bit plan's 1-, 3- and 4-bit rows) through cuda_detail::dequant_element.
+// S = Q·Kᵀ and O += P·V by wgmma on sm_90a at head_dim 128 (Q and P from registers, K and V from
+// shared memory), else mma.sync m16n8k16 with K fragments by ldmatrix and V by ldmatrix.trans; the
+// causal mask only on tiles that reach past the item's first query; online softmax in exp2 on the
+// accumulator fragments, P re-packed as BF16 A fragments in registers.
 //
 // Not here: the decode-equivalent reading (prefill_attn.cu's staged kernels), KIVI history,
-// head_dim 256 (register budget: needs Q from shared memory), wgmma / TMA (the next step on
-// Hopper), splitting one sequence's keys across blocks (a short chunk over a long prefix with few
-// sequences leaves SMs idle).
+// head_dim 256 (register budget: needs Q from shared memory), splitting one sequence's keys across
+// blocks (a short chunk over a long prefix with few sequences leaves SMs idle).
 #include <cuda_bf16.h>
 
 #include <algorithm>
