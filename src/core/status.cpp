@@ -15,6 +15,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kUnimplemented: return "Unimplemented";
     case StatusCode::kInternal: return "Internal";
     case StatusCode::kCancelled: return "Cancelled";
+    case StatusCode::kUnavailable: return "Unavailable";
   }
   return "Unknown";
 }
@@ -58,5 +59,6 @@ OSCAR_DEFINE_STATUS_CTOR(out_of_range, StatusCode::kOutOfRange)
 OSCAR_DEFINE_STATUS_CTOR(resource_exhausted, StatusCode::kResourceExhausted)
 OSCAR_DEFINE_STATUS_CTOR(unimplemented, StatusCode::kUnimplemented)
 OSCAR_DEFINE_STATUS_CTOR(internal_error, StatusCode::kInternal)
+OSCAR_DEFINE_STATUS_CTOR(unavailable, StatusCode::kUnavailable)
 
 }  // namespace oscar

@@ -19,6 +19,7 @@ enum class StatusCode {
   kUnimplemented,    // valid but unsupported (unknown architecture, dtype)
   kInternal,         // a bug surfaced as an error at a boundary
   kCancelled,
+  kUnavailable,      // cannot run work now (the device failed): retry elsewhere
 };
 
 const char* status_code_name(StatusCode code);
@@ -54,6 +55,7 @@ Status out_of_range(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 Status resource_exhausted(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 Status unimplemented(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 Status internal_error(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+Status unavailable(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 std::string str_vformat(const char* fmt, va_list args);
 std::string str_format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));

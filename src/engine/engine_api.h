@@ -120,6 +120,9 @@ struct EngineInfo {
   // have, since its choices run as that many requests. 0: no cap.
   int max_live_requests = 0;
   bool ready = false;          // false while loading or warming up (/health answers 503)
+  // Non-empty once the device cannot run work any more (a corrupted CUDA context): why. /health
+  // and every new request then answer 503, so that a router sends the traffic elsewhere.
+  std::string fault;
 };
 
 // A latency histogram as Prometheus wants it. counts has upper_bounds.size() + 1 entries: counts[i]

@@ -58,8 +58,10 @@ Result<FaultInjection> FaultInjection::parse(std::string_view spec) {
   const long long n = count.empty() ? 0 : std::strtoll(count.c_str(), &end, 10);
   if (where == "step") f.where = kStep;
   if (where == "sample") f.where = kSample;
+  if (where == "device") f.where = kDevice;
   if (f.where == kNone || count.empty() || *end != '\0' || n < 1)
-    return invalid_argument("fault injection '%.*s': expected step:N or sample:N with N >= 1",
+    return invalid_argument(
+        "fault injection '%.*s': expected step:N, sample:N or device:N with N >= 1",
                             static_cast<int>(spec.size()), spec.data());
   f.n = n;
   return f;
@@ -148,7 +150,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(std::unique_ptr<Runtime> ru
   OSCAR_ASSIGN_OR_RETURN(FaultInjection fault, FaultInjection::parse(fault_spec));
   if (fault.where != FaultInjection::kNone)
     OSCAR_LOG_WARN("scheduler: fault injection on: %s call %lld fails (OSCAR_FAULT_INJECT)",
-                   fault.where == FaultInjection::kStep ? "step" : "sample",
+                   fault.where == FaultInjection::kSample ? "sample" : "step",
                    static_cast<long long>(fault.n));
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(runtime), options));
   s->fault_ = fault;
@@ -248,6 +250,7 @@ std::shared_ptr<const TokenTrie> Scheduler::token_trie() {
 Status Scheduler::submit(GenerationRequest req,
                          std::function<void(const GenerationEvent&)> on_event) {
   const format::ModelConfig& config = runtime_->model().config();
+  if (std::string f = device_fault(); !f.empty()) return unavailable("%s", f.c_str());
   if (req.prompt_ids.empty()) return invalid_argument("the prompt is empty");
   for (int32_t id : req.prompt_ids)
     if (id < 0 || id >= config.vocab_size)
@@ -355,6 +358,7 @@ EngineInfo Scheduler::info() const {
   i.vocab_size = runtime_->model().config().vocab_size;
   i.max_live_requests = options_.max_waiting > 0 ? options_.max_running + options_.max_waiting : 0;
   i.ready = ready_;
+  i.fault = device_fault();
   return i;
 }
 
@@ -807,9 +811,32 @@ void Scheduler::step() {
 
 Status Scheduler::injected(FaultInjection::Where where) {
   if (fault_.where != where || ++fault_calls_[where] != fault_.n) return Status();
+  if (where == FaultInjection::kDevice) device_lost_injected_ = true;
   return internal_error("injected fault: %s call %lld failed (OSCAR_FAULT_INJECT)",
-                        where == FaultInjection::kStep ? "step" : "sample",
+                        where == FaultInjection::kSample ? "sample" : "step",
                         static_cast<long long>(fault_.n));
+}
+
+void Scheduler::check_device() {
+  const Status h = device_lost_injected_
+                       ? unavailable("the device failed (injected: OSCAR_FAULT_INJECT)")
+                       : runtime_->backend().health();
+  if (h.ok()) return;
+  OSCAR_LOG_ERROR("scheduler: the device cannot run work any more, failing every request: %s",
+                  h.to_string().c_str());
+  {
+    std::lock_guard<std::mutex> lock(fault_mu_);
+    device_fault_ = h.message();
+  }
+  for (auto& s : running_)
+    if (!s->done) fail(*s, h);
+  for (auto& s : waiting_)
+    if (!s->done) fail(*s, h);
+}
+
+std::string Scheduler::device_fault() const {
+  std::lock_guard<std::mutex> lock(fault_mu_);
+  return device_fault_;
 }
 
 void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequence* const> owners) {
@@ -818,6 +845,7 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
   std::vector<int32_t> demote_status;
   Status st = model.forward(plan, {});  // logits stay in the backend's memory
   if (st.ok()) st = injected(FaultInjection::kStep);
+  if (st.ok()) st = injected(FaultInjection::kDevice);
   if (st.ok()) st = model.demote(plan, &demote_status);
   if (!st.ok()) {
     OSCAR_LOG_ERROR("scheduler: step failed for %zu sequences: %s", owners.size(),
@@ -826,6 +854,7 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
       s->cache->unreserve();
       fail(*s, st);
     }
+    check_device();
     return;
   }
   std::vector<Status> per_chunk;
@@ -902,10 +931,12 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
   if (st.ok()) st = injected(FaultInjection::kSample);
   if (!st.ok()) {
     // The configs were validated at submit, so this is the device failing (a CUDA error): every
-    // request of the step fails (their K/V was committed; ending them frees it), the loop goes on.
+    // request of the step fails (their K/V was committed; ending them frees it), and the loop
+    // goes on unless the device cannot run work any more.
     OSCAR_LOG_ERROR("scheduler: sampling failed for %zu sequences: %s", owners.size(),
                     st.to_string().c_str());
     for (Sequence* s : owners) fail(*s, st);
+    check_device();
     return;
   }
   // Log-probabilities of the drawn tokens, for the requests that ask (off the common path).
@@ -1035,8 +1066,14 @@ void Scheduler::loop() {
     waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
                                   [](const std::unique_ptr<Sequence>& s) { return s->done; }),
                    waiting_.end());
-    admit();
-    step();
+    if (device_fault().empty()) {
+      admit();
+      step();
+    } else {  // requests that arrived before submit() saw the fault: they cannot run
+      const Status h = unavailable("%s", device_fault().c_str());
+      for (auto& s : waiting_)
+        if (!s->done) fail(*s, h);
+    }
     publish_kv_events();
 
     // Metrics snapshot.

@@ -60,10 +60,11 @@ struct TokenTrie;  // engine/tool_constraint.h
 
 // A deliberate failure, for tests and debugging: the n-th forward step (kStep) or the n-th
 // sampling call (kSample), counted from 1 since start-up, returns an Internal error as a failed
-// device step would. Spelled "step:N" or "sample:N" (SchedulerOptions::fault_inject or the
-// environment variable OSCAR_FAULT_INJECT).
+// device step would; kDevice fails the n-th step and then reports the device lost
+// (Backend::health), as a corrupted CUDA context would. Spelled "step:N", "sample:N" or
+// "device:N" (SchedulerOptions::fault_inject or the environment variable OSCAR_FAULT_INJECT).
 struct FaultInjection {
-  enum Where { kNone, kStep, kSample };
+  enum Where { kNone, kStep, kSample, kDevice };
   Where where = kNone;
   int64_t n = 0;  // >= 1 when where != kNone
   static Result<FaultInjection> parse(std::string_view spec);
@@ -142,6 +143,10 @@ class Scheduler : public Engine {
   void snapshot_pools();  // mu_ held
   // The injected failure of this call (FaultInjection), else OK. Loop thread.
   Status injected(FaultInjection::Where where);
+  // After a failed step: asks the backend whether the device still runs work; if not, records
+  // why (device_fault_) and fails every live request. Loop thread.
+  void check_device();
+  std::string device_fault() const;  // empty while the device is healthy
   // The tokenizer's TokenTrie for constrained decoding, built on first use (any thread).
   std::shared_ptr<const TokenTrie> token_trie();
 
@@ -165,12 +170,17 @@ class Scheduler : public Engine {
   int n_queued_ = 0;  // submitted, never admitted, not ended (max_waiting counts these)
   EngineMetrics metrics_;
   std::atomic<bool> ready_{false};
+  // Set once the device cannot run work any more (check_device): the reason, read by info() and
+  // submit() on other threads.
+  mutable std::mutex fault_mu_;
+  std::string device_fault_;
   std::mutex trie_mu_;  // guards token_trie_
   std::shared_ptr<const TokenTrie> token_trie_;
 
   // Loop-thread state.
   FaultInjection fault_;
-  int64_t fault_calls_[3] = {0, 0, 0};  // calls so far, by FaultInjection::Where
+  int64_t fault_calls_[4] = {0, 0, 0, 0};  // calls so far, by FaultInjection::Where
+  bool device_lost_injected_ = false;
   DeviceBuffer logits_scratch_;  // [n_logit_rows, vocab] processed logits (grown when needed)
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;

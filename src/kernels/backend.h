@@ -118,6 +118,11 @@ class Backend {
   virtual Status copy(const void* src, size_t bytes, void* dst);
   // Weights for --dummy-weights (elementwise.h: fill_normal_bf16), in this backend's memory.
   virtual Status fill_normal_bf16(bf16_t* dst, int64_t n, float std, uint64_t seed) = 0;
+
+  // Whether the device can still run work, asked after a failed step: a CUDA error that corrupts
+  // the context (an illegal address, a launch failure) makes every later call fail, while a
+  // request-level error (a non-finite K/V, an allocation) leaves it usable.
+  virtual Status health() { return Status(); }
 };
 
 // The process-wide CPU backend (stateless; its ops are thread-compatible).

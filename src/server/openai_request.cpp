@@ -46,6 +46,7 @@ int http_status_for(const Status& s) {
     case StatusCode::kResourceExhausted:
       return 429;
     case StatusCode::kUnimplemented: return 501;
+    case StatusCode::kUnavailable: return 503;  // the device failed: a router sends elsewhere
     default: return 500;
   }
 }

@@ -146,8 +146,12 @@ void route(HttpSession& s, const HttpRequest& req) {
 
   if (target == "/health") {
     if (!get) return s.send_method_not_allowed();
-    bool ready = st.engine->info().ready;
-    return s.send(ready ? 200 : 503, ready ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}",
+    const engine::EngineInfo info = st.engine->info();
+    if (!info.fault.empty())
+      return s.send(503, dump_json({{"status", "unhealthy"}, {"error", info.fault}}),
+                    "application/json");
+    return s.send(info.ready ? 200 : 503,
+                  info.ready ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}",
                   "application/json");
   }
   if (target == "/metrics") {

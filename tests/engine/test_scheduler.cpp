@@ -986,12 +986,13 @@ TEST(Scheduler, FaultInjectionSpelling) {
   EXPECT_EQ(step.value().where, FaultInjection::kStep);
   EXPECT_EQ(step.value().n, 3);
   EXPECT_EQ(FaultInjection::parse("sample:1").value().where, FaultInjection::kSample);
+  EXPECT_EQ(FaultInjection::parse("device:2").value().where, FaultInjection::kDevice);
   EXPECT_EQ(FaultInjection::parse("").value().where, FaultInjection::kNone);
   for (const char* bad : {"step", "step:", "step:0", "step:-1", "step:1x", "forward:1", ":2"}) {
     auto r = FaultInjection::parse(bad);
     EXPECT_FALSE(r.ok()) << bad;
     if (!r.ok()) {
-      EXPECT_NE(r.status().message().find("step:N or sample:N"), std::string::npos);
+      EXPECT_NE(r.status().message().find("step:N, sample:N or device:N"), std::string::npos);
     }
   }
   RuntimeOptions o;

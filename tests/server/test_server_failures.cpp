@@ -222,5 +222,59 @@ TEST(ServerFailures, FailedStepFailsItsRequestAndTheServerKeepsServing) {
   }
 }
 
+// A device that cannot run work any more (injected "device:1": the first step fails and the
+// backend's health probe then fails, as after a corrupted CUDA context): the request in that step
+// gets its error, /health answers 503 {"status": "unhealthy"} so that a router drains the
+// replica, a new request gets a 503 in the OpenAI format at once (not a hang or a 500 later), and
+// every KV page comes back.
+TEST(ServerFailures, DeviceLossMakesHealthAndNewRequestsAnswer503) {
+  engine::RuntimeOptions o;
+  o.model_dir = "models/tiny-qwen3";
+  o.cache_mode = "int2-hadamard";
+  o.kv_budget_bytes = size_t{16} << 20;
+  auto rt = engine::Runtime::create(o);
+  ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+  engine::SchedulerOptions so;
+  so.fault_inject = "device:1";
+  auto sched = engine::Scheduler::create(std::move(rt).value(), so);
+  ASSERT_TRUE(sched.ok()) << sched.status().to_string();
+  ServerOptions sopt;
+  sopt.port = 0;
+  HttpServer server(sched.value().get(), sopt);
+  ASSERT_TRUE(server.start().ok());
+  const std::string body =
+      json{{"model", "tiny-qwen3"}, {"prompt", "def fibonacci(n):\n"}, {"max_tokens", 8}}.dump();
+  const std::string failed = post(server.port(), "/v1/completions", body);
+  EXPECT_EQ(failed.rfind("HTTP/1.1 500", 0), 0u) << failed.substr(0, 60);
+  EXPECT_NE(failed.find("injected fault"), std::string::npos) << failed;
+
+  const std::string health = test::raw_roundtrip(
+      server.port(), "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(health.rfind("HTTP/1.1 503", 0), 0u) << health.substr(0, 60);
+  const size_t hb = health.find("\r\n\r\n");
+  ASSERT_NE(hb, std::string::npos) << health;
+  const json hj = json::parse(health.substr(hb + 4), nullptr, false);
+  EXPECT_EQ(hj.value("status", ""), "unhealthy") << health;
+  EXPECT_NE(hj.value("error", "").find("device failed"), std::string::npos) << health;
+
+  const std::string next = post(server.port(), "/v1/completions", body);
+  EXPECT_EQ(next.rfind("HTTP/1.1 503", 0), 0u) << next.substr(0, 60);
+  const size_t nb = next.find("\r\n\r\n");
+  ASSERT_NE(nb, std::string::npos) << next;
+  const json err = json::parse(next.substr(nb + 4), nullptr, false);
+  ASSERT_TRUE(err.contains("error")) << next;
+  EXPECT_EQ(err["error"].value("type", ""), "server_error") << next;
+  EXPECT_NE(err["error"].value("message", "").find("device failed"), std::string::npos) << next;
+
+  int64_t used = -1;
+  for (int i = 0; i < 200 && used != 0; ++i) {
+    used = 0;
+    for (const auto& p : sched.value()->metrics().kv_pools) used += p.pages_used;
+    if (used != 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(used, 0);
+  server.stop();
+}
+
 }  // namespace
 }  // namespace oscar::server

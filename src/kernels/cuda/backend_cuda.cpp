@@ -127,6 +127,13 @@ class CudaBackend final : public Backend {
   Status fill_normal_bf16(bf16_t* dst, int64_t n, float std, uint64_t seed) override {
     return fill_normal_bf16_cuda(dst, n, std, seed, stream_);
   }
+  // A sticky error (the context is corrupt) comes back from every call, a synchronisation
+  // included; an error of the last call alone has been returned and cleared by then.
+  Status health() override {
+    const cudaError_t e = cudaStreamSynchronize(stream_);
+    if (e != cudaSuccess) return unavailable("the GPU failed: %s", cudaGetErrorString(e));
+    return Status();
+  }
 
   // Logits on the device, configs/steps/ids on the host (backend.h). The configs and draw
   // indices go up in one copy, the ids come back in one; rows the device sampler hands back
