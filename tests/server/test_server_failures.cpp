@@ -59,6 +59,18 @@ Stream parse_sse(const std::string& raw) {
   return s;
 }
 
+// The KV pages still in use once the engine has settled (polled up to 4 s: a failed request's
+// pages come back on the engine thread, after its error reached the client).
+int64_t pages_used_after_settling(const engine::Scheduler& sched) {
+  int64_t used = -1;
+  for (int i = 0; i < 200 && used != 0; ++i) {
+    used = 0;
+    for (const auto& p : sched.metrics().kv_pools) used += p.pages_used;
+    if (used != 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return used;
+}
+
 TEST(ServerFailures, NonFiniteKvFailsOnlyItsRequest) {
   engine::RuntimeOptions o;
   o.model_dir = "models/tiny-qwen3";
@@ -123,15 +135,7 @@ TEST(ServerFailures, NonFiniteKvFailsOnlyItsRequest) {
   EXPECT_EQ(bad_raw.rfind("HTTP/1.1 200", 0), std::string::npos) << bad_raw.substr(0, 40);
 
   // Every page back; the server still answers.
-  for (int i = 0; i < 200; ++i) {
-    int64_t used = 0;
-    for (const auto& p : sched.value()->metrics().kv_pools) used += p.pages_used;
-    if (used == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  int64_t used = 0;
-  for (const auto& p : sched.value()->metrics().kv_pools) used += p.pages_used;
-  EXPECT_EQ(used, 0);
+  EXPECT_EQ(pages_used_after_settling(*sched.value()), 0);
   EXPECT_EQ(parse_sse(post(server.port(), "/v1/completions", body(good, true))).text, alone.text);
   server.stop();
 }
@@ -205,13 +209,7 @@ TEST(ServerFailures, FailedStepFailsItsRequestAndTheServerKeepsServing) {
     for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
     close(fd);
     EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got.substr(0, 40);
-    int64_t used = -1;
-    for (int i = 0; i < 200 && used != 0; ++i) {
-      used = 0;
-      for (const auto& p : sched.value()->metrics().kv_pools) used += p.pages_used;
-      if (used != 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    EXPECT_EQ(used, 0);
+    EXPECT_EQ(pages_used_after_settling(*sched.value()), 0);
     const Stream again = parse_sse(post(server.port(), "/v1/completions", body(true)));
     EXPECT_TRUE(again.error.empty()) << again.error;
     EXPECT_TRUE(again.done);
@@ -266,13 +264,7 @@ TEST(ServerFailures, DeviceLossMakesHealthAndNewRequestsAnswer503) {
   EXPECT_EQ(err["error"].value("type", ""), "server_error") << next;
   EXPECT_NE(err["error"].value("message", "").find("device failed"), std::string::npos) << next;
 
-  int64_t used = -1;
-  for (int i = 0; i < 200 && used != 0; ++i) {
-    used = 0;
-    for (const auto& p : sched.value()->metrics().kv_pools) used += p.pages_used;
-    if (used != 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_EQ(used, 0);
+  EXPECT_EQ(pages_used_after_settling(*sched.value()), 0);
   server.stop();
 }
 
