@@ -817,21 +817,23 @@ Status Scheduler::injected(FaultInjection::Where where) {
                         static_cast<long long>(fault_.n));
 }
 
-void Scheduler::check_device() {
+Status Scheduler::probe_device() {
   const Status h = device_lost_injected_
                        ? unavailable("the device failed (injected: OSCAR_FAULT_INJECT)")
                        : runtime_->backend().health();
-  if (h.ok()) return;
+  if (h.ok()) return h;
   OSCAR_LOG_ERROR("scheduler: the device cannot run work any more, failing every request: %s",
                   h.to_string().c_str());
-  {
-    std::lock_guard<std::mutex> lock(fault_mu_);
-    device_fault_ = h.message();
-  }
+  std::lock_guard<std::mutex> lock(fault_mu_);
+  device_fault_ = h.message();
+  return h;
+}
+
+void Scheduler::fail_live(const Status& error) {
   for (auto& s : running_)
-    if (!s->done) fail(*s, h);
+    if (!s->done) fail(*s, error);
   for (auto& s : waiting_)
-    if (!s->done) fail(*s, h);
+    if (!s->done) fail(*s, error);
 }
 
 std::string Scheduler::device_fault() const {
@@ -850,11 +852,12 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
   if (!st.ok()) {
     OSCAR_LOG_ERROR("scheduler: step failed for %zu sequences: %s", owners.size(),
                     st.to_string().c_str());
+    const Status device = probe_device();
     for (Sequence* s : owners) {
       s->cache->unreserve();
       fail(*s, st);
     }
-    check_device();
+    if (!device.ok()) fail_live(device);
     return;
   }
   std::vector<Status> per_chunk;
@@ -935,8 +938,9 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
     // goes on unless the device cannot run work any more.
     OSCAR_LOG_ERROR("scheduler: sampling failed for %zu sequences: %s", owners.size(),
                     st.to_string().c_str());
+    const Status device = probe_device();
     for (Sequence* s : owners) fail(*s, st);
-    check_device();
+    if (!device.ok()) fail_live(device);
     return;
   }
   // Log-probabilities of the drawn tokens, for the requests that ask (off the common path).
@@ -1070,9 +1074,7 @@ void Scheduler::loop() {
       admit();
       step();
     } else {  // requests that arrived before submit() saw the fault: they cannot run
-      const Status h = unavailable("%s", device_fault().c_str());
-      for (auto& s : waiting_)
-        if (!s->done) fail(*s, h);
+      fail_live(unavailable("%s", device_fault().c_str()));
     }
     publish_kv_events();
 

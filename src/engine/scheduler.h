@@ -144,8 +144,9 @@ class Scheduler : public Engine {
   // The injected failure of this call (FaultInjection), else OK. Loop thread.
   Status injected(FaultInjection::Where where);
   // After a failed step: asks the backend whether the device still runs work; if not, records
-  // why (device_fault_) and fails every live request. Loop thread.
-  void check_device();
+  // why (device_fault_, before any client hears of the failure) and returns it. Loop thread.
+  Status probe_device();
+  void fail_live(const Status& error);  // every live request not yet ended
   std::string device_fault() const;  // empty while the device is healthy
   // The tokenizer's TokenTrie for constrained decoding, built on first use (any thread).
   std::shared_ptr<const TokenTrie> token_trie();
@@ -170,7 +171,7 @@ class Scheduler : public Engine {
   int n_queued_ = 0;  // submitted, never admitted, not ended (max_waiting counts these)
   EngineMetrics metrics_;
   std::atomic<bool> ready_{false};
-  // Set once the device cannot run work any more (check_device): the reason, read by info() and
+  // Set once the device cannot run work any more (probe_device): the reason, read by info() and
   // submit() on other threads.
   mutable std::mutex fault_mu_;
   std::string device_fault_;
