@@ -7,12 +7,7 @@
 // serving. A failed step (FailedStep*: injected with SchedulerOptions::fault_inject or
 // OSCAR_FAULT_INJECT) fails its request and the server goes on. Raw sockets with
 // Connection: close, so a response is everything until EOF.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -35,6 +30,21 @@ using json = nlohmann::json;
 // POSTs `body` to `path` and returns the raw response (status line, headers, body).
 std::string post(uint16_t port, const std::string& path, const std::string& body) {
   return test::raw_post(port, path, body);
+}
+
+// GET /health: the raw response.
+std::string get_health(uint16_t port) {
+  return test::raw_roundtrip(port,
+                             "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+}
+
+// Runtime options of the failure tests: the embedded model, INT2 history, 16 MiB of KV pages.
+engine::RuntimeOptions small_runtime() {
+  engine::RuntimeOptions o;
+  o.model_dir = "models/tiny-qwen3";
+  o.cache_mode = "int2-hadamard";
+  o.kv_budget_bytes = size_t{16} << 20;
+  return o;
 }
 
 // The concatenated text of an SSE completion stream, and whether it carried an error event.
@@ -154,11 +164,7 @@ TEST(ServerFailures, FailedStepFailsItsRequestAndTheServerKeepsServing) {
   std::string reference;
   for (const Case& c : {Case{"step:2", false, true}, Case{"sample:2", true, false}}) {
     SCOPED_TRACE(c.spec);
-    engine::RuntimeOptions o;
-    o.model_dir = "models/tiny-qwen3";
-    o.cache_mode = "int2-hadamard";
-    o.kv_budget_bytes = size_t{16} << 20;
-    auto rt = engine::Runtime::create(o);
+    auto rt = engine::Runtime::create(small_runtime());
     ASSERT_TRUE(rt.ok()) << rt.status().to_string();
     engine::SchedulerOptions so;
     if (c.via_env)
@@ -196,18 +202,7 @@ TEST(ServerFailures, FailedStepFailsItsRequestAndTheServerKeepsServing) {
       EXPECT_EQ(err["error"].value("type", ""), "server_error") << failed;
     }
     // Still up: /health answers 200, the pages came back, the same request now completes.
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(server.port());
-    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-    (void)!write(fd, get.data(), get.size());
-    std::string got;
-    char buf[1024];
-    for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
-    close(fd);
+    const std::string got = get_health(server.port());
     EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got.substr(0, 40);
     EXPECT_EQ(pages_used_after_settling(*sched.value()), 0);
     const Stream again = parse_sse(post(server.port(), "/v1/completions", body(true)));
@@ -226,11 +221,7 @@ TEST(ServerFailures, FailedStepFailsItsRequestAndTheServerKeepsServing) {
 // replica, a new request gets a 503 in the OpenAI format at once (not a hang or a 500 later), and
 // every KV page comes back.
 TEST(ServerFailures, DeviceLossMakesHealthAndNewRequestsAnswer503) {
-  engine::RuntimeOptions o;
-  o.model_dir = "models/tiny-qwen3";
-  o.cache_mode = "int2-hadamard";
-  o.kv_budget_bytes = size_t{16} << 20;
-  auto rt = engine::Runtime::create(o);
+  auto rt = engine::Runtime::create(small_runtime());
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
   engine::SchedulerOptions so;
   so.fault_inject = "device:1";
@@ -246,8 +237,7 @@ TEST(ServerFailures, DeviceLossMakesHealthAndNewRequestsAnswer503) {
   EXPECT_EQ(failed.rfind("HTTP/1.1 500", 0), 0u) << failed.substr(0, 60);
   EXPECT_NE(failed.find("injected fault"), std::string::npos) << failed;
 
-  const std::string health = test::raw_roundtrip(
-      server.port(), "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string health = get_health(server.port());
   EXPECT_EQ(health.rfind("HTTP/1.1 503", 0), 0u) << health.substr(0, 60);
   const size_t hb = health.find("\r\n\r\n");
   ASSERT_NE(hb, std::string::npos) << health;
