@@ -5,7 +5,7 @@
 //
 //   bench_decode_step --model DIR [--dummy-weights] [--device cuda] [--modes bf16,oscar]
 //                     [--context 100000] [--batches 1,8] [--steps 32] [--fit-gib G] [--csv F]
-//                     [--phases] [--no-graphs] [--folded-weights auto|f32|bf16]
+//                     [--phases] [--no-graphs] [--folded-weights auto|f32|bf16] [--chunk C]
 //
 // Per (mode, batch): median step time, tokens/s, the bytes one step must read (weights + every
 // sequence's KV pages) and the floor = those bytes / the copy bandwidth measured in this run,
@@ -13,6 +13,9 @@
 // Decode steps replay CUDA graphs by default (Qwen3Model::set_graphs); --no-graphs runs every op
 // directly; --phases times ops with events and so runs them directly too. --folded-weights: how
 // v_proj/o_proj are stored once a value rotation is folded in (RuntimeOptions::folded_weights).
+// --chunk C: every step appends C tokens per sequence instead of one (a prefill chunk over a
+// prefix of `context` tokens, growing by C a step): tok/s then counts prefill tokens, and
+// --phases shows where a prefill chunk's time goes (linear layers, attention, the small ops).
 // --fit-gib G: instead of --batches, the most sequences of `context` tokens that G GiB of KV
 // pages hold in each mode (the fixed-budget comparison), and the step at that batch.
 //
@@ -242,7 +245,7 @@ int main(int argc, char** argv) {
   std::string model = "models/tiny-qwen3", device = "auto", modes = "bf16,oscar", batches = "1",
               csv, folded = "auto";
   int64_t context = 8192;
-  int steps = 32;
+  int steps = 32, chunk_tokens = 1;
   double fit_gib = 0;
   bool dummy = false, phases = false, graphs = true;
   for (int i = 1; i < argc; ++i) {
@@ -266,6 +269,8 @@ int main(int argc, char** argv) {
       context = std::stoll(next());
     else if (a == "--steps")
       steps = std::stoi(next());
+    else if (a == "--chunk")
+      chunk_tokens = std::max(1, std::stoi(next()));
     else if (a == "--fit-gib")
       fit_gib = std::stod(next());
     else if (a == "--csv")
@@ -285,11 +290,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const std::string dir = model_dir_for(model, context + steps + 64);
+  // Tokens a sequence gains over the warm-up and timed steps.
+  const int64_t grown = static_cast<int64_t>(steps + 2) * chunk_tokens;
+  const std::string dir = model_dir_for(model, context + grown + 64);
   const double copy_bps = copy_bandwidth();
-  std::printf("model %s (%s weights), device %s, context %lld, %d steps, copy %.2f TB/s\n",
+  std::printf("model %s (%s weights), device %s, context %lld, %d steps of %d tokens per sequence, "
+              "copy %.2f TB/s\n",
               model.c_str(), dummy ? "dummy" : "checkpoint", device.c_str(),
-              static_cast<long long>(context), steps, copy_bps / 1e12);
+              static_cast<long long>(context), steps, chunk_tokens, copy_bps / 1e12);
   std::printf(
       "| mode | batch | step ms | tok/s | bytes/step GB | floor ms | step/floor | demotion ms/step "
       "|\n"
@@ -302,7 +310,7 @@ int main(int argc, char** argv) {
     o.device = device;
     o.dummy_weights = dummy;
     o.folded_weights = folded;
-    o.split_tokens = context + steps;  // both pools run out together at this length
+    o.split_tokens = context + grown;  // both pools run out together at this length
     std::vector<int> batch_list;
     if (fit_gib > 0) {
       o.kv_budget_bytes = static_cast<size_t>(fit_gib * (1ull << 30));
@@ -320,7 +328,7 @@ int main(int argc, char** argv) {
       auto spec = engine::make_cache_spec(config.value(), o, parsed.value());
       check(spec.status(), "cache spec");
       const kv::PageNeed need =
-          kv::peak_pages(spec.value().regions, spec.value().quantized(), context + steps + 16);
+          kv::peak_pages(spec.value().regions, spec.value().quantized(), context + grown + 16);
       const kernels::KvPageLayout L = spec.value().layout();
       // The fill stages fill_chunk tokens of one sequence at a time in exact pages.
       const double exact = (static_cast<double>(most) * (need.bf16_pages() + 2) +
@@ -347,7 +355,7 @@ int main(int argc, char** argv) {
     const auto& cfg = rt.model().config();
     if (fit_gib > 0) {
       const kv::PageNeed need =
-          kv::peak_pages(rt.spec().regions, rt.spec().quantized(), context + steps);
+          kv::peak_pages(rt.spec().regions, rt.spec().quantized(), context + grown);
       // Less the exact pages the fill stages for one sequence at a time (a benchmark artefact;
       // a prefill would stage its chunk the same way).
       const int64_t staging = kFillChunk / rt.spec().regions.page_size + 1;
@@ -393,6 +401,7 @@ int main(int argc, char** argv) {
       }
       const double fill_s = since(tf);
       std::vector<int32_t> next(batch, 42), ids(batch);
+      std::vector<std::vector<int32_t>> chunk_ids(batch, std::vector<int32_t>(chunk_tokens, 42));
       std::vector<kernels::SamplingConfig> configs(batch);
       std::vector<uint64_t> draws(batch, 0);
       std::vector<double> step_s, demote_s;
@@ -403,8 +412,9 @@ int main(int argc, char** argv) {
         const auto t = Clock::now();
         std::vector<kv::StepChunk> chunks(batch);
         for (int b = 0; b < batch; ++b) {
-          check(caches[b]->reserve(1), "reserve");
-          chunks[b] = kv::StepChunk{caches[b].get(), std::span<const int32_t>(&next[b], 1), false};
+          check(caches[b]->reserve(chunk_tokens), "reserve");
+          chunk_ids[b].back() = next[b];
+          chunks[b] = kv::StepChunk{caches[b].get(), chunk_ids[b], false};
         }
         const kv::StepPlan plan = kv::StepPlan::make(chunks, kv::AttendMode::kPrefill);
 #ifdef OSCAR_HAS_CUDA
@@ -466,7 +476,7 @@ int main(int argc, char** argv) {
       // The floor reads those bytes at the copy bandwidth (counted read + write, as the peers'
       // floors are: PERF.md), the convention of ../shared/peers/torch_decode_step.py.
       r.floor_ms = copy_bps > 0 ? 1e3 * r.bytes / copy_bps : 0;
-      r.tok_s = batch / (1e-3 * r.step_ms);
+      r.tok_s = static_cast<double>(batch) * chunk_tokens / (1e-3 * r.step_ms);
       std::printf("| %s | %d | %.3f | %.1f | %.2f | %.3f | %.2f | %.4f |   (fill %.1f s)\n",
                   mode.c_str(), batch, r.step_ms, r.tok_s, r.bytes / 1e9, r.floor_ms,
                   r.floor_ms > 0 ? r.step_ms / r.floor_ms : 0.0, r.demote_ms, fill_s);

@@ -43,6 +43,31 @@ from transformers.models.qwen3_next import modeling_qwen3_next as m
 B, T, HK, HV, DK, DV, C, K = 2, 100, 2, 4, 32, 16, 96, 4
 
 
+def transformers_fn(name):
+    """transformers' own function `name`: in modeling_qwen3_next, or wherever this version of
+    transformers moved it (5.x keeps the pure-PyTorch fallbacks in more than one module)."""
+    fn = getattr(m, name, None)
+    if fn is None:
+        import importlib
+        import sys
+        for extra in ("transformers.models.qwen3_5.modeling_qwen3_5",
+                      "transformers.integrations.hub_kernels"):
+            try:
+                importlib.import_module(extra)
+            except ImportError:
+                pass
+        for mod_name, mod in sorted(sys.modules.items()):
+            if mod_name.startswith("transformers") and callable(getattr(mod, name, None)):
+                fn = getattr(mod, name)
+                break
+    if fn is None:
+        near = sorted({a for mod_name, mod in sys.modules.items() if mod_name.startswith("transformers")
+                       for a in dir(mod) if "conv1d" in a or "delta_rule" in a})
+        raise SystemExit(f"transformers {transformers.__version__} has no {name}; near: {near}")
+    print(f"{name}: {fn.__module__}")
+    return fn
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/data/golden/gated_delta.safetensors")
@@ -64,7 +89,8 @@ def main():
     state_hf = torch.randn(B, C, K, dtype=f32)
     state_in = state_hf[:, :, 1:].clone()  # the K-1 entries the conv reads
     st = state_hf.clone()
-    y = m.torch_causal_conv1d_update(x.transpose(1, 2).contiguous(), st, w, None, "silu")
+    conv_update = transformers_fn("torch_causal_conv1d_update")
+    y = conv_update(x.transpose(1, 2).contiguous(), st, w, None, "silu")
     out["conv.x"] = x
     out["conv.w"] = w
     out["conv.state_in"] = state_in.transpose(1, 2)
@@ -93,13 +119,13 @@ def main():
     qr = q.repeat_interleave(HV // HK, dim=2)
     kr = k.repeat_interleave(HV // HK, dim=2)
     out.update({"delta.q": q, "delta.k": k, "delta.v": v, "delta.state_in": s0})
-    o, s = m.torch_chunk_gated_delta_rule(qr, kr, v, g=g, beta=beta, chunk_size=64,
-                                          initial_state=s0.clone(), output_final_state=True,
-                                          use_qk_l2norm_in_kernel=True)
+    chunk_rule = transformers_fn("torch_chunk_gated_delta_rule")
+    o, s = chunk_rule(qr, kr, v, g=g, beta=beta, chunk_size=64, initial_state=s0.clone(),
+                      output_final_state=True, use_qk_l2norm_in_kernel=True)
     out["delta.chunk.o"], out["delta.chunk.state"] = o, s
-    o, s = m.torch_recurrent_gated_delta_rule(qr, kr, v, g=g, beta=beta,
-                                              initial_state=s0.clone(), output_final_state=True,
-                                              use_qk_l2norm_in_kernel=True)
+    recurrent_rule = transformers_fn("torch_recurrent_gated_delta_rule")
+    o, s = recurrent_rule(qr, kr, v, g=g, beta=beta, initial_state=s0.clone(),
+                          output_final_state=True, use_qk_l2norm_in_kernel=True)
     out["delta.recurrent.o"], out["delta.recurrent.state"] = o, s
 
     # Norms.

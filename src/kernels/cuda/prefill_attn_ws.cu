@@ -6,21 +6,26 @@
 // query heads of one KV head = up to 128 rows), so every K/V tile is read once per KV group and
 // used by all its query heads. A block has three warpgroups:
 //   warpgroup 0, the producer (its registers given to the others by setmaxnreg): fills a ring of
-//     three K/V tiles of 128 keys by cp.async straight from their pages; it signals a slot full
-//     (mbarrier) one tile later, once its copies have landed, so two tiles' copies are in flight;
+//     three K/V tiles of 128 keys. By TMA (the default): one warp, each lane one page of the tile,
+//     a [page_size][64] box per page plane and 64-dim atom straight from the exact pool into the
+//     swizzled tile, completing on the slot's full mbarrier; a page cut by the sequence's end
+//     goes by cp.async with its rows past the end zero-filled. By cp.async (page sizes TMA boxes
+//     do not fit, or OSCAR_PREFILL_WS_TMA=0): all 128 threads, signalling a slot full one tile
+//     later, once its copies have landed, so two tiles' copies are in flight;
 //   warpgroups 1 and 2, the consumers, 64 rows each: S = Q·Kᵀ by wgmma with Q (BF16, pre-scaled
 //     by scale·log2 e) and K both in shared memory, the causal mask on tiles that reach past the
 //     item's first query only, online softmax in exp2 on the accumulators, P as BF16 A fragments
 //     in registers, O += P·V by wgmma (V MN-major); then they signal the slot empty.
-// Neither consumer waits on the other's softmax: their MMAs and softmaxes interleave on the SM.
-// FA3's intra-warpgroup overlap (tile t's QKᵀ issued with tile t-1's P·V, tile t's softmax while
-// P·V is in flight, P double-buffered in registers) is here too, behind a knob (ws_facts): it
-// measured slower.
+//     With the TMA producer they run FA3's schedule: tile t's QKᵀ issued with tile t-1's P·V,
+//     tile t's softmax while P·V is in flight (P double-buffered in registers), and the two
+//     consumers taking turns to issue (ping-pong: one's softmax under the other's MMAs).
 //
 // Not here (prefill_attn_tc.cu serves them): quantized history (there all eight warps unpack,
 // which measured faster than one producer warpgroup), head_dim 64; the decode-equivalent reading
-// is prefill_attn.cu's. Not yet: head_dim 256, explicit ping-pong between the consumers, TMA.
+// is prefill_attn.cu's. Not yet: head_dim 256.
+#include <cuda.h>  // CUtensorMap (the driver's encoder is fetched at run time: no libcuda link)
 #include <cuda_bf16.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -41,9 +46,18 @@ constexpr int kWsThreads = 128 * (1 + kWsConsumers);  // warpgroup 0 produces
 constexpr int kWsRows = 64 * kWsConsumers;            // rows of an item
 constexpr int kWsKeys = 128;                          // keys per K/V tile
 // Registers per thread after reallocation: 128·P + 256·C within the launch's 384 x 168.
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+// Over quantized history the producer unpacks rows too: more registers for it (K's and V's code
+// words in flight together).
+template <bool kHist>
+constexpr int kProducerRegs = kHist ? 96 : 40;
+template <bool kHist>
+constexpr int kConsumerRegs = kHist ? 208 : 232;
 constexpr int kWsStages = 3;  // ring slots: 224 KiB of shared memory with Q
-static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kWsThreads * 168);
+// Named barriers: 1 + c consumer c's own, kSchedBar + c its turn (ping-pong), kProducerBar the
+// producer warpgroup's.
+constexpr int kSchedBar = 3, kProducerBar = 5;
+static_assert(128 * kProducerRegs<false> + 256 * kConsumerRegs<false> <= 65536 &&
+              128 * kProducerRegs<true> + 256 * kConsumerRegs<true> <= 65536);
 
 template <int D, int kStages>
 struct WsShape {
@@ -72,6 +86,10 @@ struct Ring {
     return (n / kStages) & 1;
   }
 };
+
+// How the producer fills a slot: by cp.async from 128 threads, or by TMA (one box per page plane
+// and 64-dim atom, issued by one warp).
+enum WsLoad { kLoadCpAsync, kLoadTma };
 
 template <int D, int kStages>
 __device__ __forceinline__ void ws_produce(const Args& a, uint32_t tiles_addr, const Ring& ring) {
@@ -107,6 +125,111 @@ __device__ __forceinline__ void ws_produce(const Args& a, uint32_t tiles_addr, c
     cp_async_wait<0>();
     fence_proxy_async_smem();
     mbar_arrive(ring.full<kStages>(n - 1));
+  }
+}
+
+// The TMA producer (BF16 caches, page_size a power of two in [8, 128]): lane g of warp 0 copies
+// page group g of a tile (keys 16g .. 16g + 15 at page_size 16), K and V, as boxes of
+// [page_size][64] BF16 from the pool's tensor map (dims: 64-dim atom, slot, plane, page) straight
+// into the swizzled tile; lane 0 posts the tile's bytes on its full barrier. Keys past kend: the
+// rest of their page is copied (finite: pools start zeroed, kernels/cuda/backend_cuda.cpp) and
+// whole groups past it are not, leaving the slot's earlier contents (zeros at first, then
+// finite rows); either way the softmax gives them p = 0.
+template <int D, int kStages, bool kHist>
+__device__ __forceinline__ void ws_produce_tma(const Args& a, const void* map, uint8_t* tiles,
+                                               uint32_t tiles_addr, const Ring& ring) {
+  using S = WsShape<D, kStages>;
+  using T = TileShape<D, kWsKeys>;
+  // The ring starts zeroed (groups never copied must not hold NaN patterns), visible to wgmma
+  // before lane 0's first arrival.
+  for (uint32_t off = 16 * threadIdx.x; off < kStages * S::kStageBytes; off += 16 * 128)
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(tiles_addr + off), "r"(0)
+                 : "memory");
+  fence_proxy_async_smem();
+  named_barrier(kProducerBar, 128);
+  if (!kHist && threadIdx.x >= 32) return;  // one warp copies; with history all four unpack
+  const int tid = threadIdx.x, lane = tid & 31;
+  const bool copier = tid < 32;
+  const int P = a.page_size, shift = a.page_shift;
+  const int groups = kWsKeys >> shift;
+  const uint32_t box_bytes = static_cast<uint32_t>(P) * 64 * 2;
+  uint32_t n = 0;
+#pragma unroll 1
+  for (int w = blockIdx.x;; w += gridDim.x) {
+    Item it;
+    int kvh;
+    if (!find_work(a, w, it, kvh)) break;
+    const SeqPages sp = seq_pages(a, it);
+    const Planes pl = make_planes(a, kvh, D);
+    const int plane_k = (a.layer * 2) * a.n_heads_kv + kvh, plane_v = plane_k + a.n_heads_kv;
+    const int n_tiles = (sp.kend + kWsKeys - 1) / kWsKeys;
+#pragma unroll 1
+    for (int tile = 0; tile < n_tiles; ++tile, ++n) {
+      const int k0 = tile * kWsKeys;
+      // Whole page groups by TMA; a group cut by kend by cp.async, below (the chunk's own rows
+      // end the sequence: that page is a recent one, never history).
+      const int whole = min(groups, (sp.kend - k0) >> shift);
+      const bool cut = whole < groups && k0 + (whole << shift) < sp.kend;
+      // History rows: the code words of K and V asked for before the slot is free.
+      HistUnits<D, kWsKeys, 128> hk, hv;
+      const bool hist = kHist && tile_has_hist(it, k0, kWsKeys);
+      if (hist) {
+        hist_prefetch<D, kWsKeys, 128>(a, pl, sp, k0, 0, tid, hk);
+        hist_prefetch<D, kWsKeys, 128>(a, pl, sp, k0, 1, tid, hv);
+      }
+      mbar_wait(ring.empty<kStages>(n), Ring::parity<kStages>(n) ^ 1);
+      const uint32_t slot = tiles_addr + (n % kStages) * S::kStageBytes;
+      const uint32_t full = ring.full<kStages>(n);
+      if (hist) {
+        uint8_t* dst = tiles + (n % kStages) * S::kStageBytes;
+        hist_store<D, kWsKeys, 128>(a, pl, sp, k0, 0, tid, hk, dst);
+        hist_store<D, kWsKeys, 128>(a, pl, sp, k0, 1, tid, hv, dst + T::kTileBytes);
+        fence_proxy_async_smem();
+      }
+      // Exact whole groups (sinks and recent rows; the regions are page-aligned): the bytes
+      // lane 0 posts.
+      int exact = whole;
+      if (kHist) {
+        const int h0 = max(0, min(whole, (sp.n_sink_tok - k0 + P - 1) >> shift));
+        const int h1 = max(0, min(whole, (sp.hist_end - k0 + P - 1) >> shift));
+        exact = whole - (h1 - h0);
+      }
+      if (copier && cut) {
+        // The page's rows past the sequence hold whatever was there (NaN in the tests): they are
+        // zero-filled, and the copies waited for before the slot is signalled.
+        constexpr int kChunks = D / 8;
+        const int kk0 = whole << shift;
+#pragma unroll 1
+        for (int i = lane; i < (kChunks << shift); i += 32) {
+          const int kk = kk0 + i / kChunks, c = i % kChunks, j = k0 + kk;
+          const uint32_t off = sw128_off(kk, 8 * c, T::kAtomBytes);
+          const uint8_t* row = j < sp.kend ? exact_row<D>(a, sp, j) + 16 * c : a.exact_pool;
+          cp_async16(slot + off, row + (j < sp.kend ? pl.eplane[0] : 0), j < sp.kend);
+          cp_async16(slot + T::kTileBytes + off, row + (j < sp.kend ? pl.eplane[1] : 0),
+                     j < sp.kend);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        fence_proxy_async_smem();
+        __syncwarp();
+      }
+      if (tid == 0)
+        mbar_arrive_expect_tx(full, exact * 2 * (D / 64) * box_bytes);
+      else if (kHist)
+        mbar_arrive(full);
+      if (copier && lane < whole && !(kHist && key_is_hist(sp, k0 + (lane << shift)))) {
+        const int j = k0 + (lane << shift);
+        const bool sink = j < sp.n_sink_tok;
+        const int id = (sink ? sp.sink : sp.recent)[(sink ? j : j - sp.hist_end) >> shift];
+        const uint32_t row_off = static_cast<uint32_t>(lane << shift) * 128;
+#pragma unroll
+        for (int at = 0; at < D / 64; ++at) {
+          tma_load_4d(slot + at * T::kAtomBytes + row_off, map, full, 64 * at, 0, plane_k, id);
+          tma_load_4d(slot + T::kTileBytes + at * T::kAtomBytes + row_off, map, full, 64 * at, 0,
+                      plane_v, id);
+        }
+      }
+    }
   }
 }
 
@@ -260,7 +383,13 @@ __device__ __forceinline__ void issue_pv(const uint32_t (&pa)[kNKP][4], uint32_t
   wgmma_commit();
 }
 
-template <int D, int kStages, bool kPipelined>
+// Ping-pong (FA3's warp-scheduler barrier): the two consumers take turns issuing wgmmas, so that
+// one's softmax runs while the other's MMAs do. Consumer c waits at barrier kSchedBar + c, then
+// passes the turn to the other; consumer 0 holds the first turn.
+__device__ __forceinline__ void turn_wait(int cw) { named_barrier(kSchedBar + cw, 256); }
+__device__ __forceinline__ void turn_pass(int cw) { named_barrier_arrive(kSchedBar + (cw ^ 1), 256); }
+
+template <int D, int kStages, bool kPipelined, bool kPingPong>
 __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
                                            uint32_t smem_addr_, const Ring& ring) {
   using S = WsShape<D, kStages>;
@@ -273,6 +402,7 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
   const uint32_t qs_addr = smem_addr_ + cw * S::kQHalfBytes;
   const uint32_t tiles_addr = smem_addr_ + S::kQBytes;
   const int bar = 1 + cw;  // this warpgroup's named barrier
+  if (kPingPong && cw == 0) named_barrier_arrive(kSchedBar, 256);
   uint32_t n = 0;
 #pragma unroll 1
   for (int w = blockIdx.x;; w += gridDim.x) {
@@ -325,6 +455,7 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
           vd[kp] = wgmma_desc_sw128(ks_of(cur - 1) + T::kTileBytes + kp * 2048, T::kAtomBytes, 1024);
         fence_operands(o);
         fence_operands(pa);
+        if constexpr (kPingPong) turn_wait(cw);
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < D / 16; ++k) {
@@ -337,6 +468,7 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
 #pragma unroll
         for (int kp = 0; kp < kNKP; ++kp) wgmma_m64n128k16_rs<1>(o, pa[kp], vd[kp], 1);
         wgmma_commit();
+        if constexpr (kPingPong) turn_pass(cw);
         wgmma_wait<1>();  // the scores (committed first) are in
         uint32_t pa_next[kNKP][4];
         tile_softmax(s, static_cast<int64_t>(tile) * kWsKeys, first_pos, t, st, pa_next, sum,
@@ -360,13 +492,17 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
 #pragma unroll 1
       for (int tile = 0; tile < n_tiles; ++tile, ++n) {
         mbar_wait(ring.full<kStages>(n), Ring::parity<kStages>(n));
+        if constexpr (kPingPong) turn_wait(cw);
         wgmma_fence();
         issue_scores<D, kStages>(qs_addr, ks_of(n), s);
+        if constexpr (kPingPong) turn_pass(cw);
         wgmma_wait<0>();
         tile_softmax(s, static_cast<int64_t>(tile) * kWsKeys, first_pos, t, st, pa, sum, alpha);
         apply_tile(o, st, sum, alpha);
+        if constexpr (kPingPong) turn_wait(cw);
         wgmma_fence();
         issue_pv<D>(pa, ks_of(n) + T::kTileBytes, o);
+        if constexpr (kPingPong) turn_pass(cw);
         wgmma_wait<0>();
         mbar_arrive(ring.empty<kStages>(n));  // this thread is done with the slot
       }
@@ -387,11 +523,14 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
             make_float2(o[db][2 * r] * inv, o[db][2 * r + 1] * inv);
     }
   }
+  // Consumer 1's last pass is still pending at consumer 0's barrier: take it, so that every
+  // arrival has its wait.
+  if (kPingPong && cw == 0) turn_wait(0);
 }
 
-template <int D, int kStages, bool kPipelined>
+template <int D, int kStages, bool kPipelined, bool kPingPong, int kLoad, bool kHist>
 __global__ void __launch_bounds__(kWsThreads, 1)
-    prefill_attn_ws_kernel(const __grid_constant__ Args a) {
+    prefill_attn_ws_kernel(const __grid_constant__ Args a, const __grid_constant__ CUtensorMap map) {
   using S = WsShape<D, kStages>;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // [Q of consumer 0, 1][slot][K, V][full barriers][empty barriers], 1024-aligned (the swizzle
@@ -402,40 +541,83 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const Ring ring{base + S::kBarOff, base + S::kBarOff + 8 * kStages};
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(ring.full0 + 8 * s, 128);      // every producer thread
+      // TMA: lane 0 (and, unpacking history, every producer thread); cp.async: every one.
+      mbar_init(ring.full0 + 8 * s, kLoad == kLoadTma && !kHist ? 1 : 128);
       mbar_init(ring.empty0 + 8 * s, 2 * 128);  // every consumer thread
     }
   }
   __syncthreads();
   if (threadIdx.x / 128 == 0) {
-    setmaxnreg_dec<kProducerRegs>();
-    ws_produce<D, kStages>(a, base + S::kQBytes, ring);
+    setmaxnreg_dec<kProducerRegs<kHist>>();
+    if constexpr (kLoad == kLoadTma)
+      ws_produce_tma<D, kStages, kHist>(a, &map, smem + S::kQBytes, base + S::kQBytes, ring);
+    else
+      ws_produce<D, kStages>(a, base + S::kQBytes, ring);
   } else {
-    setmaxnreg_inc<kConsumerRegs>();
-    ws_consume<D, kStages, kPipelined>(a, threadIdx.x / 128 - 1, smem, base, ring);
+    setmaxnreg_inc<kConsumerRegs<kHist>>();
+    ws_consume<D, kStages, kPipelined, kPingPong>(a, threadIdx.x / 128 - 1, smem, base, ring);
   }
 }
 
 struct WsFacts {
   int sms = 0, blocks = 0;
-  bool pipelined = false;
+  bool tma = true;
 };
 
-// OSCAR_PREFILL_WS_PIPELINE=1: the consumers with the intra-warpgroup overlap (a measurement knob,
-// read once). Off by default: on the H200 it ran at 279-293 TFLOP/s against 327-357 without
-// (bench_prefill_attn_cuda, 2026-12-03): the two consumer warpgroups already interleave, and the
-// overlap costs a second set of P registers and an unconditional rescale of O.
+// The two variants: the default (TMA producer; consumers with the intra-warpgroup overlap, taking
+// turns), and the cp.async producer with plain consumers, for page sizes TMA boxes do not fit and
+// as a knob (OSCAR_PREFILL_WS_TMA=0). Measured on the H200 (docs/results/prefill_cuda.md, session
+// 12): 485-564 TFLOP/s against 329-364; with a cp.async producer the overlap and the turns were
+// slower (283-304), the consumers waiting on the copies.
+// Over quantized history: the TMA variant whose producer also unpacks the history rows.
+using WsKernel = void (*)(Args, CUtensorMap);
+WsKernel ws_kernel(bool tma, bool hist) {
+  if (hist) return prefill_attn_ws_kernel<128, kWsStages, true, true, kLoadTma, true>;
+  return tma ? prefill_attn_ws_kernel<128, kWsStages, true, true, kLoadTma, false>
+             : prefill_attn_ws_kernel<128, kWsStages, false, false, kLoadCpAsync, false>;
+}
+
 Status ws_facts(WsFacts* out) {
   return facts_per_device(out, [](WsFacts* f, int dev) {
     OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f->sms, cudaDevAttrMultiProcessorCount, dev));
-    const char* env = std::getenv("OSCAR_PREFILL_WS_PIPELINE");
-    f->pipelined = env != nullptr && std::atoi(env) == 1;
-    using Sh = WsShape<128, kWsStages>;
-    return f->pipelined ? kernel_resident_blocks(prefill_attn_ws_kernel<128, kWsStages, true>,
-                                                 kWsThreads, Sh::kSmemBytes, &f->blocks)
-                        : kernel_resident_blocks(prefill_attn_ws_kernel<128, kWsStages, false>,
-                                                 kWsThreads, Sh::kSmemBytes, &f->blocks);
+    const char* env = std::getenv("OSCAR_PREFILL_WS_TMA");
+    f->tma = env == nullptr || std::atoi(env) != 0;
+    // Every variant has the same footprint (one block per SM); each needs its shared-memory limit.
+    for (const WsKernel k : {ws_kernel(true, false), ws_kernel(false, false), ws_kernel(true, true)})
+      OSCAR_RETURN_IF_ERROR(kernel_resident_blocks(k, kWsThreads,
+                                                   WsShape<128, kWsStages>::kSmemBytes, &f->blocks));
+    return Status();
   });
+}
+
+// The exact pool as a 4-D BF16 tensor for TMA: (dim within a 64-dim atom, slot, plane, page),
+// boxes of [page_size][64] with the 128-byte swizzle of the tiles. The page extent is a bound,
+// not the pool's size (the kernel reads only the pages of its tables).
+Status exact_pool_map(const Args& a, int head_dim, CUtensorMap* map) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return internal_error("prefill_attn_ws: no cuTensorMapEncodeTiled");
+  const uint64_t row = static_cast<uint64_t>(head_dim) * 2, plane = row * a.page_size;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim),
+                              static_cast<cuuint64_t>(a.page_size),
+                              static_cast<cuuint64_t>(a.n_planes),
+                              std::max<cuuint64_t>(1, (cuuint64_t{1} << 39) / a.exact_page_bytes)};
+  const cuuint64_t strides[3] = {row, plane, a.exact_page_bytes};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(a.page_size), 1, 1};
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+                            const_cast<uint8_t*>(a.exact_pool), dims, strides, box, estr,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return internal_error("prefill_attn_ws: cuTensorMapEncodeTiled: %d", r);
+  return Status();
 }
 
 }  // namespace
@@ -443,7 +625,6 @@ Status ws_facts(WsFacts* out) {
 Status prefill_attn_ws_launch(const Args& a_in, int head_dim, bool quantized,
                               cudaStream_t stream) {
   if (a_in.de != 0) return internal_error("prefill_attn_ws: serving prefill only");
-  if (quantized) return internal_error("prefill_attn_ws: BF16 caches only");
   if (head_dim != 128) return invalid_argument("prefill_attn_ws: head_dim %d (128)", head_dim);
   if (a_in.gqa > kWsRows)
     return invalid_argument("prefill_attn_ws: gqa %d > %d", a_in.gqa, kWsRows);
@@ -457,10 +638,14 @@ Status prefill_attn_ws_launch(const Args& a_in, int head_dim, bool quantized,
   // One wave of resident blocks; each block walks its (item, KV head) pairs.
   const dim3 grid(std::max(1, f.sms * f.blocks));
   constexpr size_t kSmem = WsShape<128, kWsStages>::kSmemBytes;
-  if (f.pipelined)
-    prefill_attn_ws_kernel<128, kWsStages, true><<<grid, kWsThreads, kSmem, stream>>>(a);
-  else
-    prefill_attn_ws_kernel<128, kWsStages, false><<<grid, kWsThreads, kSmem, stream>>>(a);
+  // TMA boxes of [page_size][64]: page sizes 8 to 128, powers of two.
+  const bool tma = f.tma && a.page_shift >= 3 && a.page_shift <= 7;
+  if (quantized && !tma)
+    return unimplemented("prefill_attn_ws: quantized history needs the TMA producer (page size %d)",
+                         a.page_size);
+  CUtensorMap map{};
+  if (tma) OSCAR_RETURN_IF_ERROR(exact_pool_map(a, head_dim, &map));
+  ws_kernel(tma, quantized)<<<grid, kWsThreads, kSmem, stream>>>(a, map);
   OSCAR_CUDA_LAUNCH_CHECK("prefill_attn_ws_kernel");
   return Status();
 }
