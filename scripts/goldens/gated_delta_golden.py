@@ -43,6 +43,24 @@ from transformers.models.qwen3_next import modeling_qwen3_next as m
 B, T, HK, HV, DK, DV, C, K = 2, 100, 2, 4, 32, 16, 96, 4
 
 
+def conv_update_reference(x, state, w):
+    """The decode-time causal conv with a state, [B, C, T] with a [B, C, K] state updated in
+    place: transformers' torch_causal_conv1d_update where this version has it (5.17 dropped it:
+    its layers call the causal_conv1d package's kernel, or recompute the prefill conv); else the
+    same computation here (the state's K columns then x, a depthwise conv, the last T outputs,
+    SiLU; the state keeps the last K columns)."""
+    fn = getattr(m, "torch_causal_conv1d_update", None)
+    if fn is not None:
+        print("torch_causal_conv1d_update: transformers'")
+        return fn(x, state, w, None, "silu")
+    print("torch_causal_conv1d_update: not in this transformers; the conv is computed here")
+    T, K = x.shape[-1], w.shape[-1]
+    full = torch.cat([state, x], dim=-1)
+    state.copy_(full[:, :, -K:])
+    y = F.conv1d(full, w.unsqueeze(1), groups=x.shape[1])
+    return F.silu(y[:, :, -T:])
+
+
 def transformers_fn(name):
     """transformers' own function `name`: in modeling_qwen3_next, or wherever this version of
     transformers moved it (5.x keeps the pure-PyTorch fallbacks in more than one module)."""
@@ -89,8 +107,7 @@ def main():
     state_hf = torch.randn(B, C, K, dtype=f32)
     state_in = state_hf[:, :, 1:].clone()  # the K-1 entries the conv reads
     st = state_hf.clone()
-    conv_update = transformers_fn("torch_causal_conv1d_update")
-    y = conv_update(x.transpose(1, 2).contiguous(), st, w, None, "silu")
+    y = conv_update_reference(x.transpose(1, 2).contiguous(), st, w)
     out["conv.x"] = x
     out["conv.w"] = w
     out["conv.state_in"] = state_in.transpose(1, 2)

@@ -500,8 +500,6 @@ struct DeviceFacts {
   // The warp-specialised kernel for serving prefill at head_dim 128 (OSCAR_PREFILL_WS=0: the tiled
   // one instead, to compare the two inside the whole model).
   bool ws = true;
-  // ... over quantized history too (OSCAR_PREFILL_WS_HIST=1), its producer unpacking the rows.
-  bool ws_hist = false;
   int blocks[2][2] = {{0, 0}, {0, 0}};
 };
 
@@ -515,8 +513,6 @@ Status device_facts(DeviceFacts* out) {
     f->wgmma = major == 9 && minor == 0;
     const char* ws = std::getenv("OSCAR_PREFILL_WS");
     f->ws = f->wgmma && !(ws != nullptr && std::strcmp(ws, "0") == 0);
-    const char* hist = std::getenv("OSCAR_PREFILL_WS_HIST");
-    f->ws_hist = f->ws && hist != nullptr && std::strcmp(hist, "1") == 0;
     OSCAR_RETURN_IF_ERROR(kernel_resident_blocks(prefill_attn_kernel<64>, kThreads,
                                                  smem_bytes<64>(), &f->blocks[0][0]));
     OSCAR_RETURN_IF_ERROR(kernel_resident_blocks(prefill_attn_kernel<128>, kThreads,
@@ -664,11 +660,10 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
   // Serving prefill: the warp-specialised kernel (prefill_attn_ws.cu) over BF16 caches at head_dim
   // 128 on sm_90a, else the tiled one (prefill_attn_tc.cu), on wgmma where the device has it. Over
   // quantized history the tiled kernel is faster (all eight warps unpack; the warp-specialised
-  // one has one producer warpgroup: 162-176 against 121-137 TFLOP/s on the H200, 2026-12-03).
+  // one has one producer warpgroup: 162-176 against 121-137 TFLOP/s on the H200 with its
+  // cp.async producer, and against 79-97 with the TMA producer unpacking: 2026-12-03).
   if (a.de == 0) {
-    if (path == PrefillAttnCudaPath::kAuto && facts.ws && L.head_dim == 128 &&
-        (!p.quantized || (facts.ws_hist && L.page_size >= 8 && L.page_size <= 128 &&
-                          (L.page_size & (L.page_size - 1)) == 0)))
+    if (path == PrefillAttnCudaPath::kAuto && facts.ws && L.head_dim == 128 && !p.quantized)
       return prefill_attn_ws_launch(a, L.head_dim, p.quantized, stream);
     if (path == PrefillAttnCudaPath::kAuto || path == PrefillAttnCudaPath::kTiledMma ||
         path == PrefillAttnCudaPath::kTiledWgmma)

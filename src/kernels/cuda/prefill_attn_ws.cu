@@ -46,18 +46,15 @@ constexpr int kWsThreads = 128 * (1 + kWsConsumers);  // warpgroup 0 produces
 constexpr int kWsRows = 64 * kWsConsumers;            // rows of an item
 constexpr int kWsKeys = 128;                          // keys per K/V tile
 // Registers per thread after reallocation: 128·P + 256·C within the launch's 384 x 168.
-// Over quantized history the producer unpacks rows too: more registers for it (K's and V's code
-// words in flight together).
-template <bool kHist>
-constexpr int kProducerRegs = kHist ? 96 : 40;
-template <bool kHist>
-constexpr int kConsumerRegs = kHist ? 208 : 232;
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 constexpr int kWsStages = 3;  // ring slots: 224 KiB of shared memory with Q
 // Named barriers: 1 + c consumer c's own, kSchedBar + c its turn (ping-pong), kProducerBar the
 // producer warpgroup's.
 constexpr int kSchedBar = 3, kProducerBar = 5;
-static_assert(128 * kProducerRegs<false> + 256 * kConsumerRegs<false> <= 65536 &&
-              128 * kProducerRegs<true> + 256 * kConsumerRegs<true> <= 65536);
+// The consumers' setmaxnreg.inc waits until the registers the producer gave back cover it: the
+// split must stay within what the launch allocated (384 x 168), not the SM's 64K (an increase
+// counting on the rest never completed: a hang on the H200).
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kWsThreads * 168);
 
 template <int D, int kStages>
 struct WsShape {
@@ -135,9 +132,9 @@ __device__ __forceinline__ void ws_produce(const Args& a, uint32_t tiles_addr, c
 // rest of their page is copied (finite: pools start zeroed, kernels/cuda/backend_cuda.cpp) and
 // whole groups past it are not, leaving the slot's earlier contents (zeros at first, then
 // finite rows); either way the softmax gives them p = 0.
-template <int D, int kStages, bool kHist>
-__device__ __forceinline__ void ws_produce_tma(const Args& a, const void* map, uint8_t* tiles,
-                                               uint32_t tiles_addr, const Ring& ring) {
+template <int D, int kStages>
+__device__ __forceinline__ void ws_produce_tma(const Args& a, const void* map, uint32_t tiles_addr,
+                                               const Ring& ring) {
   using S = WsShape<D, kStages>;
   using T = TileShape<D, kWsKeys>;
   // The ring starts zeroed (groups never copied must not hold NaN patterns), visible to wgmma
@@ -147,9 +144,8 @@ __device__ __forceinline__ void ws_produce_tma(const Args& a, const void* map, u
                  : "memory");
   fence_proxy_async_smem();
   named_barrier(kProducerBar, 128);
-  if (!kHist && threadIdx.x >= 32) return;  // one warp copies; with history all four unpack
-  const int tid = threadIdx.x, lane = tid & 31;
-  const bool copier = tid < 32;
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
   const int P = a.page_size, shift = a.page_shift;
   const int groups = kWsKeys >> shift;
   const uint32_t box_bytes = static_cast<uint32_t>(P) * 64 * 2;
@@ -166,35 +162,13 @@ __device__ __forceinline__ void ws_produce_tma(const Args& a, const void* map, u
 #pragma unroll 1
     for (int tile = 0; tile < n_tiles; ++tile, ++n) {
       const int k0 = tile * kWsKeys;
-      // Whole page groups by TMA; a group cut by kend by cp.async, below (the chunk's own rows
-      // end the sequence: that page is a recent one, never history).
+      // Whole page groups by TMA; a group cut by kend by cp.async, below.
       const int whole = min(groups, (sp.kend - k0) >> shift);
       const bool cut = whole < groups && k0 + (whole << shift) < sp.kend;
-      // History rows: the code words of K and V asked for before the slot is free.
-      HistUnits<D, kWsKeys, 128> hk, hv;
-      const bool hist = kHist && tile_has_hist(it, k0, kWsKeys);
-      if (hist) {
-        hist_prefetch<D, kWsKeys, 128>(a, pl, sp, k0, 0, tid, hk);
-        hist_prefetch<D, kWsKeys, 128>(a, pl, sp, k0, 1, tid, hv);
-      }
       mbar_wait(ring.empty<kStages>(n), Ring::parity<kStages>(n) ^ 1);
       const uint32_t slot = tiles_addr + (n % kStages) * S::kStageBytes;
       const uint32_t full = ring.full<kStages>(n);
-      if (hist) {
-        uint8_t* dst = tiles + (n % kStages) * S::kStageBytes;
-        hist_store<D, kWsKeys, 128>(a, pl, sp, k0, 0, tid, hk, dst);
-        hist_store<D, kWsKeys, 128>(a, pl, sp, k0, 1, tid, hv, dst + T::kTileBytes);
-        fence_proxy_async_smem();
-      }
-      // Exact whole groups (sinks and recent rows; the regions are page-aligned): the bytes
-      // lane 0 posts.
-      int exact = whole;
-      if (kHist) {
-        const int h0 = max(0, min(whole, (sp.n_sink_tok - k0 + P - 1) >> shift));
-        const int h1 = max(0, min(whole, (sp.hist_end - k0 + P - 1) >> shift));
-        exact = whole - (h1 - h0);
-      }
-      if (copier && cut) {
+      if (cut) {
         // The page's rows past the sequence hold whatever was there (NaN in the tests): they are
         // zero-filled, and the copies waited for before the slot is signalled.
         constexpr int kChunks = D / 8;
@@ -213,11 +187,8 @@ __device__ __forceinline__ void ws_produce_tma(const Args& a, const void* map, u
         fence_proxy_async_smem();
         __syncwarp();
       }
-      if (tid == 0)
-        mbar_arrive_expect_tx(full, exact * 2 * (D / 64) * box_bytes);
-      else if (kHist)
-        mbar_arrive(full);
-      if (copier && lane < whole && !(kHist && key_is_hist(sp, k0 + (lane << shift)))) {
+      if (lane == 0) mbar_arrive_expect_tx(full, whole * 2 * (D / 64) * box_bytes);
+      if (lane < whole) {
         const int j = k0 + (lane << shift);
         const bool sink = j < sp.n_sink_tok;
         const int id = (sink ? sp.sink : sp.recent)[(sink ? j : j - sp.hist_end) >> shift];
@@ -528,7 +499,7 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
   if (kPingPong && cw == 0) turn_wait(0);
 }
 
-template <int D, int kStages, bool kPipelined, bool kPingPong, int kLoad, bool kHist>
+template <int D, int kStages, bool kPipelined, bool kPingPong, int kLoad>
 __global__ void __launch_bounds__(kWsThreads, 1)
     prefill_attn_ws_kernel(const __grid_constant__ Args a, const __grid_constant__ CUtensorMap map) {
   using S = WsShape<D, kStages>;
@@ -541,20 +512,19 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const Ring ring{base + S::kBarOff, base + S::kBarOff + 8 * kStages};
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      // TMA: lane 0 (and, unpacking history, every producer thread); cp.async: every one.
-      mbar_init(ring.full0 + 8 * s, kLoad == kLoadTma && !kHist ? 1 : 128);
+      mbar_init(ring.full0 + 8 * s, kLoad == kLoadTma ? 1 : 128);  // lane 0 / every producer
       mbar_init(ring.empty0 + 8 * s, 2 * 128);  // every consumer thread
     }
   }
   __syncthreads();
   if (threadIdx.x / 128 == 0) {
-    setmaxnreg_dec<kProducerRegs<kHist>>();
+    setmaxnreg_dec<kProducerRegs>();
     if constexpr (kLoad == kLoadTma)
-      ws_produce_tma<D, kStages, kHist>(a, &map, smem + S::kQBytes, base + S::kQBytes, ring);
+      ws_produce_tma<D, kStages>(a, &map, base + S::kQBytes, ring);
     else
       ws_produce<D, kStages>(a, base + S::kQBytes, ring);
   } else {
-    setmaxnreg_inc<kConsumerRegs<kHist>>();
+    setmaxnreg_inc<kConsumerRegs>();
     ws_consume<D, kStages, kPipelined, kPingPong>(a, threadIdx.x / 128 - 1, smem, base, ring);
   }
 }
@@ -569,12 +539,10 @@ struct WsFacts {
 // as a knob (OSCAR_PREFILL_WS_TMA=0). Measured on the H200 (docs/results/prefill_cuda.md, session
 // 12): 485-564 TFLOP/s against 329-364; with a cp.async producer the overlap and the turns were
 // slower (283-304), the consumers waiting on the copies.
-// Over quantized history: the TMA variant whose producer also unpacks the history rows.
 using WsKernel = void (*)(Args, CUtensorMap);
-WsKernel ws_kernel(bool tma, bool hist) {
-  if (hist) return prefill_attn_ws_kernel<128, kWsStages, true, true, kLoadTma, true>;
-  return tma ? prefill_attn_ws_kernel<128, kWsStages, true, true, kLoadTma, false>
-             : prefill_attn_ws_kernel<128, kWsStages, false, false, kLoadCpAsync, false>;
+WsKernel ws_kernel(bool tma) {
+  return tma ? prefill_attn_ws_kernel<128, kWsStages, true, true, kLoadTma>
+             : prefill_attn_ws_kernel<128, kWsStages, false, false, kLoadCpAsync>;
 }
 
 Status ws_facts(WsFacts* out) {
@@ -582,8 +550,8 @@ Status ws_facts(WsFacts* out) {
     OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f->sms, cudaDevAttrMultiProcessorCount, dev));
     const char* env = std::getenv("OSCAR_PREFILL_WS_TMA");
     f->tma = env == nullptr || std::atoi(env) != 0;
-    // Every variant has the same footprint (one block per SM); each needs its shared-memory limit.
-    for (const WsKernel k : {ws_kernel(true, false), ws_kernel(false, false), ws_kernel(true, true)})
+    // Both variants have the same footprint (one block per SM); each needs its shared-memory limit.
+    for (const WsKernel k : {ws_kernel(true), ws_kernel(false)})
       OSCAR_RETURN_IF_ERROR(kernel_resident_blocks(k, kWsThreads,
                                                    WsShape<128, kWsStages>::kSmemBytes, &f->blocks));
     return Status();
@@ -625,6 +593,7 @@ Status exact_pool_map(const Args& a, int head_dim, CUtensorMap* map) {
 Status prefill_attn_ws_launch(const Args& a_in, int head_dim, bool quantized,
                               cudaStream_t stream) {
   if (a_in.de != 0) return internal_error("prefill_attn_ws: serving prefill only");
+  if (quantized) return internal_error("prefill_attn_ws: BF16 caches only");
   if (head_dim != 128) return invalid_argument("prefill_attn_ws: head_dim %d (128)", head_dim);
   if (a_in.gqa > kWsRows)
     return invalid_argument("prefill_attn_ws: gqa %d > %d", a_in.gqa, kWsRows);
@@ -640,12 +609,9 @@ Status prefill_attn_ws_launch(const Args& a_in, int head_dim, bool quantized,
   constexpr size_t kSmem = WsShape<128, kWsStages>::kSmemBytes;
   // TMA boxes of [page_size][64]: page sizes 8 to 128, powers of two.
   const bool tma = f.tma && a.page_shift >= 3 && a.page_shift <= 7;
-  if (quantized && !tma)
-    return unimplemented("prefill_attn_ws: quantized history needs the TMA producer (page size %d)",
-                         a.page_size);
   CUtensorMap map{};
   if (tma) OSCAR_RETURN_IF_ERROR(exact_pool_map(a, head_dim, &map));
-  ws_kernel(tma, quantized)<<<grid, kWsThreads, kSmem, stream>>>(a, map);
+  ws_kernel(tma)<<<grid, kWsThreads, kSmem, stream>>>(a, map);
   OSCAR_CUDA_LAUNCH_CHECK("prefill_attn_ws_kernel");
   return Status();
 }
