@@ -53,7 +53,8 @@ struct DecodeAttnParams {
   PageTableView sinks, history, recent;
 
   // Fast CPU path only: tokens per chunk; every segment is cut into chunks, one parallel task per
-  // (sequence, KV head, chunk). 0 = chosen from the token count and the thread count. Tests set
+  // (sequence, KV head, chunk). 0 = chosen per sequence from its token count and the thread count
+  // (so a sequence is split the same way whatever else is in the batch). Tests set
   // small values to force many partials and merges. The reference ignores it.
   int32_t chunk_tokens = 0;
 
