@@ -353,8 +353,11 @@ TEST(Scheduler, DeterministicWhateverRunsBeside) {
       submitted.push_back(sched->submit(t, ct.callback()));
       for (const Status& st : submitted) EXPECT_TRUE(st.ok()) << st.to_string();
       EXPECT_TRUE(cg.wait() && ct.wait());
-      for (size_t i = 0; i < side.size(); ++i)
-        if (submitted[i].ok()) EXPECT_TRUE(side[i]->wait());
+      for (size_t i = 0; i < side.size(); ++i) {
+        if (submitted[i].ok()) {
+          EXPECT_TRUE(side[i]->wait());
+        }
+      }
     };
     Collector g_alone, t_alone, g_busy, t_busy;
     run({}, g_alone, t_alone);

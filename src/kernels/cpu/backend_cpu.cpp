@@ -71,7 +71,11 @@ class CpuBackend final : public Backend {
   Status rotate_queries(const RotateQueriesParams& p) override {
     return kernels::rotate_queries(p);
   }
-  Status decode_attn(const DecodeAttnParams& p) override { return kernels::decode_attn(p); }
+  Status decode_attn(const DecodeAttnParams& p) override {
+    DecodeAttnParams q = p;
+    q.batch_invariant = batch_invariant_;
+    return kernels::decode_attn(q);
+  }
   Status prefill_attn(const PrefillAttnParams& p) override {
     PrefillAttnParams q = p;
     q.batch_invariant = batch_invariant_;
