@@ -318,20 +318,25 @@ TEST(Scheduler, LogprobsAreTheRawLogSoftmax) {
 // Batch invariance (README "Deterministic results"): with the batch-invariant kernels, a greedy
 // request and a seeded sampled one (top-p, both with logprobs) give bit-identical tokens and
 // logprobs alone and beside requests of other lengths. A step holds at most 48 tokens, so the
-// targets' 150-token prompts are cut into different chunks in the two runs, and they decode in
-// steps of 2 to 7 rows (past the 8 rows where the default linear() changes kernel, once the
-// neighbours' prefill chunks join). Modes: bf16 and int2-hadamard (the history read dequantized).
+// targets' prompts are cut into different chunks in the two runs, and they decode in steps of
+// 2 to 7 rows (past the 8 rows where the default linear() changes kernel, once the neighbours'
+// prefill chunks join). Modes: bf16 (150-token prompts), and int2-hadamard with 330-token prompts
+// (past the 256-token recent window: part of the prompt is read from INT2 history) and the prefix
+// cache on (the busy run adopts the prompt pages the solo run left).
 TEST(Scheduler, DeterministicWhateverRunsBeside) {
   for (const std::string mode : {"bf16", "int2-hadamard"}) {
     SCOPED_TRACE(mode);
+    const bool quantized = mode != "bf16";
     SchedulerOptions so;
     so.max_batch_tokens = 48;
     so.prefill_chunk = 40;
-    so.prefix_cache = false;
+    so.prefix_cache = quantized;
     auto sched = make_scheduler_with(mode, so, {}, 64, /*deterministic=*/true);
-    auto prompt = repeated(*sched, "def fibonacci(n):\n    return n if n < 2 else fib(n - 1)\n", 150);
-    prompt.resize(150);
-    GenerationRequest g = greedy("greedy", prompt, 24);
+    const size_t n_prompt = quantized ? 330 : 150;
+    auto prompt = repeated(*sched, "def fibonacci(n):\n    return n if n < 2 else fib(n - 1)\n",
+                           n_prompt);
+    prompt.resize(n_prompt);
+    GenerationRequest g = greedy("greedy", prompt, 16);
     g.logprobs = 3;
     GenerationRequest t = g;
     t.request_id = "seeded";
