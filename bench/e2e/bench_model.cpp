@@ -59,7 +59,7 @@ std::vector<std::string> split(const std::string& s) {
 constexpr const char* kUsage =
     "usage: bench_model [--model DIR] [--modes bf16,int2-hadamard] [--contexts 512,2048,4096]\n"
     "                   [--decode-tokens 256] [--warmup-tokens 16] [--reps 5]\n"
-    "                   [--config FILE] [--layers N] [--dummy-weights]\n"
+    "                   [--config FILE] [--layers N] [--dummy-weights] [--deterministic 0|1]\n"
     "Prefill and decode tokens/s per (mode, context): medians of --reps repetitions, each a\n"
     "prefill, --warmup-tokens untimed decode steps and --decode-tokens timed ones, after one\n"
     "untimed warm-up; the decode min-max and max/min beside. Repetitions go to stderr.\n";
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   std::string contexts = "512,2048,4096";
   std::string qwen3_tokenizer = "tests/data/qwen3_tokenizer";
   std::string config;
-  int decode_tokens = 256, warmup_tokens = 16, reps = 5, layers = 0;
+  int decode_tokens = 256, warmup_tokens = 16, reps = 5, layers = 0, deterministic = 0;
   bool dummy = false;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
     else if (a == "--decode-tokens") decode_tokens = std::stoi(argv[i + 1]);
     else if (a == "--warmup-tokens") warmup_tokens = std::stoi(argv[i + 1]);
     else if (a == "--reps") reps = std::stoi(argv[i + 1]);
+    else if (a == "--deterministic") deterministic = std::stoi(argv[i + 1]);  // batch-invariant
     else {
       std::fprintf(stderr, "bench_model: unknown option %s\n%s", a.c_str(), kUsage);
       return 2;
@@ -191,6 +192,7 @@ int main(int argc, char** argv) {
     engine::RuntimeOptions o;
     o.model_dir = config.empty() && layers == 0 ? model : config_dir(model, config, layers);
     o.dummy_weights = dummy;
+    o.deterministic = deterministic != 0;
     o.cache_mode = mode;
     o.kv_budget_bytes = size_t{512} << 20;
     t = Clock::now();

@@ -119,12 +119,13 @@ int main(int argc, char** argv) {
   set_omp_wait_policy(argv);
   std::string model = "models/tiny-qwen3", mode = "oscar", contexts = "4096,32000",
               batches = "1,16,64";
-  int steps = 8, warmup_steps = 2, reps = 5;
+  int steps = 8, warmup_steps = 2, reps = 5, deterministic = 0;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
       std::printf(
           "usage: bench_step [--model DIR] [--mode oscar] [--contexts 4096,32000]\n"
           "                  [--batches 1,16,64] [--steps 8] [--warmup-steps 2] [--reps 5]\n"
+          "                  [--deterministic 0|1]\n"
           "One CPU decode step of a batch by phase, a markdown row per (context, batch):\n"
           "--warmup-steps untimed steps, then --reps repetitions of --steps timed ones; the\n"
           "median step with its min-max and max/min. A context plus the steps decoded must fit\n"
@@ -140,6 +141,7 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = std::stoi(argv[i + 1]);
     else if (a == "--warmup-steps") warmup_steps = std::stoi(argv[i + 1]);
     else if (a == "--reps") reps = std::stoi(argv[i + 1]);
+    else if (a == "--deterministic") deterministic = std::stoi(argv[i + 1]);  // batch-invariant
     else {
       std::fprintf(stderr, "bench_step: unknown option %s (--help lists them)\n", a.c_str());
       return 2;
@@ -154,6 +156,7 @@ int main(int argc, char** argv) {
   o.model_dir = model;
   o.cache_mode = mode;
   o.kv_budget_bytes = size_t{2} << 30;
+  o.deterministic = deterministic != 0;
   auto made = engine::Runtime::create(o);
   check(made.status(), "runtime");
   engine::Runtime& rt = *made.value();

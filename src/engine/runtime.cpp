@@ -201,6 +201,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
     }
   }
   OSCAR_ASSIGN_OR_RETURN(rt->backend_, kernels::make_backend(o.device));
+  OSCAR_RETURN_IF_ERROR(rt->backend_->set_batch_invariant(o.deterministic));
 
   if (o.dummy_weights) {
     OSCAR_ASSIGN_OR_RETURN(format::ModelConfig config, format::ModelConfig::load(o.model_dir));
@@ -276,6 +277,7 @@ std::string Runtime::describe() const {
   if (int2_pool_)
     s += str_format(" int2_pool_pages=%lld int2_page_bytes=%zu",
                     static_cast<long long>(int2_pool_->n_pages()), int2_pool_->page_bytes());
+  if (options_.deterministic) s += " deterministic=1";
   return s;
 }
 

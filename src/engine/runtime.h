@@ -66,6 +66,9 @@ struct RuntimeOptions {
   // "f32", "bf16" (rounded like the checkpoint's weights: half the bytes a step reads for the two
   // matrices), or "auto" = bf16 on a device backend, f32 on the CPU.
   std::string folded_weights = "auto";
+  // Batch-invariant kernels (Backend::set_batch_invariant): a request's tokens and logprobs do
+  // not depend on what runs beside it. CPU only; prefill is slower (docs/results/determinism.md).
+  bool deterministic = false;
 };
 
 class Runtime {

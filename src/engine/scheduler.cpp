@@ -843,7 +843,12 @@ std::string Scheduler::device_fault() const {
 
 void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequence* const> owners) {
   model::Qwen3Model& model = runtime_->model();
-  const kv::StepPlan plan = kv::StepPlan::make(chunks, kv::AttendMode::kPrefill);
+  // Deterministic: a prompt query reads each key as decode would at its position (exact or
+  // quantized), not as the chunk boundaries left the cache (in a quantized mode, which keys of a
+  // long prompt are demoted before a later chunk reads them depends on the chunking).
+  const kv::StepPlan plan = kv::StepPlan::make(chunks, runtime_->options().deterministic
+                                                           ? kv::AttendMode::kDecodeEquivalent
+                                                           : kv::AttendMode::kPrefill);
   std::vector<int32_t> demote_status;
   Status st = model.forward(plan, {});  // logits stay in the backend's memory
   if (st.ok()) st = injected(FaultInjection::kStep);

@@ -122,6 +122,11 @@ class Backend {
   // Whether the device can still run work, asked after a failed step: a CUDA error that corrupts
   // the context (an illegal address, a launch failure) makes every later call fail, while a
   // request-level error (a non-finite K/V, an allocation) leaves it usable.
+  // Batch-invariant kernels (README "Deterministic results"): each row's results independent of
+  // the other rows of a step and of how its prompt was chunked; off by default (prefill is
+  // slower, docs/results/determinism.md). The CPU backend switches its kernels; the default
+  // (backend_cpu.cpp) refuses to turn it on, naming the device.
+  virtual Status set_batch_invariant(bool on);
   virtual Status health() { return Status(); }
 };
 

@@ -33,11 +33,16 @@ struct ChunkAttnParams {
   int64_t ld_keys = 0;             // row capacity per head (>= pos0 + n_queries)
   const int32_t* deq_end = nullptr;  // [n_queries], non-decreasing, each >= n_sink
   float* out = nullptr;            // [n_queries, n_heads_q, head_dim]
+  // Fast path: a query's output independent of the other queries of the call and of pos0's
+  // chunking (cpu/chunk_attn_invariant.cpp; README "Deterministic results"). The reference
+  // ignores it.
+  bool batch_invariant = false;
 };
 
 // Plain loops, double accumulation: defines "correct".
 Status chunk_attn_ref(const ChunkAttnParams& p);
-// Blocked matrix products (Eigen) and OpenMP threads over (head, query block).
+// Blocked matrix products (Eigen) and OpenMP threads over (head, query block); with
+// batch_invariant, fixed-order per-query loops instead.
 Status chunk_attn(const ChunkAttnParams& p);
 
 }  // namespace oscar::kernels

@@ -53,9 +53,13 @@ struct DecodeAttnParams {
   PageTableView sinks, history, recent;
 
   // Fast CPU path only: tokens per chunk; every segment is cut into chunks, one parallel task per
-  // (sequence, KV head, chunk). 0 = chosen from the token count and the thread count. Tests set
-  // small values to force many partials and merges. The reference ignores it.
+  // (sequence, KV head, chunk). 0 = chosen from the batch's token count and the thread count (with
+  // batch_invariant: from the sequence's own count). Tests set small values to force many
+  // partials and merges. The reference ignores it.
   int32_t chunk_tokens = 0;
+  // Fast CPU path: each sequence's output independent of the other sequences of the batch
+  // (README "Deterministic results"); slightly more, smaller tasks for a batch.
+  bool batch_invariant = false;
 
   float* out = nullptr;  // [n_seqs, n_heads_q, head_dim] float, written. No keys at all: zeros.
 };

@@ -64,6 +64,7 @@ struct MoeFfnParams {
   // moe_inter) bytes, 16-byte aligned (the reference needs none). Owned by the caller.
   void* work = nullptr;
   size_t work_bytes = 0;
+  bool batch_invariant = false;  // the experts' linear() calls (kernels/linear.h)
 };
 
 // The scratch moe_ffn needs: the rows grouped by expert ([n·top_k, hidden] gathered x, then

@@ -51,6 +51,7 @@ struct PrefillAttnParams {
   // sinks + history + recent lengths = pos0[s] + n_queries(s).
   PageTableView sinks, history, recent;
   float* out = nullptr;                 // [cu[n_seqs], n_heads_q, head_dim]
+  bool batch_invariant = false;  // CPU: chunk_attn's batch-invariant path (kernels/chunk_attn.h)
 };
 
 Status prefill_attn(const PrefillAttnParams& p);

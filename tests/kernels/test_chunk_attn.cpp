@@ -7,7 +7,9 @@
 // it stands for the exact result. The fast path computes scores in float (error ≈ d·u·S with
 // S = scale·max_j Σ_c |q_c k_jc|, relative weight error ≤ 2·that + a few u), and sums up to L
 // weighted values in float (≤ 2·L·u·Vmax):  tol = Vmax·u·(2·(d + 2)·S + 2·L + 64).
-// Plus cosine similarity >= 1 − 1e-6 per row.
+// Plus cosine similarity >= 1 − 1e-6 per row. The batch-invariant path (fixed-order loops) has the
+// same arithmetic shape (float dots, float sums of L terms), so the same bound; it is also checked
+// bit for bit against itself with the queries cut into chunks of other sizes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,14 +32,37 @@ struct Case {
   uint32_t seed;
 };
 
-void run_case(const Case& c) {
-  SCOPED_TRACE(c.pattern + " nq=" + std::to_string(c.n_queries) +
-               " hq=" + std::to_string(c.n_heads_q) + " hkv=" + std::to_string(c.n_heads_kv) +
-               " d=" + std::to_string(c.head_dim) + " pos0=" + std::to_string(c.pos0) +
-               " sink=" + std::to_string(c.n_sink));
+// Seeded inputs of a case: q, the exact K/V and their dequantized copies, deq_end.
+struct Inputs {
+  int64_t ld = 0;
+  std::vector<float> q, k_ex, v_ex, k_dq, v_dq;
+  std::vector<int32_t> deq_end;
+
+  ChunkAttnParams params(const Case& c) const {
+    ChunkAttnParams p;
+    p.n_queries = c.n_queries;
+    p.n_heads_q = c.n_heads_q;
+    p.n_heads_kv = c.n_heads_kv;
+    p.head_dim = c.head_dim;
+    p.pos0 = c.pos0;
+    p.n_sink = c.n_sink;
+    p.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+    p.q = q.data();
+    p.k_exact = k_ex.data();
+    p.v_exact = v_ex.data();
+    p.k_deq = k_dq.data();
+    p.v_deq = v_dq.data();
+    p.ld_keys = ld;
+    p.deq_end = deq_end.data();
+    return p;
+  }
+};
+
+Inputs make_inputs(const Case& c) {
+  Inputs in;
   const int d = c.head_dim;
   const int64_t n_keys = static_cast<int64_t>(c.pos0) + c.n_queries;
-  const int64_t ld = n_keys + 3;  // padding rows between heads
+  in.ld = n_keys + 3;  // padding rows between heads
   std::mt19937 rng(c.seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   auto fill = [&](size_t n, float gain) {
@@ -45,15 +70,16 @@ void run_case(const Case& c) {
     for (float& e : x) e = gain * normal(rng);
     return x;
   };
-  const size_t kv_n = static_cast<size_t>(c.n_heads_kv) * ld * d;
-  std::vector<float> q = fill(static_cast<size_t>(c.n_queries) * c.n_heads_q * d, 1.5f);
-  std::vector<float> k_ex = fill(kv_n, 1.f), v_ex = fill(kv_n, 1.f);
+  const size_t kv_n = static_cast<size_t>(c.n_heads_kv) * in.ld * d;
+  in.q = fill(static_cast<size_t>(c.n_queries) * c.n_heads_q * d, 1.5f);
+  in.k_ex = fill(kv_n, 1.f);
+  in.v_ex = fill(kv_n, 1.f);
   // Dequantized copies: the exact ones plus a perturbation, so reading the wrong copy shows.
-  std::vector<float> k_dq = k_ex, v_dq = v_ex;
-  for (float& e : k_dq) e += 0.3f * normal(rng);
-  for (float& e : v_dq) e += 0.3f * normal(rng);
-
-  std::vector<int32_t> deq_end(c.n_queries);
+  in.k_dq = in.k_ex;
+  in.v_dq = in.v_ex;
+  for (float& e : in.k_dq) e += 0.3f * normal(rng);
+  for (float& e : in.v_dq) e += 0.3f * normal(rng);
+  in.deq_end.resize(c.n_queries);
   const int page = 16;
   for (int i = 0; i < c.n_queries; ++i) {
     int64_t b = c.n_sink;
@@ -61,24 +87,24 @@ void run_case(const Case& c) {
     if (c.pattern == "advance")
       b = std::max<int64_t>(c.n_sink, (c.pos0 + i - 40) / page * page);
     if (c.pattern == "jump") b = std::max<int64_t>(c.n_sink, i < c.n_queries / 2 ? c.pos0 / 3 : n_keys + 5);
-    deq_end[i] = static_cast<int32_t>(b);
+    in.deq_end[i] = static_cast<int32_t>(b);
   }
+  return in;
+}
 
-  ChunkAttnParams p;
-  p.n_queries = c.n_queries;
-  p.n_heads_q = c.n_heads_q;
-  p.n_heads_kv = c.n_heads_kv;
-  p.head_dim = d;
-  p.pos0 = c.pos0;
-  p.n_sink = c.n_sink;
-  p.scale = 1.f / std::sqrt(static_cast<float>(d));
-  p.q = q.data();
-  p.k_exact = k_ex.data();
-  p.v_exact = v_ex.data();
-  p.k_deq = k_dq.data();
-  p.v_deq = v_dq.data();
-  p.ld_keys = ld;
-  p.deq_end = deq_end.data();
+void run_case(const Case& c, bool batch_invariant) {
+  SCOPED_TRACE(c.pattern + (batch_invariant ? " invariant" : "") + " nq=" + std::to_string(c.n_queries) +
+               " hq=" + std::to_string(c.n_heads_q) + " hkv=" + std::to_string(c.n_heads_kv) +
+               " d=" + std::to_string(c.head_dim) + " pos0=" + std::to_string(c.pos0) +
+               " sink=" + std::to_string(c.n_sink));
+  const int d = c.head_dim;
+  const Inputs in = make_inputs(c);
+  const int64_t ld = in.ld;
+  const std::vector<float>&q = in.q, &k_ex = in.k_ex, &v_ex = in.v_ex, &k_dq = in.k_dq,
+                           &v_dq = in.v_dq;
+  const std::vector<int32_t>& deq_end = in.deq_end;
+  ChunkAttnParams p = in.params(c);
+  p.batch_invariant = batch_invariant;
   std::vector<float> want(q.size(), -9.f), got(q.size(), -9.f);
   p.out = want.data();
   ASSERT_TRUE(chunk_attn_ref(p).ok());
@@ -120,21 +146,55 @@ void run_case(const Case& c) {
       ASSERT_GE(dotp / std::sqrt(ng * nw), 1.0 - 1e-6) << "query " << i << " head " << h;
     }
   }
-  std::printf("chunk_attn %-7s nq=%3d pos0=%4d: max err / bound = %.3g\n", c.pattern.c_str(),
-              c.n_queries, c.pos0, worst);
+  std::printf("chunk_attn %-7s%s nq=%3d pos0=%4d: max err / bound = %.3g\n", c.pattern.c_str(),
+              batch_invariant ? " (invariant)" : "", c.n_queries, c.pos0, worst);
 }
 
 TEST(ChunkAttn, FastMatchesReferenceAcrossDeqEndPatterns) {
-  uint32_t seed = 1;
+  for (bool invariant : {false, true}) {
+    uint32_t seed = 1;
+    for (const char* pattern : {"none", "fixed", "advance", "jump"}) {
+      run_case({1, 4, 2, 128, 300, 32, pattern, seed++}, invariant);   // one query (decode-like)
+      run_case({37, 4, 2, 128, 200, 32, pattern, seed++}, invariant);  // partial query block
+      run_case({70, 8, 2, 64, 130, 16, pattern, seed++}, invariant);   // two query blocks, gqa 4
+      run_case({64, 8, 1, 64, 0, 0, pattern, seed++}, invariant);      // from empty, no sinks
+      run_case({20, 2, 2, 128, 500, 64, pattern, seed++}, invariant);  // gqa 1
+      run_case({8, 4, 2, 128, 0, 64, pattern, seed++}, invariant);     // prompt inside the sinks
+      run_case({20, 4, 2, 64, 10, 32, pattern, seed++}, invariant);    // keys end inside the sinks
+      run_case({30, 4, 2, 64, 20, 32, pattern, seed++}, invariant);    // crosses the sink edge
+    }
+  }
+}
+
+// Batch invariance: the queries of one call cut into chunks of other sizes (each chunk a call with
+// its own pos0, as a prompt prefilled in pieces) give bitwise the same outputs.
+TEST(ChunkAttn, InvariantPathGivesTheSameBitsWhateverTheChunks) {
+  uint32_t seed = 100;
   for (const char* pattern : {"none", "fixed", "advance", "jump"}) {
-    run_case({1, 4, 2, 128, 300, 32, pattern, seed++});      // one query (decode-like)
-    run_case({37, 4, 2, 128, 200, 32, pattern, seed++});     // partial query block
-    run_case({70, 8, 2, 64, 130, 16, pattern, seed++});      // two query blocks, gqa 4
-    run_case({64, 8, 1, 64, 0, 0, pattern, seed++});         // prefill from empty, no sinks
-    run_case({20, 2, 2, 128, 500, 64, pattern, seed++});     // gqa 1
-    run_case({8, 4, 2, 128, 0, 64, pattern, seed++});        // whole prompt inside the sinks
-    run_case({20, 4, 2, 64, 10, 32, pattern, seed++});       // keys end inside the sinks
-    run_case({30, 4, 2, 64, 20, 32, pattern, seed++});       // the chunk crosses the sink edge
+    const Case c{150, 4, 2, 128, 90, 32, pattern, seed++};
+    SCOPED_TRACE(c.pattern);
+    const Inputs in = make_inputs(c);
+    ChunkAttnParams whole = in.params(c);
+    whole.batch_invariant = true;
+    std::vector<float> want(in.q.size(), -9.f);
+    whole.out = want.data();
+    ASSERT_TRUE(chunk_attn(whole).ok());
+    const int64_t row = static_cast<int64_t>(c.n_heads_q) * c.head_dim;
+    for (int chunk : {1, 7, 63, 64, 65, 149}) {
+      std::vector<float> got(in.q.size(), -9.f);
+      for (int i0 = 0; i0 < c.n_queries; i0 += chunk) {
+        ChunkAttnParams part = whole;
+        part.n_queries = std::min(chunk, c.n_queries - i0);
+        part.pos0 = c.pos0 + i0;
+        part.q = in.q.data() + i0 * row;
+        part.deq_end = in.deq_end.data() + i0;
+        part.out = got.data() + i0 * row;
+        ASSERT_TRUE(chunk_attn(part).ok());
+      }
+      for (size_t e = 0; e < want.size(); ++e)
+        ASSERT_EQ(got[e], want[e]) << "chunks of " << chunk << ": first mismatch at query "
+                                   << e / row << " element " << e % row;
+    }
   }
 }
 

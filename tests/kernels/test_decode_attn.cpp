@@ -400,7 +400,7 @@ TEST(DecodeAttn, BatchOfSequencesInOneCall) {
     int64_t sink, hist, recent;
   };
   const std::vector<R> shapes = {{16, 64, 20}, {0, 0, 0}, {16, 0, 3}, {16, 160, 31}, {5, 0, 0},
-                                 {16, 16, 1}};
+                                 {16, 16, 1}, {16, 1600, 9}};
   for (bool plan : {false, true}) {
     for (int chunk : {0, 7}) {
       Case base;
@@ -465,6 +465,23 @@ TEST(DecodeAttn, BatchOfSequencesInOneCall) {
           compare(fast ? "decode_attn batch" : "decode_attn_ref batch", cases[i], got, want,
                   fast ? tol.tol_fast : tol.tol_ref);
         }
+      }
+      // Batch invariance: with batch_invariant each sequence's row is bitwise the row of a call
+      // with that sequence alone (without it, the long one is cut into other chunks: the batch's
+      // total length sets the chunk size, and the check fails).
+      if (chunk != 0) continue;
+      p.batch_invariant = true;
+      std::vector<float> out(rows * built.size(), -7.f);
+      p.out = out.data();
+      ASSERT_TRUE(decode_attn(p).ok());
+      for (size_t i = 0; i < built.size(); ++i) {
+        DecodeAttnParams one = built[i].params;
+        one.batch_invariant = true;
+        std::vector<float> alone(rows, -7.f);
+        one.out = alone.data();
+        ASSERT_TRUE(decode_attn(one).ok());
+        for (size_t e = 0; e < rows; ++e)
+          ASSERT_EQ(out[i * rows + e], alone[e]) << "sequence " << i << " element " << e;
       }
     }
   }

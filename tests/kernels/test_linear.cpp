@@ -1,5 +1,6 @@
 // linear (kernels/linear.h): the fast CPU path against the float64 reference, for F32 and BF16
-// weights, across the few-rows (decode) and many-rows (prefill) paths and ragged shapes.
+// weights, across the few-rows (decode) and many-rows (prefill) paths and ragged shapes, with and
+// without batch_invariant; and the batch-invariant rows bitwise against each row alone.
 // Tolerance: float32 accumulation of `in` products of |x||w| gives |err| <= in · u · Σ|x_c w_c|
 // (u = 2^-24, a loose form of the usual γ_in bound); the test uses 2 · in · u · Σ|x_c w_c|.
 #include <gtest/gtest.h>
@@ -16,7 +17,8 @@ namespace {
 
 constexpr double kU = 1.0 / (1 << 24);
 
-void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t seed) {
+void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t seed,
+         bool batch_invariant = false) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<float> x(n * in), wf(out * in), b(out), y(n * out, -7.f), y_ref(n * out, -7.f);
@@ -31,6 +33,7 @@ void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t se
   p.w = WeightView{dtype == DType::kBF16 ? static_cast<const void*>(wb.data()) : wf.data(), dtype,
                    out, in};
   p.bias = bias ? b.data() : nullptr;
+  p.batch_invariant = batch_invariant;
   p.y = y_ref.data();
   ASSERT_TRUE(linear_ref(p).ok());
   p.y = y.data();
@@ -49,11 +52,51 @@ void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t se
 
 TEST(Linear, FastMatchesReference) {
   uint32_t seed = 1;
-  for (DType dtype : {DType::kF32, DType::kBF16})
-    for (int64_t n : {1, 2, 3, 4, 5, 8, 9, 33})
-      for (auto [in, out] : {std::pair<int64_t, int64_t>{256, 512}, {256, 70}, {37, 129},
-                             {768, 256}, {16, 1}})
-        for (bool bias : {false, true}) run(dtype, n, in, out, bias, seed++);
+  for (bool invariant : {false, true})
+    for (DType dtype : {DType::kF32, DType::kBF16})
+      for (int64_t n : {1, 2, 3, 4, 5, 8, 9, 33, 130})
+        for (auto [in, out] : {std::pair<int64_t, int64_t>{256, 512}, {256, 70}, {37, 129},
+                               {768, 256}, {16, 1}})
+          for (bool bias : {false, true}) run(dtype, n, in, out, bias, seed++, invariant);
+}
+
+// Batch invariance: with batch_invariant, each row of a call of M rows is bitwise the row computed
+// alone (M = 1), for M across the tile (4 rows), the default path's switch (8) and the x blocks
+// (64), for BF16 (split lanes, and the ragged in % 16 != 0 path) and F32 weights.
+TEST(Linear, InvariantRowsEqualTheRowAlone) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (DType dtype : {DType::kBF16, DType::kF32})
+    for (auto [in, out] : {std::pair<int64_t, int64_t>{256, 200}, {40, 70}}) {
+      std::vector<float> wf(out * in), b(out);
+      for (float& v : wf) v = round_to_bf16(normal(rng));
+      for (float& v : b) v = normal(rng);
+      std::vector<bf16_t> wb(wf.size());
+      for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+      for (int64_t m : {2, 3, 5, 8, 9, 17, 64, 65, 130}) {
+        std::vector<float> x(m * in), y(m * out), y1(out);
+        for (float& v : x) v = normal(rng);
+        LinearParams p;
+        p.x = x.data();
+        p.n = m;
+        p.w = WeightView{dtype == DType::kBF16 ? static_cast<const void*>(wb.data()) : wf.data(),
+                         dtype, out, in};
+        p.bias = b.data();
+        p.y = y.data();
+        p.batch_invariant = true;
+        ASSERT_TRUE(linear(p).ok());
+        for (int64_t i = 0; i < m; ++i) {
+          LinearParams one = p;
+          one.x = x.data() + i * in;
+          one.n = 1;
+          one.y = y1.data();
+          ASSERT_TRUE(linear(one).ok());
+          for (int64_t r = 0; r < out; ++r)
+            ASSERT_EQ(y[i * out + r], y1[r]) << "dtype " << static_cast<int>(dtype) << " in " << in
+                                             << " M " << m << ": row " << i << " col " << r;
+        }
+      }
+    }
 }
 
 TEST(Linear, RefusesBadShapes) {

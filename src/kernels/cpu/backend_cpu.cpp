@@ -57,19 +57,39 @@ class CpuBackend final : public Backend {
                   float* y) override {
     return kernels::rms_norm(x, rows, dim, w, eps, y);
   }
-  Status linear(const LinearParams& p) override { return kernels::linear(p); }
+  Status set_batch_invariant(bool on) override {
+    batch_invariant_ = on;
+    return Status();
+  }
+  Status linear(const LinearParams& p) override {
+    LinearParams q = p;
+    q.batch_invariant = batch_invariant_;
+    return kernels::linear(q);
+  }
   Status rope(const RopeParams& p) override { return kernels::rope(p); }
   Status kv_append(const KvAppendParams& p) override { return kernels::kv_append(p); }
   Status rotate_queries(const RotateQueriesParams& p) override {
     return kernels::rotate_queries(p);
   }
-  Status decode_attn(const DecodeAttnParams& p) override { return kernels::decode_attn(p); }
-  Status prefill_attn(const PrefillAttnParams& p) override { return kernels::prefill_attn(p); }
+  Status decode_attn(const DecodeAttnParams& p) override {
+    DecodeAttnParams q = p;
+    q.batch_invariant = batch_invariant_;
+    return kernels::decode_attn(q);
+  }
+  Status prefill_attn(const PrefillAttnParams& p) override {
+    PrefillAttnParams q = p;
+    q.batch_invariant = batch_invariant_;
+    return kernels::prefill_attn(q);
+  }
   Status silu_mul(float* gate, const float* up, int64_t n) override {
     return kernels::silu_mul(gate, up, n);
   }
   Status moe_route(const MoeRouteParams& p) override { return kernels::moe_route(p); }
-  Status moe_ffn(const MoeFfnParams& p) override { return kernels::moe_ffn(p); }
+  Status moe_ffn(const MoeFfnParams& p) override {
+    MoeFfnParams q = p;
+    q.batch_invariant = batch_invariant_;
+    return kernels::moe_ffn(q);
+  }
   Status add(float* x, const float* y, int64_t n) override { return kernels::add(x, y, n); }
   Status gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t dim,
                      float* dst) override {
@@ -86,6 +106,9 @@ class CpuBackend final : public Backend {
   Status fill_normal_bf16(bf16_t* dst, int64_t n, float std, uint64_t seed) override {
     return kernels::fill_normal_bf16(dst, n, std, seed);
   }
+
+ private:
+  bool batch_invariant_ = false;  // set_batch_invariant
 };
 
 }  // namespace
@@ -144,6 +167,13 @@ Status Backend::logprobs(const LogprobsParams& p) {
     OSCAR_RETURN_IF_ERROR(logprobs_ref(h));
   }
   return Status();
+}
+
+Status Backend::set_batch_invariant(bool on) {
+  if (!on) return Status();
+  return unimplemented("batch-invariant kernels are not implemented on %s yet (run with "
+                       "--device cpu, or without --enable-deterministic-inference)",
+                       device_name(device()));
 }
 
 Status Backend::moe_route(const MoeRouteParams& p) {

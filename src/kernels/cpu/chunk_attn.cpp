@@ -15,6 +15,7 @@
 namespace oscar::kernels {
 
 Status validate_chunk_attn(const ChunkAttnParams& p);
+Status chunk_attn_invariant(const ChunkAttnParams& p);  // cpu/chunk_attn_invariant.cpp
 
 namespace {
 
@@ -33,6 +34,7 @@ struct Zone {
 
 Status chunk_attn(const ChunkAttnParams& p) {
   OSCAR_RETURN_IF_ERROR(validate_chunk_attn(p));
+  if (p.batch_invariant) return chunk_attn_invariant(p);
   const int d = p.head_dim;
   const int gqa = p.n_heads_q / p.n_heads_kv;
   const int n_blocks = (p.n_queries + kQueryBlock - 1) / kQueryBlock;

@@ -750,15 +750,20 @@ Status decode_attn(const DecodeAttnParams& p) {
   if (gqa > kMaxGqa)
     return invalid_argument("decode_attn: gqa_ratio %d > %d (fast path)", gqa, kMaxGqa);
 
+  auto seq_tokens = [&](int s) {
+    return p.sinks.seq_len(s, L.page_size) + p.history.seq_len(s, L.page_size) +
+           p.recent.seq_len(s, L.page_size);
+  };
   int64_t total = 0;
-  for (int s = 0; s < p.n_seqs; ++s)
-    total += p.sinks.seq_len(s, L.page_size) + p.history.seq_len(s, L.page_size) +
-             p.recent.seq_len(s, L.page_size);
-  const int64_t chunk = auto_chunk_tokens(p, total);
+  for (int s = 0; s < p.n_seqs; ++s) total += seq_tokens(s);
+  // Batch-invariant: a sequence's chunk size follows from its own length only, so its split-KV
+  // partials, and the order merge_attn_states combines them in, do not depend on the batch.
+  const int64_t batch_chunk = auto_chunk_tokens(p, total);
   // Chunks sequence by sequence, so that each sequence's partials are contiguous.
   std::vector<Chunk> chunks;
   std::vector<int32_t> seq_parts(static_cast<size_t>(p.n_seqs) + 1, 0);  // [n_seqs + 1] offsets
   for (int s = 0; s < p.n_seqs; ++s) {
+    const int64_t chunk = p.batch_invariant ? auto_chunk_tokens(p, seq_tokens(s)) : batch_chunk;
     auto add = [&](const PageTableView& seg, SegKind kind) {
       const int64_t n = seg.seq_len(s, L.page_size);
       for (int64_t b = 0; b < n; b += chunk)

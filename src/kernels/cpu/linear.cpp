@@ -23,6 +23,7 @@ namespace {
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 constexpr int64_t kBlockRows = 64;   // weight rows per task
+constexpr int64_t kXBlockRows = 64;  // x rows per task
 constexpr int64_t kFewRows = 8;      // up to this many x rows: the streaming kernel
 constexpr int kXTile = 4;            // x rows served by one pass over a weight row
 
@@ -86,20 +87,24 @@ void rows_dot(const float* x, int64_t ldx, const T* w, int64_t in, int64_t r0, i
   }
 }
 
-// The decode-rows loop: blocks of kBlockRows weight rows over the threads, each block against
-// kXTile rows of x at a time. dot(nx, x, r0, r1, y) runs one block for nx (a
-// std::integral_constant) rows of x starting at x, writing y.
+// The streaming loop: tasks of kBlockRows weight rows by kXBlockRows rows of x over the threads
+// (a weight block and an x block stay in the core's cache), each task kXTile rows of x at a time.
+// dot(nx, x, r0, r1, y) runs one weight block for nx (a std::integral_constant) rows of x
+// starting at x, writing y. Every y[i, r] is one dot() chain whatever the tile, the task or the
+// thread, so a row's result does not depend on the other rows of the call (batch invariance).
 template <class Dot>
-void few_rows_loop(const LinearParams& p, const float* x, Dot&& dot) {
+void rows_loop(const LinearParams& p, const float* x, Dot&& dot) {
   const int64_t in = p.w.cols, out = p.w.rows;
   const int64_t n_blocks = (out + kBlockRows - 1) / kBlockRows;
-#pragma omp parallel for schedule(static) if (n_blocks > 1 && p.n * out * in >= (int64_t{1} << 15))
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const int64_t r0 = b * kBlockRows, r1 = std::min(out, r0 + kBlockRows);
-    for (int64_t i = 0; i < p.n; i += kXTile) {
+  const int64_t n_tasks = n_blocks * ((p.n + kXBlockRows - 1) / kXBlockRows);
+#pragma omp parallel for schedule(static) if (n_tasks > 1 && p.n * out * in >= (int64_t{1} << 15))
+  for (int64_t t = 0; t < n_tasks; ++t) {
+    const int64_t r0 = (t % n_blocks) * kBlockRows, r1 = std::min(out, r0 + kBlockRows);
+    const int64_t i0 = (t / n_blocks) * kXBlockRows, i1 = std::min(p.n, i0 + kXBlockRows);
+    for (int64_t i = i0; i < i1; i += kXTile) {
       const float* xi = x + i * in;
       float* y = p.y + i * out;
-      switch (std::min<int64_t>(kXTile, p.n - i)) {
+      switch (std::min<int64_t>(kXTile, i1 - i)) {
         case 1:
           dot(std::integral_constant<int, 1>{}, xi, r0, r1, y);
           break;
@@ -118,10 +123,10 @@ void few_rows_loop(const LinearParams& p, const float* x, Dot&& dot) {
 }
 
 template <typename T>
-void few_rows(const LinearParams& p) {
+void streaming(const LinearParams& p) {
   const int64_t in = p.w.cols, out = p.w.rows;
   const T* w = static_cast<const T*>(p.w.data);
-  few_rows_loop(p, p.x, [&](auto nx, const float* x, int64_t r0, int64_t r1, float* y) {
+  rows_loop(p, p.x, [&](auto nx, const float* x, int64_t r0, int64_t r1, float* y) {
     rows_dot<T, decltype(nx)::value>(x, in, w, in, r0, r1, y, out);
   });
 }
@@ -151,8 +156,8 @@ void rows_dot_bf16_split(const float* xs, int64_t ldx, const bf16_t* w, int64_t 
 }
 #endif
 
-// BF16 weights, decode rows.
-void few_rows_bf16(const LinearParams& p) {
+// BF16 weights.
+void streaming_bf16(const LinearParams& p) {
 #ifdef OSCAR_LINEAR_AVX2
   if (p.w.cols % 16 == 0) {
     const int64_t in = p.w.cols, out = p.w.rows;
@@ -160,13 +165,13 @@ void few_rows_bf16(const LinearParams& p) {
     thread_local std::vector<float> xs;
     xs.resize(static_cast<size_t>(p.n * in));
     simd::split_16(p.x, p.n * in, xs.data());
-    few_rows_loop(p, xs.data(), [&](auto nx, const float* x, int64_t r0, int64_t r1, float* y) {
+    rows_loop(p, xs.data(), [&](auto nx, const float* x, int64_t r0, int64_t r1, float* y) {
       rows_dot_bf16_split<decltype(nx)::value>(x, in, w, in, r0, r1, y, out);
     });
     return;
   }
 #endif
-  few_rows<bf16_t>(p);
+  streaming<bf16_t>(p);
 }
 
 void many_rows(const LinearParams& p) {
@@ -212,10 +217,10 @@ Status linear_ref(const LinearParams& p) {
 Status linear(const LinearParams& p) {
   OSCAR_RETURN_IF_ERROR(check(p));
   if (p.n == 0) return Status();
-  if (p.n <= kFewRows) {
+  if (p.n <= kFewRows || p.batch_invariant) {
     if (p.w.dtype == DType::kBF16)
-      few_rows_bf16(p);
-    else few_rows<float>(p);
+      streaming_bf16(p);
+    else streaming<float>(p);
   } else {
     many_rows(p);
   }

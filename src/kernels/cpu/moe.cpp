@@ -62,6 +62,7 @@ Status run_expert(const MoeFfnParams& p, const FfnWork& w, int32_t e, int64_t r0
   g.n = rows;
   g.w = p.gate.expert(e);
   g.y = w.gate + r0 * inter;
+  g.batch_invariant = p.batch_invariant;  // an expert's row count depends on the batch
   LinearParams u = g;
   u.w = p.up.expert(e);
   u.y = w.up + r0 * inter;
@@ -73,6 +74,7 @@ Status run_expert(const MoeFfnParams& p, const FfnWork& w, int32_t e, int64_t r0
   d.n = rows;
   d.w = p.down.expert(e);
   d.y = w.xs + r0 * hidden;  // gate/up have read these rows
+  d.batch_invariant = p.batch_invariant;
   return linear(d);
 }
 

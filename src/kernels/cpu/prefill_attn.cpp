@@ -142,6 +142,7 @@ Status prefill_attn(const PrefillAttnParams& p) {
     c.ld_keys = n_keys;
     c.deq_end = s.deq_end.data();
     c.out = p.out + row0;
+    c.batch_invariant = p.batch_invariant;
     OSCAR_RETURN_IF_ERROR(chunk_attn(c));
   }
   return Status();
