@@ -34,6 +34,7 @@
 #include "engine/runtime.h"
 #include "format/model_config.h"
 #include "format/safetensors.h"
+#include "float64_model.h"
 
 namespace oscar {
 namespace {
@@ -44,7 +45,12 @@ constexpr double kLogitTolBf16 = 0.1;
 constexpr double kMinCosBf16 = 0.9999;
 constexpr double kMinRouterMargin = 1e-4;
 
-using Vec = std::vector<double>;
+using test::add;
+using test::expect_close;
+using test::matmul;
+using test::random_tokens;
+using test::silu;
+using test::Vec;
 
 // The float64 reference: Hugging Face's Qwen3MoeForCausalLM, operation by operation.
 class Reference {
@@ -115,17 +121,6 @@ class Reference {
     EXPECT_NE(it, w_.end()) << name;
     return it->second;
   }
-  // y[n, out] = x[n, in] W[out, in]^T
-  static Vec matmul(const Vec& x, int64_t n, const Vec& W, int64_t out, int64_t in) {
-    Vec y(static_cast<size_t>(n * out), 0.0);
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t r = 0; r < out; ++r) {
-        double acc = 0;
-        for (int64_t c = 0; c < in; ++c) acc += x[i * in + c] * W[r * in + c];
-        y[i * out + r] = acc;
-      }
-    return y;
-  }
   Vec rms_norm(const Vec& x, int64_t rows, int64_t dim, const Vec& g) const {
     Vec y(x.size());
     for (int64_t r = 0; r < rows; ++r) {
@@ -151,10 +146,6 @@ class Reference {
         }
       }
   }
-  static void add(Vec& x, const Vec& y) {
-    for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
-  }
-  static double silu(double g) { return g / (1.0 + std::exp(-g)); }
   // down(silu(gate h) * up h) of each row with the given matrices.
   static Vec swiglu(const Vec& h, int64_t T, const Vec& gate, const Vec& up, const Vec& down,
                     int64_t inter, int64_t H) {
@@ -209,40 +200,6 @@ std::unique_ptr<engine::Runtime> make_runtime(const std::string& mode, bool dumm
   auto rt = engine::Runtime::create(o);
   EXPECT_TRUE(rt.ok()) << rt.status().to_string();
   return rt.ok() ? std::move(rt).value() : nullptr;
-}
-
-std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int vocab) {
-  std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int32_t& t : ids) t = pick(rng);
-  return ids;
-}
-
-// got [rows, vocab] against want (float64) rows [row0, row0 + rows).
-void expect_close(const std::vector<float>& got, const Vec& want, int64_t row0, int64_t rows,
-                  int vocab, double tol, const std::string& what,
-                  double min_cos_allowed = 1 - 1e-6) {
-  ASSERT_EQ(got.size(), static_cast<size_t>(rows * vocab)) << what;
-  double max_err = 0, min_cos = 1;
-  int64_t worst = -1;
-  for (int64_t r = 0; r < rows; ++r) {
-    double dot = 0, ng = 0, nw = 0;
-    for (int c = 0; c < vocab; ++c) {
-      const double a = got[r * vocab + c], b = want[(row0 + r) * vocab + c];
-      if (std::fabs(a - b) > max_err) {
-        max_err = std::fabs(a - b);
-        worst = r * vocab + c;
-      }
-      dot += a * b;
-      ng += a * a;
-      nw += b * b;
-    }
-    min_cos = std::min(min_cos, dot / std::sqrt(ng * nw));
-  }
-  std::printf("%-28s max_abs %.3g min_cos %.9f\n", what.c_str(), max_err, min_cos);
-  EXPECT_LE(max_err, tol) << what << ": first worst at row " << worst / vocab << " token "
-                          << worst % vocab;
-  EXPECT_GE(min_cos, min_cos_allowed) << what;
 }
 
 TEST(MoeModel, TinyCheckpointShape) {
