@@ -62,13 +62,16 @@ struct Collector {
 };
 
 // A scheduler over the embedded model; `prepare` may change the runtime (fault injection) first.
+// budget_kib > 0 overrides budget_mib (a model whose pages are small: the hybrid's one KV layer).
 std::unique_ptr<Scheduler> make_scheduler_with(const std::string& mode, const SchedulerOptions& so,
                                                const std::function<void(Runtime&)>& prepare = {},
-                                               size_t budget_mib = 64) {
+                                               size_t budget_mib = 64,
+                                               const std::string& model = kModel,
+                                               size_t budget_kib = 0) {
   RuntimeOptions o;
-  o.model_dir = kModel;
+  o.model_dir = model;
   o.cache_mode = mode;
-  o.kv_budget_bytes = budget_mib << 20;
+  o.kv_budget_bytes = budget_kib > 0 ? budget_kib << 10 : budget_mib << 20;
   auto rt = Runtime::create(o);
   EXPECT_TRUE(rt.ok()) << rt.status().to_string();
   if (prepare) prepare(*rt.value());
@@ -846,10 +849,11 @@ TEST(Scheduler, MemoryFollowsUseManyRequestsSmallPool) {
 // later one is preempted, recomputes prompt + output, and resumes with exactly the tokens it gives
 // alone (greedy and seeded sampling: the draw index is the output index), streamed once.
 void check_preemption_resumes(const std::string& mode, bool prefix_cache, size_t budget_mib,
-                              int prompt_tokens, int max_tokens) {
+                              int prompt_tokens, int max_tokens, const std::string& model = kModel,
+                              size_t budget_kib = 0) {
   SchedulerOptions so;
   so.prefix_cache = prefix_cache;
-  auto sched = make_scheduler_with(mode, so, {}, budget_mib);
+  auto sched = make_scheduler_with(mode, so, {}, budget_mib, model, budget_kib);
   std::vector<GenerationRequest> reqs;
   reqs.push_back(greedy("a", repeated(*sched, "def add(a, b):\n    return a + b\n", prompt_tokens),
                         max_tokens));
@@ -899,6 +903,14 @@ TEST(Scheduler, PreemptionResumesExactly) {
 
 TEST(Scheduler, PreemptionResumesExactlyWithPrefixCache) {
   check_preemption_resumes("bf16", /*prefix_cache=*/true, 1, 20, 90);
+}
+
+// The hybrid Qwen3.5 (models/tiny-qwen3-5): its one KV layer has 16 KiB BF16 pages, so 128 KiB
+// is the same 8 pages. A preempted sequence drops its DeltaNet state with its pages and recomputes
+// both; the prefix cache (asked for) stays off for hybrids.
+TEST(Scheduler, PreemptionResumesExactlyHybrid) {
+  check_preemption_resumes("bf16", /*prefix_cache=*/false, 0, 20, 90, "models/tiny-qwen3-5", 128);
+  check_preemption_resumes("bf16", /*prefix_cache=*/true, 0, 20, 90, "models/tiny-qwen3-5", 128);
 }
 
 // max_waiting bounds the requests that wait for admission: one more is refused with
