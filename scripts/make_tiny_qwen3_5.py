@@ -31,7 +31,8 @@ import json
 import math
 import os
 import random
-import struct
+
+from make_tiny_moe import write_safetensors  # the same BF16 safetensors writer
 
 VOCAB, HIDDEN, INTER, LAYERS = 8192, 64, 128, 4
 HEADS_Q, HEADS_KV, HEAD_DIM, ROTARY_FACTOR = 2, 1, 256, 0.25
@@ -112,16 +113,6 @@ def vl_config():
     }
 
 
-def bf16_bytes(values):
-    """float values -> little-endian BF16 bytes, rounded to nearest even."""
-    out = bytearray(2 * len(values))
-    for i, v in enumerate(values):
-        (u,) = struct.unpack("<I", struct.pack("<f", v))
-        u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-        struct.pack_into("<H", out, 2 * i, u & 0xFFFF)
-    return bytes(out)
-
-
 def tensors(rng):
     """(name under model., shape, values) of the text model, in a fixed order."""
     out = []
@@ -177,29 +168,13 @@ def vision_tensors(rng):
     return out
 
 
-def write_safetensors(path, items):
-    header, blobs, offset = {}, [], 0
-    for name, shape, values in items:
-        data = bf16_bytes(values)
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    header["__metadata__"] = {"format": "pt", "created_by": "scripts/make_tiny_qwen3_5.py"}
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
-
-
 def write_dir(out, config, items):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
-    write_safetensors(os.path.join(out, "model.safetensors"), items)
+    write_safetensors(os.path.join(out, "model.safetensors"), items,
+                      created_by="scripts/make_tiny_qwen3_5.py")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         link = os.path.join(out, name)
         if not os.path.lexists(link):

@@ -46,26 +46,19 @@ constexpr double kMinCosBf16 = 0.9999;
 constexpr double kMinRouterMargin = 1e-4;
 
 using test::add;
+using test::causal_attention;
 using test::expect_close;
 using test::matmul;
 using test::random_tokens;
+using test::rms_norm;
+using test::rope;
 using test::silu;
 using test::Vec;
 
 // The float64 reference: Hugging Face's Qwen3MoeForCausalLM, operation by operation.
 class Reference {
  public:
-  explicit Reference(const std::string& dir) {
-    auto config = format::ModelConfig::load(dir);
-    EXPECT_TRUE(config.ok()) << config.status().to_string();
-    c_ = config.value();
-    auto ckpt = format::Checkpoint::open(dir);
-    EXPECT_TRUE(ckpt.ok()) << ckpt.status().to_string();
-    for (const format::TensorView* t : ckpt->all()) {
-      const std::vector<float> f = t->to_f32();
-      w_[t->name] = Vec(f.begin(), f.end());
-    }
-  }
+  explicit Reference(const std::string& dir) : ckpt_(dir), c_(ckpt_.config()) {}
   const format::ModelConfig& config() const { return c_; }
   double min_router_margin() const { return min_margin_; }
 
@@ -73,79 +66,32 @@ class Reference {
   Vec forward(const std::vector<int32_t>& ids) {
     const int64_t T = static_cast<int64_t>(ids.size()), H = c_.hidden_size, d = c_.head_dim;
     const int Hq = c_.n_heads_q, Hkv = c_.n_heads_kv;
+    const double eps = c_.rms_norm_eps;
     const Vec& embed = w("model.embed_tokens.weight");
     Vec x(static_cast<size_t>(T * H));
     for (int64_t t = 0; t < T; ++t) std::copy_n(embed.begin() + ids[t] * H, H, x.begin() + t * H);
     for (int l = 0; l < c_.n_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
-      Vec h = rms_norm(x, T, H, w(p + "input_layernorm.weight"));
+      Vec h = rms_norm(x, T, H, w(p + "input_layernorm.weight"), eps);
       Vec q = matmul(h, T, w(p + "self_attn.q_proj.weight"), c_.q_dim, H);
       Vec k = matmul(h, T, w(p + "self_attn.k_proj.weight"), c_.kv_dim, H);
       Vec v = matmul(h, T, w(p + "self_attn.v_proj.weight"), c_.kv_dim, H);
-      q = rms_norm(q, T * Hq, d, w(p + "self_attn.q_norm.weight"));
-      k = rms_norm(k, T * Hkv, d, w(p + "self_attn.k_norm.weight"));
-      rope(q, T, Hq);
-      rope(k, T, Hkv);
-      Vec attn(static_cast<size_t>(T * c_.q_dim), 0.0);
-      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-      for (int64_t t = 0; t < T; ++t)
-        for (int hq = 0; hq < Hq; ++hq) {
-          const int g = hq / c_.gqa_ratio;
-          const double* qr = &q[(t * Hq + hq) * d];
-          Vec s(static_cast<size_t>(t + 1));
-          double m = -INFINITY;
-          for (int64_t u = 0; u <= t; ++u) {
-            double dot = 0;
-            for (int64_t i = 0; i < d; ++i) dot += qr[i] * k[(u * Hkv + g) * d + i];
-            s[u] = dot * scale;
-            m = std::max(m, s[u]);
-          }
-          double z = 0;
-          for (double& e : s) z += (e = std::exp(e - m));
-          for (int64_t u = 0; u <= t; ++u)
-            for (int64_t i = 0; i < d; ++i)
-              attn[(t * Hq + hq) * d + i] += s[u] / z * v[(u * Hkv + g) * d + i];
-        }
+      q = rms_norm(q, T * Hq, d, w(p + "self_attn.q_norm.weight"), eps);
+      k = rms_norm(k, T * Hkv, d, w(p + "self_attn.k_norm.weight"), eps);
+      rope(q, T, Hq, d, d, c_.rope_theta);
+      rope(k, T, Hkv, d, d, c_.rope_theta);
+      const Vec attn = causal_attention(q, k, v, T, Hq, Hkv, d);
       add(x, matmul(attn, T, w(p + "self_attn.o_proj.weight"), H, c_.q_dim));
-      h = rms_norm(x, T, H, w(p + "post_attention_layernorm.weight"));
+      h = rms_norm(x, T, H, w(p + "post_attention_layernorm.weight"), eps);
       add(x, c_.moe_layer(l) ? moe(h, T, p) : dense(h, T, p));
     }
-    const Vec h = rms_norm(x, T, H, w("model.norm.weight"));
+    const Vec h = rms_norm(x, T, H, w("model.norm.weight"), eps);
     const Vec& head = c_.tie_word_embeddings ? embed : w("lm_head.weight");
     return matmul(h, T, head, c_.vocab_size, H);
   }
 
  private:
-  const Vec& w(const std::string& name) const {
-    auto it = w_.find(name);
-    EXPECT_NE(it, w_.end()) << name;
-    return it->second;
-  }
-  Vec rms_norm(const Vec& x, int64_t rows, int64_t dim, const Vec& g) const {
-    Vec y(x.size());
-    for (int64_t r = 0; r < rows; ++r) {
-      double ss = 0;
-      for (int64_t i = 0; i < dim; ++i) ss += x[r * dim + i] * x[r * dim + i];
-      const double inv = 1.0 / std::sqrt(ss / dim + c_.rms_norm_eps);
-      for (int64_t i = 0; i < dim; ++i) y[r * dim + i] = g[i] * (x[r * dim + i] * inv);
-    }
-    return y;
-  }
-  // rotate_half RoPE at positions 0 .. T-1.
-  void rope(Vec& x, int64_t T, int heads) const {
-    const int64_t d = c_.head_dim, half = d / 2;
-    for (int64_t t = 0; t < T; ++t)
-      for (int hh = 0; hh < heads; ++hh) {
-        double* r = &x[(t * heads + hh) * d];
-        for (int64_t i = 0; i < half; ++i) {
-          const double inv_freq = 1.0 / std::pow(c_.rope_theta, static_cast<double>(2 * i) / d);
-          const double a = t * inv_freq, co = std::cos(a), si = std::sin(a);
-          const double x0 = r[i], x1 = r[i + half];
-          r[i] = x0 * co - x1 * si;
-          r[i + half] = x1 * co + x0 * si;
-        }
-      }
-  }
+  const Vec& w(const std::string& name) const { return ckpt_.w(name); }
   // down(silu(gate h) * up h) of each row with the given matrices.
   static Vec swiglu(const Vec& h, int64_t T, const Vec& gate, const Vec& up, const Vec& down,
                     int64_t inter, int64_t H) {
@@ -185,8 +131,8 @@ class Reference {
     return y;
   }
 
-  format::ModelConfig c_;
-  std::map<std::string, Vec> w_;
+  test::Float64Checkpoint ckpt_;
+  const format::ModelConfig& c_;
   double min_margin_ = INFINITY;
 };
 

@@ -28,7 +28,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -43,9 +42,12 @@ namespace oscar {
 namespace {
 
 using test::add;
+using test::causal_attention;
 using test::expect_close;
 using test::matmul;
 using test::random_tokens;
+using test::rms_norm;
+using test::rope;
 using test::silu;
 using test::Vec;
 
@@ -61,17 +63,7 @@ double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 // The float64 reference: transformers' Qwen3_5ForCausalLM, operation by operation.
 class Reference {
  public:
-  explicit Reference(const std::string& dir) {
-    auto config = format::ModelConfig::load(dir);
-    EXPECT_TRUE(config.ok()) << config.status().to_string();
-    c_ = config.value();
-    auto ckpt = format::Checkpoint::open(dir);
-    EXPECT_TRUE(ckpt.ok()) << ckpt.status().to_string();
-    for (const format::TensorView* t : ckpt->all()) {
-      const std::vector<float> f = t->to_f32();
-      w_[t->name] = Vec(f.begin(), f.end());
-    }
-  }
+  explicit Reference(const std::string& dir) : ckpt_(dir), c_(ckpt_.config()) {}
   const format::ModelConfig& config() const { return c_; }
 
   // Logits [T, vocab] of one sequence from position 0.
@@ -82,40 +74,24 @@ class Reference {
     for (int64_t t = 0; t < T; ++t) std::copy_n(embed.begin() + ids[t] * H, H, x.begin() + t * H);
     for (int l = 0; l < c_.n_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
-      Vec h = rms_norm_zc(x, T, H, w(p + "input_layernorm.weight"));
+      Vec h = norm_zc(x, T, H, w(p + "input_layernorm.weight"));
       add(x, c_.linear(l) ? delta_net(h, T, p + "linear_attn.") : attention(h, T, p + "self_attn."));
-      h = rms_norm_zc(x, T, H, w(p + "post_attention_layernorm.weight"));
+      h = norm_zc(x, T, H, w(p + "post_attention_layernorm.weight"));
       const Vec g = matmul(h, T, w(p + "mlp.gate_proj.weight"), c_.intermediate_size, H);
       const Vec u = matmul(h, T, w(p + "mlp.up_proj.weight"), c_.intermediate_size, H);
       Vec a(g.size());
       for (size_t i = 0; i < a.size(); ++i) a[i] = silu(g[i]) * u[i];
       add(x, matmul(a, T, w(p + "mlp.down_proj.weight"), H, c_.intermediate_size));
     }
-    const Vec h = rms_norm_zc(x, T, H, w("model.norm.weight"));
+    const Vec h = norm_zc(x, T, H, w("model.norm.weight"));
     return matmul(h, T, embed, c_.vocab_size, H);  // tied lm_head
   }
 
  private:
-  const Vec& w(const std::string& name) const {
-    auto it = w_.find(name);
-    EXPECT_NE(it, w_.end()) << name;
-    static const Vec empty;
-    return it == w_.end() ? empty : it->second;
-  }
-  // x / sqrt(mean(x²) + eps) · scale(w): Qwen3_5RMSNorm's (1 + w) or the gated norm's plain w.
-  Vec rms_norm(const Vec& x, int64_t rows, int64_t dim, const Vec& g, bool zero_centred) const {
-    Vec y(x.size());
-    for (int64_t r = 0; r < rows; ++r) {
-      double ss = 0;
-      for (int64_t i = 0; i < dim; ++i) ss += x[r * dim + i] * x[r * dim + i];
-      const double inv = 1.0 / std::sqrt(ss / dim + c_.rms_norm_eps);
-      for (int64_t i = 0; i < dim; ++i)
-        y[r * dim + i] = x[r * dim + i] * inv * (zero_centred ? 1.0 + g[i] : g[i]);
-    }
-    return y;
-  }
-  Vec rms_norm_zc(const Vec& x, int64_t rows, int64_t dim, const Vec& g) const {
-    return rms_norm(x, rows, dim, g, true);
+  const Vec& w(const std::string& name) const { return ckpt_.w(name); }
+  // Qwen3_5RMSNorm: x / sqrt(mean(x²) + eps) · (1 + w).
+  Vec norm_zc(const Vec& x, int64_t rows, int64_t dim, const Vec& g) const {
+    return rms_norm(x, rows, dim, g, c_.rms_norm_eps, 1.0);
   }
 
   // Qwen3_5Attention: q_proj viewed [T, heads, 2·d] and chunked into query and gate; q/k norms;
@@ -134,47 +110,13 @@ class Reference {
         }
     Vec k = matmul(h, T, w(p + "k_proj.weight"), c_.kv_dim, H);
     const Vec v = matmul(h, T, w(p + "v_proj.weight"), c_.kv_dim, H);
-    q = rms_norm_zc(q, T * Hq, d, w(p + "q_norm.weight"));
-    k = rms_norm_zc(k, T * Hkv, d, w(p + "k_norm.weight"));
-    rope(q, T, Hq);
-    rope(k, T, Hkv);
-    Vec attn(static_cast<size_t>(T * c_.q_dim), 0.0);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    for (int64_t t = 0; t < T; ++t)
-      for (int hq = 0; hq < Hq; ++hq) {
-        const int g = hq / c_.gqa_ratio;
-        const double* qr = &q[(t * Hq + hq) * d];
-        Vec s(static_cast<size_t>(t + 1));
-        double m = -INFINITY;
-        for (int64_t u = 0; u <= t; ++u) {
-          double dot = 0;
-          for (int64_t i = 0; i < d; ++i) dot += qr[i] * k[(u * Hkv + g) * d + i];
-          s[u] = dot * scale;
-          m = std::max(m, s[u]);
-        }
-        double z = 0;
-        for (double& e : s) z += (e = std::exp(e - m));
-        for (int64_t u = 0; u <= t; ++u)
-          for (int64_t i = 0; i < d; ++i)
-            attn[(t * Hq + hq) * d + i] += s[u] / z * v[(u * Hkv + g) * d + i];
-      }
+    q = norm_zc(q, T * Hq, d, w(p + "q_norm.weight"));
+    k = norm_zc(k, T * Hkv, d, w(p + "k_norm.weight"));
+    rope(q, T, Hq, d, c_.rotary_dim, c_.rope_theta);
+    rope(k, T, Hkv, d, c_.rotary_dim, c_.rope_theta);
+    Vec attn = causal_attention(q, k, v, T, Hq, Hkv, d);
     for (size_t i = 0; i < attn.size(); ++i) attn[i] *= sigmoid(gate[i]);
     return matmul(attn, T, w(p + "o_proj.weight"), H, c_.q_dim);
-  }
-  // rotate_half on dims [0, rotary_dim) at positions 0 .. T-1, inv_freq over rotary_dim.
-  void rope(Vec& x, int64_t T, int heads) const {
-    const int64_t d = c_.head_dim, rd = c_.rotary_dim, half = rd / 2;
-    for (int64_t t = 0; t < T; ++t)
-      for (int hh = 0; hh < heads; ++hh) {
-        double* r = &x[(t * heads + hh) * d];
-        for (int64_t i = 0; i < half; ++i) {
-          const double inv_freq = 1.0 / std::pow(c_.rope_theta, static_cast<double>(2 * i) / rd);
-          const double a = t * inv_freq, co = std::cos(a), si = std::sin(a);
-          const double x0 = r[i], x1 = r[i + half];
-          r[i] = x0 * co - x1 * si;
-          r[i + half] = x1 * co + x0 * si;
-        }
-      }
   }
 
   // Qwen3_5GatedDeltaNet: in_proj_qkv, the causal depthwise conv (zero history) with SiLU, q | k
@@ -237,13 +179,13 @@ class Reference {
         }
       }
     }
-    Vec normed = rms_norm(o, T * Hv, dv, w(p + "norm.weight"), false);
+    Vec normed = rms_norm(o, T * Hv, dv, w(p + "norm.weight"), c_.rms_norm_eps);
     for (size_t i = 0; i < normed.size(); ++i) normed[i] *= silu(z[i]);
     return matmul(normed, T, w(p + "out_proj.weight"), H, c_.lin_value_dim);
   }
 
-  format::ModelConfig c_;
-  std::map<std::string, Vec> w_;
+  test::Float64Checkpoint ckpt_;
+  const format::ModelConfig& c_;
 };
 
 std::unique_ptr<engine::Runtime> make_runtime(const std::string& mode,
