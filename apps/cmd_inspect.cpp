@@ -97,7 +97,8 @@ Command add_inspect(CLI::App& app) {
     std::printf("  weights f32 (CPU) %s\n", human_bytes(params * 4).c_str());
     const double bf16_tok = static_cast<double>(c.kv_bytes_per_token_bf16());
     const double int2_tok =
-        2.0 * c.n_kv_layers * c.n_heads_kv * quant::int2_row_bytes(c.head_dim, 128 <= c.head_dim ? 128 : c.head_dim);
+        2.0 * c.n_kv_layers * c.n_heads_kv *
+        quant::int2_row_bytes(c.head_dim, 128 <= c.head_dim ? 128 : c.head_dim);
     std::printf("  KV per token      bf16 %s, int2 (group 128) %s\n", human_bytes(bf16_tok).c_str(),
                 human_bytes(int2_tok).c_str());
     if (c.is_hybrid())

@@ -19,7 +19,8 @@ Two layouts of the same weights:
                     `model.visual.*` tensors (random; a loader of the text model skips them)
 
 Scales: embeddings 0.5, projections 1/sqrt(fan_in); zero-centred RMSNorm weights (the models'
-Qwen3_5RMSNorm computes x·(1 + w)) 0.1·N(0, 1); the gated norm's weight (plain w) 1 + 0.1·N(0, 1);
+Qwen3_5RMSNorm computes x·(1 + w)) 0.1·N(0, 1); the gated norm's weight (plain w)
+1 + 0.1·N(0, 1);
 conv weights 0.5·N(0, 1); A_log = log(U(0.05, 2)) and dt_bias N(0, 0.5) so that the decay
 exp(g) spans forgetting fast and remembering across the 64-token chunks. Weights BF16.
 

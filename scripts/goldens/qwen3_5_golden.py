@@ -82,7 +82,8 @@ def load_vl(path):
     sd = {k: v.float() for k, v in load_file(os.path.join(path, "model.safetensors")).items()
           if not k.startswith("model.visual.")}
     res = model.load_state_dict(sd, strict=False)
-    bad = [k for k in res.missing_keys if not k.startswith("model.visual.") and k != "lm_head.weight"]
+    bad = [k for k in res.missing_keys
+           if not k.startswith("model.visual.") and k != "lm_head.weight"]
     if bad or res.unexpected_keys:
         sys.exit(f"{path}: missing {bad}, unexpected {res.unexpected_keys}")
     model.tie_weights()

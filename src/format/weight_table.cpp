@@ -1,7 +1,8 @@
 // The weight table for Qwen3 / Qwen2 / Llama dense decoders, Qwen3-MoE and the Qwen3.5 hybrids
-// (Gated DeltaNet or gated-attention layers, under "model." or "model.language_model."), and the binding of a
-// checkpoint to it. Binding never stops at the first problem: it lists every missing, mis-shaped, mis-typed and
-// unused tensor (up to a cap) so that one run shows everything wrong with a checkpoint.
+// (Gated DeltaNet or gated-attention layers, under "model." or "model.language_model."), and the
+// binding of a checkpoint to it. Binding never stops at the first problem: it lists every
+// missing, mis-shaped, mis-typed and unused tensor (up to a cap) so that one run shows everything
+// wrong with a checkpoint.
 #include "format/weight_table.h"
 
 #include <set>

@@ -66,8 +66,8 @@ void put_expert(Qwen3Model::Matrix& stack, int e, const format::TensorView* t) {
 // Qwen3.5's q_proj [n_heads · 2 · head_dim, hidden] holds, per head, head_dim query rows then
 // head_dim gate rows (transformers views it as [.., heads, 2 · head_dim] and chunks the last dim):
 // split into the query matrix and the gate matrix, [n_heads · head_dim, hidden] each.
-void split_gated_q(const format::TensorView* t, int n_heads, int64_t head_dim, Qwen3Model::Matrix* q,
-                   Qwen3Model::Matrix* gate) {
+void split_gated_q(const format::TensorView* t, int n_heads, int64_t head_dim,
+                   Qwen3Model::Matrix* q, Qwen3Model::Matrix* gate) {
   const Qwen3Model::Matrix both = to_matrix(t);
   const int64_t cols = both.cols, rows = int64_t{n_heads} * head_dim;
   for (Qwen3Model::Matrix* m : {q, gate}) {

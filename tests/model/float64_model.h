@@ -134,7 +134,7 @@ inline std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int vocab) {
 }
 
 // got [rows, vocab] against want (float64) rows [row0, row0 + rows): every logit within tol and
-// every row's cosine similarity at least min_cos_allowed; prints the max error and the worst cosine.
+// every row's cosine similarity at least min_cos_allowed; prints the max error and worst cosine.
 inline void expect_close(const std::vector<float>& got, const Vec& want, int64_t row0,
                          int64_t rows, int vocab, double tol, const std::string& what,
                          double min_cos_allowed = 1 - 1e-6) {

@@ -19,8 +19,9 @@
 // do not grow; the chunked form differs from the recurrence by a few float32 roundings per chunk
 // (test_gated_delta bounds it). Logits (|z| up to ~15) land within ~1e-4 of the float64 pass
 // through 4 layers (measured: 6e-5 for one prefill of 100 tokens, 1.6e-4 in pieces); we allow
-// kLogitTolF32 = 1e-3 absolute and a cosine above 1 - 1e-6 per row, as test_moe_model does. With a BF16 cache each cached K/V element of the one attention layer is
-// rounded to 2^-9 relative: kLogitTolBf16 = 0.1, cosine above 0.9999 (test_golden's bound).
+// kLogitTolF32 = 1e-3 absolute and a cosine above 1 - 1e-6 per row, as test_moe_model does.
+// With a BF16 cache each cached K/V element of the one attention layer is rounded to 2^-9
+// relative: kLogitTolBf16 = 0.1, cosine above 0.9999 (test_golden's bound; measured 0.014).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -75,7 +76,8 @@ class Reference {
     for (int l = 0; l < c_.n_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       Vec h = norm_zc(x, T, H, w(p + "input_layernorm.weight"));
-      add(x, c_.linear(l) ? delta_net(h, T, p + "linear_attn.") : attention(h, T, p + "self_attn."));
+      add(x, c_.linear(l) ? delta_net(h, T, p + "linear_attn.")
+                          : attention(h, T, p + "self_attn."));
       h = norm_zc(x, T, H, w(p + "post_attention_layernorm.weight"));
       const Vec g = matmul(h, T, w(p + "mlp.gate_proj.weight"), c_.intermediate_size, H);
       const Vec u = matmul(h, T, w(p + "mlp.up_proj.weight"), c_.intermediate_size, H);
@@ -362,7 +364,8 @@ TEST(Qwen3_5Model, HuggingFaceGolden) {
     const std::vector<float> cols = cols_t->to_f32();
     std::vector<float> got_cols(static_cast<size_t>(T * n_cols));
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < n_cols; ++j) got_cols[t * n_cols + j] = logits[t * vocab + j * stride];
+      for (int64_t j = 0; j < n_cols; ++j)
+        got_cols[t * n_cols + j] = logits[t * vocab + j * stride];
     expect_close(got_cols, Vec(cols.begin(), cols.end()), 0, T, static_cast<int>(n_cols),
                  kLogitTolF32, "golden " + n + " columns");
     const std::vector<float> last = file->find(n + ".logits_last4")->to_f32();
@@ -458,7 +461,8 @@ TEST(Qwen3_5Model, BadCheckpointIsReportedByName) {
   for (const char* expect :
        {"wrong shape model.layers.0.linear_attn.conv1d.weight: expected [192, 1, 3], got "
         "[192, 1, 4]",
-        "missing model.layers.2.self_attn.q_proj.weight", "missing model.layers.3.linear_attn.A_log",
+        "missing model.layers.2.self_attn.q_proj.weight",
+        "missing model.layers.3.linear_attn.A_log",
         "unused model.layers.2.linear_attn.in_proj_qkv.weight",
         "unused model.layers.3.self_attn.k_norm.weight"})
     EXPECT_NE(msg.find(expect), std::string::npos) << expect << "\n" << msg;
