@@ -37,6 +37,8 @@
 namespace oscar::model {
 
 // Sees each layer's attention inputs and outputs during a forward pass (calibration, fidelity).
+// `layer` is the KV cache layer (ModelConfig::kv_layer): the model layer itself except in a
+// hybrid, whose Gated DeltaNet layers have no attention to observe.
 class LayerObserver {
  public:
   virtual ~LayerObserver() = default;
