@@ -201,9 +201,6 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir) {
 Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load_dummy(const format::ModelConfig& config,
                                                            uint64_t seed,
                                                            kernels::Backend* backend) {
-  if (config.is_hybrid())
-    return unimplemented("dummy weights for the hybrid %s are not implemented yet (issue #25 "
-                         "item 6)", config.architecture_name.c_str());
   kernels::Backend& be = backend != nullptr ? *backend : kernels::cpu_backend();
   const bool device = be.device() != Device::kCpu;
   std::unique_ptr<Qwen3Model> m(new Qwen3Model());
@@ -239,29 +236,52 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load_dummy(const format::ModelCo
   m->final_norm_ = ones(H);
   m->layers_.resize(config.n_layers);
   const int64_t E = config.n_experts, MI = config.moe_intermediate_size;
+  int32_t state_layer = 0;
   for (int l = 0; l < config.n_layers; ++l) {
     Layer& L = m->layers_[l];
     L.input_norm = ones(H);
     L.post_norm = ones(H);
-    OSCAR_ASSIGN_OR_RETURN(L.wq, randn(config.q_dim, H));
-    OSCAR_ASSIGN_OR_RETURN(L.wk, randn(config.kv_dim, H));
-    OSCAR_ASSIGN_OR_RETURN(L.wv, randn(config.kv_dim, H));
-    OSCAR_ASSIGN_OR_RETURN(L.wo, randn(H, config.q_dim));
-    if (config.qk_norm) {
-      L.q_norm = ones(config.head_dim);
-      L.k_norm = ones(config.head_dim);
+    if (!config.linear(l)) {  // (a DeltaNet layer's matrices follow its FFN's, as matrices())
+      OSCAR_ASSIGN_OR_RETURN(L.wq, randn(config.q_dim, H));
+      if (config.attn_output_gate) {
+        OSCAR_ASSIGN_OR_RETURN(L.wq_gate, randn(config.q_dim, H));
+      }
+      OSCAR_ASSIGN_OR_RETURN(L.wk, randn(config.kv_dim, H));
+      OSCAR_ASSIGN_OR_RETURN(L.wv, randn(config.kv_dim, H));
+      OSCAR_ASSIGN_OR_RETURN(L.wo, randn(H, config.q_dim));
+      if (config.qk_norm) {
+        L.q_norm = ones(config.head_dim);
+        L.k_norm = ones(config.head_dim);
+      }
     }
     if (!config.moe_layer(l)) {
       OSCAR_ASSIGN_OR_RETURN(L.w_gate, randn(I, H));
       OSCAR_ASSIGN_OR_RETURN(L.w_up, randn(I, H));
       OSCAR_ASSIGN_OR_RETURN(L.w_down, randn(H, I));
-      continue;
+    } else {
+      L.moe = true;
+      OSCAR_ASSIGN_OR_RETURN(L.w_router, randn(E, H));
+      OSCAR_ASSIGN_OR_RETURN(L.w_exp_gate, randn(E * MI, H));
+      OSCAR_ASSIGN_OR_RETURN(L.w_exp_up, randn(E * MI, H));
+      OSCAR_ASSIGN_OR_RETURN(L.w_exp_down, randn(E * H, MI));
     }
-    L.moe = true;
-    OSCAR_ASSIGN_OR_RETURN(L.w_router, randn(E, H));
-    OSCAR_ASSIGN_OR_RETURN(L.w_exp_gate, randn(E * MI, H));
-    OSCAR_ASSIGN_OR_RETURN(L.w_exp_up, randn(E * MI, H));
-    OSCAR_ASSIGN_OR_RETURN(L.w_exp_down, randn(E * H, MI));
+    if (config.linear(l)) {
+      const int64_t hv = config.lin_heads_v;
+      OSCAR_ASSIGN_OR_RETURN(L.lin_qkv, randn(config.lin_conv_dim, H));
+      OSCAR_ASSIGN_OR_RETURN(L.lin_z, randn(config.lin_value_dim, H));
+      OSCAR_ASSIGN_OR_RETURN(L.lin_b, randn(hv, H));
+      OSCAR_ASSIGN_OR_RETURN(L.lin_a, randn(hv, H));
+      OSCAR_ASSIGN_OR_RETURN(L.lin_out, randn(H, config.lin_value_dim));
+      // Conv taps averaging the last K inputs, A = 1 and dt_bias 0 (decay exp(-softplus(a))):
+      // finite states whatever the random projections give.
+      L.lin_conv = std::vector<float>(static_cast<size_t>(config.lin_conv_dim) *
+                                          config.lin_conv_kernel,
+                                      1.0f / static_cast<float>(config.lin_conv_kernel));
+      L.lin_A_log = std::vector<float>(static_cast<size_t>(hv), 0.0f);
+      L.lin_dt_bias = std::vector<float>(static_cast<size_t>(hv), 0.0f);
+      L.lin_norm = ones(config.lin_head_dim_v);
+      L.state_layer = state_layer++;
+    }
   }
   if (into_cpu_buffer) {
     size_t total = 0;

@@ -10,7 +10,8 @@
 //   sequences in one step (decode rows beside prefill chunks, each with its own state slot);
 // - the wrapper's layout gives the same logits bit for bit;
 // - the Hugging Face golden (scripts/goldens/qwen3_5_golden.py), skipped while it is absent;
-// - state slots come back to the pool, prefix adoption is refused, bad checkpoints fail clearly.
+// - state slots come back to the pool, prefix adoption is refused, bad checkpoints fail clearly;
+// - --dummy-weights at this shape (the weight bytes it holds, finite logits).
 //
 // Tolerances. With an f32 KV cache every operation is float32 with float32 accumulation over at
 // most 512 terms (q_dim 512 into o_proj; hidden 64, conv_dim 192, head_dim 256 elsewhere): a few
@@ -436,12 +437,36 @@ TEST(Qwen3_5Model, UnsupportedModesAndDevicesAreRefused) {
   EXPECT_NE(rt.status().message().find("hybrid (Gated DeltaNet) model not implemented on cuda"),
             std::string::npos)
       << rt.status().to_string();
+}
+
+// --dummy-weights: random weights of the hybrid shape, every logit finite, through prefill and
+// decode steps (the DeltaNet states stay bounded).
+TEST(Qwen3_5Model, DummyWeights) {
+  engine::RuntimeOptions o;
+  o.model_dir = kModel;
   o.device = "cpu";
+  o.cache_mode = "bf16";
   o.dummy_weights = true;
-  rt = engine::Runtime::create(o);
-  ASSERT_FALSE(rt.ok());
-  EXPECT_NE(rt.status().message().find("dummy weights for the hybrid"), std::string::npos)
-      << rt.status().to_string();
+  o.kv_budget_bytes = size_t{16} << 20;
+  auto rt = engine::Runtime::create(o);
+  ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+  const format::ModelConfig& c = rt.value()->model().config();
+  // Norm vectors and the DeltaNet's small vectors are float32, everything else BF16.
+  const int64_t vecs = c.hidden_size * (1 + 2 * c.n_layers) + 2 * c.head_dim * c.n_kv_layers +
+                       c.n_linear_layers * (c.lin_conv_dim * c.lin_conv_kernel +
+                                            2 * c.lin_heads_v + c.lin_head_dim_v);
+  EXPECT_EQ(rt.value()->model().weight_bytes(),
+            static_cast<size_t>(2 * (c.n_params() - vecs) + 4 * vecs));
+  auto cache = rt.value()->new_cache();
+  std::vector<float> logits;
+  std::mt19937 rng(3506);
+  const std::vector<int32_t> ids = random_tokens(rng, 90, c.vocab_size);
+  ASSERT_TRUE(rt.value()->model().forward_one(ids, *cache, &logits).ok());
+  for (int step = 0; step < 3; ++step)
+    ASSERT_TRUE(
+        rt.value()->model().forward_one(std::span<const int32_t>(&ids[step], 1), *cache, &logits)
+            .ok());
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
 }
 
 // A checkpoint that does not match: every missing and mis-shaped DeltaNet tensor is named.
