@@ -72,8 +72,15 @@ Command add_inspect(CLI::App& app) {
       std::printf("experts             %d, top-%d%s, width %d; %d of %d layers sparse\n",
                   c.n_experts, c.n_experts_per_tok, c.norm_topk_prob ? " renormalised" : "",
                   c.moe_intermediate_size, c.n_moe_layers, c.n_layers);
+    if (c.is_hybrid())
+      std::printf("layer types         %d full attention (KV cache), %d Gated DeltaNet (%d / %d "
+                  "heads of %d / %d, conv %d)\n",
+                  c.n_kv_layers, c.n_linear_layers, c.lin_heads_k, c.lin_heads_v,
+                  c.lin_head_dim_k, c.lin_head_dim_v, c.lin_conv_kernel);
     std::printf("heads q / kv        %d / %d (gqa %d), head_dim %d\n", c.n_heads_q, c.n_heads_kv,
                 c.gqa_ratio, c.head_dim);
+    if (c.rotary_dim != c.head_dim)
+      std::printf("rotary dims         %d of %d\n", c.rotary_dim, c.head_dim);
     std::printf("vocab               %d\n", c.vocab_size);
     std::printf("rope theta          %g\n", c.rope_theta);
     std::printf("context             %d\n", c.max_position_embeddings);
@@ -90,15 +97,22 @@ Command add_inspect(CLI::App& app) {
     std::printf("  weights f32 (CPU) %s\n", human_bytes(params * 4).c_str());
     const double bf16_tok = static_cast<double>(c.kv_bytes_per_token_bf16());
     const double int2_tok =
-        2.0 * c.n_layers * c.n_heads_kv * quant::int2_row_bytes(c.head_dim, 128 <= c.head_dim ? 128 : c.head_dim);
+        2.0 * c.n_kv_layers * c.n_heads_kv *
+        quant::int2_row_bytes(c.head_dim, 128 <= c.head_dim ? 128 : c.head_dim);
     std::printf("  KV per token      bf16 %s, int2 (group 128) %s\n", human_bytes(bf16_tok).c_str(),
                 human_bytes(int2_tok).c_str());
+    if (c.is_hybrid())
+      std::printf("  DeltaNet state    %s per sequence (float32, any length)\n",
+                  human_bytes(4.0 * c.n_linear_layers *
+                              static_cast<double>(c.conv_state_floats() +
+                                                  c.recurrent_state_floats()))
+                      .c_str());
     for (long ctx : {4096L, 32768L, 131072L}) {
       const double windows = std::min<double>(ctx, 64 + 256);
       const double oscar = windows * bf16_tok + (ctx - windows) * int2_tok;
       std::printf("  KV at %6ld tok   bf16 %s, oscar %s (%.2f bits/element)\n", ctx,
                   human_bytes(bf16_tok * ctx).c_str(), human_bytes(oscar).c_str(),
-                  oscar * 8 / (2.0 * ctx * c.n_layers * c.kv_dim));
+                  oscar * 8 / (2.0 * ctx * c.n_kv_layers * c.kv_dim));
     }
 
     if (!*tensors) return 0;

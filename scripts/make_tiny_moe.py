@@ -107,14 +107,15 @@ def tensors(rng):
     return out
 
 
-def write_safetensors(path, items):
+def write_safetensors(path, items, created_by="scripts/make_tiny_moe.py"):
+    """items: (name, shape, float values), written as BF16 in that order."""
     header, blobs, offset = {}, [], 0
     for name, shape, values in items:
         data = bf16_bytes(values)
         header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)
-    header["__metadata__"] = {"format": "pt", "created_by": "scripts/make_tiny_moe.py"}
+    header["__metadata__"] = {"format": "pt", "created_by": created_by}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * ((8 - len(text) % 8) % 8)
     with open(path, "wb") as f:

@@ -21,7 +21,7 @@
 // Other shapes (issue #25): `--config FILE` runs that config.json instead of the model's (with
 // the model directory's tokenizer and text, so its vocabulary must cover the tokenizer's ids),
 // `--layers N` keeps its first N layers (a real-shape model that does not fit memory, e.g.
-// Qwen3-30B-A3B's 48 layers), `--dummy-weights` draws random weights instead of reading a
+// Qwen3-30B-A3B's 48 layers; a hybrid's layer_types cut to match), `--dummy-weights` draws random weights instead of reading a
 // checkpoint (needed with either). The config copy goes to a temporary directory.
 #include <sys/resource.h>
 #include <unistd.h>
@@ -102,7 +102,9 @@ Status run_once(engine::Runtime& r, const std::vector<int32_t>& all, size_t n, i
 // (0: all), and DIR's tokenizer files.
 std::string config_dir(const std::string& dir, const std::string& config, int layers) {
   std::ifstream in(config.empty() ? dir + "/config.json" : config);
-  nlohmann::json cfg = nlohmann::json::parse(in);
+  nlohmann::json root = nlohmann::json::parse(in);
+  // A multimodal wrapper (Qwen3.5) keeps the language model's fields in text_config.
+  nlohmann::json& cfg = root.contains("text_config") ? root["text_config"] : root;
   if (layers > 0) {
     cfg["num_hidden_layers"] = layers;
     if (cfg.contains("mlp_only_layers") && cfg["mlp_only_layers"].is_array()) {
@@ -111,12 +113,15 @@ std::string config_dir(const std::string& dir, const std::string& config, int la
         if (l.is_number_integer() && l.get<int>() < layers) kept.push_back(l);
       cfg["mlp_only_layers"] = kept;
     }
+    if (cfg.contains("layer_types") && cfg["layer_types"].is_array() &&
+        cfg["layer_types"].size() > static_cast<size_t>(layers))
+      cfg["layer_types"].erase(cfg["layer_types"].begin() + layers, cfg["layer_types"].end());
   }
   const std::string tmp =
       (std::filesystem::temp_directory_path() / ("oscar-bench-model-" + std::to_string(::getpid())))
           .string();
   std::filesystem::create_directories(tmp);
-  std::ofstream(tmp + "/config.json") << cfg.dump(2);
+  std::ofstream(tmp + "/config.json") << root.dump(2);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
     if (std::filesystem::exists(dir + "/" + f))
       std::filesystem::copy_file(dir + "/" + f, tmp + "/" + f,

@@ -294,6 +294,10 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
                             runtime.spec().describe().c_str());
   model::Qwen3Model& model = runtime.model();
   const format::ModelConfig& c = model.config();
+  if (c.is_hybrid())
+    return unimplemented("calibrate: rotation files of hybrid models (%s: %d full-attention "
+                         "layers of %d) are not implemented yet (issue #25 item 4)",
+                         c.architecture_name.c_str(), c.n_kv_layers, c.n_layers);
   const int L = c.n_layers, Hkv = c.n_heads_kv, d = c.head_dim;
   if (!quant::int2_valid_group(d, options.clip.group_size))
     return invalid_argument("calibrate: group size %d is not valid for head_dim %d",

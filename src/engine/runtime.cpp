@@ -31,7 +31,7 @@ std::string default_rotations(const RuntimeOptions& o) {
 // it would for oscar.
 Status apply_auto_mode(const format::ModelConfig& config, RuntimeOptions& o) {
   const std::string path = default_rotations(o);
-  if (!std::filesystem::exists(path)) {
+  if (!std::filesystem::exists(path) || config.is_hybrid()) {  // hybrids: no rotation files yet
     o.cache_mode = "bf16";
     return Status();
   }
@@ -66,7 +66,7 @@ Result<int> recommended_recent(const quant::RotationSet& rot, const std::string&
 Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
                                         const RuntimeOptions& o, quant::CacheMode mode) {
   kv::KvCacheSpec spec;
-  spec.n_layers = config.n_layers;
+  spec.n_layers = config.n_kv_layers;  // a hybrid's full-attention layers only
   spec.n_heads_kv = config.n_heads_kv;
   spec.head_dim = config.head_dim;
   spec.group_size = o.group_size;
@@ -91,7 +91,13 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
           "at 2 bits .. every row at 4, metadata included, group size %d)",
           o.kv_bits, lo, hi, o.group_size);
   }
-  const size_t heads = static_cast<size_t>(config.n_layers) * config.n_heads_kv;
+  if (config.is_hybrid() && quant::cache_mode_is_oscar(mode))
+    return unimplemented(
+        "cache mode %s needs a rotation file for the full-attention layers of %s; calibration "
+        "and rotation files of hybrid models are not implemented yet (issue #25 item 4): use "
+        "bf16, f32, int2-naive, int2-hadamard or kivi2",
+        quant::cache_mode_name(mode), config.architecture_name.c_str());
+  const size_t heads = static_cast<size_t>(spec.n_layers) * config.n_heads_kv;
   const size_t dd = static_cast<size_t>(config.head_dim) * config.head_dim;
 
   if (mode == quant::CacheMode::kInt2Hadamard) {
@@ -189,16 +195,27 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
   RuntimeOptions& o = rt->options_;
   if (o.folded_weights != "auto" && o.folded_weights != "f32" && o.folded_weights != "bf16")
     return invalid_argument("folded weights '%s': auto, f32 or bf16", o.folded_weights.c_str());
-  // MoE models run on the CPU only for now (kernels/moe.h has no CUDA version): `auto` picks the
-  // CPU for them, an explicit device is refused here rather than at the first step.
+  // MoE and hybrid models run on the CPU only for now (kernels/moe.h and gated_delta.h have no
+  // CUDA version): `auto` picks the CPU for them, an explicit device is refused here rather than
+  // at the first step.
   if (o.device != "cpu") {
     Result<format::ModelConfig> config = format::ModelConfig::load(o.model_dir);
-    if (config.ok() && config->is_moe()) {
+    if (config.ok() && (config->is_moe() || config->is_hybrid())) {
       if (o.device != "auto")
-        return unimplemented("%s: MoE not implemented on %s yet; use --device cpu",
-                             config->architecture_name.c_str(), o.device.c_str());
+        return unimplemented("%s: %s not implemented on %s yet; use --device cpu",
+                             config->architecture_name.c_str(),
+                             config->is_moe() ? "MoE" : "the hybrid (Gated DeltaNet) model",
+                             o.device.c_str());
       o.device = "cpu";
     }
+  }
+  if (o.deterministic) {
+    // The Gated DeltaNet's chunked recurrence follows the prefill's chunking: not invariant yet.
+    Result<format::ModelConfig> config = format::ModelConfig::load(o.model_dir);
+    if (config.ok() && config->is_hybrid())
+      return unimplemented(
+          "--enable-deterministic-inference: not for hybrid (Gated DeltaNet) models yet: their "
+          "linear-attention layers' prefill depends on how the prompt is chunked");
   }
   OSCAR_ASSIGN_OR_RETURN(rt->backend_, kernels::make_backend(o.device));
   OSCAR_RETURN_IF_ERROR(rt->backend_->set_batch_invariant(o.deterministic));
@@ -262,6 +279,9 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
     rt->int2_pool_ = std::make_unique<kv::PagePool>("int2", n_hist, layout.int2_page_bytes(),
                                                     rt->int2_storage_.as<uint8_t>());
   }
+  if (config.is_hybrid())
+    rt->state_pool_ = std::make_unique<kv::StatePool>(
+        config.n_linear_layers, config.conv_state_floats(), config.recurrent_state_floats());
   OSCAR_LOG_INFO("runtime: %s", rt->describe().c_str());
   return rt;
 }
@@ -277,12 +297,16 @@ std::string Runtime::describe() const {
   if (int2_pool_)
     s += str_format(" int2_pool_pages=%lld int2_page_bytes=%zu",
                     static_cast<long long>(int2_pool_->n_pages()), int2_pool_->page_bytes());
+  if (state_pool_)
+    s += str_format(" linear_layers=%d kv_layers=%d state_bytes_per_seq=%lld", c.n_linear_layers,
+                    c.n_kv_layers, static_cast<long long>(state_pool_->bytes_per_slot()));
   if (options_.deterministic) s += " deterministic=1";
   return s;
 }
 
 std::unique_ptr<kv::SequenceCache> Runtime::new_cache() {
-  return std::make_unique<kv::SequenceCache>(&spec_, exact_pool_.get(), int2_pool_.get());
+  return std::make_unique<kv::SequenceCache>(&spec_, exact_pool_.get(), int2_pool_.get(),
+                                             state_pool_.get());
 }
 
 }  // namespace oscar::engine

@@ -81,6 +81,8 @@ class Runtime {
   const kv::KvCacheSpec& spec() const { return spec_; }
   kv::PagePool& exact_pool() { return *exact_pool_; }
   kv::PagePool* int2_pool() { return int2_pool_.get(); }
+  // The DeltaNet state slots of a hybrid model (kv/state_pool.h); null otherwise.
+  kv::StatePool* state_pool() { return state_pool_.get(); }
   const RuntimeOptions& options() const { return options_; }
   std::string describe() const;
 
@@ -98,6 +100,7 @@ class Runtime {
   DeviceBuffer exact_storage_, int2_storage_;
   std::unique_ptr<kv::PagePool> exact_pool_;
   std::unique_ptr<kv::PagePool> int2_pool_;
+  std::unique_ptr<kv::StatePool> state_pool_;  // outlives the caches it serves (runtime-owned)
 };
 
 // Builds the cache spec of a mode for a model (rotations loaded or constructed as the mode says).

@@ -187,7 +187,7 @@ Result<FidelityCapture> capture_fidelity(engine::Runtime& runtime, std::span<con
                             options.n_windows, W, tokens.size());
   const format::ModelConfig& cfg = runtime.model().config();
   FidelityCapture cap;
-  cap.n_layers = cfg.n_layers;
+  cap.n_layers = cfg.n_kv_layers;  // the layers with attention (the observer's cache layers)
   cap.n_heads_q = cfg.n_heads_q;
   cap.head_dim = cfg.head_dim;
   cap.hidden = cfg.hidden_size;

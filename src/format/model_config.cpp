@@ -25,8 +25,15 @@ constexpr int kMaxHidden = 1 << 17;
 constexpr int kMaxIntermediate = 1 << 20;
 constexpr int kMaxCount = 1 << 12;  // layers, heads, head_dim, experts
 
+struct Bounded {
+  const char* name;
+  int value;
+  int max;
+};
+
 constexpr const char* kSupported =
-    "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM";
+    "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM, "
+    "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration";
 
 // Reads an integer field that fits int. Absent (or null) -> `fallback` if given, else an error.
 Status get_int(const json& j, const char* key, int* out, const int* fallback = nullptr) {
@@ -149,6 +156,55 @@ Status parse_moe(const json& j, ModelConfig* c) {
   return Status();
 }
 
+Result<ModelConfig> parse_fields(const json& j, ModelConfig c);
+
+// The Qwen3_5TextConfig fields of the hybrid layers. Absent ones take that class's defaults
+// (kernel 4, 16 key heads of 128, 32 value heads of 128, partial_rotary_factor 0.25 at the top
+// level or in rope_parameters). The layer list is checked against num_hidden_layers by validate().
+Status parse_hybrid(const json& j, ModelConfig* c) {
+  const int def_kernel = 4, def_k_heads = 16, def_v_heads = 32, def_dim = 128;
+  OSCAR_RETURN_IF_ERROR(get_int(j, "linear_conv_kernel_dim", &c->lin_conv_kernel, &def_kernel));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "linear_num_key_heads", &c->lin_heads_k, &def_k_heads));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "linear_num_value_heads", &c->lin_heads_v, &def_v_heads));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "linear_key_head_dim", &c->lin_head_dim_k, &def_dim));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "linear_value_head_dim", &c->lin_head_dim_v, &def_dim));
+  c->attn_output_gate = true;  // Qwen3_5Attention always gates (it reads no switch)
+  c->zero_centred_norms = true;
+  double factor = 0.25;
+  OSCAR_RETURN_IF_ERROR(get_number(j, "partial_rotary_factor", &factor));
+  if (auto rp = j.find("rope_parameters"); rp != j.end() && rp->is_object())
+    OSCAR_RETURN_IF_ERROR(get_number(*rp, "partial_rotary_factor", &factor));
+  if (!(factor > 0.0 && factor <= 1.0))
+    return invalid_argument("config.json: partial_rotary_factor %g must be in (0, 1]", factor);
+  c->rotary_dim = static_cast<int>(c->head_dim * factor);  // int() as transformers truncates
+  c->linear_layer.assign(static_cast<size_t>(std::max(0, c->n_layers)), false);
+  if (auto lt = j.find("layer_types"); lt != j.end() && !lt->is_null()) {
+    if (!lt->is_array() || static_cast<int64_t>(lt->size()) != c->n_layers)
+      return invalid_argument("config.json: layer_types must be a list of num_hidden_layers = %d "
+                              "entries, got %s", c->n_layers, lt->dump().substr(0, 60).c_str());
+    for (size_t i = 0; i < lt->size(); ++i) {
+      const json& t = (*lt)[i];
+      const std::string type = t.is_string() ? t.get<std::string>() : "";
+      if (type != "linear_attention" && type != "full_attention")
+        return invalid_argument("config.json: layer_types[%zu] is %s; expected "
+                                "\"linear_attention\" or \"full_attention\"", i,
+                                t.dump().substr(0, 40).c_str());
+      c->linear_layer[i] = type == "linear_attention";
+    }
+  } else {
+    const int def_interval = 4;
+    int interval = 0;
+    OSCAR_RETURN_IF_ERROR(get_int(j, "full_attention_interval", &interval, &def_interval));
+    if (interval <= 0)
+      return invalid_argument("config.json: full_attention_interval %d must be positive",
+                              interval);
+    for (int l = 0; l < c->n_layers; ++l) c->linear_layer[l] = (l + 1) % interval != 0;
+  }
+  if (c->attention_bias)
+    return unimplemented("config.json: attention_bias true in a Qwen3.5 config is not supported");
+  return Status();
+}
+
 Result<ModelConfig> parse(const json& j) {
   if (!j.is_object()) return invalid_argument("config.json: must be a JSON object");
   ModelConfig c;
@@ -173,11 +229,49 @@ Result<ModelConfig> parse(const json& j) {
     c.arch = Architecture::kLlama;
     c.qk_norm = false;
     c.attention_bias = false;
+  } else if (c.architecture_name == "Qwen3_5ForCausalLM" ||
+             c.architecture_name == "Qwen3_5ForConditionalGeneration") {
+    c.arch = Architecture::kQwen3_5;
+    c.qk_norm = true;
+    c.attention_bias = false;
+  } else if (c.architecture_name == "Qwen3NextForCausalLM") {
+    return unimplemented("config.json: Qwen3NextForCausalLM is not supported yet: its fused "
+                         "in_proj_qkvz / in_proj_ba layout and its MoE FFN with a shared expert "
+                         "are not implemented (issue #25); the dense Qwen3.5 hybrids "
+                         "(Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration) are");
+  } else if (c.architecture_name.rfind("Qwen3_5Moe", 0) == 0) {
+    return unimplemented("config.json: %s is not supported yet: MoE hybrids are not implemented "
+                         "(issue #25); the dense Qwen3.5 hybrids are",
+                         c.architecture_name.c_str());
   } else {
     return unimplemented("config.json: architecture '%s' is not supported (supported: %s)",
                          c.architecture_name.c_str(), kSupported);
   }
 
+  // The multimodal wrapper keeps the language model's fields in text_config and its weights
+  // under model.language_model.; the top level adds the vision tower, which oscar does not run.
+  const bool nested = c.architecture_name == "Qwen3_5ForConditionalGeneration";
+  if (nested) {
+    auto tc = j.find("text_config");
+    if (tc == j.end() || !tc->is_object())
+      return invalid_argument("config.json: %s needs a \"text_config\" object",
+                              c.architecture_name.c_str());
+    c.weight_prefix = "model.language_model.";
+    Result<ModelConfig> text = parse_fields(*tc, c);
+    if (!text.ok()) return text.status().with_context("text_config");
+    if (auto tie = j.find("tie_word_embeddings"); tie != j.end() && tie->is_boolean())
+      text->tie_word_embeddings = tie->get<bool>();  // the wrapper's own, as transformers reads it
+    OSCAR_RETURN_IF_ERROR(text->validate());
+    return text;
+  }
+  OSCAR_ASSIGN_OR_RETURN(c, parse_fields(j, c));
+  OSCAR_RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
+// The language model's fields of j (the config, or a wrapper's text_config) into a copy of c,
+// whose architecture is set. Not validated yet.
+Result<ModelConfig> parse_fields(const json& j, ModelConfig c) {
   OSCAR_RETURN_IF_ERROR(get_int(j, "vocab_size", &c.vocab_size));
   OSCAR_RETURN_IF_ERROR(get_int(j, "hidden_size", &c.hidden_size));
   OSCAR_RETURN_IF_ERROR(get_int(j, "intermediate_size", &c.intermediate_size));
@@ -216,7 +310,8 @@ Result<ModelConfig> parse(const json& j) {
   if (sliding)
     return unimplemented("config.json: use_sliding_window is true; sliding-window attention is "
                          "not supported");
-  if (auto lt = j.find("layer_types"); lt != j.end() && lt->is_array()) {
+  if (auto lt = j.find("layer_types"); c.arch != Architecture::kQwen3_5 && lt != j.end() &&
+                                       lt->is_array()) {
     for (size_t i = 0; i < lt->size(); ++i) {
       const json& t = (*lt)[i];
       if (!t.is_string() || t.get<std::string>() != "full_attention")
@@ -229,6 +324,7 @@ Result<ModelConfig> parse(const json& j) {
       return unimplemented("config.json: hidden_act %s is not supported (only silu)",
                            act->dump().c_str());
   }
+  if (c.arch == Architecture::kQwen3_5) OSCAR_RETURN_IF_ERROR(parse_hybrid(j, &c));
   if (c.arch == Architecture::kQwen3Moe) {
     OSCAR_RETURN_IF_ERROR(parse_moe(j, &c));
   } else {
@@ -244,8 +340,6 @@ Result<ModelConfig> parse(const json& j) {
   bool mlp_bias = false;
   OSCAR_RETURN_IF_ERROR(get_bool(j, "mlp_bias", &mlp_bias));
   if (mlp_bias) return unimplemented("config.json: mlp_bias true is not supported");
-
-  OSCAR_RETURN_IF_ERROR(c.validate());
   return c;
 }
 
@@ -281,11 +375,6 @@ Result<ModelConfig> ModelConfig::load(const std::string& model_dir) {
 Status ModelConfig::validate() {
   // Each size must be positive and below a limit far above any real dense model; the limits
   // keep every derived size (q_dim, n_params, KV bytes) far from int64 overflow.
-  struct Bounded {
-    const char* name;
-    int value;
-    int max;
-  };
   for (const Bounded& p : {Bounded{"vocab_size", vocab_size, kMaxVocab},
                            Bounded{"hidden_size", hidden_size, kMaxHidden},
                            Bounded{"intermediate_size", intermediate_size, kMaxIntermediate},
@@ -343,7 +432,55 @@ Status ModelConfig::validate() {
   gqa_ratio = n_heads_q / n_heads_kv;
   q_dim = n_heads_q * head_dim;  // <= 2^24 by the limits above
   kv_dim = n_heads_kv * head_dim;
+  if (rotary_dim == 0) rotary_dim = head_dim;
+  if (rotary_dim <= 0 || rotary_dim > head_dim || rotary_dim % 2 != 0)
+    return invalid_argument("config: rotary dims %d (head_dim %d x partial_rotary_factor) must be "
+                            "even and in (0, head_dim]", rotary_dim, head_dim);
+  return validate_layers();
+}
+
+Status ModelConfig::validate_layers() {
+  n_linear_layers = 0;
+  lin_key_dim = lin_value_dim = lin_conv_dim = 0;
+  if (!linear_layer.empty()) {
+    if (static_cast<int64_t>(linear_layer.size()) != n_layers)
+      return invalid_argument("config: %zu layer types for %d layers", linear_layer.size(),
+                              n_layers);
+    for (const Bounded& p : {Bounded{"linear_num_key_heads", lin_heads_k, kMaxCount},
+                             Bounded{"linear_num_value_heads", lin_heads_v, kMaxCount},
+                             Bounded{"linear_key_head_dim", lin_head_dim_k, kMaxCount},
+                             Bounded{"linear_value_head_dim", lin_head_dim_v, kMaxCount},
+                             Bounded{"linear_conv_kernel_dim", lin_conv_kernel, 64}}) {
+      if (p.value <= 0)
+        return invalid_argument("config: %s = %d must be positive", p.name, p.value);
+      if (p.value > p.max)
+        return out_of_range("config: %s = %d exceeds the supported limit %d", p.name, p.value,
+                            p.max);
+    }
+    if (lin_heads_v % lin_heads_k != 0)
+      return invalid_argument("config: linear_num_value_heads %d is not a multiple of "
+                              "linear_num_key_heads %d", lin_heads_v, lin_heads_k);
+    for (bool lin : linear_layer) n_linear_layers += lin ? 1 : 0;
+    if (n_linear_layers == n_layers)
+      return invalid_argument("config: layer_types has no full_attention layer (oscar's KV cache "
+                              "needs at least one)");
+    lin_key_dim = lin_heads_k * lin_head_dim_k;
+    lin_value_dim = lin_heads_v * lin_head_dim_v;
+    lin_conv_dim = 2 * lin_key_dim + lin_value_dim;
+  }
+  kv_layer.assign(static_cast<size_t>(n_layers), -1);
+  n_kv_layers = 0;
+  for (int l = 0; l < n_layers; ++l)
+    if (!linear(l)) kv_layer[l] = n_kv_layers++;
   return Status();
+}
+
+int64_t ModelConfig::conv_state_floats() const {
+  return int64_t{lin_conv_kernel - 1} * lin_conv_dim;
+}
+
+int64_t ModelConfig::recurrent_state_floats() const {
+  return int64_t{lin_heads_v} * lin_head_dim_k * lin_head_dim_v;
 }
 
 bool ModelConfig::moe_layer(int layer) const {
@@ -354,12 +491,17 @@ bool ModelConfig::moe_layer(int layer) const {
 
 int64_t ModelConfig::n_params() const {
   const int64_t h = hidden_size, v = vocab_size, inter = intermediate_size;
-  int64_t per_layer = 2 * h                          // input / post-attention RMSNorm
-                      + int64_t{q_dim} * h * 2       // q_proj, o_proj
+  int64_t per_layer = int64_t{q_dim} * h * (attn_output_gate ? 3 : 2)  // q_proj (+ gate), o_proj
                       + int64_t{kv_dim} * h * 2;     // k_proj, v_proj
   if (qk_norm) per_layer += 2 * int64_t{head_dim};
   if (attention_bias) per_layer += q_dim + 2 * int64_t{kv_dim};
-  int64_t n = v * h + h + per_layer * n_layers;
+  // A Gated DeltaNet layer: in_proj_qkv, in_proj_z, in_proj_b/a, the conv, A_log, dt_bias, the
+  // gated norm and out_proj.
+  const int64_t linear_layer_params =
+      int64_t{lin_conv_dim} * h + 2 * int64_t{lin_value_dim} * h + 2 * int64_t{lin_heads_v} * h +
+      int64_t{lin_conv_dim} * lin_conv_kernel + 2 * lin_heads_v + lin_head_dim_v;
+  int64_t n = v * h + h + 2 * h * n_layers  // the norms around each layer's two blocks
+              + per_layer * n_kv_layers + linear_layer_params * n_linear_layers;
   const int64_t dense_ffn = 3 * inter * h;                                   // gate, up, down
   const int64_t moe_ffn = int64_t{n_experts} * h                             // router
                           + int64_t{n_experts} * 3 * moe_intermediate_size * h;  // experts
@@ -375,7 +517,7 @@ int64_t ModelConfig::n_active_params() const {
 }
 
 int64_t ModelConfig::kv_bytes_per_token_bf16() const {
-  return 2 * int64_t{n_layers} * kv_dim * 2;
+  return 2 * int64_t{n_kv_layers} * kv_dim * 2;
 }
 
 }  // namespace oscar::format

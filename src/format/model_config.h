@@ -1,8 +1,12 @@
 // ModelConfig: the validated subset of a Hugging Face config.json that oscar runs.
 //
 // Accepts Qwen3ForCausalLM (and Qwen2ForCausalLM / LlamaForCausalLM dense configs, whose only
-// differences here are qkv bias and the absence of q_norm/k_norm) and Qwen3MoeForCausalLM (Qwen3
-// attention; a routed mixture-of-experts FFN in the sparse layers, a dense one in the others).
+// differences here are qkv bias and the absence of q_norm/k_norm), Qwen3MoeForCausalLM (Qwen3
+// attention; a routed mixture-of-experts FFN in the sparse layers, a dense one in the others) and
+// the dense Qwen3.5 / 3.6 hybrids: Qwen3_5ForCausalLM, or the multimodal wrapper
+// Qwen3_5ForConditionalGeneration whose nested text_config is read (the vision tower is not).
+// Qwen3-Next (its fused in_proj_qkvz layout and MoE) and the Qwen3.5 MoE hybrids are refused by
+// name.
 // Both spellings found in the wild are accepted: top-level `rope_theta` or
 // `rope_parameters.rope_theta`, `torch_dtype` or `dtype`. Unknown architectures, rope scaling
 // types, sliding windows, shared experts and expert counts in a dense architecture are refused by
@@ -17,7 +21,7 @@
 
 namespace oscar::format {
 
-enum class Architecture { kQwen3, kQwen2, kLlama, kQwen3Moe };
+enum class Architecture { kQwen3, kQwen2, kLlama, kQwen3Moe, kQwen3_5 };
 
 struct ModelConfig {
   Architecture arch = Architecture::kQwen3;
@@ -49,11 +53,36 @@ struct ModelConfig {
   int decoder_sparse_step = 1;       // every step-th layer is sparse (layer + 1) % step == 0
   std::vector<int> mlp_only_layers;  // layers kept dense whatever the step (sorted, unique)
 
+  // Hybrid (Qwen3.5, transformers' Qwen3_5TextConfig). Each layer is full attention or a Gated
+  // DeltaNet ("linear_attention"): layer_types, else every full_attention_interval-th layer (4)
+  // is full attention. Full-attention layers: q_proj gives query and output gate per head, the
+  // output is multiplied by sigmoid(gate) before o_proj, and RoPE turns the first rotary_dim dims
+  // of each head. Every RMSNorm of the model except the DeltaNet's gated one is zero-centred
+  // (x·(1 + w)). Weights of the text model sit under weight_prefix.
+  std::vector<bool> linear_layer;  // [n_layers] true for a Gated DeltaNet layer; empty = none
+  int lin_heads_k = 0;             // linear_num_key_heads (q and k heads)
+  int lin_heads_v = 0;             // linear_num_value_heads, a multiple of lin_heads_k
+  int lin_head_dim_k = 0;          // linear_key_head_dim
+  int lin_head_dim_v = 0;          // linear_value_head_dim
+  int lin_conv_kernel = 0;         // linear_conv_kernel_dim
+  bool attn_output_gate = false;   // q_proj [2 · q_dim, hidden]: per head query then gate rows
+  bool zero_centred_norms = false; // input/post/final/q/k norms multiply by (1 + w)
+  int rotary_dim = 0;              // head_dim · partial_rotary_factor (head_dim when absent)
+  std::string weight_prefix = "model.";  // "model.language_model." in the multimodal wrapper
+
   // Derived by validate().
   int gqa_ratio = 0;  // n_heads_q / n_heads_kv
   int q_dim = 0;      // n_heads_q * head_dim
   int kv_dim = 0;     // n_heads_kv * head_dim
   int n_moe_layers = 0;  // layers with a routed-experts FFN
+  // Layers with a KV cache (full attention): the cache's layer index of each model layer, -1 for
+  // a Gated DeltaNet layer; n_kv_layers of them (n_layers in a model without linear layers).
+  std::vector<int> kv_layer;  // [n_layers]
+  int n_kv_layers = 0;
+  int n_linear_layers = 0;
+  int lin_key_dim = 0;    // lin_heads_k · lin_head_dim_k
+  int lin_value_dim = 0;  // lin_heads_v · lin_head_dim_v
+  int lin_conv_dim = 0;   // 2 · lin_key_dim + lin_value_dim: the conv's channels (q, k, v)
 
   static Result<ModelConfig> from_json_text(const std::string& text);
   static Result<ModelConfig> load(const std::string& model_dir);  // reads DIR/config.json
@@ -61,13 +90,22 @@ struct ModelConfig {
   Status validate();
 
   bool is_moe() const { return n_experts > 0; }
+  bool is_hybrid() const { return n_linear_layers > 0; }
+  bool linear(int layer) const { return !linear_layer.empty() && linear_layer[layer]; }
+  // Floats of one sequence's state per Gated DeltaNet layer: the conv's last K-1 inputs and the
+  // delta rule's [heads_v, d_k, d_v] matrix (kernels/gated_delta.h).
+  int64_t conv_state_floats() const;
+  int64_t recurrent_state_floats() const;
   // Whether `layer` has the routed-experts FFN: as transformers' Qwen3MoeDecoderLayer decides,
   // not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0. False in a dense model.
   bool moe_layer(int layer) const;
 
   int64_t n_params() const;                   // including lm_head if untied
   int64_t n_active_params() const;            // per token: n_params() less the unrouted experts
-  int64_t kv_bytes_per_token_bf16() const;    // 2 (K,V) * layers * kv_dim * 2 bytes
+  int64_t kv_bytes_per_token_bf16() const;    // 2 (K,V) * n_kv_layers * kv_dim * 2 bytes
+
+ private:
+  Status validate_layers();  // layer types, the DeltaNet sizes, kv_layer
 };
 
 }  // namespace oscar::format

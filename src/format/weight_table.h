@@ -22,6 +22,11 @@ enum class WeightKind {
   // expert's `mlp.experts.{e}.{gate,up,down}_proj.weight` ([moe_inter, hidden] twice, [hidden,
   // moe_inter]).
   kRouter, kExpertGate, kExpertUp, kExpertDown,
+  // A Qwen3.5 full-attention layer's q_proj is kQProj at [2 · q_dim, hidden] (query and output
+  // gate rows per head). A Gated DeltaNet layer (`linear_attn.*`): in_proj_qkv [conv_dim, hidden],
+  // in_proj_z [value_dim, hidden], in_proj_b / in_proj_a [heads_v, hidden], conv1d.weight
+  // [conv_dim, 1, K], A_log and dt_bias [heads_v], norm.weight [d_v], out_proj [hidden, value_dim].
+  kLinQkv, kLinZ, kLinB, kLinA, kLinConv, kLinALog, kLinDtBias, kLinNorm, kLinOut,
 };
 
 struct WeightSpec {
@@ -40,7 +45,9 @@ struct BoundWeights {
   std::vector<WeightSpec> specs;
   std::vector<const TensorView*> tensors;
 };
-// Weights must be BF16, F16 or F32; any other dtype is refused by name.
+// Weights must be BF16, F16 or F32; any other dtype is refused by name. Tensors a text model never
+// reads are skipped, not reported: a multimodal wrapper's `model.visual.*` and the multi-token
+// prediction head `mtp.*` (as transformers' Qwen3.5 classes ignore them).
 Result<BoundWeights> bind_weights(const ModelConfig& config, const Checkpoint& checkpoint);
 
 }  // namespace oscar::format

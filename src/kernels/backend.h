@@ -19,6 +19,7 @@
 #include "kernels/decode_attn.h"
 #include "kernels/demote_pages.h"
 #include "kernels/elementwise.h"
+#include "kernels/gated_delta.h"
 #include "kernels/kv_append.h"
 #include "kernels/linear.h"
 #include "kernels/logits.h"
@@ -91,6 +92,14 @@ class Backend {
   // kernels (CUDA, for now) says so rather than computing something else.
   virtual Status moe_route(const MoeRouteParams& p);
   virtual Status moe_ffn(const MoeFfnParams& p);
+  // The hybrid models' ops (Qwen3.5): the gated attention output (elementwise.h) and the Gated
+  // DeltaNet layer's conv, gates, delta rule and gated norm (gated_delta.h). The defaults
+  // (backend_cpu.cpp) refuse with a Status naming the device, as the MoE ops do.
+  virtual Status sigmoid_mul(float* x, const float* gate, int64_t n);
+  virtual Status causal_conv1d(const CausalConv1dParams& p);
+  virtual Status gdn_gates(const GdnGatesParams& p);
+  virtual Status gated_delta_rule(const GatedDeltaParams& p);
+  virtual Status rms_norm_gated(const RmsNormGatedParams& p);
   virtual Status add(float* x, const float* y, int64_t n) = 0;
   // x += y, then h = rms_norm(x): a sub-layer's residual add and the next norm, the composition
   // of add() and rms_norm() (a device backend fuses them into one launch, same bits).

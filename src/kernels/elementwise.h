@@ -21,7 +21,10 @@ Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* w, float
 struct RopeParams {
   int64_t n_rows = 0;
   int32_t n_heads_q = 0, n_heads_kv = 0, head_dim = 0;
-  const float* cos = nullptr;  // [n_rows, head_dim / 2] of each row's position
+  // Partial rotary (Qwen3.5: head_dim · partial_rotary_factor): only the first rotary_dim dims of
+  // each head turn, as halves of rotary_dim / 2; the rest pass through. 0 = head_dim. CPU only.
+  int32_t rotary_dim = 0;
+  const float* cos = nullptr;  // [n_rows, rotary_dim / 2] of each row's position
   const float* sin = nullptr;
   float* q = nullptr;          // [n_rows, n_heads_q, head_dim], rotated in place
   float* k = nullptr;          // [n_rows, n_heads_kv, head_dim], rotated in place
@@ -41,6 +44,8 @@ void rope_tables(const int32_t* positions, int64_t n_rows, const float* inv_freq
 
 // gate = silu(gate) ⊙ up, n values.
 Status silu_mul(float* gate, const float* up, int64_t n);
+// x = x ⊙ sigmoid(gate), n values (Qwen3.5's gated attention output: attn · sigmoid(gate)).
+Status sigmoid_mul(float* x, const float* gate, int64_t n);
 // x += y, n values.
 Status add(float* x, const float* y, int64_t n);
 // dst[i, :] = src[rows[i], :], n rows of dim values (the rows that produce logits).

@@ -3,14 +3,10 @@
 // decode, chunked for prefill), and the two norms these models use. Semantics follow Hugging Face
 // transformers' modeling_qwen3_next.py (torch_causal_conv1d_update, torch_chunk_gated_delta_rule,
 // torch_recurrent_gated_delta_rule, Qwen3NextRMSNormGated, Qwen3NextRMSNorm); the projections
-// around them (in_proj_qkvz/ba, out_proj) are linear() (kernels/linear.h). Not here: the model's
-// state pool, the weight table and the layer (issue #25 item 3 integrates them), and any device
-// version.
-//
-// These are plain kernels:: CPU functions, not Backend virtuals yet: no model calls them, and the
-// state-slot interface below may still move when the state pool is designed. When the layer lands,
-// Backend gains causal_conv1d/gated_delta_rule/... whose CPU implementations are these and whose
-// defaults say "not implemented on <device> yet", as moe_route/moe_ffn do.
+// around them (in_proj_qkv/z/b/a, out_proj) are linear() (kernels/linear.h). Not here: the
+// state pool (kv/state_pool.h), the layer (model/blocks.h: gated_delta_net), and any device
+// version: the Backend virtuals causal_conv1d / gdn_gates / gated_delta_rule / rms_norm_gated are
+// these fast paths on the CPU and say "not implemented on <device> yet" elsewhere.
 //
 // Batching: token rows of several sequences packed one sequence after another, cu_seqlens
 // [n_seqs + 1] (host memory, ascending, cu_seqlens[0] = 0) marks each sequence's rows; a sequence

@@ -228,8 +228,13 @@ std::string KvCacheSpec::describe() const {
                 bit_plan ? bit_plan->describe().c_str() : "uniform");
 }
 
-SequenceCache::SequenceCache(const KvCacheSpec* spec, PagePool* exact_pool, PagePool* int2_pool)
-    : spec_(spec), layout_(spec->layout()), exact_pool_(exact_pool), int2_pool_(int2_pool) {
+SequenceCache::SequenceCache(const KvCacheSpec* spec, PagePool* exact_pool, PagePool* int2_pool,
+                             StatePool* state_pool)
+    : spec_(spec),
+      layout_(spec->layout()),
+      exact_pool_(exact_pool),
+      int2_pool_(int2_pool),
+      state_pool_(state_pool) {
   OSCAR_CHECK(exact_pool_ != nullptr);
   OSCAR_CHECK(exact_pool_->page_bytes() == layout_.exact_page_bytes(),
               "exact pool page %zu bytes != layout %zu", exact_pool_->page_bytes(),
@@ -253,11 +258,16 @@ void SequenceCache::clear() {
   n_tokens_ = 0;
   n_staged_ = 0;
   hist_end_ = spec_->regions.n_sink;
+  if (state_slot_ >= 0) state_pool_->release(state_slot_);
+  state_slot_ = -1;
 }
 
 Status SequenceCache::reserve(int64_t n) {
   OSCAR_CHECK(n_staged_ == 0, "reserve() while %lld tokens are staged",
               static_cast<long long>(n_staged_));
+  if (state_pool_ != nullptr && state_slot_ < 0) {
+    OSCAR_ASSIGN_OR_RETURN(state_slot_, state_pool_->acquire());
+  }
   const RegionConfig& r = spec_->regions;
   const int64_t end = n_tokens_ + n;
   const int64_t P = r.page_size;
@@ -327,6 +337,9 @@ std::vector<CachedPage> SequenceCache::shareable_pages() const {
 Status SequenceCache::adopt_prefix(std::span<const CachedPage> pages) {
   OSCAR_CHECK(n_tokens_ == 0 && n_staged_ == 0 && sink_pages_.empty(),
               "adopt_prefix() on a cache that holds tokens");
+  if (state_pool_ != nullptr && !pages.empty())
+    return unimplemented("adopt_prefix: a hybrid model's prefix needs its DeltaNet state, "
+                               "which the prefix cache does not keep yet");
   const RegionConfig& r = spec_->regions;
   const int64_t n_sink_pages = r.n_sink / r.page_size;
   for (size_t i = 0; i < pages.size(); ++i) {

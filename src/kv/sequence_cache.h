@@ -17,6 +17,14 @@
 // where commit() demotes full recent pages (one pass over all layers and heads).
 // Not thread-safe; owned by one request.
 //
+// Hybrid models (Qwen3.5): the spec holds the full-attention layers only (ModelConfig::kv_layer
+// maps a model layer to its cache layer); the Gated DeltaNet layers keep a fixed-size state in a
+// StatePool slot (kv/state_pool.h) that this cache takes at its first reserve() and gives back in
+// clear(). The forward pass advances that state in place, so it always matches n_tokens() plus
+// the staged tokens of the step in flight; a failed step leaves it advanced, and its owner drops
+// the cache (as after a failed commit). Prefix sharing needs state snapshots: adopt_prefix()
+// refuses while a state pool is attached.
+//
 // kivi2 (the KIVI-style baseline, OSCAR.md §8; quant/kivi.h): same regions and windows, no
 // rotation, no clipping. History pages are KIVI pages (kernels/kv_layout.h): keys per channel
 // over 32-token blocks, values per token over groups of 32 channels, fp16 metadata, 3 bits per
@@ -49,6 +57,7 @@
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
 #include "kv/radix_cache.h"  // CachedPage
+#include "kv/state_pool.h"
 #include "quant/modes.h"
 
 namespace oscar::kv {
@@ -127,7 +136,9 @@ struct AttendScratch {
 
 class SequenceCache {
  public:
-  SequenceCache(const KvCacheSpec* spec, PagePool* exact_pool, PagePool* int2_pool);
+  // state_pool: the DeltaNet state slots of a hybrid model, else null (not owned).
+  SequenceCache(const KvCacheSpec* spec, PagePool* exact_pool, PagePool* int2_pool,
+                StatePool* state_pool = nullptr);
   ~SequenceCache();
   SequenceCache(const SequenceCache&) = delete;
   SequenceCache& operator=(const SequenceCache&) = delete;
@@ -142,6 +153,10 @@ class SequenceCache {
   // Gives back what reserve() took (the forward pass failed before write()).
   void unreserve();
   int64_t n_staged() const { return n_staged_; }
+  // The hybrid models' DeltaNet state: the pool and this sequence's slot (-1 before the first
+  // reserve(), or without a pool).
+  StatePool* state_pool() const { return state_pool_; }
+  int32_t state_slot() const { return state_slot_; }
 
   // --- The batched path (kv/step_plan.h) -------------------------------------------------------
   // Exact-pool slot (page_id * page_size + slot) of the token at `pos` (a sink or recent token,
@@ -209,6 +224,8 @@ class SequenceCache {
   std::vector<PageId> int2_reserved_; // int2 pages held for the next commit's demotions
   int64_t staged_sink_pages_ = 0;     // pages reserve() appended, for unreserve()
   int64_t staged_recent_pages_ = 0;
+  StatePool* state_pool_ = nullptr;
+  int32_t state_slot_ = -1;
 };
 
 }  // namespace oscar::kv

@@ -54,4 +54,86 @@ Status moe_ffn(kernels::Backend& be, const MoeFfnWeights& w, const float* h, int
   return be.moe_ffn(ffn);
 }
 
+Status gated_delta_net(kernels::Backend& be, const GatedDeltaNetWeights& w, const float* h,
+                       int64_t n, const GatedDeltaNetBatch& batch, const GatedDeltaNetScratch& s,
+                       float* out) {
+  const int64_t conv_dim = w.in_qkv.rows;
+  const int64_t key_dim = int64_t{w.heads_k} * w.d_k;
+  float* b = s.ab;
+  float* a = s.ab + n * w.heads_v;
+  float* beta = s.ab + 2 * n * w.heads_v;
+  float* g = s.ab + 3 * n * w.heads_v;
+  kernels::LinearParams in[4];
+  const kernels::WeightView* ws[4] = {&w.in_qkv, &w.in_z, &w.in_b, &w.in_a};
+  float* ys[4] = {s.qkv, s.z, b, a};
+  for (int i = 0; i < 4; ++i) {
+    in[i].x = h;
+    in[i].n = n;
+    in[i].w = *ws[i];
+    in[i].y = ys[i];
+  }
+  OSCAR_RETURN_IF_ERROR(be.linear_group(in, 4));
+
+  kernels::CausalConv1dParams conv;
+  conv.x = s.qkv;
+  conv.cu_seqlens = batch.cu_seqlens;
+  conv.n_seqs = batch.n_seqs;
+  conv.channels = conv_dim;
+  conv.kernel_size = w.conv_kernel;
+  conv.w = w.conv;
+  conv.silu = true;
+  conv.state = batch.conv_state;
+  conv.slots = batch.slots;
+  conv.y = s.conv_out;
+  OSCAR_RETURN_IF_ERROR(be.causal_conv1d(conv));
+
+  kernels::GdnGatesParams gates;
+  gates.a = a;
+  gates.b = b;
+  gates.A_log = w.A_log;
+  gates.dt_bias = w.dt_bias;
+  gates.n_tokens = n;
+  gates.n_heads_v = w.heads_v;
+  gates.g = g;
+  gates.beta = beta;
+  OSCAR_RETURN_IF_ERROR(be.gdn_gates(gates));
+
+  // q, k, v are column ranges of the conv output (split as transformers does: q | k | v).
+  kernels::GatedDeltaParams rule;
+  rule.q = s.conv_out;
+  rule.k = s.conv_out + key_dim;
+  rule.v = s.conv_out + 2 * key_dim;
+  rule.q_stride = rule.k_stride = rule.v_stride = conv_dim;
+  rule.g = g;
+  rule.beta = beta;
+  rule.cu_seqlens = batch.cu_seqlens;
+  rule.n_seqs = batch.n_seqs;
+  rule.n_heads_k = w.heads_k;
+  rule.n_heads_v = w.heads_v;
+  rule.d_k = w.d_k;
+  rule.d_v = w.d_v;
+  rule.l2norm_qk = true;
+  rule.state = batch.recurrent_state;
+  rule.slots = batch.slots;
+  rule.o = s.o;
+  OSCAR_RETURN_IF_ERROR(be.gated_delta_rule(rule));
+
+  kernels::RmsNormGatedParams norm;
+  norm.x = s.o;
+  norm.z = s.z;
+  norm.w = w.norm;
+  norm.rows = n * w.heads_v;
+  norm.dim = w.d_v;
+  norm.eps = w.norm_eps;
+  norm.y = s.o;
+  OSCAR_RETURN_IF_ERROR(be.rms_norm_gated(norm));
+
+  kernels::LinearParams proj;
+  proj.x = s.o;
+  proj.n = n;
+  proj.w = w.out;
+  proj.y = out;
+  return be.linear(proj);
+}
+
 }  // namespace oscar::model

@@ -63,13 +63,36 @@ void put_expert(Qwen3Model::Matrix& stack, int e, const format::TensorView* t) {
   }
 }
 
+// Qwen3.5's q_proj [n_heads · 2 · head_dim, hidden] holds, per head, head_dim query rows then
+// head_dim gate rows (transformers views it as [.., heads, 2 · head_dim] and chunks the last dim):
+// split into the query matrix and the gate matrix, [n_heads · head_dim, hidden] each.
+void split_gated_q(const format::TensorView* t, int n_heads, int64_t head_dim,
+                   Qwen3Model::Matrix* q, Qwen3Model::Matrix* gate) {
+  const Qwen3Model::Matrix both = to_matrix(t);
+  const int64_t cols = both.cols, rows = int64_t{n_heads} * head_dim;
+  for (Qwen3Model::Matrix* m : {q, gate}) {
+    m->dtype = both.dtype;
+    m->rows = rows;
+    m->cols = cols;
+  }
+  for (int64_t h = 0; h < n_heads; ++h)
+    for (int half = 0; half < 2; ++half) {
+      Qwen3Model::Matrix* m = half == 0 ? q : gate;
+      const int64_t src = (2 * h + half) * head_dim * cols, n = head_dim * cols;
+      if (both.dtype == kernels::DType::kBF16)
+        m->bf16.insert(m->bf16.end(), both.bf16.begin() + src, both.bf16.begin() + src + n);
+      else
+        m->f32.insert(m->f32.end(), both.f32.begin() + src, both.f32.begin() + src + n);
+    }
+}
+
 // A matrix's slice of the CPU weight buffer: its bytes rounded up to 64 (cache lines, AVX loads).
 size_t cpu_slice_bytes(const Qwen3Model::Matrix& w) { return (w.bytes() + 63) / 64 * 64; }
 
 }  // namespace
 
 void Qwen3Model::init_rope() {
-  const int d = config_.head_dim;
+  const int d = config_.rotary_dim;  // head_dim, or Qwen3.5's partial rotary dims
   inv_freq_.resize(d / 2);
   // As the reference: inv_freq = 1 / theta^(arange(0, d, 2) / d) in float32.
   for (int i = 0; i < d / 2; ++i) {
@@ -126,7 +149,12 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir) {
       case WeightKind::kLmHead: m->lm_head_ = to_matrix(t); break;
       case WeightKind::kInputNorm: L->input_norm = t->to_f32(); break;
       case WeightKind::kPostAttnNorm: L->post_norm = t->to_f32(); break;
-      case WeightKind::kQProj: L->wq = to_matrix(t); break;
+      case WeightKind::kQProj:
+        if (config.attn_output_gate)
+          split_gated_q(t, config.n_heads_q, config.head_dim, &L->wq, &L->wq_gate);
+        else
+          L->wq = to_matrix(t);
+        break;
       case WeightKind::kKProj: L->wk = to_matrix(t); break;
       case WeightKind::kVProj: L->wv = to_matrix(t); break;
       case WeightKind::kOProj: L->wo = to_matrix(t); break;
@@ -142,9 +170,30 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir) {
       case WeightKind::kExpertGate:
       case WeightKind::kExpertUp:
       case WeightKind::kExpertDown: put_expert(*stack_of(*L, spec.kind), spec.expert, t); break;
+      case WeightKind::kLinQkv: L->lin_qkv = to_matrix(t); break;
+      case WeightKind::kLinZ: L->lin_z = to_matrix(t); break;
+      case WeightKind::kLinB: L->lin_b = to_matrix(t); break;
+      case WeightKind::kLinA: L->lin_a = to_matrix(t); break;
+      case WeightKind::kLinConv: L->lin_conv = t->to_f32(); break;
+      case WeightKind::kLinALog: L->lin_A_log = t->to_f32(); break;
+      case WeightKind::kLinDtBias: L->lin_dt_bias = t->to_f32(); break;
+      case WeightKind::kLinNorm: L->lin_norm = t->to_f32(); break;
+      case WeightKind::kLinOut: L->lin_out = to_matrix(t); break;
     }
   }
   if (config.tie_word_embeddings) m->lm_head_ = Matrix();
+  if (config.zero_centred_norms) {
+    // Qwen3_5RMSNorm multiplies by (1 + w) in float32: stored so, the norm ops stay plain.
+    auto shift = [](Vec& v) {
+      for (float& x : v.host) x = 1.0f + x;
+    };
+    shift(m->final_norm_);
+    for (Layer& L : m->layers_)
+      for (Vec* v : {&L.input_norm, &L.post_norm, &L.q_norm, &L.k_norm}) shift(*v);
+  }
+  int32_t state_layer = 0;
+  for (int l = 0; l < config.n_layers; ++l)
+    if (config.linear(l)) m->layers_[l].state_layer = state_layer++;
   m->init_rope();
   return m;
 }
@@ -187,29 +236,52 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load_dummy(const format::ModelCo
   m->final_norm_ = ones(H);
   m->layers_.resize(config.n_layers);
   const int64_t E = config.n_experts, MI = config.moe_intermediate_size;
+  int32_t state_layer = 0;
   for (int l = 0; l < config.n_layers; ++l) {
     Layer& L = m->layers_[l];
     L.input_norm = ones(H);
     L.post_norm = ones(H);
-    OSCAR_ASSIGN_OR_RETURN(L.wq, randn(config.q_dim, H));
-    OSCAR_ASSIGN_OR_RETURN(L.wk, randn(config.kv_dim, H));
-    OSCAR_ASSIGN_OR_RETURN(L.wv, randn(config.kv_dim, H));
-    OSCAR_ASSIGN_OR_RETURN(L.wo, randn(H, config.q_dim));
-    if (config.qk_norm) {
-      L.q_norm = ones(config.head_dim);
-      L.k_norm = ones(config.head_dim);
+    if (!config.linear(l)) {  // (a DeltaNet layer's matrices follow its FFN's, as matrices())
+      OSCAR_ASSIGN_OR_RETURN(L.wq, randn(config.q_dim, H));
+      if (config.attn_output_gate) {
+        OSCAR_ASSIGN_OR_RETURN(L.wq_gate, randn(config.q_dim, H));
+      }
+      OSCAR_ASSIGN_OR_RETURN(L.wk, randn(config.kv_dim, H));
+      OSCAR_ASSIGN_OR_RETURN(L.wv, randn(config.kv_dim, H));
+      OSCAR_ASSIGN_OR_RETURN(L.wo, randn(H, config.q_dim));
+      if (config.qk_norm) {
+        L.q_norm = ones(config.head_dim);
+        L.k_norm = ones(config.head_dim);
+      }
     }
     if (!config.moe_layer(l)) {
       OSCAR_ASSIGN_OR_RETURN(L.w_gate, randn(I, H));
       OSCAR_ASSIGN_OR_RETURN(L.w_up, randn(I, H));
       OSCAR_ASSIGN_OR_RETURN(L.w_down, randn(H, I));
-      continue;
+    } else {
+      L.moe = true;
+      OSCAR_ASSIGN_OR_RETURN(L.w_router, randn(E, H));
+      OSCAR_ASSIGN_OR_RETURN(L.w_exp_gate, randn(E * MI, H));
+      OSCAR_ASSIGN_OR_RETURN(L.w_exp_up, randn(E * MI, H));
+      OSCAR_ASSIGN_OR_RETURN(L.w_exp_down, randn(E * H, MI));
     }
-    L.moe = true;
-    OSCAR_ASSIGN_OR_RETURN(L.w_router, randn(E, H));
-    OSCAR_ASSIGN_OR_RETURN(L.w_exp_gate, randn(E * MI, H));
-    OSCAR_ASSIGN_OR_RETURN(L.w_exp_up, randn(E * MI, H));
-    OSCAR_ASSIGN_OR_RETURN(L.w_exp_down, randn(E * H, MI));
+    if (config.linear(l)) {
+      const int64_t hv = config.lin_heads_v;
+      OSCAR_ASSIGN_OR_RETURN(L.lin_qkv, randn(config.lin_conv_dim, H));
+      OSCAR_ASSIGN_OR_RETURN(L.lin_z, randn(config.lin_value_dim, H));
+      OSCAR_ASSIGN_OR_RETURN(L.lin_b, randn(hv, H));
+      OSCAR_ASSIGN_OR_RETURN(L.lin_a, randn(hv, H));
+      OSCAR_ASSIGN_OR_RETURN(L.lin_out, randn(H, config.lin_value_dim));
+      // Conv taps averaging the last K inputs, A = 1 and dt_bias 0 (decay exp(-softplus(a))):
+      // finite states whatever the random projections give.
+      L.lin_conv = std::vector<float>(static_cast<size_t>(config.lin_conv_dim) *
+                                          config.lin_conv_kernel,
+                                      1.0f / static_cast<float>(config.lin_conv_kernel));
+      L.lin_A_log = std::vector<float>(static_cast<size_t>(hv), 0.0f);
+      L.lin_dt_bias = std::vector<float>(static_cast<size_t>(hv), 0.0f);
+      L.lin_norm = ones(config.lin_head_dim_v);
+      L.state_layer = state_layer++;
+    }
   }
   if (into_cpu_buffer) {
     size_t total = 0;
@@ -256,7 +328,8 @@ Status Qwen3Model::set_backend(kernels::Backend* backend) {
                                                          : "weights"));
   OSCAR_RETURN_IF_ERROR(up_vec(final_norm_, "final norm"));
   for (Layer& L : layers_)
-    for (Vec* v : {&L.input_norm, &L.post_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm})
+    for (Vec* v : {&L.input_norm, &L.post_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm,
+                   &L.lin_conv, &L.lin_A_log, &L.lin_dt_bias, &L.lin_norm})
       OSCAR_RETURN_IF_ERROR(up_vec(*v, "norms and biases"));
   OSCAR_RETURN_IF_ERROR(be.synchronize());
   cpu_weights_.reset();
@@ -266,8 +339,9 @@ Status Qwen3Model::set_backend(kernels::Backend* backend) {
 std::vector<Qwen3Model::Matrix*> Qwen3Model::matrices() {
   std::vector<Matrix*> all = {&embed_, &lm_head_};
   for (Layer& L : layers_)
-    for (Matrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.w_router,
-                      &L.w_exp_gate, &L.w_exp_up, &L.w_exp_down})
+    for (Matrix* w : {&L.wq, &L.wq_gate, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down,
+                      &L.w_router, &L.w_exp_gate, &L.w_exp_up, &L.w_exp_down, &L.lin_qkv,
+                      &L.lin_z, &L.lin_b, &L.lin_a, &L.lin_out})
       all.push_back(w);
   return all;
 }
@@ -295,6 +369,27 @@ Status Qwen3Model::pack_cpu_weights(kernels::Backend& be) {
 
 DenseFfnWeights Qwen3Model::dense_weights(const Layer& L) const {
   return DenseFfnWeights{L.w_gate.view(), L.w_up.view(), L.w_down.view()};
+}
+
+GatedDeltaNetWeights Qwen3Model::gdn_weights(const Layer& L) const {
+  const format::ModelConfig& c = config_;
+  GatedDeltaNetWeights w;
+  w.in_qkv = L.lin_qkv.view();
+  w.in_z = L.lin_z.view();
+  w.in_b = L.lin_b.view();
+  w.in_a = L.lin_a.view();
+  w.conv = L.lin_conv.data();
+  w.A_log = L.lin_A_log.data();
+  w.dt_bias = L.lin_dt_bias.data();
+  w.norm = L.lin_norm.data();
+  w.out = L.lin_out.view();
+  w.heads_k = c.lin_heads_k;
+  w.heads_v = c.lin_heads_v;
+  w.d_k = c.lin_head_dim_k;
+  w.d_v = c.lin_head_dim_v;
+  w.conv_kernel = c.lin_conv_kernel;
+  w.norm_eps = c.rms_norm_eps;
+  return w;
 }
 
 MoeFfnWeights Qwen3Model::moe_weights(const Layer& L) const {
@@ -349,11 +444,13 @@ void Qwen3Model::Matrix::to_bf16() {
 size_t Qwen3Model::weight_bytes() const {
   size_t n = embed_.bytes() + lm_head_.bytes() + final_norm_.size() * sizeof(float);
   for (const Layer& L : layers_)
-    n += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w_gate.bytes() +
-         L.w_up.bytes() + L.w_down.bytes() + L.w_router.bytes() + L.w_exp_gate.bytes() +
-         L.w_exp_up.bytes() + L.w_exp_down.bytes() +
+    n += L.wq.bytes() + L.wq_gate.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() +
+         L.w_gate.bytes() + L.w_up.bytes() + L.w_down.bytes() + L.w_router.bytes() +
+         L.w_exp_gate.bytes() + L.w_exp_up.bytes() + L.w_exp_down.bytes() + L.lin_qkv.bytes() +
+         L.lin_z.bytes() + L.lin_b.bytes() + L.lin_a.bytes() + L.lin_out.bytes() +
          sizeof(float) * (L.input_norm.size() + L.post_norm.size() + L.bq.size() + L.bk.size() +
-                          L.bv.size() + L.q_norm.size() + L.k_norm.size());
+                          L.bv.size() + L.q_norm.size() + L.k_norm.size() + L.lin_conv.size() +
+                          L.lin_A_log.size() + L.lin_dt_bias.size() + L.lin_norm.size());
   return n;
 }
 
@@ -388,7 +485,8 @@ Status Qwen3Model::set_embedding_row(int32_t token, std::span<const float> row) 
 Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation, kernels::DType stored) {
   const int d = config_.head_dim, Hkv = config_.n_heads_kv, Hq = config_.n_heads_q;
   const int64_t hidden = config_.hidden_size;
-  const size_t expected = static_cast<size_t>(config_.n_layers) * Hkv * d * d;
+  // One rotation per KV cache layer (a hybrid's full-attention layers only).
+  const size_t expected = static_cast<size_t>(config_.n_kv_layers) * Hkv * d * d;
   if (v_rotation.size() != expected)
     return invalid_argument("value rotation has %zu values, expected %zu", v_rotation.size(),
                             expected);
@@ -423,12 +521,14 @@ Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation, kernel
   const int gqa = config_.gqa_ratio;
   std::vector<double> acc;
   for (int l = 0; l < config_.n_layers; ++l) {
+    if (config_.linear(l)) continue;
     Layer& L = layers_[l];
     // Folded in float32 (the matrices are not BF16-representable), rounded below if asked.
     L.wv.to_f32();
     L.wo.to_f32();
     for (int g = 0; g < Hkv; ++g) {
-      const float* R = v_rotation.data() + (static_cast<size_t>(l) * Hkv + g) * d * d;
+      const float* R =
+          v_rotation.data() + (static_cast<size_t>(config_.kv_layer[l]) * Hkv + g) * d * d;
       // v_proj rows of head g: W' = R^T W   ([d, d] x [d, hidden]); bias' = bias R.
       float* W = L.wv.f32.data() + static_cast<int64_t>(g) * d * hidden;
       acc.assign(static_cast<size_t>(d) * hidden, 0.0);
@@ -688,9 +788,10 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
   ffn_scratch.moe_work_bytes = w.moe_work.bytes();
   // RoPE angles once per step (they do not depend on the layer), on the host as the reference
   // computes them.
-  kernels::rope_tables(plan.positions.data(), n, inv_freq_.data(), d / 2, w.cos.data(),
+  const int64_t rot_half = c.rotary_dim / 2;
+  kernels::rope_tables(plan.positions.data(), n, inv_freq_.data(), rot_half, w.cos.data(),
                        w.sin.data());
-  const size_t half_rows = static_cast<size_t>(n * (d / 2));
+  const size_t half_rows = static_cast<size_t>(n * rot_half);
   Stager st(be, &w.staging, &w.plan);
   const size_t h_ids = st.add(plan.token_ids.data(), plan.token_ids.size());
   const size_t h_slots = st.add(plan.write_slots.data(), plan.write_slots.size());
@@ -712,6 +813,7 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
   rope.n_heads_q = Hq;
   rope.n_heads_kv = Hkv;
   rope.head_dim = static_cast<int32_t>(d);
+  rope.rotary_dim = c.rotary_dim;
   rope.cos = st.get<float>(h_cos);
   rope.sin = st.get<float>(h_sin);
   rope.q = q;
@@ -762,16 +864,43 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
     return static_cast<const float*>(w.host.data() + base);
   };
 
+  // The Gated DeltaNet layers' sequences and state slots (a hybrid model; host arrays: these ops
+  // run on the CPU only for now).
+  kv::StatePool* state_pool = nullptr;
+  GatedDeltaNetBatch gdn_batch;
+  GatedDeltaNetScratch gdn_scratch;
+  if (c.is_hybrid()) {
+    state_pool = plan.caches[0]->state_pool();
+    w.state_slots.resize(static_cast<size_t>(plan.n_seqs()));
+    for (int32_t s = 0; s < plan.n_seqs(); ++s) {
+      const kv::SequenceCache& cache = *plan.caches[s];
+      if (cache.state_pool() != state_pool || cache.state_slot() < 0 || state_pool == nullptr)
+        return invalid_argument("forward: sequence %d of a hybrid model has no DeltaNet state "
+                                "slot (its cache needs the runtime's StatePool)", s);
+      w.state_slots[s] = cache.state_slot();
+    }
+    gdn_batch.cu_seqlens = plan.cu_seqlens.data();
+    gdn_batch.n_seqs = plan.n_seqs();
+    gdn_batch.slots = w.state_slots.data();
+    gdn_scratch.qkv = w.lin_qkv.as<float>();
+    gdn_scratch.conv_out = w.lin_conv.as<float>();
+    gdn_scratch.z = w.lin_z.as<float>();
+    gdn_scratch.ab = w.lin_ab.as<float>();
+    gdn_scratch.o = w.lin_o.as<float>();
+  }
+
   auto run_ops = [&]() -> Status {
     OSCAR_RETURN_IF_ERROR(be.embed(embed_.view(), st.get<int32_t>(h_ids), n, x));
     // h = the first layer's input norm; each layer ends with its residual add fused into the
     // next norm (the next layer's input norm, or the final norm).
     OSCAR_RETURN_IF_ERROR(be.rms_norm(x, n, H, layers_[0].input_norm.data(), c.rms_norm_eps, h));
-    for (int l = 0; l < c.n_layers; ++l) {
-      const Layer& L = layers_[l];
-      const kernels::LinearParams qkv[3] = {lin(h, n, L.wq, &L.bq, q), lin(h, n, L.wk, &L.bk, k),
-                                            lin(h, n, L.wv, &L.bv, v)};
-      OSCAR_RETURN_IF_ERROR(be.linear_group(qkv, 3));
+    // A full-attention layer, its K/V in cache layer kl: q/k/v (and Qwen3.5's output gate),
+    // norms and RoPE, append, attention, o_proj into o.
+    auto attention = [&](const Layer& L, int kl) -> Status {
+      const kernels::LinearParams qkv[4] = {lin(h, n, L.wq, &L.bq, q), lin(h, n, L.wk, &L.bk, k),
+                                            lin(h, n, L.wv, &L.bv, v),
+                                            lin(h, n, L.wq_gate, nullptr, w.attn_gate.as<float>())};
+      OSCAR_RETURN_IF_ERROR(be.linear_group(qkv, L.wq_gate.rows > 0 ? 4 : 3));
       rope.q_norm = L.q_norm.empty() ? nullptr : L.q_norm.data();  // q/k norms fused into RoPE
       rope.k_norm = L.k_norm.empty() ? nullptr : L.k_norm.data();
       rope.norm_eps = c.rms_norm_eps;
@@ -782,31 +911,44 @@ Status Qwen3Model::forward(const kv::StepPlan& plan, const ForwardOptions& optio
         OSCAR_ASSIGN_OR_RETURN(const float* hv, host(v, n * c.kv_dim, 2));
         for (int32_t s = 0; s < plan.n_seqs(); ++s) {
           const int64_t r0 = plan.cu_seqlens[s];
-          options.observer->on_qkv(plan.chunk[s], l, hq + r0 * c.q_dim, hk + r0 * c.kv_dim,
+          options.observer->on_qkv(plan.chunk[s], kl, hq + r0 * c.q_dim, hk + r0 * c.kv_dim,
                                    hv + r0 * c.kv_dim, plan.cu_seqlens[s + 1] - r0, plan.pos0[s]);
         }
       }
-      append.layer = l;
+      append.layer = kl;
       OSCAR_RETURN_IF_ERROR(be.kv_append(append));
-      rq.layer = l;
+      rq.layer = kl;
       OSCAR_RETURN_IF_ERROR(be.rotate_queries(rq));
       if (dec.n_seqs > 0) {
-        dec.layer = l;
+        dec.layer = kl;
         OSCAR_RETURN_IF_ERROR(be.decode_attn(dec));
       }
       if (pre.n_seqs > 0) {
-        pre.layer = l;
+        pre.layer = kl;
         OSCAR_RETURN_IF_ERROR(be.prefill_attn(pre));
       }
       if (options.observer) {
         OSCAR_ASSIGN_OR_RETURN(const float* ha, host(attn, n * c.q_dim, 0));
         for (int32_t s = 0; s < plan.n_seqs(); ++s) {
           const int64_t r0 = plan.cu_seqlens[s];
-          options.observer->on_attention(plan.chunk[s], l, ha + r0 * c.q_dim,
+          options.observer->on_attention(plan.chunk[s], kl, ha + r0 * c.q_dim,
                                          plan.cu_seqlens[s + 1] - r0, plan.pos0[s]);
         }
       }
+      if (L.wq_gate.rows > 0)  // Qwen3.5: attn · sigmoid(gate) before o_proj
+        OSCAR_RETURN_IF_ERROR(be.sigmoid_mul(attn, w.attn_gate.as<float>(), n * c.q_dim));
       OSCAR_RETURN_IF_ERROR(be.linear(lin(attn, n, L.wo, nullptr, o)));
+      return Status();
+    };
+    for (int l = 0; l < c.n_layers; ++l) {
+      const Layer& L = layers_[l];
+      if (L.state_layer >= 0) {  // a Gated DeltaNet layer (model/blocks.h)
+        gdn_batch.conv_state = state_pool->conv(L.state_layer);
+        gdn_batch.recurrent_state = state_pool->recurrent(L.state_layer);
+        OSCAR_RETURN_IF_ERROR(gated_delta_net(be, gdn_weights(L), h, n, gdn_batch, gdn_scratch, o));
+      } else {
+        OSCAR_RETURN_IF_ERROR(attention(L, c.kv_layer[l]));
+      }
       OSCAR_RETURN_IF_ERROR(be.add_rms_norm(x, o, n, H, L.post_norm.data(), c.rms_norm_eps, h));
 
       // The FFN block of the layer (model/blocks.h): routed experts in a sparse layer.
@@ -879,7 +1021,13 @@ Status Qwen3Model::Workspace::reserve(kernels::Backend& be, int64_t n, int64_t n
                                                          c.hidden_size, c.moe_intermediate_size),
                              "MoE scratch"));
     }
-    cos.resize(static_cast<size_t>(r * (c.head_dim / 2)));
+    if (c.attn_output_gate) OSCAR_RETURN_IF_ERROR(fit(attn_gate, c.q_dim));
+    if (c.is_hybrid()) {
+      for (DeviceBuffer* b : {&lin_qkv, &lin_conv}) OSCAR_RETURN_IF_ERROR(fit(*b, c.lin_conv_dim));
+      for (DeviceBuffer* b : {&lin_z, &lin_o}) OSCAR_RETURN_IF_ERROR(fit(*b, c.lin_value_dim));
+      OSCAR_RETURN_IF_ERROR(fit(lin_ab, 4 * int64_t{c.lin_heads_v}));
+    }
+    cos.resize(static_cast<size_t>(r * (c.rotary_dim / 2)));
     sin.resize(cos.size());
     rows = r;
   }

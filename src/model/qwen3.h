@@ -1,5 +1,10 @@
 // The Qwen3 decoder (also Qwen2 and Llama dense layouts, and Qwen3-MoE: routed experts in the
-// sparse layers, each FFN one block of model/blocks.h; MoE runs on the CPU backend only for now).
+// sparse layers, each FFN one block of model/blocks.h; MoE runs on the CPU backend only for now),
+// and the dense Qwen3.5 hybrids (CPU only for now): Gated DeltaNet layers (model/blocks.h, their
+// state in the sequence's StatePool slot, kv/state_pool.h) between full-attention layers whose
+// q_proj also gives an output gate (attn · sigmoid(gate) before o_proj), with partial RoPE and
+// zero-centred norms (stored as 1 + w at load); only the full-attention layers have KV cache
+// layers (ModelConfig::kv_layer).
 //
 // Weights are loaded from a checkpoint directory (format/weight_table.h). Matrices stay in the
 // checkpoint's BF16 and are widened inside the matrix product (kernels/linear.h): a decode step
@@ -32,6 +37,8 @@
 namespace oscar::model {
 
 // Sees each layer's attention inputs and outputs during a forward pass (calibration, fidelity).
+// `layer` is the KV cache layer (ModelConfig::kv_layer): the model layer itself except in a
+// hybrid, whose Gated DeltaNet layers have no attention to observe.
 class LayerObserver {
  public:
   virtual ~LayerObserver() = default;
@@ -153,6 +160,7 @@ class Qwen3Model {
   struct Layer {
     Vec input_norm, post_norm;                      // [hidden]
     Matrix wq, wk, wv, wo;                          // [q_dim|kv_dim|hidden, in] row-major
+    Matrix wq_gate;  // [q_dim, hidden] Qwen3.5's output gate rows of q_proj, else empty
     Vec bq, bk, bv;                                 // [q_dim|kv_dim] (Qwen2) or empty
     Vec q_norm, k_norm;                             // [head_dim] (Qwen3) or empty
     // Dense FFN: [inter, hidden], [inter, hidden], [hidden, inter]; empty in a sparse layer.
@@ -163,7 +171,15 @@ class Qwen3Model {
     Matrix w_exp_gate, w_exp_up;  // [n_experts · moe_inter, hidden]
     Matrix w_exp_down;            // [n_experts · hidden, moe_inter]
     bool moe = false;
+    // Gated DeltaNet (config.linear(l)): the attention members above are empty.
+    int32_t state_layer = -1;              // its index in the StatePool, else -1
+    Matrix lin_qkv, lin_z, lin_b, lin_a;   // [conv_dim | value_dim | heads_v | heads_v, hidden]
+    Matrix lin_out;                        // [hidden, value_dim]
+    Vec lin_conv;                          // [conv_dim, K]
+    Vec lin_A_log, lin_dt_bias;            // [heads_v]
+    Vec lin_norm;                          // [d_v]
   };
+  GatedDeltaNetWeights gdn_weights(const Layer& L) const;
   // The FFN block weights of a layer (model/blocks.h).
   DenseFfnWeights dense_weights(const Layer& L) const;
   MoeFfnWeights moe_weights(const Layer& L) const;
@@ -181,7 +197,12 @@ class Qwen3Model {
     DeviceBuffer expert_weights;   // [n, top_k]
     DeviceBuffer moe_work;         // kernels::moe_ffn_work_bytes(n, ...) bytes
     DeviceBuffer logits;           // [n_logit_rows, vocab]
-    std::vector<float> cos, sin;   // [n, head_dim / 2] RoPE of each row's position (host)
+    DeviceBuffer attn_gate;        // [n, q_dim] (Qwen3.5's gated attention)
+    DeviceBuffer lin_qkv, lin_conv;  // [n, conv_dim] (Gated DeltaNet layers)
+    DeviceBuffer lin_z, lin_o;     // [n, value_dim]
+    DeviceBuffer lin_ab;           // [4, n, heads_v]
+    std::vector<int32_t> state_slots;  // [n_seqs] each plan sequence's StatePool slot (host)
+    std::vector<float> cos, sin;   // [n, rotary_dim / 2] RoPE of each row's position (host)
     std::vector<uint8_t> staging;  // host bytes of the plan's arrays, uploaded in one copy
     DeviceBuffer plan;             // their device copy
     std::vector<float> host;       // observer copies on a device backend
@@ -196,7 +217,7 @@ class Qwen3Model {
   Matrix lm_head_;   // [vocab, hidden]; rows == 0 when tied to embed_
   Vec final_norm_;
   std::vector<Layer> layers_;
-  std::vector<float> inv_freq_;  // [head_dim / 2], float32 as the reference computes it
+  std::vector<float> inv_freq_;  // [rotary_dim / 2], float32 as the reference computes it
   bool value_rotation_folded_ = false;
   bool dummy_on_device_ = false;  // load_dummy generated the weights in a device backend
   Workspace ws_;

@@ -62,14 +62,17 @@ struct Collector {
 };
 
 // A scheduler over the embedded model; `prepare` may change the runtime (fault injection) first.
+// budget_kib > 0 overrides budget_mib (a model whose pages are small: the hybrid's one KV layer).
 // `deterministic`: batch-invariant kernels (RuntimeOptions::deterministic).
 std::unique_ptr<Scheduler> make_scheduler_with(const std::string& mode, const SchedulerOptions& so,
                                                const std::function<void(Runtime&)>& prepare = {},
-                                               size_t budget_mib = 64, bool deterministic = false) {
+                                               size_t budget_mib = 64,
+                                               const std::string& model = kModel,
+                                               size_t budget_kib = 0, bool deterministic = false) {
   RuntimeOptions o;
-  o.model_dir = kModel;
+  o.model_dir = model;
   o.cache_mode = mode;
-  o.kv_budget_bytes = budget_mib << 20;
+  o.kv_budget_bytes = budget_kib > 0 ? budget_kib << 10 : budget_mib << 20;
   o.deterministic = deterministic;
   auto rt = Runtime::create(o);
   EXPECT_TRUE(rt.ok()) << rt.status().to_string();
@@ -263,7 +266,7 @@ TEST(Scheduler, LogprobsAreTheRawLogSoftmax) {
   SchedulerOptions so;
   so.prefill_chunk = 256;
   so.prefix_cache = false;
-  auto sched = make_scheduler_with("bf16", so, {}, 64, /*deterministic=*/true);
+  auto sched = make_scheduler_with("bf16", so, {}, 64, kModel, 0, /*deterministic=*/true);
   const auto prompt = sched->tokenize("def fibonacci(n):\n").value();
   Collector plain, with_lp, hot;
   ASSERT_TRUE(sched->submit(greedy("plain", prompt, 12), plain.callback()).ok());
@@ -331,7 +334,7 @@ TEST(Scheduler, DeterministicWhateverRunsBeside) {
     so.max_batch_tokens = 48;
     so.prefill_chunk = 40;
     so.prefix_cache = quantized;
-    auto sched = make_scheduler_with(mode, so, {}, 64, /*deterministic=*/true);
+    auto sched = make_scheduler_with(mode, so, {}, 64, kModel, 0, /*deterministic=*/true);
     const size_t n_prompt = quantized ? 330 : 150;
     auto prompt = repeated(*sched, "def fibonacci(n):\n    return n if n < 2 else fib(n - 1)\n",
                            n_prompt);
@@ -925,10 +928,11 @@ TEST(Scheduler, MemoryFollowsUseManyRequestsSmallPool) {
 // later one is preempted, recomputes prompt + output, and resumes with exactly the tokens it gives
 // alone (greedy and seeded sampling: the draw index is the output index), streamed once.
 void check_preemption_resumes(const std::string& mode, bool prefix_cache, size_t budget_mib,
-                              int prompt_tokens, int max_tokens) {
+                              int prompt_tokens, int max_tokens, const std::string& model = kModel,
+                              size_t budget_kib = 0) {
   SchedulerOptions so;
   so.prefix_cache = prefix_cache;
-  auto sched = make_scheduler_with(mode, so, {}, budget_mib);
+  auto sched = make_scheduler_with(mode, so, {}, budget_mib, model, budget_kib);
   std::vector<GenerationRequest> reqs;
   reqs.push_back(greedy("a", repeated(*sched, "def add(a, b):\n    return a + b\n", prompt_tokens),
                         max_tokens));
@@ -978,6 +982,14 @@ TEST(Scheduler, PreemptionResumesExactly) {
 
 TEST(Scheduler, PreemptionResumesExactlyWithPrefixCache) {
   check_preemption_resumes("bf16", /*prefix_cache=*/true, 1, 20, 90);
+}
+
+// The hybrid Qwen3.5 (models/tiny-qwen3-5): its one KV layer has 16 KiB BF16 pages, so 128 KiB
+// is the same 8 pages. A preempted sequence drops its DeltaNet state with its pages and recomputes
+// both; the prefix cache (asked for) stays off for hybrids.
+TEST(Scheduler, PreemptionResumesExactlyHybrid) {
+  check_preemption_resumes("bf16", /*prefix_cache=*/false, 0, 20, 90, "models/tiny-qwen3-5", 128);
+  check_preemption_resumes("bf16", /*prefix_cache=*/true, 0, 20, 90, "models/tiny-qwen3-5", 128);
 }
 
 // max_waiting bounds the requests that wait for admission: one more is refused with

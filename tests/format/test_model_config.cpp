@@ -1,7 +1,9 @@
 // ModelConfig parsing: the tiny model, the six real Qwen3 shape configs and Qwen3-30B-A3B
 // (tests/data/configs), both RoPE spellings, tied/untied embeddings, eos lists, the MoE fields
-// (sparse layers, defaults), and the refusals (unknown architecture, rope scaling, sliding window,
-// missing or mistyped fields, inconsistent head counts, bad expert fields).
+// (sparse layers, defaults), the Qwen3.5 hybrids (Qwen3.6-27B's nested config, layer types from
+// the list or the interval, partial rotary), and the refusals (unknown architecture, rope scaling,
+// sliding window, missing or mistyped fields, inconsistent head counts, bad expert fields,
+// Qwen3-Next and MoE hybrids, bad layer types).
 // Also SHA-256 against the FIPS 180-2 test vectors.
 #include <gtest/gtest.h>
 
@@ -409,6 +411,128 @@ TEST(ModelConfig, ValidateRanges) {
   nlohmann::json n = base_config();
   n["num_attention_heads"] = 0;
   EXPECT_FALSE(parse(n).ok());  // no division by zero computing the default head_dim
+}
+
+// Qwen3.6-27B as published (tests/data/configs/qwen3.6-27b.json, from ../shared/configs): the
+// multimodal wrapper, its text_config read; 48 Gated DeltaNet layers and 16 full-attention layers
+// (every fourth), 24 / 4 heads of 256 with 64 rotated dims, 16 / 48 DeltaNet heads of 128.
+TEST(ModelConfig, Qwen3_6RealShape) {
+  Result<std::string> text = read_text_file("tests/data/configs/qwen3.6-27b.json");
+  ASSERT_TRUE(text.ok()) << text.status().to_string();
+  Result<ModelConfig> r = ModelConfig::from_json_text(text.value());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const ModelConfig& c = r.value();
+  EXPECT_EQ(c.arch, Architecture::kQwen3_5);
+  EXPECT_EQ(c.architecture_name, "Qwen3_5ForConditionalGeneration");
+  EXPECT_EQ(c.weight_prefix, "model.language_model.");
+  EXPECT_EQ(c.n_layers, 64);
+  EXPECT_EQ(c.n_linear_layers, 48);
+  EXPECT_EQ(c.n_kv_layers, 16);
+  EXPECT_EQ(c.kv_layer[3], 0);
+  EXPECT_EQ(c.kv_layer[63], 15);
+  EXPECT_EQ(c.kv_layer[62], -1);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.rotary_dim, 64);
+  EXPECT_EQ(c.n_heads_q, 24);
+  EXPECT_EQ(c.n_heads_kv, 4);
+  EXPECT_EQ(c.lin_heads_k, 16);
+  EXPECT_EQ(c.lin_heads_v, 48);
+  EXPECT_EQ(c.lin_conv_dim, 2 * 16 * 128 + 48 * 128);
+  EXPECT_TRUE(c.attn_output_gate);
+  EXPECT_TRUE(c.zero_centred_norms);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e7);
+  EXPECT_EQ(c.vocab_size, 248320);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.kv_bytes_per_token_bf16(), 65536);  // 16 × 2 × 4 × 256 × 2, as the README says
+  // The text model's parameters (no vision tower, no MTP head): 26.9 B.
+  EXPECT_EQ(c.n_params(), 26895998464);
+  // Per sequence: 48 layers × (3 × 10240 conv + 48 × 128 × 128 recurrent) floats.
+  EXPECT_EQ(c.conv_state_floats(), 3 * 10240);
+  EXPECT_EQ(c.recurrent_state_floats(), 48 * 128 * 128);
+}
+
+// Qwen3-Next: its fused in_proj_qkvz layout and MoE are refused by name.
+TEST(ModelConfig, Qwen3NextRefused) {
+  Result<std::string> text = read_text_file("tests/data/configs/qwen3-next-80b-a3b.json");
+  ASSERT_TRUE(text.ok()) << text.status().to_string();
+  const Result<ModelConfig> r = ModelConfig::from_json_text(text.value());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
+  EXPECT_MSG_HAS(r.status(), "in_proj_qkvz");
+}
+
+// A small Qwen3_5ForCausalLM config; tests edit it.
+nlohmann::json hybrid_config() {
+  nlohmann::json j = base_config();
+  j["architectures"] = {"Qwen3_5ForCausalLM"};
+  j["model_type"] = "qwen3_5_text";
+  j["num_hidden_layers"] = 8;
+  j["head_dim"] = 64;
+  j["partial_rotary_factor"] = 0.25;
+  j["linear_num_key_heads"] = 2;
+  j["linear_num_value_heads"] = 4;
+  j["linear_key_head_dim"] = 16;
+  j["linear_value_head_dim"] = 8;
+  return j;
+}
+
+TEST(ModelConfig, HybridLayerTypes) {
+  // No layer_types: full_attention_interval (default 4) makes layers 3 and 7 full attention.
+  Result<ModelConfig> r = parse(hybrid_config());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->kv_layer, (std::vector<int>{-1, -1, -1, 0, -1, -1, -1, 1}));
+  EXPECT_EQ(r->rotary_dim, 16);
+  EXPECT_EQ(r->lin_conv_kernel, 4);
+  nlohmann::json j = hybrid_config();
+  j["full_attention_interval"] = 2;
+  r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->n_kv_layers, 4);
+  EXPECT_TRUE(r->linear(0));
+  EXPECT_FALSE(r->linear(1));
+  // An explicit list wins; partial_rotary_factor inside rope_parameters (transformers 5).
+  j = hybrid_config();
+  j["layer_types"] = {"full_attention", "linear_attention", "linear_attention", "linear_attention",
+                      "linear_attention", "full_attention", "linear_attention", "linear_attention"};
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e7},
+                          {"partial_rotary_factor", 0.5}, {"mrope_section", {11, 11, 10}}};
+  r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->kv_layer, (std::vector<int>{0, -1, -1, -1, -1, 1, -1, -1}));
+  EXPECT_EQ(r->rotary_dim, 32);
+}
+
+TEST(ModelConfig, HybridRefusals) {
+  nlohmann::json j = hybrid_config();
+  j["layer_types"] = {"linear_attention", "full_attention"};
+  EXPECT_MSG_HAS(parse(j).status(), "layer_types must be a list of num_hidden_layers = 8");
+  j["layer_types"] = std::vector<std::string>(8, "linear_attention");
+  EXPECT_MSG_HAS(parse(j).status(), "no full_attention layer");
+  j["layer_types"][3] = "sliding_attention";
+  EXPECT_MSG_HAS(parse(j).status(), "layer_types[3]");
+  j = hybrid_config();
+  j["linear_num_value_heads"] = 3;
+  EXPECT_MSG_HAS(parse(j).status(), "not a multiple of linear_num_key_heads");
+  j = hybrid_config();
+  j["partial_rotary_factor"] = 0.3;  // 64 · 0.3 = 19 dims: odd
+  EXPECT_MSG_HAS(parse(j).status(), "must be even");
+  j = hybrid_config();
+  j["full_attention_interval"] = 0;
+  EXPECT_MSG_HAS(parse(j).status(), "full_attention_interval 0");
+  j = hybrid_config();
+  j["architectures"] = {"Qwen3_5MoeForCausalLM"};
+  EXPECT_MSG_HAS(parse(j).status(), "MoE hybrids are not implemented");
+  j = hybrid_config();
+  j["num_experts"] = 8;
+  EXPECT_MSG_HAS(parse(j).status(), "num_experts");
+  nlohmann::json wrapper = {{"architectures", {"Qwen3_5ForConditionalGeneration"}},
+                            {"model_type", "qwen3_5"}};
+  EXPECT_MSG_HAS(parse(wrapper).status(), "needs a \"text_config\" object");
+  wrapper["text_config"] = hybrid_config();
+  wrapper["text_config"].erase("vocab_size");
+  const Status st = parse(wrapper).status();
+  EXPECT_MSG_HAS(st, "text_config");
+  EXPECT_MSG_HAS(st, "vocab_size");
 }
 
 }  // namespace

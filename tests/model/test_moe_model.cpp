@@ -34,6 +34,7 @@
 #include "engine/runtime.h"
 #include "format/model_config.h"
 #include "format/safetensors.h"
+#include "float64_model.h"
 
 namespace oscar {
 namespace {
@@ -44,22 +45,20 @@ constexpr double kLogitTolBf16 = 0.1;
 constexpr double kMinCosBf16 = 0.9999;
 constexpr double kMinRouterMargin = 1e-4;
 
-using Vec = std::vector<double>;
+using test::add;
+using test::causal_attention;
+using test::expect_close;
+using test::matmul;
+using test::random_tokens;
+using test::rms_norm;
+using test::rope;
+using test::silu;
+using test::Vec;
 
 // The float64 reference: Hugging Face's Qwen3MoeForCausalLM, operation by operation.
 class Reference {
  public:
-  explicit Reference(const std::string& dir) {
-    auto config = format::ModelConfig::load(dir);
-    EXPECT_TRUE(config.ok()) << config.status().to_string();
-    c_ = config.value();
-    auto ckpt = format::Checkpoint::open(dir);
-    EXPECT_TRUE(ckpt.ok()) << ckpt.status().to_string();
-    for (const format::TensorView* t : ckpt->all()) {
-      const std::vector<float> f = t->to_f32();
-      w_[t->name] = Vec(f.begin(), f.end());
-    }
-  }
+  explicit Reference(const std::string& dir) : ckpt_(dir), c_(ckpt_.config()) {}
   const format::ModelConfig& config() const { return c_; }
   double min_router_margin() const { return min_margin_; }
 
@@ -67,94 +66,32 @@ class Reference {
   Vec forward(const std::vector<int32_t>& ids) {
     const int64_t T = static_cast<int64_t>(ids.size()), H = c_.hidden_size, d = c_.head_dim;
     const int Hq = c_.n_heads_q, Hkv = c_.n_heads_kv;
+    const double eps = c_.rms_norm_eps;
     const Vec& embed = w("model.embed_tokens.weight");
     Vec x(static_cast<size_t>(T * H));
     for (int64_t t = 0; t < T; ++t) std::copy_n(embed.begin() + ids[t] * H, H, x.begin() + t * H);
     for (int l = 0; l < c_.n_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
-      Vec h = rms_norm(x, T, H, w(p + "input_layernorm.weight"));
+      Vec h = rms_norm(x, T, H, w(p + "input_layernorm.weight"), eps);
       Vec q = matmul(h, T, w(p + "self_attn.q_proj.weight"), c_.q_dim, H);
       Vec k = matmul(h, T, w(p + "self_attn.k_proj.weight"), c_.kv_dim, H);
       Vec v = matmul(h, T, w(p + "self_attn.v_proj.weight"), c_.kv_dim, H);
-      q = rms_norm(q, T * Hq, d, w(p + "self_attn.q_norm.weight"));
-      k = rms_norm(k, T * Hkv, d, w(p + "self_attn.k_norm.weight"));
-      rope(q, T, Hq);
-      rope(k, T, Hkv);
-      Vec attn(static_cast<size_t>(T * c_.q_dim), 0.0);
-      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-      for (int64_t t = 0; t < T; ++t)
-        for (int hq = 0; hq < Hq; ++hq) {
-          const int g = hq / c_.gqa_ratio;
-          const double* qr = &q[(t * Hq + hq) * d];
-          Vec s(static_cast<size_t>(t + 1));
-          double m = -INFINITY;
-          for (int64_t u = 0; u <= t; ++u) {
-            double dot = 0;
-            for (int64_t i = 0; i < d; ++i) dot += qr[i] * k[(u * Hkv + g) * d + i];
-            s[u] = dot * scale;
-            m = std::max(m, s[u]);
-          }
-          double z = 0;
-          for (double& e : s) z += (e = std::exp(e - m));
-          for (int64_t u = 0; u <= t; ++u)
-            for (int64_t i = 0; i < d; ++i)
-              attn[(t * Hq + hq) * d + i] += s[u] / z * v[(u * Hkv + g) * d + i];
-        }
+      q = rms_norm(q, T * Hq, d, w(p + "self_attn.q_norm.weight"), eps);
+      k = rms_norm(k, T * Hkv, d, w(p + "self_attn.k_norm.weight"), eps);
+      rope(q, T, Hq, d, d, c_.rope_theta);
+      rope(k, T, Hkv, d, d, c_.rope_theta);
+      const Vec attn = causal_attention(q, k, v, T, Hq, Hkv, d);
       add(x, matmul(attn, T, w(p + "self_attn.o_proj.weight"), H, c_.q_dim));
-      h = rms_norm(x, T, H, w(p + "post_attention_layernorm.weight"));
+      h = rms_norm(x, T, H, w(p + "post_attention_layernorm.weight"), eps);
       add(x, c_.moe_layer(l) ? moe(h, T, p) : dense(h, T, p));
     }
-    const Vec h = rms_norm(x, T, H, w("model.norm.weight"));
+    const Vec h = rms_norm(x, T, H, w("model.norm.weight"), eps);
     const Vec& head = c_.tie_word_embeddings ? embed : w("lm_head.weight");
     return matmul(h, T, head, c_.vocab_size, H);
   }
 
  private:
-  const Vec& w(const std::string& name) const {
-    auto it = w_.find(name);
-    EXPECT_NE(it, w_.end()) << name;
-    return it->second;
-  }
-  // y[n, out] = x[n, in] W[out, in]^T
-  static Vec matmul(const Vec& x, int64_t n, const Vec& W, int64_t out, int64_t in) {
-    Vec y(static_cast<size_t>(n * out), 0.0);
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t r = 0; r < out; ++r) {
-        double acc = 0;
-        for (int64_t c = 0; c < in; ++c) acc += x[i * in + c] * W[r * in + c];
-        y[i * out + r] = acc;
-      }
-    return y;
-  }
-  Vec rms_norm(const Vec& x, int64_t rows, int64_t dim, const Vec& g) const {
-    Vec y(x.size());
-    for (int64_t r = 0; r < rows; ++r) {
-      double ss = 0;
-      for (int64_t i = 0; i < dim; ++i) ss += x[r * dim + i] * x[r * dim + i];
-      const double inv = 1.0 / std::sqrt(ss / dim + c_.rms_norm_eps);
-      for (int64_t i = 0; i < dim; ++i) y[r * dim + i] = g[i] * (x[r * dim + i] * inv);
-    }
-    return y;
-  }
-  // rotate_half RoPE at positions 0 .. T-1.
-  void rope(Vec& x, int64_t T, int heads) const {
-    const int64_t d = c_.head_dim, half = d / 2;
-    for (int64_t t = 0; t < T; ++t)
-      for (int hh = 0; hh < heads; ++hh) {
-        double* r = &x[(t * heads + hh) * d];
-        for (int64_t i = 0; i < half; ++i) {
-          const double inv_freq = 1.0 / std::pow(c_.rope_theta, static_cast<double>(2 * i) / d);
-          const double a = t * inv_freq, co = std::cos(a), si = std::sin(a);
-          const double x0 = r[i], x1 = r[i + half];
-          r[i] = x0 * co - x1 * si;
-          r[i + half] = x1 * co + x0 * si;
-        }
-      }
-  }
-  static void add(Vec& x, const Vec& y) {
-    for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
-  }
-  static double silu(double g) { return g / (1.0 + std::exp(-g)); }
+  const Vec& w(const std::string& name) const { return ckpt_.w(name); }
   // down(silu(gate h) * up h) of each row with the given matrices.
   static Vec swiglu(const Vec& h, int64_t T, const Vec& gate, const Vec& up, const Vec& down,
                     int64_t inter, int64_t H) {
@@ -194,8 +131,8 @@ class Reference {
     return y;
   }
 
-  format::ModelConfig c_;
-  std::map<std::string, Vec> w_;
+  test::Float64Checkpoint ckpt_;
+  const format::ModelConfig& c_;
   double min_margin_ = INFINITY;
 };
 
@@ -209,40 +146,6 @@ std::unique_ptr<engine::Runtime> make_runtime(const std::string& mode, bool dumm
   auto rt = engine::Runtime::create(o);
   EXPECT_TRUE(rt.ok()) << rt.status().to_string();
   return rt.ok() ? std::move(rt).value() : nullptr;
-}
-
-std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int vocab) {
-  std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int32_t& t : ids) t = pick(rng);
-  return ids;
-}
-
-// got [rows, vocab] against want (float64) rows [row0, row0 + rows).
-void expect_close(const std::vector<float>& got, const Vec& want, int64_t row0, int64_t rows,
-                  int vocab, double tol, const std::string& what,
-                  double min_cos_allowed = 1 - 1e-6) {
-  ASSERT_EQ(got.size(), static_cast<size_t>(rows * vocab)) << what;
-  double max_err = 0, min_cos = 1;
-  int64_t worst = -1;
-  for (int64_t r = 0; r < rows; ++r) {
-    double dot = 0, ng = 0, nw = 0;
-    for (int c = 0; c < vocab; ++c) {
-      const double a = got[r * vocab + c], b = want[(row0 + r) * vocab + c];
-      if (std::fabs(a - b) > max_err) {
-        max_err = std::fabs(a - b);
-        worst = r * vocab + c;
-      }
-      dot += a * b;
-      ng += a * a;
-      nw += b * b;
-    }
-    min_cos = std::min(min_cos, dot / std::sqrt(ng * nw));
-  }
-  std::printf("%-28s max_abs %.3g min_cos %.9f\n", what.c_str(), max_err, min_cos);
-  EXPECT_LE(max_err, tol) << what << ": first worst at row " << worst / vocab << " token "
-                          << worst % vocab;
-  EXPECT_GE(min_cos, min_cos_allowed) << what;
 }
 
 TEST(MoeModel, TinyCheckpointShape) {

@@ -90,6 +90,17 @@ class CpuBackend final : public Backend {
     q.batch_invariant = batch_invariant_;
     return kernels::moe_ffn(q);
   }
+  Status sigmoid_mul(float* x, const float* gate, int64_t n) override {
+    return kernels::sigmoid_mul(x, gate, n);
+  }
+  Status causal_conv1d(const CausalConv1dParams& p) override { return kernels::causal_conv1d(p); }
+  Status gdn_gates(const GdnGatesParams& p) override { return kernels::gdn_gates(p); }
+  Status gated_delta_rule(const GatedDeltaParams& p) override {
+    return kernels::gated_delta_rule(p);
+  }
+  Status rms_norm_gated(const RmsNormGatedParams& p) override {
+    return kernels::rms_norm_gated(p);
+  }
   Status add(float* x, const float* y, int64_t n) override { return kernels::add(x, y, n); }
   Status gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t dim,
                      float* dst) override {
@@ -186,6 +197,27 @@ Status Backend::moe_ffn(const MoeFfnParams& p) {
   (void)p;
   return unimplemented("moe_ffn: MoE not implemented on %s yet (run MoE models with --device cpu)",
                        device_name(device()));
+}
+
+namespace {
+Status no_hybrid_ops(const char* op, Device device) {
+  return unimplemented("%s: the hybrid (Gated DeltaNet) ops are not implemented on %s yet (run "
+                       "Qwen3.5 models with --device cpu)", op, device_name(device));
+}
+}  // namespace
+
+Status Backend::sigmoid_mul(float*, const float*, int64_t) {
+  return no_hybrid_ops("sigmoid_mul", device());
+}
+Status Backend::causal_conv1d(const CausalConv1dParams&) {
+  return no_hybrid_ops("causal_conv1d", device());
+}
+Status Backend::gdn_gates(const GdnGatesParams&) { return no_hybrid_ops("gdn_gates", device()); }
+Status Backend::gated_delta_rule(const GatedDeltaParams&) {
+  return no_hybrid_ops("gated_delta_rule", device());
+}
+Status Backend::rms_norm_gated(const RmsNormGatedParams&) {
+  return no_hybrid_ops("rms_norm_gated", device());
 }
 
 Status Backend::copy(const void* src, size_t bytes, void* dst) {

@@ -50,7 +50,10 @@ void rope_tables(const int32_t* positions, int64_t n_rows, const float* inv_freq
 }
 
 Status rope(const RopeParams& p) {
-  const int64_t d = p.head_dim, half = d / 2;
+  const int64_t d = p.head_dim, rot_dim = p.rotary_dim == 0 ? d : p.rotary_dim, half = rot_dim / 2;
+  if (rot_dim <= 0 || rot_dim > d || rot_dim % 2 != 0)
+    return invalid_argument("rope: rotary_dim %d must be even and in (0, head_dim %d]",
+                            p.rotary_dim, p.head_dim);
   if (p.q_norm != nullptr)
     OSCAR_RETURN_IF_ERROR(rms_norm(p.q, p.n_rows * p.n_heads_q, d, p.q_norm, p.norm_eps, p.q));
   if (p.k_norm != nullptr)
@@ -71,6 +74,11 @@ Status rope(const RopeParams& p) {
     rot(p.q, p.n_heads_q);
     rot(p.k, p.n_heads_kv);
   }
+  return Status();
+}
+
+Status sigmoid_mul(float* x, const float* gate, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
   return Status();
 }
 

@@ -513,6 +513,9 @@ Status rope_cuda(const RopeParams& p, void* stream) {
         "rope_cuda: bad shape (%lld rows, %d q heads, %d kv heads, head_dim "
         "%d)",
         static_cast<long long>(p.n_rows), p.n_heads_q, p.n_heads_kv, p.head_dim);
+  if (p.rotary_dim != 0 && p.rotary_dim != p.head_dim)
+    return unimplemented("rope_cuda: partial rotary (%d of %d dims) is not implemented on CUDA "
+                         "yet", p.rotary_dim, p.head_dim);
   const int64_t total = p.n_rows * (p.n_heads_q + p.n_heads_kv) * (p.head_dim / 2);
   if (total == 0) return Status();
   if (p.cos == nullptr || p.sin == nullptr || (p.n_heads_q > 0 && p.q == nullptr) ||
