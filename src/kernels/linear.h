@@ -36,6 +36,9 @@ Status linear_ref(const LinearParams& p);
 // even/odd lanes once per call, so that one 32-byte load feeds two FMAs). Many rows (prefill):
 // blocks of 64 weight rows widened to float in a per-thread buffer, then Eigen's GEMM.
 Status linear(const LinearParams& p);
+// Several products of the same x (q/k/v, gate/up): the values of one linear() each. Decode rows
+// of BF16 weights run in one parallel region (one wake-up of the thread team, not one each).
+Status linear_group(const LinearParams* ps, int count);
 // CUDA (kernels/cuda/linear.cu): device pointers, asynchronous on `stream` (a cudaStream_t).
 // Few rows: a bandwidth-bound kernel that reads each weight once for all rows, float
 // activations and accumulation (as the CPU path). Many rows: x rounded to BF16 and a cuBLASLt

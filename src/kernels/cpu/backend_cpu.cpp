@@ -58,6 +58,9 @@ class CpuBackend final : public Backend {
     return kernels::rms_norm(x, rows, dim, w, eps, y);
   }
   Status linear(const LinearParams& p) override { return kernels::linear(p); }
+  Status linear_group(const LinearParams* ps, int count) override {
+    return kernels::linear_group(ps, count);
+  }
   Status rope(const RopeParams& p) override { return kernels::rope(p); }
   Status kv_append(const KvAppendParams& p) override { return kernels::kv_append(p); }
   Status rotate_queries(const RotateQueriesParams& p) override {

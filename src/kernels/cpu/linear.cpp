@@ -25,6 +25,7 @@ using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMa
 constexpr int64_t kBlockRows = 64;   // weight rows per task
 constexpr int64_t kFewRows = 8;      // up to this many x rows: the streaming kernel
 constexpr int kXTile = 4;            // x rows served by one pass over a weight row
+constexpr int kMaxGroup = 4;         // products that linear_group runs in one parallel region
 
 Status check(const LinearParams& p) {
   if (p.n < 0 || p.w.rows <= 0 || p.w.cols <= 0)
@@ -86,35 +87,44 @@ void rows_dot(const float* x, int64_t ldx, const T* w, int64_t in, int64_t r0, i
   }
 }
 
-// The decode-rows loop: blocks of kBlockRows weight rows over the threads, each block against
-// kXTile rows of x at a time. dot(nx, x, r0, r1, y) runs one block for nx (a
+// One block of the decode-rows loop: weight rows [b * kBlockRows, ...) against every row of x,
+// kXTile rows of x at a time. dot(nx, x, r0, r1, y) runs the block for nx (a
 // std::integral_constant) rows of x starting at x, writing y.
 template <class Dot>
-void few_rows_loop(const LinearParams& p, const float* x, Dot&& dot) {
+void few_rows_block(const LinearParams& p, const float* x, int64_t b, Dot&& dot) {
   const int64_t in = p.w.cols, out = p.w.rows;
-  const int64_t n_blocks = (out + kBlockRows - 1) / kBlockRows;
-#pragma omp parallel for schedule(static) if (n_blocks > 1 && p.n * out * in >= (int64_t{1} << 15))
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const int64_t r0 = b * kBlockRows, r1 = std::min(out, r0 + kBlockRows);
-    for (int64_t i = 0; i < p.n; i += kXTile) {
-      const float* xi = x + i * in;
-      float* y = p.y + i * out;
-      switch (std::min<int64_t>(kXTile, p.n - i)) {
-        case 1:
-          dot(std::integral_constant<int, 1>{}, xi, r0, r1, y);
-          break;
-        case 2:
-          dot(std::integral_constant<int, 2>{}, xi, r0, r1, y);
-          break;
-        case 3:
-          dot(std::integral_constant<int, 3>{}, xi, r0, r1, y);
-          break;
-        default:
-          dot(std::integral_constant<int, 4>{}, xi, r0, r1, y);
-          break;
-      }
+  const int64_t r0 = b * kBlockRows, r1 = std::min(out, r0 + kBlockRows);
+  for (int64_t i = 0; i < p.n; i += kXTile) {
+    const float* xi = x + i * in;
+    float* y = p.y + i * out;
+    switch (std::min<int64_t>(kXTile, p.n - i)) {
+      case 1:
+        dot(std::integral_constant<int, 1>{}, xi, r0, r1, y);
+        break;
+      case 2:
+        dot(std::integral_constant<int, 2>{}, xi, r0, r1, y);
+        break;
+      case 3:
+        dot(std::integral_constant<int, 3>{}, xi, r0, r1, y);
+        break;
+      default:
+        dot(std::integral_constant<int, 4>{}, xi, r0, r1, y);
+        break;
     }
   }
+}
+
+int64_t n_blocks(const LinearParams& p) { return (p.w.rows + kBlockRows - 1) / kBlockRows; }
+
+// Below this many multiply-adds a product runs on one thread (waking the team costs more).
+bool worth_threads(int64_t blocks, int64_t madds) { return blocks > 1 && madds >= (int64_t{1} << 15); }
+
+// The decode-rows loop: blocks of kBlockRows weight rows over the threads.
+template <class Dot>
+void few_rows_loop(const LinearParams& p, const float* x, Dot&& dot) {
+  const int64_t blocks = n_blocks(p);
+#pragma omp parallel for schedule(static) if (worth_threads(blocks, p.n * p.w.rows * p.w.cols))
+  for (int64_t b = 0; b < blocks; ++b) few_rows_block(p, x, b, dot);
 }
 
 template <typename T>
@@ -151,18 +161,33 @@ void rows_dot_bf16_split(const float* xs, int64_t ldx, const bf16_t* w, int64_t 
 }
 #endif
 
+#ifdef OSCAR_LINEAR_AVX2
+// x in split order (simd::split_16), in a per-thread buffer reused across calls.
+const float* split_x(const LinearParams& p) {
+  thread_local std::vector<float> xs;
+  xs.resize(static_cast<size_t>(p.n * p.w.cols));
+  simd::split_16(p.x, p.n * p.w.cols, xs.data());
+  return xs.data();
+}
+
+auto bf16_split_dot(const LinearParams& p) {
+  return [&p](auto nx, const float* x, int64_t r0, int64_t r1, float* y) {
+    const int64_t in = p.w.cols;
+    rows_dot_bf16_split<decltype(nx)::value>(x, in, static_cast<const bf16_t*>(p.w.data), in, r0,
+                                             r1, y, p.w.rows);
+  };
+}
+
+bool bf16_split_path(const LinearParams& p) {
+  return p.n <= kFewRows && p.w.dtype == DType::kBF16 && p.w.cols % 16 == 0;
+}
+#endif
+
 // BF16 weights, decode rows.
 void few_rows_bf16(const LinearParams& p) {
 #ifdef OSCAR_LINEAR_AVX2
-  if (p.w.cols % 16 == 0) {
-    const int64_t in = p.w.cols, out = p.w.rows;
-    const bf16_t* w = static_cast<const bf16_t*>(p.w.data);
-    thread_local std::vector<float> xs;
-    xs.resize(static_cast<size_t>(p.n * in));
-    simd::split_16(p.x, p.n * in, xs.data());
-    few_rows_loop(p, xs.data(), [&](auto nx, const float* x, int64_t r0, int64_t r1, float* y) {
-      rows_dot_bf16_split<decltype(nx)::value>(x, in, w, in, r0, r1, y, out);
-    });
+  if (bf16_split_path(p)) {
+    few_rows_loop(p, split_x(p), bf16_split_dot(p));
     return;
   }
 #endif
@@ -209,6 +234,16 @@ Status linear_ref(const LinearParams& p) {
   return Status();
 }
 
+namespace {
+
+void add_bias(const LinearParams& p) {
+  if (p.bias != nullptr)
+    for (int64_t i = 0; i < p.n; ++i)
+      for (int64_t r = 0; r < p.w.rows; ++r) p.y[i * p.w.rows + r] += p.bias[r];
+}
+
+}  // namespace
+
 Status linear(const LinearParams& p) {
   OSCAR_RETURN_IF_ERROR(check(p));
   if (p.n == 0) return Status();
@@ -219,9 +254,42 @@ Status linear(const LinearParams& p) {
   } else {
     many_rows(p);
   }
-  if (p.bias != nullptr)
-    for (int64_t i = 0; i < p.n; ++i)
-      for (int64_t r = 0; r < p.w.rows; ++r) p.y[i * p.w.rows + r] += p.bias[r];
+  add_bias(p);
+  return Status();
+}
+
+Status linear_group(const LinearParams* ps, int count) {
+  for (int i = 0; i < count; ++i) OSCAR_RETURN_IF_ERROR(check(ps[i]));
+  bool one_region = count > 1 && count <= kMaxGroup;
+#ifdef OSCAR_LINEAR_AVX2
+  for (int i = 0; i < count && one_region; ++i)
+    one_region = bf16_split_path(ps[i]) && ps[i].n == ps[0].n && ps[i].x == ps[0].x &&
+                 ps[i].w.cols == ps[0].w.cols;
+#else
+  one_region = false;
+#endif
+  if (!one_region || ps[0].n == 0) {
+    for (int i = 0; i < count; ++i) OSCAR_RETURN_IF_ERROR(linear(ps[i]));
+    return Status();
+  }
+#ifdef OSCAR_LINEAR_AVX2
+  // The products' blocks as one list, in one parallel region: a batch-1 step's q/k/v and
+  // gate/up wake the thread team once instead of once per product (docs/results/bench_method.md).
+  int64_t first[kMaxGroup + 1] = {0};
+  int64_t madds = 0;
+  for (int i = 0; i < count; ++i) {
+    first[i + 1] = first[i] + n_blocks(ps[i]);
+    madds += ps[i].n * ps[i].w.rows * ps[i].w.cols;
+  }
+  const float* xs = split_x(ps[0]);
+#pragma omp parallel for schedule(static) if (worth_threads(first[count], madds))
+  for (int64_t g = 0; g < first[count]; ++g) {
+    int i = 0;
+    while (g >= first[i + 1]) ++i;
+    few_rows_block(ps[i], xs, g - first[i], bf16_split_dot(ps[i]));
+  }
+  for (int i = 0; i < count; ++i) add_bias(ps[i]);
+#endif
   return Status();
 }
 
