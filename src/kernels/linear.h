@@ -31,13 +31,14 @@ struct LinearParams {
 
 // Plain loops, float64 accumulation: defines "correct".
 Status linear_ref(const LinearParams& p);
-// Fast CPU path. Few rows (decode): output rows split over threads, each weight row read once per
-// four rows of x, BF16 widened with a shift (AVX2+FMA when compiled for it; with x split into
-// even/odd lanes once per call, so that one 32-byte load feeds two FMAs). Many rows (prefill):
+// Fast CPU path. Few rows (decode): output rows split over the decode pool's threads
+// (kernels/cpu/decode_pool.h), each weight row read once per four rows of x, BF16 widened with a
+// shift (AVX2+FMA when compiled for it; with x split into even/odd lanes once per call, so that
+// one 32-byte load feeds two FMAs). Many rows (prefill):
 // blocks of 64 weight rows widened to float in a per-thread buffer, then Eigen's GEMM.
 Status linear(const LinearParams& p);
 // Several products of the same x (q/k/v, gate/up): the values of one linear() each. Decode rows
-// of BF16 weights run in one parallel region (one wake-up of the thread team, not one each).
+// of BF16 weights run as one parallel loop, not one each.
 Status linear_group(const LinearParams* ps, int count);
 // CUDA (kernels/cuda/linear.cu): device pointers, asynchronous on `stream` (a cudaStream_t).
 // Few rows: a bandwidth-bound kernel that reads each weight once for all rows, float

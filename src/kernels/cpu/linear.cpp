@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "kernels/cpu/decode_pool.h"
 #include "kernels/cpu/simd_lanes.h"
 #include "kernels/linear.h"
 
@@ -119,12 +120,15 @@ int64_t n_blocks(const LinearParams& p) { return (p.w.rows + kBlockRows - 1) / k
 // Below this many multiply-adds a product runs on one thread (waking the team costs more).
 bool worth_threads(int64_t blocks, int64_t madds) { return blocks > 1 && madds >= (int64_t{1} << 15); }
 
-// The decode-rows loop: blocks of kBlockRows weight rows over the threads.
+// The decode-rows loop: blocks of kBlockRows weight rows over the decode pool's threads.
 template <class Dot>
 void few_rows_loop(const LinearParams& p, const float* x, Dot&& dot) {
   const int64_t blocks = n_blocks(p);
-#pragma omp parallel for schedule(static) if (worth_threads(blocks, p.n * p.w.rows * p.w.cols))
-  for (int64_t b = 0; b < blocks; ++b) few_rows_block(p, x, b, dot);
+  if (!worth_threads(blocks, p.n * p.w.rows * p.w.cols)) {
+    for (int64_t b = 0; b < blocks; ++b) few_rows_block(p, x, b, dot);
+    return;
+  }
+  decode_parallel_for(blocks, [&](int64_t b, int) { few_rows_block(p, x, b, dot); });
 }
 
 template <typename T>
@@ -273,8 +277,8 @@ Status linear_group(const LinearParams* ps, int count) {
     return Status();
   }
 #ifdef OSCAR_LINEAR_AVX2
-  // The products' blocks as one list, in one parallel region: a batch-1 step's q/k/v and
-  // gate/up wake the thread team once instead of once per product (docs/results/bench_method.md).
+  // The products' blocks as one list, in one loop of the decode pool: a batch-1 step's q/k/v and
+  // gate/up are one loop instead of one per product (docs/results/bench_method.md).
   int64_t first[kMaxGroup + 1] = {0};
   int64_t madds = 0;
   for (int i = 0; i < count; ++i) {
@@ -282,12 +286,15 @@ Status linear_group(const LinearParams* ps, int count) {
     madds += ps[i].n * ps[i].w.rows * ps[i].w.cols;
   }
   const float* xs = split_x(ps[0]);
-#pragma omp parallel for schedule(static) if (worth_threads(first[count], madds))
-  for (int64_t g = 0; g < first[count]; ++g) {
+  auto block = [&](int64_t g, int) {
     int i = 0;
     while (g >= first[i + 1]) ++i;
     few_rows_block(ps[i], xs, g - first[i], bf16_split_dot(ps[i]));
-  }
+  };
+  if (worth_threads(first[count], madds))
+    decode_parallel_for(first[count], block);
+  else
+    for (int64_t g = 0; g < first[count]; ++g) block(g, 0);
   for (int i = 0; i < count; ++i) add_bias(ps[i]);
 #endif
   return Status();
