@@ -11,9 +11,14 @@
 # tree (build.sh; LLAMACPP_DIR, default /tmp/llamacpp-b10573) and converts models/tiny-qwen3 to
 # a BF16 GGUF there (to_gguf.py). A round: bench_model --modes bf16,oscar (16 warm-up steps, 256
 # timed decode tokens after a prefill of CONTEXT tokens), then llama-bench -n 256 -d CONTEXT
-# (decode of 256 tokens at that depth, after its own warm-up) with the f16 cache (its default)
-# and the q4_0 cache, flash attention at its default (auto: on for the CPU). MODEL and GGUF
-# override the model (e.g. a --dummy-weights shape: set BENCH_MODEL_ARGS too).
+# (decode of 256 tokens at that depth, after its own warm-up) for each cache type in CACHES
+# (default "f16 q4_0"; f16 is llama.cpp's default), flash attention at its default (auto: on for
+# the CPU), each twice: with libgomp's default wait policy (threads spin ~10 ms: llama.cpp's own
+# setting, which starves when other processes share the cores) and with oscar's
+# (OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=300, core/omp_env.h), labelled "passive".
+# BENCH_MODEL lists the bench_model binaries to run each round (default ./build/bench/bench_model;
+# several: a before/after pair, rows labelled by the binary's file name).
+# MODEL and GGUF override the model (e.g. a --dummy-weights shape: set BENCH_MODEL_ARGS too).
 # Rows go to stdout and to $LLAMACPP_DIR/rounds.md, the medians to the end.
 set -euo pipefail
 if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
@@ -38,17 +43,27 @@ out="$dir/rounds.md"
 : > "$out"
 for r in $(seq 1 "$rounds"); do
   echo "round $r: $(uptime)" >&2
-  ./build/bench/bench_model --model "$model" "${model_args[@]}" --modes bf16,oscar \
-    --contexts "$contexts" --decode-tokens "$decode" --reps 1 2>/dev/null |
-    grep '^| \(bf16\|oscar\) ' | sed "s/^/round $r /" | tee -a "$out"
-  for cache in f16 q4_0; do
-    "$dir/build/bin/llama-bench" -m "$gguf" -t "$threads" -p 0 -n "$decode" -d "$contexts" \
-      -ctk "$cache" -ctv "$cache" -r 1 -o jsonl 2>/dev/null | python3 -c '
+  for bin in ${BENCH_MODEL:-./build/bench/bench_model}; do
+    label=""
+    [ -n "${BENCH_MODEL:-}" ] && label="$(basename "$bin") "
+    "$bin" --model "$model" "${model_args[@]}" --modes bf16,oscar --contexts "$contexts" \
+      --decode-tokens "$decode" --reps 1 2>/dev/null | grep '^| \(bf16\|oscar\) ' |
+      sed "s/^| \([a-z0-9]*\) /round $r | \1 $label/" | tee -a "$out"
+  done
+  for cache in ${CACHES:-f16 q4_0}; do
+    for policy in default passive; do
+      env_args=()
+      [ "$policy" = passive ] && env_args=(OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=300)
+      env "${env_args[@]}" "$dir/build/bin/llama-bench" -m "$gguf" -t "$threads" -p 0 \
+        -n "$decode" -d "$contexts" -ctk "$cache" -ctv "$cache" -r 1 -o jsonl 2>/dev/null |
+        python3 -c '
 import json, sys
 for line in sys.stdin:
     t = json.loads(line)
-    print("| llama.cpp b%s %s cache | %d | %.1f |" % (t["build_number"], t["type_k"], t["n_depth"], t["avg_ts"]))
-' | sed "s/^/round $r /" | tee -a "$out"
+    print("| llama.cpp b%s %s cache %s | %d | %.1f |" % (
+        t["build_number"], t["type_k"], sys.argv[1], t["n_depth"], t["avg_ts"]))
+' "$policy" | sed "s/^/round $r /" | tee -a "$out"
+    done
   done
 done
 # Medians of decode tokens/s per engine and context (the last column of every row; the context is
@@ -57,6 +72,8 @@ python3 - "$out" <<'PY'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
+    if not line.startswith("round"):
+        continue
     cells = [c.strip() for c in line.split("|")[1:-1]]
     name, ctx = cells[0], cells[-2] if cells[0].startswith("llama") else cells[2]
     rows.setdefault((name, int(ctx)), []).append(float(cells[-1]))
