@@ -29,12 +29,14 @@ inline void cpu_relax() {
 #endif
 }
 
-// How long a helper spins after its last block before it sleeps: long enough to cover the serial
-// work between a step's loops, short enough that an idle engine stops spinning at once.
-// OSCAR_CPU_SPIN_US overrides it (0: sleep at once).
+// How long a helper spins after its last block before it sleeps: enough for most of the serial
+// work between a step's loops (GOMP_SPINCOUNT=1000, ~30 us on the development VM, left about one
+// sleep a token, docs/results/bench_method.md), short enough that an idle engine, or one on a
+// loaded machine, stops spinning soon (docs/results/cpu_decode_llamacpp.md). OSCAR_CPU_SPIN_US
+// overrides it (0: sleep after a few pauses).
 int64_t spin_ns() {
   const char* e = std::getenv("OSCAR_CPU_SPIN_US");
-  return (e != nullptr ? std::atoll(e) : 200) * 1000;
+  return (e != nullptr ? std::atoll(e) : 50) * 1000;
 }
 
 // The current loop in one word, so that claiming a block and seeing which loop it belongs to are
@@ -84,11 +86,7 @@ class DecodePool {
       if (sleepers_.load() > 0) futex_wake();
       work(0);
       // Only blocks a helper has claimed are left: wait for those.
-      for (int i = 1; done_.load() < m; ++i)
-        if (i % 64 != 0)
-          cpu_relax();
-        else
-          sched_yield();  // the helper may have lost its core mid-block
+      wait_done(m);
     }
     in_loop = false;
   }
@@ -112,6 +110,21 @@ class DecodePool {
       in_loop = outer;
       done_.fetch_add(1);
       ran = true;
+    }
+  }
+
+  // The caller waits for the blocks helpers still run, a few microseconds each. It spins: a
+  // sched_yield here gives the core away for a whole time slice when the machine is loaded. Only
+  // a helper that lost its core mid-block makes it wait long; then it yields.
+  void wait_done(int64_t m) const {
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point t0 = Clock::now();
+    bool late = false;
+    for (int i = 1; done_.load() < m; ++i) {
+      if (i % 64 != 0 || (!late && !(late = Clock::now() - t0 > std::chrono::microseconds(200))))
+        cpu_relax();
+      else
+        sched_yield();
     }
   }
 

@@ -6,8 +6,8 @@
 // and the caller waits for it; longer spins starve the work when the cores are shared
 // (docs/results/bench_method.md). Here a loop's blocks are claimed from one counter: the caller
 // starts at once and waits only for blocks another thread has claimed, so a late or sleeping
-// helper costs a wake-up call, not its wake-up time. Helpers spin (pausing, yielding the core)
-// for a short window after each loop, which covers the gaps inside a step, then sleep.
+// helper costs a wake-up call, not its wake-up time. Helpers spin (pausing, yielding the core now
+// and then) for a short window after each loop, which covers most gaps inside a step, then sleep.
 #pragma once
 
 #include <cstdint>
