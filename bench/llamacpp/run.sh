@@ -15,7 +15,8 @@
 # (default "f16 q4_0"; f16 is llama.cpp's default), flash attention at its default (auto: on for
 # the CPU), each twice: with libgomp's default wait policy (threads spin ~10 ms: llama.cpp's own
 # setting, which starves when other processes share the cores) and with oscar's
-# (OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=300, core/omp_env.h), labelled "passive".
+# (OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=300, core/omp_env.h), labelled "passive"; POLICIES
+# (default "default passive") picks them.
 # BENCH_MODEL lists the bench_model binaries to run each round (default ./build/bench/bench_model;
 # several: a before/after pair, rows labelled by the binary's file name).
 # MODEL and GGUF override the model (e.g. a --dummy-weights shape: set BENCH_MODEL_ARGS too).
@@ -51,7 +52,7 @@ for r in $(seq 1 "$rounds"); do
       sed "s/^| \([a-z0-9]*\) /round $r | \1 $label/" | tee -a "$out"
   done
   for cache in ${CACHES:-f16 q4_0}; do
-    for policy in default passive; do
+    for policy in ${POLICIES:-default passive}; do
       env_args=()
       [ "$policy" = passive ] && env_args=(OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=300)
       env "${env_args[@]}" "$dir/build/bin/llama-bench" -m "$gguf" -t "$threads" -p 0 \
