@@ -26,11 +26,13 @@ if [ ! -f "$dir/src/CMakeLists.txt" ] || [ "$(cat "$dir/COMMIT" 2>/dev/null)" !=
   mkdir -p "$dir/src"
   # The snapshot lacks the vocabulary test models (large blobs; git reports them as invalid
   # objects and goes on); the build does not read them.
-  git -C "$git_dir" archive "$commit" -- . ':(exclude)models/ggml-vocab-*.gguf' | tar -x -C "$dir/src"
+  git -C "$git_dir" archive "$commit" -- . ':(exclude)models/ggml-vocab-*.gguf' |
+    tar -x -C "$dir/src"
   echo "$commit" > "$dir/COMMIT"
 fi
 launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+command -v ccache >/dev/null &&
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S "$dir/src" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=ON -DGGML_OPENMP=ON -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \

@@ -80,5 +80,6 @@ for line in open(sys.argv[1]):
     rows.setdefault((name, int(ctx)), []).append(float(cells[-1]))
 print("\n| engine | context | decode tok/s, median | min-max | rounds |\n|---|---|---|---|---|")
 for (name, ctx), v in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-    print("| %s | %d | %.1f | %.1f-%.1f | %d |" % (name, ctx, statistics.median(v), min(v), max(v), len(v)))
+    print("| %s | %d | %.1f | %.1f-%.1f | %d |" %
+          (name, ctx, statistics.median(v), min(v), max(v), len(v)))
 PY

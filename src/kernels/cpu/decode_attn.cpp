@@ -1,6 +1,6 @@
 // Fast CPU decode attention (kernels/decode_attn.h). Every segment (sinks, history, recent) is cut
-// into chunks of `chunk_tokens`; one task (decode_pool.h) per (KV head, chunk) computes the split-KV
-// partials (o, m, ℓ) of all gqa_ratio query heads of that KV head, so each K/V row is read and
+// into chunks of `chunk_tokens`; one task (decode_pool.h) per (KV head, chunk) computes the
+// split-KV partials (o, m, ℓ) of all gqa_ratio query heads of that KV head, so each K/V row is read and
 // unpacked once per group. A chunk is processed in blocks of kBlock tokens: the block's K rows are
 // scored against every head of the group (tiles of 8 FMA chains), the online softmax rescales what
 // was accumulated, then the block's V rows go into the accumulators. BF16 and 2-bit rows are read

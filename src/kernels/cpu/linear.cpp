@@ -118,7 +118,9 @@ void few_rows_block(const LinearParams& p, const float* x, int64_t b, Dot&& dot)
 int64_t n_blocks(const LinearParams& p) { return (p.w.rows + kBlockRows - 1) / kBlockRows; }
 
 // Below this many multiply-adds a product runs on one thread (waking the team costs more).
-bool worth_threads(int64_t blocks, int64_t madds) { return blocks > 1 && madds >= (int64_t{1} << 15); }
+bool worth_threads(int64_t blocks, int64_t madds) {
+  return blocks > 1 && madds >= (int64_t{1} << 15);
+}
 
 // The decode-rows loop: blocks of kBlockRows weight rows over the decode pool's threads.
 template <class Dot>
