@@ -34,13 +34,17 @@ struct LinearParams {
 // Plain loops, float64 accumulation: defines "correct".
 Status linear_ref(const LinearParams& p);
 // Fast CPU path. Few rows (decode), or any number with batch_invariant: the streaming kernel,
-// tasks of 64 weight rows by 64 rows of x over the threads, each weight row read once per four
-// rows of x, BF16 widened with a shift (AVX2+FMA when compiled for it; with x split into even/odd
-// lanes once per call, so that one 32-byte load feeds two FMAs); each y[i, r] is one fixed FMA
-// chain, so row i's result is bitwise the same whatever n and the other rows. Many rows
-// (prefill) otherwise: blocks of 64 weight rows widened to float in a per-thread buffer, then
-// Eigen's GEMM (faster prefill, docs/results/determinism.md; its sums depend on n).
+// tasks of 64 weight rows by 64 rows of x over the decode pool's threads
+// (kernels/cpu/decode_pool.h), each weight row read once per four rows of x, BF16 widened with a
+// shift (AVX2+FMA when compiled for it; with x split into even/odd lanes once per call, so that
+// one 32-byte load feeds two FMAs); each y[i, r] is one fixed FMA chain, so row i's result is
+// bitwise the same whatever n and the other rows. Many rows (prefill) otherwise: blocks of 64
+// weight rows widened to float in a per-thread buffer, then Eigen's GEMM (faster prefill,
+// docs/results/determinism.md; its sums depend on n).
 Status linear(const LinearParams& p);
+// Several products of the same x (q/k/v, gate/up): the values of one linear() each. Decode rows
+// of BF16 weights run as one parallel loop, not one each.
+Status linear_group(const LinearParams* ps, int count);
 // CUDA (kernels/cuda/linear.cu): device pointers, asynchronous on `stream` (a cudaStream_t).
 // Few rows: a bandwidth-bound kernel that reads each weight once for all rows, float
 // activations and accumulation (as the CPU path). Many rows: x rounded to BF16 and a cuBLASLt

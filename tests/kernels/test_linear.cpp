@@ -99,6 +99,42 @@ TEST(Linear, InvariantRowsEqualTheRowAlone) {
     }
 }
 
+// linear_group runs q/k/v-like and gate/up-like groups of one x in one parallel region: the bits
+// of one linear() each, for decode and prefill rows, with and without bias.
+TEST(Linear, GroupMatchesOneByOne) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const int64_t in = 256;
+  for (int64_t n : {1, 3, 8, 9})
+    for (const std::vector<int64_t>& outs : {std::vector<int64_t>{512, 256, 256},
+                                            std::vector<int64_t>{768, 768}, {70, 129}})
+      for (bool bias : {false, true}) {
+        std::vector<float> x(n * in);
+        for (float& v : x) v = normal(rng);
+        std::vector<std::vector<bf16_t>> w(outs.size());
+        std::vector<std::vector<float>> b(outs.size()), y(outs.size()), y_one(outs.size());
+        std::vector<LinearParams> ps(outs.size());
+        for (size_t i = 0; i < outs.size(); ++i) {
+          w[i].resize(outs[i] * in);
+          for (bf16_t& v : w[i]) v = f32_to_bf16(normal(rng));
+          b[i].resize(outs[i]);
+          for (float& v : b[i]) v = normal(rng);
+          y[i].assign(n * outs[i], -7.f);
+          y_one[i].assign(n * outs[i], -7.f);
+          ps[i].x = x.data();
+          ps[i].n = n;
+          ps[i].w = WeightView{w[i].data(), DType::kBF16, outs[i], in};
+          ps[i].bias = bias ? b[i].data() : nullptr;
+          ps[i].y = y_one[i].data();
+          ASSERT_TRUE(linear(ps[i]).ok());
+          ps[i].y = y[i].data();
+        }
+        ASSERT_TRUE(linear_group(ps.data(), static_cast<int>(ps.size())).ok());
+        for (size_t i = 0; i < outs.size(); ++i)
+          ASSERT_EQ(y[i], y_one[i]) << "n " << n << " product " << i << " of " << outs.size();
+      }
+}
+
 TEST(Linear, RefusesBadShapes) {
   LinearParams p;
   p.n = 1;
@@ -108,6 +144,7 @@ TEST(Linear, RefusesBadShapes) {
   p.y = &y;
   p.w = WeightView{&x, static_cast<DType>(7), 1, 1};
   EXPECT_FALSE(linear(p).ok());
+  EXPECT_FALSE(linear_group(&p, 1).ok());
 }
 
 }  // namespace

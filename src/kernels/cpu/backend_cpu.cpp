@@ -66,6 +66,11 @@ class CpuBackend final : public Backend {
     q.batch_invariant = batch_invariant_;
     return kernels::linear(q);
   }
+  Status linear_group(const LinearParams* ps, int count) override {
+    std::vector<LinearParams> qs(ps, ps + count);
+    for (LinearParams& q : qs) q.batch_invariant = batch_invariant_;
+    return kernels::linear_group(qs.data(), count);
+  }
   Status rope(const RopeParams& p) override { return kernels::rope(p); }
   Status kv_append(const KvAppendParams& p) override { return kernels::kv_append(p); }
   Status rotate_queries(const RotateQueriesParams& p) override {

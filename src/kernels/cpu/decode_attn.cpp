@@ -1,17 +1,16 @@
 // Fast CPU decode attention (kernels/decode_attn.h). Every segment (sinks, history, recent) is cut
-// into chunks of `chunk_tokens`; one OpenMP task per (KV head, chunk) computes the split-KV
-// partials (o, m, ℓ) of all gqa_ratio query heads of that KV head, so each K/V row is read and
-// unpacked once per group. A chunk is processed in blocks of kBlock tokens: the block's K rows are
-// scored against every head of the group (tiles of 8 FMA chains), the online softmax rescales what
-// was accumulated, then the block's V rows go into the accumulators. BF16 and 2-bit rows are read
-// in place (Bf16Rows, Int2Rows: widened and looked up 8 or 16 elements at a time inside the
+// into chunks of `chunk_tokens`; one task (decode_pool.h) per (KV head, chunk) computes the
+// split-KV partials (o, m, ℓ) of all gqa_ratio query heads of that KV head, so each K/V row is read
+// and unpacked once per group. A chunk is processed in blocks of kBlock tokens: the block's K rows
+// are scored against every head of the group (tiles of 8 FMA chains), the online softmax rescales
+// what was accumulated, then the block's V rows go into the accumulators. BF16 and 2-bit rows are
+// read in place (Bf16Rows, Int2Rows: widened and looked up 8 or 16 elements at a time inside the
 // tiles); the 3-, 4- and 1-bit rows of a bit plan (and f32 pages) are first converted into a
 // [kBlock, head_dim] float buffer (level tables of 8 and 2 entries, min + q·s from the nibbles).
 // The next block's rows are prefetched. merge_attn_states combines the partials.
 //
 // AVX2+FMA (and F16C) intrinsics are used when the compiler targets them (-march=native);
 // otherwise portable loops that compute the same values.
-#include <omp.h>
 
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
@@ -29,6 +28,7 @@
 
 #include "core/bf16.h"
 #include "core/check.h"
+#include "kernels/cpu/decode_pool.h"
 #include "kernels/cpu/simd_lanes.h"
 #include "kernels/decode_attn.h"
 #include "quant/bit_plan_layout.h"
@@ -572,7 +572,7 @@ struct Chunk {
 int64_t auto_chunk_tokens(const DecodeAttnParams& p, int64_t total_tokens) {
   if (p.chunk_tokens > 0) return p.chunk_tokens;
   // About four tasks per thread, never chunks so small that merging dominates.
-  const int64_t n_threads = std::max(1, omp_get_max_threads());
+  const int64_t n_threads = decode_pool_threads();
   const int64_t chunks_per_head = std::max<int64_t>(1, (4 * n_threads + p.layout.n_heads_kv - 1) /
                                                            p.layout.n_heads_kv);
   int64_t c = std::max(kMinChunkTokens, (total_tokens + chunks_per_head - 1) / chunks_per_head);
@@ -784,10 +784,10 @@ Status decode_attn(const DecodeAttnParams& p) {
   // Small problems are not worth waking the thread team.
   const bool parallel = total * H * d >= (int64_t{1} << 16) && n_tasks > 1;
 
-  // One parallel region for the whole batch: tasks, then the per-sequence merges.
-#pragma omp parallel if (parallel)
-  {
-    TaskScratch s;
+  // The tasks over the decode pool's threads (kernels/cpu/decode_pool.h), then the per-sequence
+  // merges. Scratch is per thread and kept between calls (it only grows).
+  auto task = [&](int64_t t, int) {
+    thread_local TaskScratch s;
     s.rows.resize(static_cast<size_t>(kBlock) * d);
     s.scores.resize(static_cast<size_t>(gqa) * kBlock);
     s.o.resize(static_cast<size_t>(gqa) * d);
@@ -799,21 +799,24 @@ Status decode_attn(const DecodeAttnParams& p) {
       int2_steps(d, p.group_size, s.steps.data());
     }
 #endif
-#pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < n_tasks; ++task) {
-      const int pi = task / H;
-      const int g = task % H;
-      const size_t r0 = static_cast<size_t>(pi) * p.n_heads_q + static_cast<size_t>(g) * gqa;
-      chunk_partial(p, chunks[pi], g, s, part_o.data() + r0 * d, part_m.data() + r0,
-                    part_l.data() + r0);
-    }
-#pragma omp for schedule(static)
-    for (int q = 0; q < p.n_seqs; ++q) {
-      const size_t first = static_cast<size_t>(seq_parts[q]) * p.n_heads_q;
-      merge_attn_states(part_o.data() + first * d, part_m.data() + first, part_l.data() + first,
-                        seq_parts[q + 1] - seq_parts[q], p.n_heads_q, d, p.n_heads_q,
-                        p.out + static_cast<size_t>(q) * p.n_heads_q * d);
-    }
+    const int pi = static_cast<int>(t / H);
+    const int g = static_cast<int>(t % H);
+    const size_t r0 = static_cast<size_t>(pi) * p.n_heads_q + static_cast<size_t>(g) * gqa;
+    chunk_partial(p, chunks[pi], g, s, part_o.data() + r0 * d, part_m.data() + r0,
+                  part_l.data() + r0);
+  };
+  auto merge = [&](int64_t q, int) {
+    const size_t first = static_cast<size_t>(seq_parts[q]) * p.n_heads_q;
+    merge_attn_states(part_o.data() + first * d, part_m.data() + first, part_l.data() + first,
+                      seq_parts[q + 1] - seq_parts[q], p.n_heads_q, d, p.n_heads_q,
+                      p.out + static_cast<size_t>(q) * p.n_heads_q * d);
+  };
+  if (parallel) {
+    decode_parallel_for(n_tasks, task);
+    decode_parallel_for(p.n_seqs, merge);
+  } else {
+    for (int t = 0; t < n_tasks; ++t) task(t, 0);
+    for (int q = 0; q < p.n_seqs; ++q) merge(q, 0);
   }
   return Status();
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "kernels/cpu/decode_pool.h"
 #include "kernels/cpu/simd_lanes.h"
 #include "kernels/linear.h"
 
@@ -23,9 +24,10 @@ namespace {
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 constexpr int64_t kBlockRows = 64;   // weight rows per task
-constexpr int64_t kXBlockRows = 64;  // x rows per task
 constexpr int64_t kFewRows = 8;      // up to this many x rows: the streaming kernel
 constexpr int kXTile = 4;            // x rows served by one pass over a weight row
+constexpr int64_t kXBlockRows = 64;  // x rows per task of the streaming loop (many rows)
+constexpr int kMaxGroup = 4;         // products that linear_group runs in one parallel region
 
 Status check(const LinearParams& p) {
   if (p.n < 0 || p.w.rows <= 0 || p.w.cols <= 0)
@@ -87,46 +89,65 @@ void rows_dot(const float* x, int64_t ldx, const T* w, int64_t in, int64_t r0, i
   }
 }
 
-// The streaming loop: tasks of kBlockRows weight rows by kXBlockRows rows of x over the threads
-// (a weight block and an x block stay in the core's cache), each task kXTile rows of x at a time.
-// dot(nx, x, r0, r1, y) runs one weight block for nx (a std::integral_constant) rows of x
-// starting at x, writing y. Every y[i, r] is one dot() chain whatever the tile, the task or the
-// thread, so a row's result does not depend on the other rows of the call (batch invariance).
+// One task of the streaming loop: weight rows [b * kBlockRows, ...) against rows [i0, i1) of x,
+// kXTile rows of x at a time. dot(nx, x, r0, r1, y) runs the block for nx (a
+// std::integral_constant) rows of x starting at x, writing y. Every y[i, r] is one dot() chain
+// whatever the tile, the task or the thread, so a row's result does not depend on the other rows
+// of the call (batch invariance).
 template <class Dot>
-void rows_loop(const LinearParams& p, const float* x, Dot&& dot) {
+void streaming_task(const LinearParams& p, const float* x, int64_t b, int64_t i0, int64_t i1,
+                    Dot&& dot) {
   const int64_t in = p.w.cols, out = p.w.rows;
-  const int64_t n_blocks = (out + kBlockRows - 1) / kBlockRows;
-  const int64_t n_tasks = n_blocks * ((p.n + kXBlockRows - 1) / kXBlockRows);
-#pragma omp parallel for schedule(static) if (n_tasks > 1 && p.n * out * in >= (int64_t{1} << 15))
-  for (int64_t t = 0; t < n_tasks; ++t) {
-    const int64_t r0 = (t % n_blocks) * kBlockRows, r1 = std::min(out, r0 + kBlockRows);
-    const int64_t i0 = (t / n_blocks) * kXBlockRows, i1 = std::min(p.n, i0 + kXBlockRows);
-    for (int64_t i = i0; i < i1; i += kXTile) {
-      const float* xi = x + i * in;
-      float* y = p.y + i * out;
-      switch (std::min<int64_t>(kXTile, i1 - i)) {
-        case 1:
-          dot(std::integral_constant<int, 1>{}, xi, r0, r1, y);
-          break;
-        case 2:
-          dot(std::integral_constant<int, 2>{}, xi, r0, r1, y);
-          break;
-        case 3:
-          dot(std::integral_constant<int, 3>{}, xi, r0, r1, y);
-          break;
-        default:
-          dot(std::integral_constant<int, 4>{}, xi, r0, r1, y);
-          break;
-      }
+  const int64_t r0 = b * kBlockRows, r1 = std::min(out, r0 + kBlockRows);
+  for (int64_t i = i0; i < i1; i += kXTile) {
+    const float* xi = x + i * in;
+    float* y = p.y + i * out;
+    switch (std::min<int64_t>(kXTile, i1 - i)) {
+      case 1:
+        dot(std::integral_constant<int, 1>{}, xi, r0, r1, y);
+        break;
+      case 2:
+        dot(std::integral_constant<int, 2>{}, xi, r0, r1, y);
+        break;
+      case 3:
+        dot(std::integral_constant<int, 3>{}, xi, r0, r1, y);
+        break;
+      default:
+        dot(std::integral_constant<int, 4>{}, xi, r0, r1, y);
+        break;
     }
   }
+}
+
+int64_t n_blocks(const LinearParams& p) { return (p.w.rows + kBlockRows - 1) / kBlockRows; }
+
+// Below this many multiply-adds a product runs on one thread (waking the team costs more).
+bool worth_threads(int64_t blocks, int64_t madds) {
+  return blocks > 1 && madds >= (int64_t{1} << 15);
+}
+
+// The streaming loop: tasks of kBlockRows weight rows by kXBlockRows rows of x (a weight block
+// and an x block stay in the core's cache) over the decode pool's threads. Decode rows (n <= 8)
+// make one task per weight block.
+template <class Dot>
+void streaming_loop(const LinearParams& p, const float* x, Dot&& dot) {
+  const int64_t blocks = n_blocks(p), tasks = blocks * ((p.n + kXBlockRows - 1) / kXBlockRows);
+  auto task = [&](int64_t t, int) {
+    const int64_t i0 = (t / blocks) * kXBlockRows;
+    streaming_task(p, x, t % blocks, i0, std::min(p.n, i0 + kXBlockRows), dot);
+  };
+  if (!worth_threads(tasks, p.n * p.w.rows * p.w.cols)) {
+    for (int64_t t = 0; t < tasks; ++t) task(t, 0);
+    return;
+  }
+  decode_parallel_for(tasks, task);
 }
 
 template <typename T>
 void streaming(const LinearParams& p) {
   const int64_t in = p.w.cols, out = p.w.rows;
   const T* w = static_cast<const T*>(p.w.data);
-  rows_loop(p, p.x, [&](auto nx, const float* x, int64_t r0, int64_t r1, float* y) {
+  streaming_loop(p, p.x, [&](auto nx, const float* x, int64_t r0, int64_t r1, float* y) {
     rows_dot<T, decltype(nx)::value>(x, in, w, in, r0, r1, y, out);
   });
 }
@@ -156,18 +177,33 @@ void rows_dot_bf16_split(const float* xs, int64_t ldx, const bf16_t* w, int64_t 
 }
 #endif
 
+#ifdef OSCAR_LINEAR_AVX2
+// x in split order (simd::split_16), in a per-thread buffer reused across calls.
+const float* split_x(const LinearParams& p) {
+  thread_local std::vector<float> xs;
+  xs.resize(static_cast<size_t>(p.n * p.w.cols));
+  simd::split_16(p.x, p.n * p.w.cols, xs.data());
+  return xs.data();
+}
+
+auto bf16_split_dot(const LinearParams& p) {
+  return [&p](auto nx, const float* x, int64_t r0, int64_t r1, float* y) {
+    const int64_t in = p.w.cols;
+    rows_dot_bf16_split<decltype(nx)::value>(x, in, static_cast<const bf16_t*>(p.w.data), in, r0,
+                                             r1, y, p.w.rows);
+  };
+}
+
+bool bf16_split_path(const LinearParams& p) {
+  return p.w.dtype == DType::kBF16 && p.w.cols % 16 == 0;
+}
+#endif
+
 // BF16 weights.
 void streaming_bf16(const LinearParams& p) {
 #ifdef OSCAR_LINEAR_AVX2
-  if (p.w.cols % 16 == 0) {
-    const int64_t in = p.w.cols, out = p.w.rows;
-    const bf16_t* w = static_cast<const bf16_t*>(p.w.data);
-    thread_local std::vector<float> xs;
-    xs.resize(static_cast<size_t>(p.n * in));
-    simd::split_16(p.x, p.n * in, xs.data());
-    rows_loop(p, xs.data(), [&](auto nx, const float* x, int64_t r0, int64_t r1, float* y) {
-      rows_dot_bf16_split<decltype(nx)::value>(x, in, w, in, r0, r1, y, out);
-    });
+  if (bf16_split_path(p)) {
+    streaming_loop(p, split_x(p), bf16_split_dot(p));
     return;
   }
 #endif
@@ -214,6 +250,16 @@ Status linear_ref(const LinearParams& p) {
   return Status();
 }
 
+namespace {
+
+void add_bias(const LinearParams& p) {
+  if (p.bias != nullptr)
+    for (int64_t i = 0; i < p.n; ++i)
+      for (int64_t r = 0; r < p.w.rows; ++r) p.y[i * p.w.rows + r] += p.bias[r];
+}
+
+}  // namespace
+
 Status linear(const LinearParams& p) {
   OSCAR_RETURN_IF_ERROR(check(p));
   if (p.n == 0) return Status();
@@ -224,9 +270,46 @@ Status linear(const LinearParams& p) {
   } else {
     many_rows(p);
   }
-  if (p.bias != nullptr)
-    for (int64_t i = 0; i < p.n; ++i)
-      for (int64_t r = 0; r < p.w.rows; ++r) p.y[i * p.w.rows + r] += p.bias[r];
+  add_bias(p);
+  return Status();
+}
+
+Status linear_group(const LinearParams* ps, int count) {
+  for (int i = 0; i < count; ++i) OSCAR_RETURN_IF_ERROR(check(ps[i]));
+  bool one_region = count > 1 && count <= kMaxGroup;
+#ifdef OSCAR_LINEAR_AVX2
+  for (int i = 0; i < count && one_region; ++i)
+    one_region = bf16_split_path(ps[i]) && ps[i].n <= kFewRows && ps[i].n == ps[0].n &&
+                 ps[i].x == ps[0].x &&
+                 ps[i].w.cols == ps[0].w.cols;
+#else
+  one_region = false;
+#endif
+  if (!one_region || ps[0].n == 0) {
+    for (int i = 0; i < count; ++i) OSCAR_RETURN_IF_ERROR(linear(ps[i]));
+    return Status();
+  }
+#ifdef OSCAR_LINEAR_AVX2
+  // The products' blocks as one list, in one loop of the decode pool: a batch-1 step's q/k/v and
+  // gate/up are one loop instead of one per product (docs/results/bench_method.md).
+  int64_t first[kMaxGroup + 1] = {0};
+  int64_t madds = 0;
+  for (int i = 0; i < count; ++i) {
+    first[i + 1] = first[i] + n_blocks(ps[i]);
+    madds += ps[i].n * ps[i].w.rows * ps[i].w.cols;
+  }
+  const float* xs = split_x(ps[0]);
+  auto block = [&](int64_t g, int) {
+    int i = 0;
+    while (g >= first[i + 1]) ++i;
+    streaming_task(ps[i], xs, g - first[i], 0, ps[i].n, bf16_split_dot(ps[i]));
+  };
+  if (worth_threads(first[count], madds))
+    decode_parallel_for(first[count], block);
+  else
+    for (int64_t g = 0; g < first[count]; ++g) block(g, 0);
+  for (int i = 0; i < count; ++i) add_bias(ps[i]);
+#endif
   return Status();
 }
 
