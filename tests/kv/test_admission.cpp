@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "kv/admission.h"
 
@@ -99,6 +102,91 @@ TEST(Admission, ReusablePrefix) {
   EXPECT_EQ(reusable_prefix_tokens(cfg, 10000), 64 + 605 * 16);
   EXPECT_EQ(reusable_prefix_tokens(RegionConfig{16, 0, 0}, 32), 16);
   EXPECT_EQ(reusable_prefix_tokens(RegionConfig{16, 0, 0}, 33), 32);
+}
+
+// Chunks [0, n) held in the given forms: BF16 where bf16(i), INT2 where int2(i); page id = 1000 *
+// pool + chunk index, so that the chosen form of each chunk shows in the page id.
+std::vector<CachedChunk> chunks_with(int n, const std::function<bool(int)>& bf16,
+                                     const std::function<bool(int)>& int2) {
+  std::vector<CachedChunk> c(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    if (bf16(i)) c[i].pages[kPoolBf16] = i;
+    if (int2(i)) c[i].pages[kPoolInt2] = 1000 + i;
+  }
+  return c;
+}
+
+// The forms chosen, as a string: 'b' for a BF16 page, 'i' for an INT2 page, one per chunk.
+std::string forms(const std::vector<CachedPage>& pages) {
+  std::string s;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    EXPECT_EQ(pages[i].page, static_cast<PageId>(1000 * pages[i].pool + i)) << "chunk " << i;
+    s += pages[i].pool == kPoolBf16 ? 'b' : 'i';
+  }
+  return s;
+}
+
+std::string run(char c, int n) { return std::string(static_cast<size_t>(n), c); }
+
+// choose_prefix_forms for each combination of forms, with page_size 16, 4 sink pages, a recent
+// window of 256 tokens. A prompt of 1000 tokens holds after its prefill sinks [0, 64), history
+// [64, 736) (chunks 4..45) and a recent window [736, 1000) (chunks 46..61 full, 62 partial).
+TEST(Admission, ChoosePrefixForms) {
+  const RegionConfig cfg = default_cfg();
+  auto all = [](int) { return true; };
+  auto none = [](int) { return false; };
+  auto sink = [](int i) { return i < 4; };
+  // A request of 1000 tokens published at the end of its prefill: sinks, history to 736, its
+  // full recent pages.
+  auto published_bf16 = [](int i) { return i < 4 || i >= 46; };
+  auto published_int2 = [](int i) { return i >= 4 && i < 46; };
+  // Another request of 1000 tokens over the same 992-token prefix: everything is reused, in the
+  // form a cold sequence of 992 tokens holds (history_end(992) = 736).
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 1000, chunks_with(62, published_bf16,
+                                                                   published_int2))),
+            run('b', 4) + run('i', 42) + run('b', 16));
+  // Over a 960-token prefix: a cold sequence of 960 tokens holds history to 704 (chunk 44), but
+  // chunks 44-45 are INT2 only: the history ends at 736 instead (still <= history_end(1000)).
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 1000, chunks_with(60, published_bf16,
+                                                                   published_int2))),
+            run('b', 4) + run('i', 42) + run('b', 14));
+  // INT2 only past the sinks (a cache of before): the match stops where BF16 would be needed,
+  // at the history end of the 1000-token prompt (what the recent window recomputes).
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 1000, chunks_with(62, sink, [](int i) {
+              return i >= 4;
+            }))),
+            run('b', 4) + run('i', 42));
+  // BF16 only where INT2 is needed: reused as BF16 (the sequence's next commit demotes the
+  // pages below its history end into its own INT2 pages).
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 1000, chunks_with(62, all, none))),
+            run('b', 62));
+  // Both forms everywhere: the cold form of the 992-token prefix.
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 1000, chunks_with(62, all, all))),
+            run('b', 4) + run('i', 42) + run('b', 16));
+  // ... for a prompt of 800 tokens too: 49 chunks, history_end(784) = 528 (chunk 33).
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 800, chunks_with(62, all, all))),
+            run('b', 4) + run('i', 29) + run('b', 16));
+  // A gap in the BF16 run ends the match (at chunk 50: history_end(800) = 544, chunk 34); a sink
+  // without its BF16 page ends it at the sinks.
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 1000, chunks_with(62, [](int i) {
+              return i != 50;
+            }, published_int2))),
+            run('b', 4) + run('i', 30) + run('b', 16));
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 1000, chunks_with(62, [](int i) {
+              return i != 2;
+            }, all))),
+            run('b', 2));
+  // At least one token is computed; short prompts reuse sink pages only.
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 16, chunks_with(4, all, none))), "");
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 40, chunks_with(4, all, none))), "bb");
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 0, chunks_with(4, all, none))), "");
+  // Unquantized caches: every BF16 page up to a chunk without one.
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, false, 1000, chunks_with(62, all, none))),
+            run('b', 62));
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, false, 1000, chunks_with(62, [](int i) {
+              return i != 7;
+            }, all))),
+            run('b', 7));
 }
 
 TEST(Admission, PagesNeededWithAndWithoutCache) {
