@@ -1038,6 +1038,7 @@ void Scheduler::snapshot_pools() {
   std::vector<kv::PagePool*> pools = {&runtime_->exact_pool()};
   if (runtime_->int2_pool()) pools.push_back(runtime_->int2_pool());
   metrics_.prefix_cache_pages = 0;
+  metrics_.prefix_cache_blocks = radix_ ? radix_->stats().cached_chunks : 0;
   for (size_t i = 0; i < pools.size(); ++i) {
     KvPoolUsage u{i == 0 ? pools[i]->name() : "int2", pools[i]->n_used(), pools[i]->n_pages()};
     // The radix cache's pool i is this pool i (create() hands it the same list).

@@ -196,6 +196,7 @@ InsertResult RadixCache::insert(std::span<const int32_t> tokens,
       }
       add_gauges(leaf, +1, +1);
       result.n_pages_adopted += static_cast<int64_t>(leaf->chunks.size());
+      stats_.cached_chunks += static_cast<int64_t>(leaf->chunks.size());
       node->children.emplace(std::vector<int32_t>(leaf->tokens.begin(), leaf->tokens.begin() + p),
                              leaf);
       if (listener_ != nullptr) hash_and_announce(leaf);
@@ -258,6 +259,7 @@ bool RadixCache::release_cached(CachedPage page) {
 }
 
 int64_t RadixCache::release_chunk(const CachedChunk& chunk, uint8_t pool) {
+  --stats_.cached_chunks;
   int64_t freed = 0;
   for_each_form(std::span(&chunk, 1),
                 [&](CachedPage page) { freed += release_cached(page) && page.pool == pool; });
@@ -366,6 +368,7 @@ void RadixCache::reset() {
   std::fill(stats_.cached_pages.begin(), stats_.cached_pages.end(), 0);
   std::fill(stats_.evictable_pages.begin(), stats_.evictable_pages.end(), 0);
   stats_.n_nodes = 0;
+  stats_.cached_chunks = 0;
   if (listener_ != nullptr) listener_->on_cleared();
 }
 
@@ -412,6 +415,7 @@ void RadixCache::reset_stats() {
   fresh.cached_pages = stats_.cached_pages;
   fresh.evictable_pages = stats_.evictable_pages;
   fresh.n_nodes = stats_.n_nodes;
+  fresh.cached_chunks = stats_.cached_chunks;
   stats_ = std::move(fresh);
 }
 
@@ -451,7 +455,7 @@ void RadixCache::check_invariants() const {
   const size_t p = static_cast<size_t>(page_size_);
   std::vector<int64_t> cached(pools_.size(), 0);
   std::vector<int64_t> evictable(pools_.size(), 0);
-  int64_t n_reached = 0;
+  int64_t n_reached = 0, n_chunks = 0;
   std::vector<const Node*> stack{root_};
   OSCAR_CHECK(root_->chunks.empty() && root_->tokens.empty() && root_->parent == nullptr &&
                   root_->lock_count == 0,
@@ -471,6 +475,7 @@ void RadixCache::check_invariants() const {
       for (const CachedChunk& chunk : node->chunks) {
         OSCAR_CHECK(chunk.has(0) || chunk.has(1), "radix cache: a chunk without a page");
       }
+      n_chunks += static_cast<int64_t>(node->chunks.size());
       for_each_form(node->chunks, [&](CachedPage page) {
         OSCAR_CHECK(page.pool < pools_.size(), "radix cache: pool index %d", page.pool);
         OSCAR_CHECK(pools_[page.pool]->refcount(page.page) >= 1,
@@ -501,6 +506,7 @@ void RadixCache::check_invariants() const {
               static_cast<long long>(n_reached), nodes_.size(),
               static_cast<long long>(stats_.n_nodes));
   OSCAR_CHECK(cached == stats_.cached_pages, "radix cache: cached_pages gauge is off");
+  OSCAR_CHECK(n_chunks == stats_.cached_chunks, "radix cache: cached_chunks gauge is off");
   OSCAR_CHECK(evictable == stats_.evictable_pages, "radix cache: evictable_pages gauge is off");
 }
 

@@ -111,6 +111,7 @@ struct RadixCacheStats {
   std::vector<int64_t> cached_pages;     // [n_pools] gauge: pages the cache references now
   std::vector<int64_t> evictable_pages;  // [n_pools] gauge: cached pages in unlocked nodes
   int64_t n_nodes = 0;                   // gauge: nodes excluding the root
+  int64_t cached_chunks = 0;  // gauge: chunks cached, whatever their forms (the KV-event blocks)
 };
 
 class RadixCache {

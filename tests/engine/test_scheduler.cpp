@@ -692,8 +692,9 @@ TEST(Scheduler, NonFiniteKvFailsOnlyItsRequest) {
 
 // KV-cache events through the real scheduler: a sink that rebuilds the block set from every
 // batch (kv::KvBlockMirror refuses any event out of order) ends up holding exactly as many
-// blocks as the prefix cache holds pages, after shared prefixes, a divergence and a cancellation
-// in the middle of a prefill; the first batch starts with AllBlocksCleared.
+// blocks as the prefix cache holds chunks (a chunk cached as a BF16 and an INT2 page is one
+// block), after shared prefixes, a divergence and a cancellation in the middle of a prefill; the
+// first batch starts with AllBlocksCleared.
 TEST(Scheduler, KvEventsFollowThePrefixCache) {
   struct MirrorSink final : kv::KvEventSink {
     std::mutex mu;
@@ -735,7 +736,8 @@ TEST(Scheduler, KvEventsFollowThePrefixCache) {
   EXPECT_TRUE(sink.status.ok()) << sink.status.to_string();
   EXPECT_TRUE(sink.first_cleared);
   EXPECT_GT(sink.mirror.size(), 0u);
-  EXPECT_EQ(static_cast<int64_t>(sink.mirror.size()), sched.metrics().prefix_cache_pages);
+  EXPECT_EQ(static_cast<int64_t>(sink.mirror.size()), sched.metrics().prefix_cache_blocks);
+  EXPECT_GT(sched.metrics().prefix_cache_pages, sched.metrics().prefix_cache_blocks);
 }
 
 // An unknown --folded-weights value is refused by name, whatever the cache mode (bf16 folds

@@ -287,7 +287,7 @@ using RadixCacheDeathTest = RadixCacheTest;
 TEST_F(RadixCacheTest, ChunksHoldBothForms) {
   const auto a = iota_tokens(1, 16);  // 4 chunks: 2 sinks, 2 past them
   std::vector<CachedPage> recent = alloc_chunks(0, 2);  // BF16 sinks
-  for (int i = 0; i < 2; ++i) recent.push_back(CachedPage{*bf16_.alloc(), kPoolBf16});
+  for (int i = 0; i < 2; ++i) recent.push_back(CachedPage{bf16_.alloc().value(), kPoolBf16});
   InsertResult first = cache_.insert(a, recent);
   EXPECT_EQ(first.n_pages_adopted, 4);
   // Later the sequence holds chunks 2-3 as INT2 (demoted): the insert adds that form.
@@ -299,6 +299,7 @@ TEST_F(RadixCacheTest, ChunksHoldBothForms) {
   EXPECT_EQ(second.cached_pages, demoted);
   EXPECT_EQ(cache_.stats().cached_pages[kPoolBf16], 4);
   EXPECT_EQ(cache_.stats().cached_pages[kPoolInt2], 2);
+  EXPECT_EQ(cache_.stats().cached_chunks, 4);
   cache_.check_invariants();
   int n_forms = 0;
   cache_.for_each_page([&](std::span<const int32_t>, CachedPage) { ++n_forms; });

@@ -114,6 +114,8 @@ TEST_F(SharedRecentTest, AdopterReadsOwnersPagesAndDemotesIntoItsOwn) {
   const CachedPage owner_int2 = owner.shareable_pages()[4];
   EXPECT_NE(owner_int2.page, adopter_int2.page);
   EXPECT_EQ(bytes(int2_, owner_int2.page), bytes(int2_, adopter_int2.page));
+  EXPECT_EQ(bytes(exact_, shared.page), shared_bytes);
+  EXPECT_EQ(exact_.refcount(shared.page), 1);  // the cache's
 
   // The adopter is preempted: its pages go to the cache (the INT2 form of the shared chunk joins
   // it), it unlocks and clears.
@@ -124,11 +126,12 @@ TEST_F(SharedRecentTest, AdopterReadsOwnersPagesAndDemotesIntoItsOwn) {
   EXPECT_EQ(ins.n_tokens_existing, 96);
   radix_.unlock(m.last_node);
   adopter.reset();
-  EXPECT_EQ(exact_.refcount(shared.page), 2);
+  EXPECT_EQ(exact_.refcount(shared.page), 1);
   EXPECT_EQ(int2_.refcount(adopter_int2.page), 1);  // the cache's
   radix_.check_invariants();
   owner.clear();
-  EXPECT_EQ(exact_.refcount(shared.page), 1);
+  EXPECT_EQ(exact_.refcount(owned[0].page), 1);  // every cached page: the cache's reference
+  EXPECT_EQ(int2_.refcount(owned[1].page), 1);
   radix_.evict_all_unlocked();
   EXPECT_EQ(exact_.n_free(), exact_.n_pages());
   EXPECT_EQ(int2_.n_free(), int2_.n_pages());
