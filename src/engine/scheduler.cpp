@@ -518,7 +518,8 @@ kv::PrefixMatch Scheduler::match_prefix(const Sequence& s) {
   // always computed (its logits give the next token), so the full pages before the last token
   // are what a lookup asks for.
   const int64_t p = spec.regions.page_size;
-  const std::span<const int32_t> asked(s.context.data(), std::max<int64_t>(0, n_context - 1) / p * p);
+  const std::span<const int32_t> asked(s.context.data(),
+                                       std::max<int64_t>(0, n_context - 1) / p * p);
   return radix_->match_prefix(asked, [&](std::span<const kv::CachedChunk> chunks) {
     return kv::choose_prefix_forms(spec.regions, spec.quantized(), n_context, chunks);
   });

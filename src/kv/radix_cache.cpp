@@ -130,16 +130,15 @@ PrefixMatch RadixCache::match_prefix(std::span<const int32_t> tokens, const Form
   if (choose) {
     match.pages = choose(found);
   } else {
-    for (const CachedChunk& chunk : found)
-      match.pages.push_back(chunk.form(chunk.has(0) ? 0 : 1));
+    for (const CachedChunk& chunk : found) match.pages.push_back(chunk.form(chunk.has(0) ? 0 : 1));
   }
   OSCAR_CHECK(match.pages.size() <= found.size(), "radix cache: %zu forms chosen of %zu chunks",
               match.pages.size(), found.size());
   for (size_t i = 0; i < match.pages.size(); ++i) {
     const CachedPage page = match.pages[i];
-    OSCAR_CHECK(page.pool < kMaxCachePools && found[i].has(page.pool) &&
-                    found[i].form(page.pool) == page,
-                "radix cache: chosen page %zu is not a form of its chunk", i);
+    OSCAR_CHECK(
+        page.pool < kMaxCachePools && found[i].has(page.pool) && found[i].form(page.pool) == page,
+        "radix cache: chosen page %zu is not a form of its chunk", i);
   }
   // The chosen prefix: split where it ends inside an edge.
   const std::span<const int32_t> used = tokens.first(match.pages.size() * p);

@@ -187,10 +187,10 @@ class RadixCache {
   struct Node {
     uint64_t id = 0;
     Node* parent = nullptr;
-    std::vector<int32_t> tokens;    // edge label, [k * page_size] tokens
-    std::vector<CachedChunk> chunks;  // [k]
+    std::vector<int32_t> tokens;       // edge label, [k * page_size] tokens
+    std::vector<CachedChunk> chunks;   // [k]
     std::vector<BlockDigest> digests;  // [k] chained block digests while a listener is set, else []
-    ChildMap children;              // keyed by the child's first page of tokens
+    ChildMap children;                 // keyed by the child's first page of tokens
     int32_t lock_count = 0;
     uint64_t last_access = 0;  // logical clock, larger = more recent
   };
