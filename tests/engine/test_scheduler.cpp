@@ -950,10 +950,10 @@ TEST(Scheduler, PreemptionResumesExactlyWithPrefixCache) {
 }
 
 // The same in a 2-bit mode (110 tokens stay within the sinks and the recent window, so the cache
-// is exact): the preempted request's full recent pages are cached, and its readmission adopts
-// them as its recent window.
+// is exact; 4 MiB leave 12 BF16 pages): the later request is preempted at 93 tokens, its full
+// pages are cached, and its readmission adopts the sinks and the recent page [64, 80).
 TEST(Scheduler, PreemptionResumesExactlyWithSharedRecentPages) {
-  check_preemption_resumes("int2-hadamard", /*prefix_cache=*/true, 1, 20, 90);
+  check_preemption_resumes("int2-hadamard", /*prefix_cache=*/true, 4, 20, 90);
 }
 
 // max_waiting bounds the requests that wait for admission: one more is refused with
