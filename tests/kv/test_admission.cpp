@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -187,6 +188,57 @@ TEST(Admission, ChoosePrefixForms) {
               return i != 7;
             }, all))),
             run('b', 7));
+}
+
+// choose_prefix_forms against a brute force over every (h, m) on random form patterns: the result
+// is sinks, then INT2 [n_sink, h), then BF16 [h, m), each page a form its chunk holds; m is the
+// longest such prefix with h <= history_end(context) and m <= (context - 1) / page; h is the
+// smallest >= history_end(m) among those reaching m, else the largest below it.
+TEST(Admission, ChoosePrefixFormsIsTheBestFeasibleSplit) {
+  std::mt19937 rng(26);
+  for (const RegionConfig cfg : {default_cfg(), RegionConfig{16, 0, 32}, RegionConfig{32, 64, 0}}) {
+    const int64_t p = cfg.page_size, s = cfg.n_sink / p;
+    for (int trial = 0; trial < 2000; ++trial) {
+      const int n_chunks = static_cast<int>(rng() % 40);
+      const int64_t context = rng() % (48 * p);
+      std::vector<CachedChunk> chunks(static_cast<size_t>(n_chunks));
+      for (int i = 0; i < n_chunks; ++i) {
+        const unsigned f = 1 + rng() % 3;  // 1: BF16, 2: INT2, 3: both
+        if (f & 1) chunks[i].pages[kPoolBf16] = i;
+        if (f & 2) chunks[i].pages[kPoolInt2] = 1000 + i;
+      }
+      auto hist_end = [&](int64_t tokens) {
+        return (cfg.n_sink + pages_for_length(cfg, tokens).hist_pages * p) / p;
+      };
+      const int64_t limit = std::min<int64_t>(n_chunks, std::max<int64_t>(0, context - 1) / p);
+      // Every feasible (h, m); sinks first.
+      int64_t sinks = 0;
+      while (sinks < std::min(limit, s) && chunks[sinks].has(kPoolBf16)) ++sinks;
+      int64_t best_m = sinks, best_h = -1;
+      if (sinks == s) {
+        for (int64_t h = s; h <= std::min(limit, hist_end(context)); ++h) {
+          bool ok = true;
+          for (int64_t i = s; i < h; ++i) ok = ok && chunks[i].has(kPoolInt2);
+          if (!ok) break;
+          int64_t m = h;
+          while (m < limit && chunks[m].has(kPoolBf16)) ++m;
+          if (m > best_m || best_h < 0) best_m = m, best_h = -1;
+          if (m != best_m) continue;
+          const int64_t cold = hist_end(m * p);
+          if (best_h < 0 || (h >= cold && (best_h < cold || h < best_h)) ||
+              (h < cold && best_h < cold && h > best_h))
+            best_h = h;
+        }
+      }
+      const std::vector<CachedPage> got = choose_prefix_forms(cfg, true, context, chunks);
+      ASSERT_EQ(static_cast<int64_t>(got.size()), best_m) << "trial " << trial;
+      for (int64_t i = 0; i < best_m; ++i) {
+        const bool int2 = i >= s && i < best_h;
+        ASSERT_EQ(got[i].pool, int2 ? kPoolInt2 : kPoolBf16) << "trial " << trial << " chunk " << i;
+        ASSERT_EQ(got[i], chunks[i].form(got[i].pool));
+      }
+    }
+  }
 }
 
 TEST(Admission, PagesNeededWithAndWithoutCache) {
