@@ -182,7 +182,9 @@ int main(int argc, char** argv) {
     // One sequence of ctx tokens whose sinks and history the others share.
     auto base = rt.new_cache();
     fill(rt, *base, ctx, rng);
-    const auto shared = base->shareable_pages();
+    auto shared = base->shareable_pages();
+    if (rt.spec().quantized())  // sinks and history only: each sequence has its own window
+      shared.resize(static_cast<size_t>(base->hist_end() / rt.spec().regions.page_size));
     for (int batch : split_ints(batches)) {
       std::vector<std::unique_ptr<kv::SequenceCache>> caches;
       for (int b = 0; b < batch; ++b) {

@@ -155,6 +155,7 @@ struct EngineMetrics {
   std::vector<KvPoolUsage> kv_pools;
   double prefix_cache_hit_rate = 0.0;          // [0, 1]
   int64_t prefix_cache_pages = 0;              // pages the prefix cache references (all pools)
+  int64_t prefix_cache_blocks = 0;  // page-sized chunks it holds, in one form or two (KV events)
   uint64_t prefix_cache_query_tokens = 0;      // prompt tokens looked up in the prefix cache
   uint64_t prefix_cache_hit_tokens = 0;        // of those, tokens found
   std::string model_name;                      // the served model (metric labels)

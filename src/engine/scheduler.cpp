@@ -476,22 +476,29 @@ void Scheduler::available_pages(int64_t out[2]) const {
   }
 }
 
-// Pages a prefill of n_tokens leaves the sequence holding, less the first cached_tokens that the
-// prefix cache supplies (sink pages below n_sink, history pages above; every page when the cache
-// has no history region).
-kv::PageNeed Scheduler::prefill_pages(int64_t n_tokens, int64_t cached_tokens) const {
+// Pages a prefill of n_tokens leaves the sequence holding, less the cached pages that the prefix
+// cache supplies (kv::choose_prefix_forms: sinks, history, then recent pages; every page is an
+// exact page when the cache has no history region). A cached BF16 page where the prefilled
+// sequence holds history is demoted into a fresh INT2 page, which stays counted.
+kv::PageNeed Scheduler::prefill_pages(int64_t n_tokens,
+                                      std::span<const kv::CachedPage> cached) const {
   const kv::KvCacheSpec& spec = runtime_->spec();
   const int64_t p = spec.regions.page_size;
   kv::PageNeed need;
   if (!spec.quantized()) {
-    need.recent_pages = ceil_div(n_tokens, p) - cached_tokens / p;
+    need.recent_pages = ceil_div(n_tokens, p) - static_cast<int64_t>(cached.size());
     return need;
   }
   need = kv::pages_for_length(spec.regions, n_tokens);
-  need.sink_pages -= std::min<int64_t>(cached_tokens, spec.regions.n_sink) / p;
-  need.hist_pages -= std::max<int64_t>(0, cached_tokens - spec.regions.n_sink) / p;
+  const size_t n_sink_pages = static_cast<size_t>(spec.regions.n_sink / p);
+  for (size_t i = 0; i < cached.size(); ++i) {
+    if (i < n_sink_pages) need.sink_pages -= 1;
+    else if (cached[i].pool == kv::kPoolInt2) need.hist_pages -= 1;
+    else need.recent_pages -= 1;
+  }
   need.sink_pages = std::max<int64_t>(0, need.sink_pages);
   need.hist_pages = std::max<int64_t>(0, need.hist_pages);
+  need.recent_pages = std::max<int64_t>(0, need.recent_pages);
   return need;
 }
 
@@ -516,13 +523,15 @@ kv::PrefixMatch Scheduler::match_prefix(const Sequence& s) {
   if (!radix_) return {};
   const kv::KvCacheSpec& spec = runtime_->spec();
   const int64_t n_context = static_cast<int64_t>(s.context.size());
-  // Reuse sinks and history only: the context's recent window is recomputed in BF16. At least
-  // one token is always computed (its logits give the next token).
-  const int64_t reusable =
-      spec.quantized() ? kv::reusable_prefix_tokens(spec.regions, n_context)
-                       : ((n_context - 1) / spec.regions.page_size) * spec.regions.page_size;
-  if (reusable <= 0) return {};
-  return radix_->match_prefix(std::span<const int32_t>(s.context.data(), reusable));
+  // Sinks, history and recent pages in the form the sequence holds them; at least one token is
+  // always computed (its logits give the next token), so the full pages before the last token
+  // are what a lookup asks for.
+  const int64_t p = spec.regions.page_size;
+  const std::span<const int32_t> asked(s.context.data(),
+                                       std::max<int64_t>(0, n_context - 1) / p * p);
+  return radix_->match_prefix(asked, [&](std::span<const kv::CachedChunk> chunks) {
+    return kv::choose_prefix_forms(spec.regions, spec.quantized(), n_context, chunks);
+  });
 }
 
 // m: match_prefix(s), with no cache call in between.
@@ -564,7 +573,7 @@ void Scheduler::admit() {
     if (!idle && s.blocked_avail >= 0 && avail[0] + avail[1] <= s.blocked_avail) break;
     kv::PrefixMatch m = match_prefix(s);
     const kv::PageNeed need =
-        prefill_pages(static_cast<int64_t>(s.context.size()), m.n_tokens_matched);
+        prefill_pages(static_cast<int64_t>(s.context.size()), m.pages);
     if (!idle) {
       // The matched pages count as evictable now, but adopting them locks them.
       int64_t matched[2] = {0, 0};
@@ -1044,6 +1053,7 @@ void Scheduler::snapshot_pools() {
   std::vector<kv::PagePool*> pools = {&runtime_->exact_pool()};
   if (runtime_->int2_pool()) pools.push_back(runtime_->int2_pool());
   metrics_.prefix_cache_pages = 0;
+  metrics_.prefix_cache_blocks = radix_ ? radix_->stats().cached_chunks : 0;
   for (size_t i = 0; i < pools.size(); ++i) {
     KvPoolUsage u{i == 0 ? pools[i]->name() : "int2", pools[i]->n_used(), pools[i]->n_pages()};
     // The radix cache's pool i is this pool i (create() hands it the same list).

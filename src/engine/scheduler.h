@@ -7,10 +7,12 @@
 // Cancellation releases every page at once, also in the middle of a prefill.
 //
 // Prefix cache (kv/radix_cache.h): at admission the longest cached page-aligned prefix of the
-// prompt outside its recent window is adopted (sinks and INT2 history; the recent window is
-// recomputed in BF16); a prompt is inserted as soon as its prefill ends (so requests sharing a
-// system prompt hit while the first one still decodes), and again with its generated tokens when
-// the request ends, so multi-turn conversations and agent loops reuse their own history.
+// prompt is adopted in the form the sequence holds it (sinks, INT2 history, then full BF16
+// recent-window pages, which the sequence only reads and later demotes into INT2 pages of its
+// own: kv::choose_prefix_forms); a prompt is inserted as soon as its prefill ends (so requests
+// sharing a system prompt hit while the first one still decodes), and again with its generated
+// tokens when the request ends, so multi-turn conversations and agent loops reuse their own
+// history.
 // Unlocked cached pages count as available at admission and are evicted (LRU) when a step's
 // pages do not fit.
 //
@@ -26,8 +28,8 @@
 //
 // The choices of n > 1 are separate requests; each after the first names the first in
 // share_prompt_with and waits at the head of the queue until the first's prefill is done, then
-// adopts its prompt pages from the prefix cache (all but the last partial page with a BF16 cache;
-// sinks and history with INT2: the recent window is recomputed). tests: NChoicesSharePromptPages.
+// adopts its prompt pages from the prefix cache (all but the last partial page).
+// tests: NChoicesSharePromptPages.
 //
 // A step that fails (the forward pass, demotion, logits processing, sampling or log-probabilities
 // return an error, e.g. a CUDA error on a GPU) fails the requests in that step with the error
@@ -124,7 +126,7 @@ class Scheduler : public Engine {
   Scheduler(std::unique_ptr<Runtime> runtime, const SchedulerOptions& options);
   void loop();
   kv::PageNeed pages_needed(int64_t n_tokens) const;
-  kv::PageNeed prefill_pages(int64_t n_tokens, int64_t cached_tokens) const;
+  kv::PageNeed prefill_pages(int64_t n_tokens, std::span<const kv::CachedPage> cached) const;
   void available_pages(int64_t out[2]) const;
   void admit();
   bool prefilling(const std::string& id) const;

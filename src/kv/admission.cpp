@@ -74,6 +74,43 @@ int64_t reusable_prefix_tokens(const RegionConfig& cfg, int64_t prompt_tokens) {
   return std::min(tokens, (prompt_tokens - 1) / p * p);
 }
 
+std::vector<CachedPage> choose_prefix_forms(const RegionConfig& cfg, bool quantized,
+                                            int64_t context_tokens,
+                                            std::span<const CachedChunk> chunks) {
+  OSCAR_CHECK(cfg.validate().ok(), "choose_prefix_forms: invalid region config");
+  const int64_t p = cfg.page_size;
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(chunks.size()),
+                                      std::max<int64_t>(0, context_tokens - 1) / p);
+  std::vector<CachedPage> pages;
+  auto bf16 = [&](int64_t i) { return chunks[i].has(kPoolBf16); };
+  auto int2 = [&](int64_t i) { return chunks[i].has(kPoolInt2); };
+  // Sinks (every chunk when unquantized): BF16.
+  const int64_t n_sink = quantized ? std::min<int64_t>(n, cfg.n_sink / p) : n;
+  while (static_cast<int64_t>(pages.size()) < n_sink && bf16(pages.size()))
+    pages.push_back(chunks[pages.size()].form(kPoolBf16));
+  const int64_t s = static_cast<int64_t>(pages.size());
+  if (!quantized || s < cfg.n_sink / p) return pages;
+  // Chunk indices: history [s, h) where INT2 is held, h <= h_max; recent [h, m) where BF16 is.
+  const int64_t h_max =
+      std::min(n, (cfg.n_sink + pages_for_length(cfg, context_tokens).hist_pages * p) / p);
+  int64_t int2_end = s;
+  while (int2_end < h_max && int2(int2_end)) ++int2_end;
+  std::vector<int64_t> bf16_run(n - s + 1, 0);  // [i - s]: BF16 chunks from i on
+  for (int64_t i = n - 1; i >= s; --i) bf16_run[i - s] = bf16(i) ? bf16_run[i + 1 - s] + 1 : 0;
+  int64_t m = s;
+  for (int64_t h = s; h <= int2_end; ++h) m = std::max(m, h + bf16_run[h - s]);
+  const int64_t cold = (cfg.n_sink + pages_for_length(cfg, m * p).hist_pages * p) / p;
+  int64_t best = -1;
+  for (int64_t h = s; h <= int2_end; ++h) {
+    if (h + bf16_run[h - s] != m) continue;
+    const bool better = best < 0 || (h >= cold && (best < cold || h < best)) ||
+                        (h < cold && best < cold && h > best);
+    if (better) best = h;
+  }
+  for (int64_t i = s; i < m; ++i) pages.push_back(chunks[i].form(i < best ? kPoolInt2 : kPoolBf16));
+  return pages;
+}
+
 PageNeed pages_needed(const RegionConfig& cfg, int64_t prompt_tokens, int64_t max_tokens,
                       int64_t cached_tokens) {
   OSCAR_CHECK(prompt_tokens >= 0 && max_tokens >= 0,

@@ -20,9 +20,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "core/status.h"
 #include "kv/page_pool.h"
+#include "kv/radix_cache.h"  // CachedChunk
 
 namespace oscar::kv {
 
@@ -58,11 +61,28 @@ PageNeed peak_pages_for_length(const RegionConfig& cfg, int64_t n_tokens);
 // is an exact page, counted as recent_pages: ceil(n_tokens / page_size).
 PageNeed peak_pages(const RegionConfig& cfg, bool quantized, int64_t n_tokens);
 
-// The longest page-aligned prefix of a prompt of prompt_tokens tokens whose pages a radix-cache
-// hit may supply: it must lie in the sink or history regions at prefill time (the recent window
-// is always recomputed in BF16), and at least one prompt token must remain to be computed (its
-// logits give the first output token). A multiple of page_size; 0 for an empty prompt.
+// The longest page-aligned prefix of a prompt of prompt_tokens tokens that lies in the sink or
+// history regions at prefill time, leaving at least one prompt token to compute (its logits give
+// the first output token): the cached prefix pages_needed() counts as sinks and history. A
+// multiple of page_size; 0 for an empty prompt.
 int64_t reusable_prefix_tokens(const RegionConfig& cfg, int64_t prompt_tokens);
+
+// The pages a radix-cache hit supplies to a sequence about to prefill context_tokens tokens (the
+// FormChooser of RadixCache::match_prefix), from the chunks found along its token path. At least
+// one token is always left to compute (its logits give the next token), so at most the full pages
+// before the last token are used.
+// Unquantized caches: each chunk's BF16 page, as far as the chunks have one.
+// Quantized caches: BF16 sink pages, then INT2 history pages for [n_sink, h), then BF16 pages
+// (a recent window) for [h, m), the form a sequence holds; h never beyond the history a cold
+// sequence of context_tokens tokens holds after its prefill. The longest m wins; for it, h is the
+// history end of a cold sequence of m tokens when the forms allow it (then the next chunk reads
+// what a cold chunked prefill reads), else the nearest h above it, else the nearest below: BF16
+// pages where a cold sequence holds INT2, which the sequence's next commit demotes into its own
+// new INT2 pages (the shared BF16 pages are only read). A chunk held only as INT2 where BF16 is
+// needed ends the match there (the rest is recomputed).
+std::vector<CachedPage> choose_prefix_forms(const RegionConfig& cfg, bool quantized,
+                                            int64_t context_tokens,
+                                            std::span<const CachedChunk> chunks);
 
 // Fresh pages a request must be able to hold at once over its lifetime: the peak pages of a
 // sequence growing to prompt_tokens + max_tokens tokens, minus the cached_tokens prefix already

@@ -18,7 +18,8 @@ bool RadixCache::PageKeyLess::operator()(std::span<const int32_t> a,
 RadixCache::RadixCache(int32_t page_size, std::vector<PagePool*> pools)
     : page_size_(page_size), pools_(std::move(pools)) {
   OSCAR_CHECK(page_size > 0, "radix cache: page_size %d must be > 0", page_size);
-  OSCAR_CHECK(!pools_.empty() && pools_.size() <= 256, "radix cache: %zu pools", pools_.size());
+  OSCAR_CHECK(!pools_.empty() && pools_.size() <= kMaxCachePools, "radix cache: %zu pools",
+              pools_.size());
   for (const PagePool* pool : pools_) OSCAR_CHECK(pool != nullptr, "radix cache: null pool");
   stats_.evicted_pages.assign(pools_.size(), 0);
   stats_.cached_pages.assign(pools_.size(), 0);
@@ -29,10 +30,20 @@ RadixCache::RadixCache(int32_t page_size, std::vector<PagePool*> pools)
   nodes_.emplace(0, std::move(root));
 }
 
-RadixCache::~RadixCache() {
-  for (auto& [id, node] : nodes_) {
-    for (const CachedPage& page : node->pages) pools_[page.pool]->release(page.page);
+namespace {
+// fn(page) for every form of every chunk.
+template <typename Fn>
+void for_each_form(std::span<const CachedChunk> chunks, Fn&& fn) {
+  for (const CachedChunk& chunk : chunks) {
+    for (uint8_t pool = 0; pool < kMaxCachePools; ++pool)
+      if (chunk.has(pool)) fn(chunk.form(pool));
   }
+}
+}  // namespace
+
+RadixCache::~RadixCache() {
+  for (auto& [id, node] : nodes_)
+    for_each_form(node->chunks, [&](CachedPage page) { pools_[page.pool]->release(page.page); });
 }
 
 RadixCache::Node* RadixCache::find_node(NodeHandle handle) const {
@@ -53,10 +64,10 @@ RadixCache::Node* RadixCache::new_node(Node* parent) {
 }
 
 void RadixCache::add_gauges(const Node* node, int64_t cached_delta, int64_t evictable_delta) {
-  for (const CachedPage& page : node->pages) {
+  for_each_form(node->chunks, [&](CachedPage page) {
     stats_.cached_pages[page.pool] += cached_delta;
     stats_.evictable_pages[page.pool] += evictable_delta;
-  }
+  });
 }
 
 void RadixCache::touch(Node* node) {
@@ -67,7 +78,7 @@ void RadixCache::touch(Node* node) {
 size_t RadixCache::match_pages(const Node* node, std::span<const int32_t> tokens) const {
   const size_t p = static_cast<size_t>(page_size_);
   size_t k = 0;
-  while (k < node->pages.size() && (k + 1) * p <= tokens.size() &&
+  while (k < node->chunks.size() && (k + 1) * p <= tokens.size() &&
          std::equal(tokens.begin() + k * p, tokens.begin() + (k + 1) * p,
                     node->tokens.begin() + k * p)) {
     ++k;
@@ -76,13 +87,13 @@ size_t RadixCache::match_pages(const Node* node, std::span<const int32_t> tokens
 }
 
 RadixCache::Node* RadixCache::split(Node* node, size_t n_pages) {
-  OSCAR_CHECK(n_pages > 0 && n_pages < node->pages.size(), "radix cache: split at %zu of %zu",
-              n_pages, node->pages.size());
+  OSCAR_CHECK(n_pages > 0 && n_pages < node->chunks.size(), "radix cache: split at %zu of %zu",
+              n_pages, node->chunks.size());
   const size_t p = static_cast<size_t>(page_size_);
   Node* parent = node->parent;
   Node* upper = new_node(parent);
   upper->tokens.assign(node->tokens.begin(), node->tokens.begin() + n_pages * p);
-  upper->pages.assign(node->pages.begin(), node->pages.begin() + n_pages);
+  upper->chunks.assign(node->chunks.begin(), node->chunks.begin() + n_pages);
   if (!node->digests.empty()) {  // a listener is attached: the digests move with their pages
     upper->digests.assign(node->digests.begin(), node->digests.begin() + n_pages);
     node->digests.erase(node->digests.begin(), node->digests.begin() + n_pages);
@@ -91,7 +102,7 @@ RadixCache::Node* RadixCache::split(Node* node, size_t n_pages) {
   upper->lock_count = node->lock_count;
   upper->last_access = node->last_access;
   node->tokens.erase(node->tokens.begin(), node->tokens.begin() + n_pages * p);
-  node->pages.erase(node->pages.begin(), node->pages.begin() + n_pages);
+  node->chunks.erase(node->chunks.begin(), node->chunks.begin() + n_pages);
   // The first page is unchanged, so the parent's key for this edge stays the same.
   auto it = parent->children.find(std::span<const int32_t>(upper->tokens).first(p));
   OSCAR_CHECK(it != parent->children.end() && it->second == node, "radix cache: split lost edge");
@@ -102,23 +113,43 @@ RadixCache::Node* RadixCache::split(Node* node, size_t n_pages) {
   return upper;
 }
 
-PrefixMatch RadixCache::match_prefix(std::span<const int32_t> tokens) {
+PrefixMatch RadixCache::match_prefix(std::span<const int32_t> tokens, const FormChooser& choose) {
   const size_t p = static_cast<size_t>(page_size_);
+  // Every chunk along the path, read without changing the tree.
+  std::vector<CachedChunk> found;
+  for (const Node* node = root_; tokens.size() - found.size() * p >= p;) {
+    const std::span<const int32_t> rest = tokens.subspan(found.size() * p);
+    auto it = node->children.find(rest.first(p));
+    if (it == node->children.end()) break;
+    const size_t k = match_pages(it->second, rest);
+    found.insert(found.end(), it->second->chunks.begin(), it->second->chunks.begin() + k);
+    if (k < it->second->chunks.size()) break;
+    node = it->second;
+  }
   PrefixMatch match;
+  if (choose) {
+    match.pages = choose(found);
+  } else {
+    for (const CachedChunk& chunk : found) match.pages.push_back(chunk.form(chunk.has(0) ? 0 : 1));
+  }
+  OSCAR_CHECK(match.pages.size() <= found.size(), "radix cache: %zu forms chosen of %zu chunks",
+              match.pages.size(), found.size());
+  for (size_t i = 0; i < match.pages.size(); ++i) {
+    const CachedPage page = match.pages[i];
+    OSCAR_CHECK(
+        page.pool < kMaxCachePools && found[i].has(page.pool) && found[i].form(page.pool) == page,
+        "radix cache: chosen page %zu is not a form of its chunk", i);
+  }
+  // The chosen prefix: split where it ends inside an edge.
+  const std::span<const int32_t> used = tokens.first(match.pages.size() * p);
   Node* node = root_;
   size_t pos = 0;
-  while (tokens.size() - pos >= p) {
-    auto it = node->children.find(tokens.subspan(pos, p));
-    if (it == node->children.end()) break;
-    Node* child = it->second;
-    const size_t k = match_pages(child, tokens.subspan(pos));
-    OSCAR_CHECK(k >= 1, "radix cache: child key matched but its first page did not");
-    const bool whole_edge = k == child->pages.size();
-    if (!whole_edge) child = split(child, k);
-    match.pages.insert(match.pages.end(), child->pages.begin(), child->pages.end());
+  while (pos < used.size()) {
+    Node* child = node->children.find(used.subspan(pos, p))->second;
+    const size_t k = match_pages(child, used.subspan(pos));
+    if (k < child->chunks.size()) child = split(child, k);
     pos += k * p;
     node = child;
-    if (!whole_edge) break;
   }
   touch(node);
   match.n_tokens_matched = static_cast<int64_t>(pos);
@@ -143,7 +174,7 @@ InsertResult RadixCache::insert(std::span<const int32_t> tokens,
   for (const CachedPage& page : pages) {
     OSCAR_CHECK(page.pool < pools_.size(), "radix cache: pool index %d of %zu", page.pool,
                 pools_.size());
-    OSCAR_CHECK(pools_[page.pool]->refcount(page.page) > 0,
+    OSCAR_CHECK(page.page != kNoPage && pools_[page.pool]->refcount(page.page) > 0,
                 "radix cache: insert of page %d that the caller does not hold (pool %s)", page.page,
                 pools_[page.pool]->name().c_str());
   }
@@ -157,11 +188,14 @@ InsertResult RadixCache::insert(std::span<const int32_t> tokens,
       // The rest is new: one leaf adopts the caller's pages.
       Node* leaf = new_node(node);
       leaf->tokens.assign(tokens.begin() + pos, tokens.end());
-      leaf->pages.assign(pages.begin() + pos / p, pages.end());
-      for (const CachedPage& page : leaf->pages) pools_[page.pool]->retain(page.page);
+      for (const CachedPage& page : pages.subspan(pos / p)) {
+        pools_[page.pool]->retain(page.page);
+        leaf->chunks.emplace_back().pages[page.pool] = page.page;
+        result.cached_pages.push_back(page);
+      }
       add_gauges(leaf, +1, +1);
-      result.n_pages_adopted = static_cast<int64_t>(leaf->pages.size());
-      result.cached_pages.insert(result.cached_pages.end(), leaf->pages.begin(), leaf->pages.end());
+      result.n_pages_adopted += static_cast<int64_t>(leaf->chunks.size());
+      stats_.cached_chunks += static_cast<int64_t>(leaf->chunks.size());
       node->children.emplace(std::vector<int32_t>(leaf->tokens.begin(), leaf->tokens.begin() + p),
                              leaf);
       if (listener_ != nullptr) hash_and_announce(leaf);
@@ -172,8 +206,20 @@ InsertResult RadixCache::insert(std::span<const int32_t> tokens,
     Node* child = it->second;
     const size_t k = match_pages(child, tokens.subspan(pos));
     OSCAR_CHECK(k >= 1, "radix cache: child key matched but its first page did not");
-    if (k < child->pages.size()) child = split(child, k);
-    result.cached_pages.insert(result.cached_pages.end(), child->pages.begin(), child->pages.end());
+    if (k < child->chunks.size()) child = split(child, k);
+    // The chunks are cached; each one not held in the caller's page's form adopts that page.
+    for (size_t j = 0; j < k; ++j) {
+      const CachedPage page = pages[pos / p + j];
+      CachedChunk& chunk = child->chunks[j];
+      if (!chunk.has(page.pool)) {
+        pools_[page.pool]->retain(page.page);
+        chunk.pages[page.pool] = page.page;
+        stats_.cached_pages[page.pool] += 1;
+        if (child->lock_count == 0) stats_.evictable_pages[page.pool] += 1;
+        result.n_pages_adopted += 1;
+      }
+      result.cached_pages.push_back(chunk.form(page.pool));
+    }
     result.n_tokens_existing += static_cast<int64_t>(k * p);
     pos += k * p;
     node = child;
@@ -211,9 +257,17 @@ bool RadixCache::release_cached(CachedPage page) {
   return last;
 }
 
+int64_t RadixCache::release_chunk(const CachedChunk& chunk, uint8_t pool) {
+  --stats_.cached_chunks;
+  int64_t freed = 0;
+  for_each_form(std::span(&chunk, 1),
+                [&](CachedPage page) { freed += release_cached(page) && page.pool == pool; });
+  return freed;
+}
+
 void RadixCache::remove_leaf(Node* node) {
   OSCAR_CHECK(
-      node != root_ && node->children.empty() && node->lock_count == 0 && !node->pages.empty(),
+      node != root_ && node->children.empty() && node->lock_count == 0 && !node->chunks.empty(),
       "radix cache: remove_leaf on node %llu", static_cast<unsigned long long>(node->id));
   Node* parent = node->parent;
   auto it = parent->children.find(std::span<const int32_t>(node->tokens).first(page_size_));
@@ -230,8 +284,8 @@ bool RadixCache::worth_evicting(const Node* node, uint8_t pool) const {
   // Evicting below node can reach pages of `pool` only if node or one of its unlocked ancestors
   // (they can become leaves in turn; locked ones never can) holds such a page.
   for (const Node* n = node; n != root_ && n->lock_count == 0; n = n->parent) {
-    for (const CachedPage& page : n->pages) {
-      if (page.pool == pool) return true;
+    for (const CachedChunk& chunk : n->chunks) {
+      if (chunk.has(pool)) return true;
     }
   }
   return false;
@@ -268,23 +322,22 @@ int64_t RadixCache::evict_impl(int64_t n_pages_needed, uint8_t pool, bool any_le
     // Trim from the tail (the deepest, least shared tokens) while that can still free pages of
     // `pool`: the leaf's remaining pages hold some, or an unlocked ancestor does.
     const bool ancestors_have = any_leaf || worth_evicting(leaf->parent, pool);
-    int64_t leaf_has = std::count_if(leaf->pages.begin(), leaf->pages.end(),
-                                     [&](const CachedPage& page) { return page.pool == pool; });
+    int64_t leaf_has = std::count_if(leaf->chunks.begin(), leaf->chunks.end(),
+                                     [&](const CachedChunk& chunk) { return chunk.has(pool); });
     removed.clear();
     while (freed < n_pages_needed && (ancestors_have || leaf_has > 0)) {
       if (listener_ != nullptr) removed.push_back(external_block_hash(leaf->digests.back()));
-      if (leaf->pages.size() > 1) {
-        const CachedPage page = leaf->pages.back();
-        if (page.pool == pool) --leaf_has;
-        if (release_cached(page) && page.pool == pool) ++freed;
-        leaf->pages.pop_back();
-        leaf->tokens.resize(leaf->pages.size() * p);
+      if (leaf->chunks.size() > 1) {
+        const CachedChunk chunk = leaf->chunks.back();
+        if (chunk.has(pool)) --leaf_has;
+        freed += release_chunk(chunk, pool);
+        leaf->chunks.pop_back();
+        leaf->tokens.resize(leaf->chunks.size() * p);
         if (listener_ != nullptr) leaf->digests.pop_back();
         continue;
       }
-      // The last page keys the edge in the parent: release it and drop the node.
-      const CachedPage page = leaf->pages.front();
-      if (release_cached(page) && page.pool == pool) ++freed;
+      // The last chunk keys the edge in the parent: release it and drop the node.
+      freed += release_chunk(leaf->chunks.front(), pool);
       Node* parent = leaf->parent;
       remove_leaf(leaf);
       if (parent != root_ && parent->children.empty() && parent->lock_count == 0) {
@@ -303,9 +356,8 @@ void RadixCache::reset() {
     OSCAR_CHECK(node->lock_count == 0, "radix cache: reset with node %llu locked (%d)",
                 static_cast<unsigned long long>(id), node->lock_count);
   }
-  for (auto& [id, node] : nodes_) {
-    for (const CachedPage& page : node->pages) pools_[page.pool]->release(page.page);
-  }
+  for (auto& [id, node] : nodes_)
+    for_each_form(node->chunks, [&](CachedPage page) { pools_[page.pool]->release(page.page); });
   std::unique_ptr<Node> root = std::move(nodes_.at(0));
   nodes_.clear();
   root->children.clear();
@@ -315,6 +367,7 @@ void RadixCache::reset() {
   std::fill(stats_.cached_pages.begin(), stats_.cached_pages.end(), 0);
   std::fill(stats_.evictable_pages.begin(), stats_.evictable_pages.end(), 0);
   stats_.n_nodes = 0;
+  stats_.cached_chunks = 0;
   if (listener_ != nullptr) listener_->on_cleared();
 }
 
@@ -325,10 +378,10 @@ void RadixCache::hash_and_announce(Node* node) {
       node->parent == root_ ? std::nullopt : std::optional<BlockHash>(external_block_hash(*parent));
   const size_t p = static_cast<size_t>(page_size_);
   node->digests.clear();
-  node->digests.reserve(node->pages.size());
+  node->digests.reserve(node->chunks.size());
   std::vector<BlockHash> hashes;
-  hashes.reserve(node->pages.size());
-  for (size_t k = 0; k < node->pages.size(); ++k) {
+  hashes.reserve(node->chunks.size());
+  for (size_t k = 0; k < node->chunks.size(); ++k) {
     node->digests.push_back(
         chain_block_digest(node->digests.empty() ? *parent : node->digests.back(),
                            std::span<const int32_t>(node->tokens).subspan(k * p, p)));
@@ -361,6 +414,7 @@ void RadixCache::reset_stats() {
   fresh.cached_pages = stats_.cached_pages;
   fresh.evictable_pages = stats_.evictable_pages;
   fresh.n_nodes = stats_.n_nodes;
+  fresh.cached_chunks = stats_.cached_chunks;
   stats_ = std::move(fresh);
 }
 
@@ -388,9 +442,9 @@ void RadixCache::for_each_page(
     auto [node, base] = stack.back();
     stack.pop_back();
     path.resize(base);
-    for (size_t k = 0; k < node->pages.size(); ++k) {
+    for (size_t k = 0; k < node->chunks.size(); ++k) {
       path.insert(path.end(), node->tokens.begin() + k * p, node->tokens.begin() + (k + 1) * p);
-      fn(path, node->pages[k]);
+      for_each_form(std::span(&node->chunks[k], 1), [&](CachedPage page) { fn(path, page); });
     }
     for (const auto& [key, child] : node->children) stack.emplace_back(child, path.size());
   }
@@ -400,9 +454,9 @@ void RadixCache::check_invariants() const {
   const size_t p = static_cast<size_t>(page_size_);
   std::vector<int64_t> cached(pools_.size(), 0);
   std::vector<int64_t> evictable(pools_.size(), 0);
-  int64_t n_reached = 0;
+  int64_t n_reached = 0, n_chunks = 0;
   std::vector<const Node*> stack{root_};
-  OSCAR_CHECK(root_->pages.empty() && root_->tokens.empty() && root_->parent == nullptr &&
+  OSCAR_CHECK(root_->chunks.empty() && root_->tokens.empty() && root_->parent == nullptr &&
                   root_->lock_count == 0,
               "radix cache: bad root");
   while (!stack.empty()) {
@@ -410,21 +464,25 @@ void RadixCache::check_invariants() const {
     stack.pop_back();
     if (node != root_) {
       ++n_reached;
-      OSCAR_CHECK(!node->pages.empty() && node->tokens.size() == node->pages.size() * p,
-                  "radix cache: node %llu has %zu tokens and %zu pages",
+      OSCAR_CHECK(!node->chunks.empty() && node->tokens.size() == node->chunks.size() * p,
+                  "radix cache: node %llu has %zu tokens and %zu chunks",
                   static_cast<unsigned long long>(node->id), node->tokens.size(),
-                  node->pages.size());
+                  node->chunks.size());
       OSCAR_CHECK(node->lock_count >= 0, "radix cache: negative lock count");
       auto it = nodes_.find(node->id);
       OSCAR_CHECK(it != nodes_.end() && it->second.get() == node, "radix cache: unlisted node");
-      for (const CachedPage& page : node->pages) {
+      for (const CachedChunk& chunk : node->chunks) {
+        OSCAR_CHECK(chunk.has(0) || chunk.has(1), "radix cache: a chunk without a page");
+      }
+      n_chunks += static_cast<int64_t>(node->chunks.size());
+      for_each_form(node->chunks, [&](CachedPage page) {
         OSCAR_CHECK(page.pool < pools_.size(), "radix cache: pool index %d", page.pool);
         OSCAR_CHECK(pools_[page.pool]->refcount(page.page) >= 1,
                     "radix cache: cached page %d of pool %s is free", page.page,
                     pools_[page.pool]->name().c_str());
         ++cached[page.pool];
         if (node->lock_count == 0) ++evictable[page.pool];
-      }
+      });
     }
     int64_t child_locks = 0;
     for (const auto& [key, child] : node->children) {
@@ -447,6 +505,7 @@ void RadixCache::check_invariants() const {
               static_cast<long long>(n_reached), nodes_.size(),
               static_cast<long long>(stats_.n_nodes));
   OSCAR_CHECK(cached == stats_.cached_pages, "radix cache: cached_pages gauge is off");
+  OSCAR_CHECK(n_chunks == stats_.cached_chunks, "radix cache: cached_chunks gauge is off");
   OSCAR_CHECK(evictable == stats_.evictable_pages, "radix cache: evictable_pages gauge is off");
 }
 

@@ -310,27 +310,22 @@ Status SequenceCache::reserve(int64_t n) {
 }
 
 int64_t SequenceCache::shareable_tokens() const {
-  const RegionConfig& r = spec_->regions;
-  if (spec_->quantized() && n_tokens_ >= r.n_sink) return hist_end_;
-  return (n_tokens_ / r.page_size) * r.page_size;
+  const int64_t p = spec_->regions.page_size;
+  return n_tokens_ / p * p;
 }
 
 std::vector<CachedPage> SequenceCache::shareable_pages() const {
-  const RegionConfig& r = spec_->regions;
-  const int64_t n_pages = shareable_tokens() / r.page_size;
+  const size_t n_pages = static_cast<size_t>(shareable_tokens() / spec_->regions.page_size);
   std::vector<CachedPage> pages;
   pages.reserve(n_pages);
-  for (PageId p : sink_pages_) {
-    if (static_cast<int64_t>(pages.size()) == n_pages) break;
-    pages.push_back({p, kPoolBf16});
-  }
-  const auto& rest = spec_->quantized() ? hist_pages_ : recent_pages_;
-  const uint8_t pool = spec_->quantized() ? kPoolInt2 : kPoolBf16;
-  for (PageId p : rest) {
-    if (static_cast<int64_t>(pages.size()) == n_pages) break;
-    pages.push_back({p, pool});
-  }
-  OSCAR_CHECK(static_cast<int64_t>(pages.size()) == n_pages);
+  auto add = [&](const std::vector<PageId>& region, uint8_t pool) {
+    for (size_t i = 0; i < region.size() && pages.size() < n_pages; ++i)
+      pages.push_back({region[i], pool});
+  };
+  add(sink_pages_, kPoolBf16);
+  add(hist_pages_, kPoolInt2);
+  add(recent_pages_, kPoolBf16);
+  OSCAR_CHECK(pages.size() == n_pages);
   return pages;
 }
 
@@ -341,21 +336,25 @@ Status SequenceCache::adopt_prefix(std::span<const CachedPage> pages) {
     return unimplemented("adopt_prefix: a hybrid model's prefix needs its DeltaNet state, "
                                "which the prefix cache does not keep yet");
   const RegionConfig& r = spec_->regions;
-  const int64_t n_sink_pages = r.n_sink / r.page_size;
+  const size_t n_sink_pages = static_cast<size_t>(r.n_sink / r.page_size);
+  // Sinks, history (quantized only), recent: the pool of page i may only step from INT2 to BF16.
+  size_t n_hist = 0;
+  for (size_t i = n_sink_pages; i < pages.size() && pages[i].pool == kPoolInt2; ++i) ++n_hist;
+  if (!spec_->quantized()) n_hist = 0;
   for (size_t i = 0; i < pages.size(); ++i) {
-    const bool sink = static_cast<int64_t>(i) < n_sink_pages;
-    const uint8_t want = sink || !spec_->quantized() ? kPoolBf16 : kPoolInt2;
+    const bool hist = i >= n_sink_pages && i < n_sink_pages + n_hist;
+    const uint8_t want = hist ? kPoolInt2 : kPoolBf16;
     if (pages[i].pool != want)
       return invalid_argument("adopt_prefix: page %zu is in pool %d, expected %d", i,
                               pages[i].pool, want);
   }
   for (size_t i = 0; i < pages.size(); ++i) {
-    if (static_cast<int64_t>(i) < n_sink_pages) sink_pages_.push_back(pages[i].page);
-    else if (spec_->quantized()) hist_pages_.push_back(pages[i].page);
-    else recent_pages_.push_back(pages[i].page);
+    const bool sink = i < n_sink_pages;
+    const bool hist = !sink && i < n_sink_pages + n_hist;
+    (sink ? sink_pages_ : hist ? hist_pages_ : recent_pages_).push_back(pages[i].page);
   }
   n_tokens_ = static_cast<int64_t>(pages.size()) * r.page_size;
-  hist_end_ = spec_->quantized() ? std::max<int64_t>(r.n_sink, n_tokens_) : r.n_sink;
+  hist_end_ = r.n_sink + static_cast<int64_t>(n_hist) * r.page_size;
   return Status();
 }
 

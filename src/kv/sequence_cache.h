@@ -195,13 +195,18 @@ class SequenceCache {
 
   CacheBytes bytes() const;
 
-  // Prefix sharing (kv/radix_cache.h). Only full pages that are never written again are shared:
-  // sink pages and INT2 history pages (quantized modes), or sink and full recent pages
-  // (unquantized modes, where nothing is demoted). Pool index 0 = exact pool, 1 = INT2 pool.
+  // Prefix sharing (kv/radix_cache.h). Every full page is shared (none is written again): sink
+  // pages, INT2 history pages and full recent pages. Pool index 0 = exact pool, 1 = INT2 pool.
+  // A shared recent page is only read: demotion writes the sequence's own new history page and
+  // drops the reference to the exact page (commit_demoted), which the other holders keep.
   int64_t shareable_tokens() const;
   std::vector<CachedPage> shareable_pages() const;  // [shareable_tokens() / page_size]
-  // On an empty cache: take over a shared prefix. The caller has retained one reference per page
-  // for this cache (released by clear() / the destructor like any other page).
+  // On an empty cache: take over a shared prefix of whole pages in the form this cache holds:
+  // exact sinks, then (quantized modes) history pages, then exact recent pages (kv/admission.h
+  // choose_prefix_forms). The history may end before or after history_end(n): the next commit
+  // demotes what lags, and the recent window is never shorter once the history catches up. The
+  // caller has retained one reference per page for this cache (released by clear() / the
+  // destructor like any other page). InvalidArgument when the pools are not in that order.
   Status adopt_prefix(std::span<const CachedPage> pages);
 
   // Reads a token's K or V (kv 0 = K, 1 = V) of one head as attention sees it: exact rows as

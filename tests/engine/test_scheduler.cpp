@@ -258,6 +258,52 @@ TEST(Scheduler, PrefixCacheReusesSharedPrefix) {
   }
 }
 
+// The 2-bit cache reuses the full recent-window (BF16) pages of a cached prompt, not only its
+// sinks and history: a request over a 896-token shared prefix computes only its own 10 tokens,
+// and gives the tokens it gives cold with the same chunking (one chunk of 896, then the rest):
+// it holds what a cold sequence of 896 tokens holds (history [64, 640), recent [640, 896)), and
+// its decode demotes the shared recent pages into INT2 pages of its own (copy-on-demote: the
+// cached pages stay intact for the next request, which gives the same tokens again). Afterwards
+// only the prefix cache holds pages.
+TEST(Scheduler, SharedRecentPagesGiveTheColdResult) {
+  SchedulerOptions so;
+  so.prefill_chunk = 896;
+  so.prefix_cache = true;
+  auto cached = make_scheduler_with("int2-hadamard", so);
+  so.prefix_cache = false;
+  auto plain = make_scheduler_with("int2-hadamard", so);
+  const std::vector<int32_t> system =
+      code_prompt(*cached, 896, "def add(a, b):\n    return a + b\n");
+  auto with_question = [&](const std::string& q) {
+    auto p = system;
+    auto more = code_prompt(*cached, 10, q);
+    p.insert(p.end(), more.begin(), more.end());
+    return p;
+  };
+  Collector first;
+  ASSERT_TRUE(cached->submit(greedy("a", with_question("# one\n"), 1), first.callback()).ok());
+  ASSERT_TRUE(first.wait());
+  auto request = greedy("b", with_question("# two\n"), 48);  // 3 shared pages demoted
+  request.ignore_eos = true;
+  Collector reference;
+  ASSERT_TRUE(plain->submit(request, reference.callback()).ok());
+  ASSERT_TRUE(reference.wait());
+  for (int run = 0; run < 2; ++run) {
+    const uint64_t prompt_before = cached->metrics().prompt_tokens_total;
+    Collector served;
+    request.request_id = "b" + std::to_string(run);
+    ASSERT_TRUE(cached->submit(request, served.callback()).ok());
+    ASSERT_TRUE(served.wait());
+    EXPECT_EQ(served.cached_tokens, 896) << run;
+    EXPECT_EQ(cached->metrics().prompt_tokens_total - prompt_before, 10u) << run;
+    EXPECT_EQ(served.ids, reference.ids) << run;
+  }
+  // Every used page is a page the prefix cache holds (nothing leaked by the sequences).
+  for (int i = 0; i < 100 && used_pages(*cached) != cached->metrics().prefix_cache_pages; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(used_pages(*cached), cached->metrics().prefix_cache_pages);
+}
+
 // logprobs: each token carries its log-probability and the top alternatives, the log-softmax of
 // the raw logits: the greedy token is the first alternative, a sampled request (temperature 1.5)
 // reports the same alternatives for its first token (temperature is not applied), and asking
@@ -728,8 +774,9 @@ TEST(Scheduler, NonFiniteKvFailsOnlyItsRequest) {
 
 // KV-cache events through the real scheduler: a sink that rebuilds the block set from every
 // batch (kv::KvBlockMirror refuses any event out of order) ends up holding exactly as many
-// blocks as the prefix cache holds pages, after shared prefixes, a divergence and a cancellation
-// in the middle of a prefill; the first batch starts with AllBlocksCleared.
+// blocks as the prefix cache holds chunks (a chunk cached as a BF16 and an INT2 page is one
+// block), after shared prefixes, a divergence and a cancellation in the middle of a prefill; the
+// first batch starts with AllBlocksCleared.
 TEST(Scheduler, KvEventsFollowThePrefixCache) {
   struct MirrorSink final : kv::KvEventSink {
     std::mutex mu;
@@ -771,7 +818,8 @@ TEST(Scheduler, KvEventsFollowThePrefixCache) {
   EXPECT_TRUE(sink.status.ok()) << sink.status.to_string();
   EXPECT_TRUE(sink.first_cleared);
   EXPECT_GT(sink.mirror.size(), 0u);
-  EXPECT_EQ(static_cast<int64_t>(sink.mirror.size()), sched.metrics().prefix_cache_pages);
+  EXPECT_EQ(static_cast<int64_t>(sink.mirror.size()), sched.metrics().prefix_cache_blocks);
+  EXPECT_GT(sched.metrics().prefix_cache_pages, sched.metrics().prefix_cache_blocks);
 }
 
 // An unknown --folded-weights value is refused by name, whatever the cache mode (bf16 folds
@@ -982,6 +1030,13 @@ TEST(Scheduler, PreemptionResumesExactly) {
 
 TEST(Scheduler, PreemptionResumesExactlyWithPrefixCache) {
   check_preemption_resumes("bf16", /*prefix_cache=*/true, 1, 20, 90);
+}
+
+// The same in a 2-bit mode (110 tokens stay within the sinks and the recent window, so the cache
+// is exact; 4 MiB leave 12 BF16 pages): the later request is preempted at 93 tokens, its full
+// pages are cached, and its readmission adopts the sinks and the recent page [64, 80).
+TEST(Scheduler, PreemptionResumesExactlyWithSharedRecentPages) {
+  check_preemption_resumes("int2-hadamard", /*prefix_cache=*/true, 4, 20, 90);
 }
 
 // The hybrid Qwen3.5 (models/tiny-qwen3-5): its one KV layer has 16 KiB BF16 pages, so 128 KiB

@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
 
 #include "kv/admission.h"
 
@@ -99,6 +103,142 @@ TEST(Admission, ReusablePrefix) {
   EXPECT_EQ(reusable_prefix_tokens(cfg, 10000), 64 + 605 * 16);
   EXPECT_EQ(reusable_prefix_tokens(RegionConfig{16, 0, 0}, 32), 16);
   EXPECT_EQ(reusable_prefix_tokens(RegionConfig{16, 0, 0}, 33), 32);
+}
+
+// Chunks [0, n) held in the given forms: BF16 where bf16(i), INT2 where int2(i); page id = 1000 *
+// pool + chunk index, so that the chosen form of each chunk shows in the page id.
+std::vector<CachedChunk> chunks_with(int n, const std::function<bool(int)>& bf16,
+                                     const std::function<bool(int)>& int2) {
+  std::vector<CachedChunk> c(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    if (bf16(i)) c[i].pages[kPoolBf16] = i;
+    if (int2(i)) c[i].pages[kPoolInt2] = 1000 + i;
+  }
+  return c;
+}
+
+// The forms chosen, as a string: 'b' for a BF16 page, 'i' for an INT2 page, one per chunk.
+std::string forms(const std::vector<CachedPage>& pages) {
+  std::string s;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    EXPECT_EQ(pages[i].page, static_cast<PageId>(1000 * pages[i].pool + i)) << "chunk " << i;
+    s += pages[i].pool == kPoolBf16 ? 'b' : 'i';
+  }
+  return s;
+}
+
+std::string run(char c, int n) { return std::string(static_cast<size_t>(n), c); }
+
+// choose_prefix_forms for each combination of forms, with page_size 16, 4 sink pages, a recent
+// window of 256 tokens. A prompt of 1000 tokens holds after its prefill sinks [0, 64), history
+// [64, 736) (chunks 4..45) and a recent window [736, 1000) (chunks 46..61 full, 62 partial).
+TEST(Admission, ChoosePrefixForms) {
+  const RegionConfig cfg = default_cfg();
+  auto all = [](int) { return true; };
+  auto none = [](int) { return false; };
+  auto sink = [](int i) { return i < 4; };
+  // A request of 1000 tokens published at the end of its prefill: sinks, history to 736, its
+  // full recent pages.
+  auto published_bf16 = [](int i) { return i < 4 || i >= 46; };
+  auto published_int2 = [](int i) { return i >= 4 && i < 46; };
+  // Another request of 1000 tokens over the same 992-token prefix: everything is reused, in the
+  // form a cold sequence of 992 tokens holds (history_end(992) = 736).
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 1000, chunks_with(62, published_bf16,
+                                                                   published_int2))),
+            run('b', 4) + run('i', 42) + run('b', 16));
+  // Over a 960-token prefix: a cold sequence of 960 tokens holds history to 704 (chunk 44), but
+  // chunks 44-45 are INT2 only: the history ends at 736 instead (still <= history_end(1000)).
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 1000, chunks_with(60, published_bf16,
+                                                                   published_int2))),
+            run('b', 4) + run('i', 42) + run('b', 14));
+  // INT2 only past the sinks (a cache of before): the match stops where BF16 would be needed,
+  // at the history end of the 1000-token prompt (what the recent window recomputes).
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 1000, chunks_with(62, sink, [](int i) {
+              return i >= 4;
+            }))),
+            run('b', 4) + run('i', 42));
+  // BF16 only where INT2 is needed: reused as BF16 (the sequence's next commit demotes the
+  // pages below its history end into its own INT2 pages).
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 1000, chunks_with(62, all, none))),
+            run('b', 62));
+  // Both forms everywhere: the cold form of the 992-token prefix.
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 1000, chunks_with(62, all, all))),
+            run('b', 4) + run('i', 42) + run('b', 16));
+  // ... for a prompt of 800 tokens too: 49 chunks, history_end(784) = 528 (chunk 33).
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 800, chunks_with(62, all, all))),
+            run('b', 4) + run('i', 29) + run('b', 16));
+  // A gap in the BF16 run ends the match (at chunk 50: history_end(800) = 544, chunk 34); a sink
+  // without its BF16 page ends it at the sinks.
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 1000, chunks_with(62, [](int i) {
+              return i != 50;
+            }, published_int2))),
+            run('b', 4) + run('i', 30) + run('b', 16));
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 1000, chunks_with(62, [](int i) {
+              return i != 2;
+            }, all))),
+            run('b', 2));
+  // At least one token is computed; short prompts reuse sink pages only.
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 16, chunks_with(4, all, none))), "");
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 40, chunks_with(4, all, none))), "bb");
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, true, 0, chunks_with(4, all, none))), "");
+  // Unquantized caches: every BF16 page up to a chunk without one.
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, false, 1000, chunks_with(62, all, none))),
+            run('b', 62));
+  EXPECT_EQ(forms(choose_prefix_forms(cfg, false, 1000, chunks_with(62, [](int i) {
+              return i != 7;
+            }, all))),
+            run('b', 7));
+}
+
+// choose_prefix_forms against a brute force over every (h, m) on random form patterns: the result
+// is sinks, then INT2 [n_sink, h), then BF16 [h, m), each page a form its chunk holds; m is the
+// longest such prefix with h <= history_end(context) and m <= (context - 1) / page; h is the
+// smallest >= history_end(m) among those reaching m, else the largest below it.
+TEST(Admission, ChoosePrefixFormsIsTheBestFeasibleSplit) {
+  std::mt19937 rng(26);
+  for (const RegionConfig cfg : {default_cfg(), RegionConfig{16, 0, 32}, RegionConfig{32, 64, 0}}) {
+    const int64_t p = cfg.page_size, s = cfg.n_sink / p;
+    for (int trial = 0; trial < 2000; ++trial) {
+      const int n_chunks = static_cast<int>(rng() % 40);
+      const int64_t context = rng() % (48 * p);
+      std::vector<CachedChunk> chunks(static_cast<size_t>(n_chunks));
+      for (int i = 0; i < n_chunks; ++i) {
+        const unsigned f = 1 + rng() % 3;  // 1: BF16, 2: INT2, 3: both
+        if (f & 1) chunks[i].pages[kPoolBf16] = i;
+        if (f & 2) chunks[i].pages[kPoolInt2] = 1000 + i;
+      }
+      auto hist_end = [&](int64_t tokens) {
+        return (cfg.n_sink + pages_for_length(cfg, tokens).hist_pages * p) / p;
+      };
+      const int64_t limit = std::min<int64_t>(n_chunks, std::max<int64_t>(0, context - 1) / p);
+      // Every feasible (h, m); sinks first.
+      int64_t sinks = 0;
+      while (sinks < std::min(limit, s) && chunks[sinks].has(kPoolBf16)) ++sinks;
+      int64_t best_m = sinks, best_h = -1;
+      if (sinks == s) {
+        for (int64_t h = s; h <= std::min(limit, hist_end(context)); ++h) {
+          bool ok = true;
+          for (int64_t i = s; i < h; ++i) ok = ok && chunks[i].has(kPoolInt2);
+          if (!ok) break;
+          int64_t m = h;
+          while (m < limit && chunks[m].has(kPoolBf16)) ++m;
+          if (m > best_m || best_h < 0) best_m = m, best_h = -1;
+          if (m != best_m) continue;
+          const int64_t cold = hist_end(m * p);
+          if (best_h < 0 || (h >= cold && (best_h < cold || h < best_h)) ||
+              (h < cold && best_h < cold && h > best_h))
+            best_h = h;
+        }
+      }
+      const std::vector<CachedPage> got = choose_prefix_forms(cfg, true, context, chunks);
+      ASSERT_EQ(static_cast<int64_t>(got.size()), best_m) << "trial " << trial;
+      for (int64_t i = 0; i < best_m; ++i) {
+        const bool int2 = i >= s && i < best_h;
+        ASSERT_EQ(got[i].pool, int2 ? kPoolInt2 : kPoolBf16) << "trial " << trial << " chunk " << i;
+        ASSERT_EQ(got[i], chunks[i].form(got[i].pool));
+      }
+    }
+  }
 }
 
 TEST(Admission, PagesNeededWithAndWithoutCache) {

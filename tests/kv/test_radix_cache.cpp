@@ -281,6 +281,68 @@ TEST_F(RadixCacheTest, EvictAllUnlockedKeepsLockedPaths) {
 
 using RadixCacheDeathTest = RadixCacheTest;
 
+// A chunk past the sinks may be cached as a BF16 page (a full recent-window page) and as an INT2
+// page (history) at once: a second insert of the same tokens adds the missing form, match_prefix's
+// chooser picks forms and where to stop, and eviction removes every form of a chunk it trims.
+TEST_F(RadixCacheTest, ChunksHoldBothForms) {
+  const auto a = iota_tokens(1, 16);  // 4 chunks: 2 sinks, 2 past them
+  std::vector<CachedPage> recent = alloc_chunks(0, 2);  // BF16 sinks
+  for (int i = 0; i < 2; ++i) recent.push_back(CachedPage{bf16_.alloc().value(), kPoolBf16});
+  InsertResult first = cache_.insert(a, recent);
+  EXPECT_EQ(first.n_pages_adopted, 4);
+  // Later the sequence holds chunks 2-3 as INT2 (demoted): the insert adds that form.
+  std::vector<CachedPage> demoted(recent.begin(), recent.begin() + 2);
+  for (const CachedPage& p : alloc_chunks(2, 2)) demoted.push_back(p);
+  InsertResult second = cache_.insert(a, demoted);
+  EXPECT_EQ(second.n_tokens_existing, 16);
+  EXPECT_EQ(second.n_pages_adopted, 2);
+  EXPECT_EQ(second.cached_pages, demoted);
+  EXPECT_EQ(cache_.stats().cached_pages[kPoolBf16], 4);
+  EXPECT_EQ(cache_.stats().cached_pages[kPoolInt2], 2);
+  EXPECT_EQ(cache_.stats().cached_chunks, 4);
+  cache_.check_invariants();
+  int n_forms = 0;
+  cache_.for_each_page([&](std::span<const int32_t>, CachedPage) { ++n_forms; });
+  EXPECT_EQ(n_forms, 6);
+  cache_.release_pages(recent);
+  cache_.release_pages(std::span(demoted).subspan(2));  // the sinks were released with recent
+
+  // Without a chooser: the lowest pool's form of each chunk.
+  EXPECT_EQ(cache_.match_prefix(a).pages, recent);
+  // A chooser that takes chunk 2 as INT2 and stops before chunk 3: the match ends there, on a
+  // node of its own (the edge is split).
+  std::vector<CachedChunk> seen;
+  PrefixMatch m = cache_.match_prefix(a, [&](std::span<const CachedChunk> chunks) {
+    seen.assign(chunks.begin(), chunks.end());
+    return std::vector<CachedPage>{chunks[0].form(kPoolBf16), chunks[1].form(kPoolBf16),
+                                   chunks[2].form(kPoolInt2)};
+  });
+  ASSERT_EQ(seen.size(), 4u);
+  EXPECT_TRUE(seen[3].has(kPoolBf16) && seen[3].has(kPoolInt2));
+  EXPECT_FALSE(seen[0].has(kPoolInt2));
+  EXPECT_EQ(m.n_tokens_matched, 12);
+  EXPECT_EQ(m.pages, (std::vector<CachedPage>{recent[0], recent[1], demoted[2]}));
+  cache_.lock(m.last_node);
+  cache_.check_invariants();
+  // The locked part [0, 12) stays; evicting BF16 pages trims chunk 3 (both of its forms).
+  EXPECT_EQ(cache_.evict(4, kPoolBf16), 1);
+  EXPECT_EQ(refcount(recent[3]), 0);
+  EXPECT_EQ(refcount(demoted[3]), 0);
+  EXPECT_EQ(refcount(recent[2]), 1);
+  EXPECT_EQ(cache_.match_prefix(a).n_tokens_matched, 12);
+  cache_.unlock(m.last_node);
+  cache_.check_invariants();
+  // Unlocked: evicting INT2 removes chunk 2 (and its BF16 form), then the sinks hold no INT2.
+  EXPECT_EQ(cache_.evict(4, kPoolInt2), 1);
+  EXPECT_EQ(refcount(recent[2]), 0);
+  EXPECT_EQ(refcount(demoted[2]), 0);
+  EXPECT_EQ(cache_.match_prefix(a).n_tokens_matched, 8);
+  cache_.evict_all_unlocked();
+  EXPECT_EQ(bf16_.n_free(), bf16_.n_pages());
+  EXPECT_EQ(int2_.n_free(), int2_.n_pages());
+  cache_.check_invariants();
+}
+
 TEST_F(RadixCacheDeathTest, MisuseAborts) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto pages = alloc_chunks(0, 1);
