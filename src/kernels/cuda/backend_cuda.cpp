@@ -44,14 +44,6 @@ class CudaBackend final : public Backend {
           "cuda: cannot allocate %zu bytes for %s (%zu of %zu bytes free): %s", bytes, what, free_b,
           total_b, cudaGetErrorString(e));
     }
-    // Zeroed: KV pages then hold finite values in rows never written, which the prefill kernel's
-    // TMA tiles copy with the rest of a page (and weight by zero: 0 · NaN would be NaN).
-    const cudaError_t z = cudaMemsetAsync(p, 0, bytes, stream_);
-    if (z != cudaSuccess) {
-      cudaFree(p);
-      return internal_error("cuda: cannot clear %zu bytes for %s: %s", bytes, what,
-                            cudaGetErrorString(z));
-    }
     return DeviceBuffer(p, bytes, Device::kCuda, [](void* q) { cudaFree(q); });
   }
   Status upload(const void* host, size_t bytes, void* dst) override {

@@ -128,10 +128,11 @@ __device__ __forceinline__ void ws_produce(const Args& a, uint32_t tiles_addr, c
 // The TMA producer (BF16 caches, page_size a power of two in [8, 128]): lane g of warp 0 copies
 // page group g of a tile (keys 16g .. 16g + 15 at page_size 16), K and V, as boxes of
 // [page_size][64] BF16 from the pool's tensor map (dims: 64-dim atom, slot, plane, page) straight
-// into the swizzled tile; lane 0 posts the tile's bytes on its full barrier. Keys past kend: the
-// rest of their page is copied (finite: pools start zeroed, kernels/cuda/backend_cuda.cpp) and
-// whole groups past it are not, leaving the slot's earlier contents (zeros at first, then
-// finite rows); either way the softmax gives them p = 0.
+// into the swizzled tile; lane 0 posts the tile's bytes on its full barrier. The page that kend
+// cuts goes by cp.async with its rows past kend zero-filled (a page's unused rows may hold
+// anything, NaN in the tests); groups wholly past kend are not copied, leaving the slot's earlier
+// contents (zeros at first, then rows of earlier tiles). Either way the softmax gives those keys
+// p = 0, and 0 times a finite V is 0.
 template <int D, int kStages>
 __device__ __forceinline__ void ws_produce_tma(const Args& a, const void* map, uint32_t tiles_addr,
                                                const Ring& ring) {
