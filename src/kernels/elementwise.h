@@ -21,9 +21,6 @@ Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* w, float
 struct RopeParams {
   int64_t n_rows = 0;
   int32_t n_heads_q = 0, n_heads_kv = 0, head_dim = 0;
-  // Partial rotary (Qwen3.5: head_dim · partial_rotary_factor): only the first rotary_dim dims of
-  // each head turn, as halves of rotary_dim / 2; the rest pass through. 0 = head_dim. CPU only.
-  int32_t rotary_dim = 0;
   const float* cos = nullptr;  // [n_rows, rotary_dim / 2] of each row's position
   const float* sin = nullptr;
   float* q = nullptr;          // [n_rows, n_heads_q, head_dim], rotated in place
@@ -33,6 +30,10 @@ struct RopeParams {
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
   float norm_eps = 0.f;
+  // Partial rotary (Qwen3.5: head_dim · partial_rotary_factor): only the first rotary_dim dims of
+  // each head turn, as halves of rotary_dim / 2; the rest pass through. 0 = head_dim. CPU only.
+  // (Last, so that the positional initialisations of the full-rotary callers stay as they were.)
+  int32_t rotary_dim = 0;
 };
 // Non-interleaved halves (rotate_half): (a, b) -> (a·cos − b·sin, b·cos + a·sin), after the
 // per-head norms when q_norm / k_norm are set.
