@@ -14,6 +14,12 @@ import { generateText, generateObject, streamText, tool, isStepCount, Output } f
 import { ChatOpenAI } from '@langchain/openai';
 import { HumanMessage, SystemMessage, ToolMessage } from '@langchain/core/messages';
 import { z } from 'zod';
+import { webcrypto } from 'node:crypto';
+
+// Node 18 (Debian 12's nodejs) has no global `crypto` (Node 19 made it one); LangChain's run ids
+// (langsmith's uuid7) call crypto.getRandomValues, so withStructuredOutput failed there with
+// "crypto is not defined" (scripts/fresh-machine-check.sh, 2026-12-03).
+if (!globalThis.crypto) globalThis.crypto = webcrypto;
 
 const baseURL = process.env.OSCAR_SERVER_URL;
 if (!baseURL) throw new Error('set OSCAR_SERVER_URL');
