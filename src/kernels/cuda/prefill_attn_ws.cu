@@ -361,7 +361,9 @@ __device__ __forceinline__ void issue_pv(const uint32_t (&pa)[kNKP][4], uint32_t
 __device__ __forceinline__ void turn_wait(int cw) { named_barrier(kSchedBar + cw, 256); }
 __device__ __forceinline__ void turn_pass(int cw) { named_barrier_arrive(kSchedBar + (cw ^ 1), 256); }
 
-template <int D, int kStages, bool kPipelined, bool kPingPong>
+// kFa3: FA3's schedule (the intra-warpgroup overlap, with ping-pong), which pays only with the TMA
+// producer; otherwise one tile at a time: scores, softmax, P·V.
+template <int D, int kStages, bool kFa3>
 __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
                                            uint32_t smem_addr_, const Ring& ring) {
   using S = WsShape<D, kStages>;
@@ -374,7 +376,7 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
   const uint32_t qs_addr = smem_addr_ + cw * S::kQHalfBytes;
   const uint32_t tiles_addr = smem_addr_ + S::kQBytes;
   const int bar = 1 + cw;  // this warpgroup's named barrier
-  if (kPingPong && cw == 0) named_barrier_arrive(kSchedBar, 256);
+  if (kFa3 && cw == 0) named_barrier_arrive(kSchedBar, 256);
   uint32_t n = 0;
 #pragma unroll 1
   for (int w = blockIdx.x;; w += gridDim.x) {
@@ -400,7 +402,7 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
     const auto ks_of = [&](uint32_t m) { return tiles_addr + (m % kStages) * S::kStageBytes; };
     float s[kNB][4], sum[2], alpha[2];
     uint32_t pa[kNKP][4];
-    if constexpr (kPipelined) {
+    if constexpr (kFa3) {
       // Tile 0: scores, softmax (O is still zero: nothing to rescale).
       mbar_wait(ring.full<kStages>(n), Ring::parity<kStages>(n));
       wgmma_fence();
@@ -427,7 +429,7 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
           vd[kp] = wgmma_desc_sw128(ks_of(cur - 1) + T::kTileBytes + kp * 2048, T::kAtomBytes, 1024);
         fence_operands(o);
         fence_operands(pa);
-        if constexpr (kPingPong) turn_wait(cw);
+        turn_wait(cw);
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < D / 16; ++k) {
@@ -440,7 +442,7 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
 #pragma unroll
         for (int kp = 0; kp < kNKP; ++kp) wgmma_m64n128k16_rs<1>(o, pa[kp], vd[kp], 1);
         wgmma_commit();
-        if constexpr (kPingPong) turn_pass(cw);
+        turn_pass(cw);
         wgmma_wait<1>();  // the scores (committed first) are in
         uint32_t pa_next[kNKP][4];
         tile_softmax(s, static_cast<int64_t>(tile) * kWsKeys, first_pos, t, st, pa_next, sum,
@@ -464,17 +466,13 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
 #pragma unroll 1
       for (int tile = 0; tile < n_tiles; ++tile, ++n) {
         mbar_wait(ring.full<kStages>(n), Ring::parity<kStages>(n));
-        if constexpr (kPingPong) turn_wait(cw);
         wgmma_fence();
         issue_scores<D, kStages>(qs_addr, ks_of(n), s);
-        if constexpr (kPingPong) turn_pass(cw);
         wgmma_wait<0>();
         tile_softmax(s, static_cast<int64_t>(tile) * kWsKeys, first_pos, t, st, pa, sum, alpha);
         apply_tile(o, st, sum, alpha);
-        if constexpr (kPingPong) turn_wait(cw);
         wgmma_fence();
         issue_pv<D>(pa, ks_of(n) + T::kTileBytes, o);
-        if constexpr (kPingPong) turn_pass(cw);
         wgmma_wait<0>();
         mbar_arrive(ring.empty<kStages>(n));  // this thread is done with the slot
       }
@@ -497,10 +495,10 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
   }
   // Consumer 1's last pass is still pending at consumer 0's barrier: take it, so that every
   // arrival has its wait.
-  if (kPingPong && cw == 0) turn_wait(0);
+  if (kFa3 && cw == 0) turn_wait(0);
 }
 
-template <int D, int kStages, bool kPipelined, bool kPingPong, int kLoad>
+template <int D, int kStages, int kLoad>
 __global__ void __launch_bounds__(kWsThreads, 1)
     prefill_attn_ws_kernel(const __grid_constant__ Args a, const __grid_constant__ CUtensorMap map) {
   using S = WsShape<D, kStages>;
@@ -526,7 +524,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       ws_produce<D, kStages>(a, base + S::kQBytes, ring);
   } else {
     setmaxnreg_inc<kConsumerRegs>();
-    ws_consume<D, kStages, kPipelined, kPingPong>(a, threadIdx.x / 128 - 1, smem, base, ring);
+    ws_consume<D, kStages, kLoad == kLoadTma>(a, threadIdx.x / 128 - 1, smem, base, ring);
   }
 }
 
@@ -542,8 +540,8 @@ struct WsFacts {
 // slower (283-304), the consumers waiting on the copies.
 using WsKernel = void (*)(Args, CUtensorMap);
 WsKernel ws_kernel(bool tma) {
-  return tma ? prefill_attn_ws_kernel<128, kWsStages, true, true, kLoadTma>
-             : prefill_attn_ws_kernel<128, kWsStages, false, false, kLoadCpAsync>;
+  return tma ? prefill_attn_ws_kernel<128, kWsStages, kLoadTma>
+             : prefill_attn_ws_kernel<128, kWsStages, kLoadCpAsync>;
 }
 
 Status ws_facts(WsFacts* out) {
