@@ -62,27 +62,12 @@ def conv_update_reference(x, state, w):
 
 
 def transformers_fn(name):
-    """transformers' own function `name`: in modeling_qwen3_next, or wherever this version of
-    transformers moved it (5.x keeps the pure-PyTorch fallbacks in more than one module)."""
+    """transformers' own function `name` from modeling_qwen3_next (the torch fallbacks its layer
+    runs without the flash-linear-attention kernels)."""
     fn = getattr(m, name, None)
     if fn is None:
-        import importlib
-        import sys
-        for extra in ("transformers.models.qwen3_5.modeling_qwen3_5",
-                      "transformers.integrations.hub_kernels"):
-            try:
-                importlib.import_module(extra)
-            except ImportError:
-                pass
-        for mod_name, mod in sorted(sys.modules.items()):
-            if mod_name.startswith("transformers") and callable(getattr(mod, name, None)):
-                fn = getattr(mod, name)
-                break
-    if fn is None:
-        near = sorted({a for mod_name, mod in sys.modules.items() if mod_name.startswith("transformers")
-                       for a in dir(mod) if "conv1d" in a or "delta_rule" in a})
+        near = sorted(a for a in dir(m) if "conv1d" in a or "delta_rule" in a)
         raise SystemExit(f"transformers {transformers.__version__} has no {name}; near: {near}")
-    print(f"{name}: {fn.__module__}")
     return fn
 
 
