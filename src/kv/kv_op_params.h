@@ -1,7 +1,7 @@
 // KvOpParams: the engine-wide part of the KV ops' parameters (kernels/kv_append.h, decode_attn.h,
 // prefill_attn.h, demote_pages.h): the page layout, the history codec, the key and query
-// transforms, the scale and the pools' bases. One KvCacheSpec and one pair of pools serve every sequence of an
-// engine, so these are the same for all of them: the step plan carries one copy
+// transforms, the scale and the pools' bases. One KvCacheSpec and one pair of pools serve every
+// sequence of an engine, so these are the same for all of them: the step plan carries one copy
 // (kv/step_plan.h), and the step runner fills in the rest (rows, tables, layer, query heads).
 // Not here: anything of one sequence (its pages, its slots).
 #pragma once
@@ -16,10 +16,10 @@
 namespace oscar::kv {
 
 struct KvOpParams {
-  kernels::KvAppendParams append;     // layer 0
+  kernels::KvAppendParams append;               // layer 0
   kernels::RotateQueriesParams rotate_queries;  // layer 0, the query rotations only
-  kernels::DecodeAttnParams decode;   // layer 0, one sequence, n_heads_q unset
-  kernels::PrefillAttnParams prefill; // layer 0, n_heads_q unset
+  kernels::DecodeAttnParams decode;             // layer 0, one sequence, n_heads_q unset
+  kernels::PrefillAttnParams prefill;           // layer 0, n_heads_q unset
   kernels::DemotePagesParams demote;
 };
 

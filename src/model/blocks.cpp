@@ -3,6 +3,48 @@
 
 namespace oscar::model {
 
+Status attention(kernels::Backend& be, const AttentionWeights& w, int kv_layer, int64_t n,
+                 AttentionStep& s, const float* h, float* out) {
+  auto lin = [&](const kernels::WeightView& wt, const float* bias, float* y) {
+    kernels::LinearParams p;
+    p.x = h;
+    p.n = n;
+    p.w = wt;
+    p.bias = bias;
+    p.y = y;
+    return p;
+  };
+  const kernels::LinearParams qkv[4] = {lin(w.wq, w.bq, s.q), lin(w.wk, w.bk, s.k),
+                                        lin(w.wv, w.bv, s.v), lin(w.wq_gate, nullptr, s.gate)};
+  OSCAR_RETURN_IF_ERROR(be.linear_group(qkv, w.wq_gate.rows > 0 ? 4 : 3));
+  s.rope.q_norm = w.q_norm;  // q/k norms fused into RoPE
+  s.rope.k_norm = w.k_norm;
+  OSCAR_RETURN_IF_ERROR(be.rope(s.rope));
+  if (s.tap != nullptr) OSCAR_RETURN_IF_ERROR(s.tap->on_qkv(kv_layer, s.q, s.k, s.v));
+  s.append.layer = kv_layer;
+  OSCAR_RETURN_IF_ERROR(be.kv_append(s.append));
+  s.rotate.layer = kv_layer;
+  OSCAR_RETURN_IF_ERROR(be.rotate_queries(s.rotate));
+  if (s.decode.n_seqs > 0) {
+    s.decode.layer = kv_layer;
+    OSCAR_RETURN_IF_ERROR(be.decode_attn(s.decode));
+  }
+  if (s.prefill.n_seqs > 0) {
+    s.prefill.layer = kv_layer;
+    OSCAR_RETURN_IF_ERROR(be.prefill_attn(s.prefill));
+  }
+  if (s.tap != nullptr) OSCAR_RETURN_IF_ERROR(s.tap->on_attention(kv_layer, s.attn));
+  const int64_t q_dim = int64_t{s.rotate.n_heads_q} * s.rotate.head_dim;
+  if (w.wq_gate.rows > 0)  // Qwen3.5: attn · sigmoid(gate) before o_proj
+    OSCAR_RETURN_IF_ERROR(be.sigmoid_mul(s.attn, s.gate, n * q_dim));
+  kernels::LinearParams o;
+  o.x = s.attn;
+  o.n = n;
+  o.w = w.wo;
+  o.y = out;
+  return be.linear(o);
+}
+
 Status dense_ffn(kernels::Backend& be, const DenseFfnWeights& w, const float* h, int64_t n,
                  const FfnScratch& s, float* out) {
   kernels::LinearParams gate_up[2];

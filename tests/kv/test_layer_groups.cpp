@@ -90,7 +90,8 @@ TEST(LayerGroups, HybridHasAttentionAndLinearStateGroups) {
   EXPECT_EQ(g.index[62], 47);  // the last DeltaNet layer (layer 63 is full attention)
   expect_consistent(c, g);
 
-  for (const char* path : {"models/tiny-qwen3-5/config.json", "models/tiny-qwen3-5-vl/config.json"}) {
+  for (const char* path :
+       {"models/tiny-qwen3-5/config.json", "models/tiny-qwen3-5-vl/config.json"}) {
     const format::ModelConfig tiny = config_of(path);
     ASSERT_TRUE(tiny.is_hybrid()) << path;
     expect_consistent(tiny, layer_groups(tiny));
