@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -86,6 +87,13 @@ class Qwen3Model {
   Status demote(const kv::StepPlan& plan, std::vector<int32_t>* status) const {
     return runner_->demote(plan, status);
   }
+  // forward -> after_forward -> demote -> commit (StepRunner::step): what the scheduler runs
+  // between the plan and sampling.
+  Status step(const kv::StepPlan& plan, const ForwardOptions& options,
+              std::vector<Status>* per_chunk,
+              const std::function<Status()>& after_forward = nullptr) {
+    return runner_->step(plan, options, per_chunk, after_forward);
+  }
 
   // Convenience for callers without a scheduler: reserve -> plan -> forward -> demote -> commit
   // over chunks given in any order; each chunk's logits land in its own vector. A failure leaves
@@ -115,7 +123,7 @@ class Qwen3Model {
   ModelWeights w_;
   bool value_rotation_folded_ = false;
   bool dummy_on_device_ = false;  // load_dummy generated the weights in a device backend
-  DeviceBuffer cpu_weights_;  // on the CPU backend: every matrix, one buffer (pack_cpu_weights)
+  DeviceBuffer cpu_weights_;      // on the CPU backend: every matrix, one buffer (pack_cpu_weights)
   std::unique_ptr<Architecture> arch_;  // reads w_
   std::unique_ptr<StepRunner> runner_;  // reads w_ and arch_
 };

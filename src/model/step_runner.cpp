@@ -89,6 +89,10 @@ StepRunner::StepRunner(const ModelWeights& weights, const Architecture& arch)
 Status StepRunner::forward(const kv::StepPlan& plan, const ForwardOptions& options,
                            std::vector<float>* logits) {
   OSCAR_RETURN_IF_ERROR(forward(plan, options));
+  return download_logits(plan, logits);
+}
+
+Status StepRunner::download_logits(const kv::StepPlan& plan, std::vector<float>* logits) const {
   logits->resize(static_cast<size_t>(plan.n_logit_rows()) * w_.config.vocab_size);
   if (logits->empty()) return Status();
   return backend_->download(ws_.logits.data(), logits->size() * sizeof(float), logits->data());
@@ -324,8 +328,23 @@ Status StepRunner::demote(const kv::StepPlan& plan, std::vector<int32_t>* status
   return be.download(p.status, n * sizeof(int32_t), status->data());
 }
 
-// The single-threaded driver (tools, evaluation, calibration): reserve -> plan -> forward ->
-// demote -> commit. The scheduler runs the same steps itself, failing requests one by one.
+Status StepRunner::step(const kv::StepPlan& plan, const ForwardOptions& options,
+                        std::vector<Status>* per_chunk,
+                        const std::function<Status()>& after_forward) {
+  std::vector<int32_t> demote_status;
+  Status st = forward(plan, options);
+  if (st.ok() && after_forward) st = after_forward();
+  if (st.ok()) st = demote(plan, &demote_status);
+  if (!st.ok()) {
+    for (kv::SequenceCache* cache : plan.caches) cache->unreserve();
+    return st;
+  }
+  plan.commit(demote_status, per_chunk);
+  return Status();
+}
+
+// The single-threaded driver (tools, evaluation, calibration): reserve -> plan -> step(), the
+// logits downloaded right after the forward pass. The scheduler calls step() too.
 Status StepRunner::run(std::span<SeqChunk> batch, const ForwardOptions& options) {
   const format::ModelConfig& c = w_.config;
   std::vector<kv::StepChunk> chunks(batch.size());
@@ -350,21 +369,11 @@ Status StepRunner::run(std::span<SeqChunk> batch, const ForwardOptions& options)
   }
   const kv::StepPlan plan = kv::StepPlan::make(chunks, options.attend_mode);
   std::vector<float> logits;
-  Status st = forward(plan, options, &logits);
-  if (st.ok()) {
-    std::vector<int32_t> demote_status;
-    st = demote(plan, &demote_status);
-    if (st.ok()) {
-      std::vector<Status> per_chunk;
-      plan.commit(demote_status, &per_chunk);
-      for (const Status& e : per_chunk)
-        if (!e.ok()) return e;  // the caller drops the failed caches
-    }
-  }
-  if (!st.ok()) {
-    for (SeqChunk& ch : batch) ch.cache->unreserve();
-    return st;
-  }
+  std::vector<Status> per_chunk;
+  OSCAR_RETURN_IF_ERROR(
+      step(plan, options, &per_chunk, [&] { return download_logits(plan, &logits); }));
+  for (const Status& e : per_chunk)
+    if (!e.ok()) return e;  // the caller drops the failed caches
   for (int32_t s = 0; s < plan.n_seqs(); ++s) {
     SeqChunk& ch = batch[plan.chunk[s]];
     if (ch.logits == nullptr) continue;

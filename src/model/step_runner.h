@@ -6,13 +6,14 @@
 // graphs where the backend can, and the demotions the plan lists. Engine-wide KV parameters come
 // from the plan (kv/step_plan.h), never from a sequence's cache.
 //
-// The step's life: reserve (caller) -> StepPlan::make -> forward -> demote -> StepPlan::commit
-// -> sample (caller). forward(span<SeqChunk>) runs it whole for callers without a scheduler.
+// The step's life: reserve (caller) -> StepPlan::make -> step() (forward -> demote -> commit) ->
+// sample (caller, from logits()). run() is the whole of it for callers without a scheduler.
 // Not here: the weights and their loading (model/qwen3.h), the blocks (model/blocks.h), choosing
 // the chunks and sampling (engine/scheduler.h). Not thread-safe (one workspace per runner).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -75,12 +76,22 @@ class StepRunner {
                  std::vector<float>* logits);
   // The demotions the plan lists (kernels/demote_pages.h); status: [n_demote] per page.
   Status demote(const kv::StepPlan& plan, std::vector<int32_t>* status) const;
+  // The step between plan and sampling: forward -> after_forward (if any; the scheduler's fault
+  // injection, the driver's logits download) -> demote -> commit; the logits stay in logits().
+  // A failure of any of the first three is returned with every cache of the plan unreserved. A
+  // failed demotion is its chunk's alone: per_chunk[chunk] gets the error (its tokens stay
+  // staged; the owner drops the cache) and the other chunks are committed.
+  Status step(const kv::StepPlan& plan, const ForwardOptions& options,
+              std::vector<Status>* per_chunk,
+              const std::function<Status()>& after_forward = nullptr);
   // The whole step for callers without a scheduler: reserve -> plan -> forward -> demote ->
   // commit over chunks given in any order; each chunk's logits land in its own vector. A failure
   // leaves no tokens staged (a failed demotion leaves that cache unusable: drop it).
   Status run(std::span<SeqChunk> batch, const ForwardOptions& options);
 
  private:
+  Status download_logits(const kv::StepPlan& plan, std::vector<float>* logits) const;
+
   const ModelWeights& w_;
   const Architecture& arch_;
   std::vector<float> inv_freq_;  // [rotary_dim / 2], float32 as the reference computes it
