@@ -115,7 +115,7 @@ class Qwen3Model {
   Status set_embedding_row(int32_t token, std::span<const float> row);
 
  private:
-  std::vector<Matrix*> matrices();  // every weight matrix (lm_head_ too, even when tied)
+  std::vector<Matrix*> matrices();  // every weight matrix (lm_head too, even when tied)
   Status pack_cpu_weights(kernels::Backend& be);
   Qwen3Model() = default;
   void init_runner();  // once the config and the layers are in place
