@@ -91,11 +91,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
   const int tk = tid & 7;   // keys tk + 8c (S), dims tk + 8jj (PV)
   const int M = a.qt * a.gqa;
 
-#pragma unroll 1
-  for (int w = blockIdx.x;; w += gridDim.x) {
-    Item it;
-    int kvh;
-    if (!find_work(a, w, it, kvh)) break;
+  for_each_work(a, [&](const Item& it, int kvh) {
     const Planes pl = make_planes(a, kvh, D);
     const int nqt = it.nqt;
     const int64_t kend = it.kend, row0 = it.row0;
@@ -246,7 +242,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
 #pragma unroll
       for (int jj = 0; jj < ND; ++jj) dst[tk + 8 * jj] = o[i][jj] * inv;
     }
-  }
+  });
 }
 
 // ---- tensor-core kernel -----------------------------------------------------------------------
@@ -319,11 +315,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int sub = lane / kLanesPerKey, chunk = lane % kLanesPerKey;
   const int M = a.qt * a.gqa;
 
-#pragma unroll 1
-  for (int w = blockIdx.x;; w += gridDim.x) {
-    Item it;
-    int kvh;
-    if (!find_work(a, w, it, kvh)) break;
+  for_each_work(a, [&](const Item& it, int kvh) {
     const Planes pl = make_planes(a, kvh, D);
     const int64_t kend = it.kend;
 
@@ -489,7 +481,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         dst[8 * db + 2 * t + 1] = o[db][2 * r + 1] * inv;
       }
     }
-  }
+  });
 }
 
 // Resident blocks per SM of each kernel (0 SIMT, 1 tensor cores; head_dim 64, 128) and the SM

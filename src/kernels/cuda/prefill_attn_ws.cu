@@ -97,11 +97,7 @@ __device__ __forceinline__ void ws_produce(const Args& a, uint32_t tiles_addr, c
   using T = TileShape<D, kWsKeys>;
   const int tid = threadIdx.x;  // 0 .. 127
   uint32_t n = 0;
-#pragma unroll 1
-  for (int w = blockIdx.x;; w += gridDim.x) {
-    Item it;
-    int kvh;
-    if (!find_work(a, w, it, kvh)) break;
+  for_each_work(a, [&](const Item& it, int kvh) {
     const Planes pl = make_planes(a, kvh, D);
     const SeqPages sp = seq_pages(a, it);
     const int n_tiles = (sp.kend + kWsKeys - 1) / kWsKeys;
@@ -120,7 +116,7 @@ __device__ __forceinline__ void ws_produce(const Args& a, uint32_t tiles_addr, c
         mbar_arrive(ring.full<kStages>(n - 1));
       }
     }
-  }
+  });
   if (n > 0) {
     cp_async_wait<0>();
     fence_proxy_async_smem();
@@ -154,11 +150,7 @@ __device__ __forceinline__ void ws_produce_tma(const Args& a, const void* map, c
   const int groups = kWsKeys >> shift;
   const uint32_t box_bytes = static_cast<uint32_t>(P) * 64 * 2;
   uint32_t n = 0;
-#pragma unroll 1
-  for (int w = blockIdx.x;; w += gridDim.x) {
-    Item it;
-    int kvh;
-    if (!find_work(a, w, it, kvh)) break;
+  for_each_work(a, [&](const Item& it, int kvh) {
     const SeqPages sp = seq_pages(a, it);
     const Planes pl = make_planes(a, kvh, D);
     const int plane_k = (a.layer * 2) * a.n_heads_kv + kvh, plane_v = plane_k + a.n_heads_kv;
@@ -213,7 +205,7 @@ __device__ __forceinline__ void ws_produce_tma(const Args& a, const void* map, c
         }
       }
     }
-  }
+  });
 }
 
 // Writes this consumer's 64 rows of Q as BF16 (pre-scaled) into its swizzled [64][D] half.
@@ -389,11 +381,7 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
   const int bar = 1 + cw;  // this warpgroup's named barrier
   if (kFa3 && cw == 0) named_barrier_arrive(kSchedBar, 256);
   uint32_t n = 0;
-#pragma unroll 1
-  for (int w = blockIdx.x;; w += gridDim.x) {
-    Item it;
-    int kvh;
-    if (!find_work(a, w, it, kvh)) break;
+  for_each_work(a, [&](const Item& it, int kvh) {
     const int64_t first_pos = it.p0 + it.q0;  // the item's smallest query position
     named_barrier(bar, 128);  // the previous item's reads of Q are done in every warp
     ws_stage_q<D>(a, it, kvh, cw, tid, qs);
@@ -503,7 +491,7 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
         *reinterpret_cast<float2*>(dst + 8 * db + 2 * t) =
             make_float2(o[db][2 * r] * inv, o[db][2 * r + 1] * inv);
     }
-  }
+  });
   // Consumer 1's last pass is still pending at consumer 0's barrier: take it, so that every
   // arrival has its wait.
   if (kFa3 && cw == 0) turn_wait(0);

@@ -158,6 +158,19 @@ __device__ __forceinline__ bool find_work(const Args& a, int w, Item& it, int& k
   return find_item(a, w / a.n_heads_kv, it);
 }
 
+// Runs f(it, kvh) for each of the block's (item, KV head) pairs in turn, the opening of every
+// prefill kernel's work loop (and of the warp-specialised kernel's producer and consumers).
+template <class F>
+__device__ __forceinline__ void for_each_work(const Args& a, F&& f) {
+#pragma unroll 1
+  for (int w = blockIdx.x;; w += gridDim.x) {
+    Item it;
+    int kvh;
+    if (!find_work(a, w, it, kvh)) return;
+    f(it, kvh);
+  }
+}
+
 // Where key j (< kend) of the item lives: its K and V rows, exact (BF16) or history.
 struct KeyRows {
   const uint8_t* k;
