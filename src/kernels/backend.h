@@ -133,8 +133,8 @@ class Backend {
   // request-level error (a non-finite K/V, an allocation) leaves it usable.
   // Batch-invariant kernels (README "Deterministic results"): each row's results independent of
   // the other rows of a step and of how its prompt was chunked; off by default (prefill is
-  // slower, docs/results/determinism.md). The CPU backend switches its kernels; the default
-  // (backend_cpu.cpp) refuses to turn it on, naming the device.
+  // slower, docs/results/determinism.md). The CPU and CUDA backends switch their kernels; the
+  // default (backend_cpu.cpp) refuses to turn it on, naming the device.
   virtual Status set_batch_invariant(bool on);
   virtual Status health() { return Status(); }
 };

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
 #pragma unroll 1
     for (int64_t k0 = 0; k0 < kend; k0 += kKeys) {
 #pragma unroll 1
-      for (int pass = 0, npass = n_passes(it, k0, kKeys); pass < npass; ++pass) {
+      for (int pass = 0, npass = n_passes(a, it, k0, kKeys); pass < npass; ++pass) {
         __syncthreads();  // Ks / Vs / Ps free; Qs staged
         // ---- stage K and V of keys [k0, k0 + kKeys) as float: a warp per key ------------------
 #pragma unroll 1
@@ -195,7 +195,8 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
             const int64_t j = k0 + tk + 8 * c;
-            if (!rvalid[i] || j > rpos[i] || pass_masked(it, pass, j, rde[i])) s[i][c] = kNegInf;
+            if (!rvalid[i] || j > rpos[i] || pass_masked(a, it, pass, npass, j, rde[i]))
+              s[i][c] = kNegInf;
             mx = fmaxf(mx, s[i][c]);
           }
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -360,7 +361,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll 1
     for (int64_t k0 = 0; k0 < kend; k0 += kKeysT) {
 #pragma unroll 1
-      for (int pass = 0, npass = n_passes(it, k0, kKeysT); pass < npass; ++pass) {
+      for (int pass = 0, npass = n_passes(a, it, k0, kKeysT); pass < npass; ++pass) {
         __syncthreads();  // the previous tile (or item) is done with Ks / Vt
         // Stage: lane (sub, c) copies 16-byte chunk c (elements 8c .. 8c+7) of key kk0 + sub; K
         // with one 16-byte store, V transposed with 8 two-byte stores.
@@ -427,7 +428,8 @@ __global__ void __launch_bounds__(kMmaThreads)
           for (int c = 0; c < 4; ++c) {
             const int r = c >> 1;
             const int64_t j = k0 + 8 * nb + 2 * t + (c & 1);
-            if (!rvalid[r] || j > rpos[r] || pass_masked(it, pass, j, rde[r])) s[nb][c] = kNegInf;
+            if (!rvalid[r] || j > rpos[r] || pass_masked(a, it, pass, npass, j, rde[r]))
+              s[nb][c] = kNegInf;
             mx[r] = fmaxf(mx[r], s[nb][c]);
           }
         float alpha[2], mnew[2];
@@ -638,6 +640,7 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
   a.n_recent = p.n_recent;
   a.deq = nullptr;
   a.cap_rows = 0;
+  a.invariant = p.batch_invariant ? 1 : 0;
 
   std::unique_lock<std::mutex> lock(g_scratch_mu, std::defer_lock);
   if (a.de) {
