@@ -241,6 +241,54 @@ TEST(Admission, ChoosePrefixFormsIsTheBestFeasibleSplit) {
   }
 }
 
+// exact_history (--enable-deterministic-inference) against a brute force on random form
+// patterns: the result is sinks, then INT2 [n_sink, h), then BF16 [h, m) with h exactly the
+// history end of a cold sequence of m chunks, each page a form its chunk holds, h <=
+// history_end(context), m <= (context - 1) / page and the longest such; sinks alone otherwise.
+TEST(Admission, ChoosePrefixFormsExactHistory) {
+  std::mt19937 rng(27);
+  int64_t longer = 0;  // trials where the default choice matched more chunks
+  for (const RegionConfig cfg : {default_cfg(), RegionConfig{16, 0, 32}, RegionConfig{32, 64, 0}}) {
+    const int64_t p = cfg.page_size, s = cfg.n_sink / p;
+    for (int trial = 0; trial < 2000; ++trial) {
+      const int n_chunks = static_cast<int>(rng() % 40);
+      const int64_t context = rng() % (48 * p);
+      std::vector<CachedChunk> chunks(static_cast<size_t>(n_chunks));
+      for (int i = 0; i < n_chunks; ++i) {
+        const unsigned f = 1 + rng() % 3;  // 1: BF16, 2: INT2, 3: both
+        if (f & 1) chunks[i].pages[kPoolBf16] = i;
+        if (f & 2) chunks[i].pages[kPoolInt2] = 1000 + i;
+      }
+      auto hist_end = [&](int64_t tokens) {
+        return (cfg.n_sink + pages_for_length(cfg, tokens).hist_pages * p) / p;
+      };
+      const int64_t limit = std::min<int64_t>(n_chunks, std::max<int64_t>(0, context - 1) / p);
+      int64_t sinks = 0;
+      while (sinks < std::min(limit, s) && chunks[sinks].has(kPoolBf16)) ++sinks;
+      int64_t best_m = sinks, best_h = s;
+      if (sinks == s)
+        for (int64_t m = limit; m > s; --m) {
+          const int64_t h = hist_end(m * p);
+          bool ok = h <= hist_end(context);
+          for (int64_t i = s; i < m; ++i) ok = ok && chunks[i].has(i < h ? kPoolInt2 : kPoolBf16);
+          if (!ok) continue;
+          best_m = m;
+          best_h = h;
+          break;
+        }
+      const std::vector<CachedPage> got = choose_prefix_forms(cfg, true, context, chunks, true);
+      ASSERT_EQ(static_cast<int64_t>(got.size()), best_m) << "trial " << trial;
+      for (int64_t i = 0; i < best_m; ++i) {
+        const bool int2 = i >= s && i < best_h;
+        ASSERT_EQ(got[i].pool, int2 ? kPoolInt2 : kPoolBf16) << "trial " << trial << " chunk " << i;
+        ASSERT_EQ(got[i], chunks[i].form(got[i].pool));
+      }
+      longer += choose_prefix_forms(cfg, true, context, chunks).size() > got.size();
+    }
+  }
+  EXPECT_GT(longer, 0);  // the constraint bites on some patterns
+}
+
 TEST(Admission, PagesNeededWithAndWithoutCache) {
   const RegionConfig cfg = default_cfg();
   // Short prompt that stays inside the sinks even after generation.

@@ -665,11 +665,14 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
   // quantized history the tiled kernel is faster (all eight warps unpack; the warp-specialised
   // one has one producer warpgroup: 162-176 against 121-137 TFLOP/s on the H200 with its
   // cp.async producer, and against 79-97 with the TMA producer unpacking: 2026-12-03).
+  // Batch-invariant calls under kAuto: the warp-specialised kernel where it runs, else the staged
+  // one (the tiled kernel on wgmma gave a query other bits when its item's other queries changed,
+  // on the H200: test_prefill_attn_cuda's BatchInvariantRowsWhateverTheChunking).
   if (a.de == 0) {
     if (path == PrefillAttnCudaPath::kAuto && facts.ws && L.head_dim == 128 && !p.quantized)
       return prefill_attn_ws_launch(a, L.head_dim, p.quantized, stream);
-    if (path == PrefillAttnCudaPath::kAuto || path == PrefillAttnCudaPath::kTiledMma ||
-        path == PrefillAttnCudaPath::kTiledWgmma)
+    if ((path == PrefillAttnCudaPath::kAuto && !p.batch_invariant) ||
+        path == PrefillAttnCudaPath::kTiledMma || path == PrefillAttnCudaPath::kTiledWgmma)
       return prefill_attn_tc_launch(a, L.head_dim,
                                     path != PrefillAttnCudaPath::kTiledMma && facts.wgmma, stream);
   }
