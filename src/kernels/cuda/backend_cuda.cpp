@@ -107,16 +107,10 @@ class CudaBackend final : public Backend {
     batch_invariant_ = on;
     return Status();
   }
-  Status linear(const LinearParams& p) override {
-    LinearParams q = p;
-    q.batch_invariant = batch_invariant_;
-    return linear_cuda(q, stream_);
-  }
+  Status linear(const LinearParams& p) override { return linear_cuda(invariant(p), stream_); }
   Status linear_group(const LinearParams* ps, int count) override {
-    if (!batch_invariant_) return linear_group_cuda(ps, count, stream_);
-    std::vector<LinearParams> qs(ps, ps + count);
-    for (LinearParams& q : qs) q.batch_invariant = batch_invariant_;
-    return linear_group_cuda(qs.data(), count, stream_);
+    if (!batch_invariant_) return linear_group_cuda(ps, count, stream_);  // no copy
+    return linear_group_cuda(invariant(ps, count).data(), count, stream_);
   }
   Status rope(const RopeParams& p) override { return rope_cuda(p, stream_); }
   Status kv_append(const KvAppendParams& p) override { return kv_append_cuda(p, stream_); }
@@ -124,14 +118,10 @@ class CudaBackend final : public Backend {
     return rotate_queries_cuda(p, stream_);
   }
   Status decode_attn(const DecodeAttnParams& p) override {
-    DecodeAttnParams q = p;
-    q.batch_invariant = batch_invariant_;
-    return decode_attn_cuda(q, stream_);
+    return decode_attn_cuda(invariant(p), stream_);
   }
   Status prefill_attn(const PrefillAttnParams& p) override {
-    PrefillAttnParams q = p;
-    q.batch_invariant = batch_invariant_;
-    return prefill_attn_cuda(q, stream_);
+    return prefill_attn_cuda(invariant(p), stream_);
   }
   Status silu_mul(float* gate, const float* up, int64_t n) override {
     return silu_mul_cuda(gate, up, n, stream_);
@@ -203,7 +193,6 @@ class CudaBackend final : public Backend {
 
  private:
   cudaStream_t stream_;
-  bool batch_invariant_ = false;  // set_batch_invariant
   DeviceBuffer staging_;
   std::vector<uint8_t> host_staging_;
 };

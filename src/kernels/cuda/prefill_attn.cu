@@ -666,8 +666,8 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
   // one has one producer warpgroup: 162-176 against 121-137 TFLOP/s on the H200 with its
   // cp.async producer, and against 79-97 with the TMA producer unpacking: 2026-12-03).
   // Batch-invariant calls under kAuto: the warp-specialised kernel where it runs, else the staged
-  // one (the tiled kernel on wgmma gave a query other bits when its item's other queries changed,
-  // on the H200: test_prefill_attn_cuda's BatchInvariantRowsWhateverTheChunking).
+  // one (the tiled kernel, on mma.sync or wgmma, gave some queries other bits when their item's
+  // other queries changed, on the H200; not understood yet: docs/results/determinism.md).
   if (a.de == 0) {
     if (path == PrefillAttnCudaPath::kAuto && facts.ws && L.head_dim == 128 && !p.quantized)
       return prefill_attn_ws_launch(a, L.head_dim, p.quantized, stream);
