@@ -10,11 +10,13 @@
 // 0xFF (NaN in bf16, fp16 and float), and the output is 0xFF before each call: a wrong address
 // or an unwritten output shows up as NaN, and the rows before cu_seqlens[0] must stay 0xFF.
 //
-// Every case runs every kernel: the default (kAuto: the tiled tensor-core kernel on wgmma for
-// serving prefill, the staged one for decode-equivalent cases), the tiled kernel on mma.sync, the
-// staged tensor-core one and the FP32 SIMT one. The tiled kernel rounds the same operands to BF16
-// as the staged one (q, P, dequantized history rows; exact rows are BF16 already), so tol_mma
-// below covers all three.
+// Every case runs every kernel: the default (kAuto: for serving prefill the warp-specialised
+// kernel at head_dim 128 on sm_90a, over quantized caches through the history expanded to BF16
+// (given the distinct pages, in reversed order so that an entry's index is not its position),
+// else the tiled tensor-core kernel on wgmma; the staged one for decode-equivalent cases), the
+// tiled kernel on wgmma and on mma.sync, the staged tensor-core one and the FP32 SIMT one. The
+// tensor-core kernels round the same operands to BF16 as the staged one (q, P, dequantized history
+// rows; exact rows are BF16 already), so tol_mma below covers them all.
 //
 // Decode-equivalent cases (perplexity evaluation's reading): caches as the model leaves them at
 // a chunk's start (demoted up to history_end(pos0)), chunks of 1..300 crossing one or more
@@ -57,6 +59,7 @@
 #include "core/bf16.h"
 #include "cuda_test_util.h"
 #include "kernels/cuda/prefill_attn_cuda.h"
+#include "kernels/distinct_pages.h"
 #include "kernels/prefill_attn.h"
 #include "paged_cache_builder.h"
 #include "quant/bit_plan_layout.h"
@@ -252,6 +255,17 @@ void upload(const Host& h, Device& dv) {
   p.hist_pool = h.params.hist_pool != nullptr ? dv.up(h.hist_pool) : nullptr;
   PageTableView* const tabs[3] = {&p.sinks, &p.history, &p.recent};
   upload_page_tables(h, dv, tabs);
+  if (h.params.quantized) {
+    // The distinct history pages, their order reversed so that an entry's index among them is not
+    // its own position (the warp-specialised path must follow hist_slot).
+    DistinctPages dp = distinct_pages(h.ids[1]);
+    const int32_t n = static_cast<int32_t>(dp.pages.size());
+    std::reverse(dp.pages.begin(), dp.pages.end());
+    for (int32_t& i : dp.index) i = n - 1 - i;
+    p.hist_unique = dv.up(dp.pages);
+    p.hist_slot = dv.up(dp.index);
+    p.n_hist_unique = n;
+  }
   if (!h.k_clip.empty()) {
     p.codec.k_clip = dv.up(h.k_clip);
     p.codec.v_clip = dv.up(h.v_clip);

@@ -44,6 +44,12 @@ struct Args {
   int de, n_sink, n_recent;
   const float* deq;  // [cap_rows, 2, n_heads_kv, D] the pre-pass's rows, or null
   int64_t cap_rows;
+  // The warp-specialised kernel over a quantized cache: the call's distinct history pages
+  // expanded to BF16 for this layer (expand_history_launch), [page][2 · n_heads_kv planes: K
+  // heads, then V heads][page_size][D], and each history table entry's page among them (null
+  // with a BF16 cache).
+  const uint8_t* hist_bf16;
+  const int32_t* hist_slot;
   int invariant;  // PrefillAttnParams::batch_invariant: passes split per query (n_passes)
 };
 
@@ -163,6 +169,19 @@ __device__ __forceinline__ bool find_work(const Args& a, int w, Item& it, int& k
   return find_item(a, w / a.n_heads_kv, it);
 }
 
+// Runs f(it, kvh) for each of the block's (item, KV head) pairs in turn, the opening of every
+// prefill kernel's work loop (and of the warp-specialised kernel's producer and consumers).
+template <class F>
+__device__ __forceinline__ void for_each_work(const Args& a, F&& f) {
+#pragma unroll 1
+  for (int w = blockIdx.x;; w += gridDim.x) {
+    Item it;
+    int kvh;
+    if (!find_work(a, w, it, kvh)) return;
+    f(it, kvh);
+  }
+}
+
 // Where key j (< kend) of the item lives: its K and V rows, exact (BF16) or history.
 struct KeyRows {
   const uint8_t* k;
@@ -207,8 +226,17 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // of resident blocks walking find_work). Asynchronous on `stream`.
 Status prefill_attn_tc_launch(const Args& a, int head_dim, bool wgmma, cudaStream_t stream);
 
-// The warp-specialised kernel (prefill_attn_ws.cu): serving prefill over a BF16 cache (quantized
-// true: refused), head_dim 128, sm_90a.
+// The warp-specialised kernel (prefill_attn_ws.cu): serving prefill, head_dim 128, sm_90a, over a
+// BF16 cache or (quantized) over history expanded to BF16 pages (a.hist_slot and, when the call
+// has history pages, a.hist_bf16), which only its TMA producer reads: prefill_attn_ws_tma says
+// whether it loads by TMA at a page size.
 Status prefill_attn_ws_launch(const Args& a, int head_dim, bool quantized, cudaStream_t stream);
+Status prefill_attn_ws_tma(int page_size, bool* tma);
+
+// Dequantizes history pages pages[0, n_pages) (device ids) of layer a.layer to BF16 into dst,
+// [n_pages][2 · n_heads_kv][page_size][D] (prefill_hist_bf16.cu): the values the tiled kernel
+// stages (int2_word_bf16; other widths rounded from dequant_element). Asynchronous on `stream`.
+Status expand_history_launch(const Args& a, int head_dim, const int32_t* pages, int32_t n_pages,
+                             uint8_t* dst, cudaStream_t stream);
 
 }  // namespace oscar::kernels::prefill_detail
