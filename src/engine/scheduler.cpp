@@ -532,7 +532,8 @@ kv::PrefixMatch Scheduler::match_prefix(const Sequence& s) {
   const std::span<const int32_t> asked(s.context.data(),
                                        std::max<int64_t>(0, n_context - 1) / p * p);
   return radix_->match_prefix(asked, [&](std::span<const kv::CachedChunk> chunks) {
-    return kv::choose_prefix_forms(spec.regions, spec.quantized(), n_context, chunks);
+    return kv::choose_prefix_forms(spec.regions, spec.quantized(), n_context, chunks,
+                                   runtime_->options().deterministic);
   });
 }
 

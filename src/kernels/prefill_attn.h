@@ -58,7 +58,12 @@ struct PrefillAttnParams {
   const int32_t* hist_slot = nullptr;    // [history.indptr[n_seqs]] indices into hist_unique
   int32_t n_hist_unique = 0;             // a host value
   float* out = nullptr;                 // [cu[n_seqs], n_heads_q, head_dim]
-  bool batch_invariant = false;  // CPU: chunk_attn's batch-invariant path (kernels/chunk_attn.h)
+  // Each query's result independent of the call's other queries and sequences (README
+  // "Deterministic results"). CPU: chunk_attn's batch-invariant path (kernels/chunk_attn.h).
+  // CUDA: no kernel splits a query's keys across blocks and key tiles start at multiples of the
+  // tile from key 0, so only the decode-equivalent passes needed it: each query's split into
+  // passes then follows its own deq_end (kernels/cuda/prefill_items.cuh: n_passes).
+  bool batch_invariant = false;
 };
 
 Status prefill_attn(const PrefillAttnParams& p);

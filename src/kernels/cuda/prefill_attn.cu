@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
 #pragma unroll 1
     for (int64_t k0 = 0; k0 < kend; k0 += kKeys) {
 #pragma unroll 1
-      for (int pass = 0, npass = n_passes(it, k0, kKeys); pass < npass; ++pass) {
+      for (int pass = 0, npass = n_passes(a, it, k0, kKeys); pass < npass; ++pass) {
         __syncthreads();  // Ks / Vs / Ps free; Qs staged
         // ---- stage K and V of keys [k0, k0 + kKeys) as float: a warp per key ------------------
 #pragma unroll 1
@@ -191,7 +191,8 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
             const int64_t j = k0 + tk + 8 * c;
-            if (!rvalid[i] || j > rpos[i] || pass_masked(it, pass, j, rde[i])) s[i][c] = kNegInf;
+            if (!rvalid[i] || j > rpos[i] || pass_masked(a, it, pass, npass, j, rde[i]))
+              s[i][c] = kNegInf;
             mx = fmaxf(mx, s[i][c]);
           }
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -352,7 +353,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll 1
     for (int64_t k0 = 0; k0 < kend; k0 += kKeysT) {
 #pragma unroll 1
-      for (int pass = 0, npass = n_passes(it, k0, kKeysT); pass < npass; ++pass) {
+      for (int pass = 0, npass = n_passes(a, it, k0, kKeysT); pass < npass; ++pass) {
         __syncthreads();  // the previous tile (or item) is done with Ks / Vt
         // Stage: lane (sub, c) copies 16-byte chunk c (elements 8c .. 8c+7) of key kk0 + sub; K
         // with one 16-byte store, V transposed with 8 two-byte stores.
@@ -419,7 +420,8 @@ __global__ void __launch_bounds__(kMmaThreads)
           for (int c = 0; c < 4; ++c) {
             const int r = c >> 1;
             const int64_t j = k0 + 8 * nb + 2 * t + (c & 1);
-            if (!rvalid[r] || j > rpos[r] || pass_masked(it, pass, j, rde[r])) s[nb][c] = kNegInf;
+            if (!rvalid[r] || j > rpos[r] || pass_masked(a, it, pass, npass, j, rde[r]))
+              s[nb][c] = kNegInf;
             mx[r] = fmaxf(mx[r], s[nb][c]);
           }
         float alpha[2], mnew[2];
@@ -632,6 +634,7 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
   a.n_recent = p.n_recent;
   a.deq = nullptr;
   a.cap_rows = 0;
+  a.invariant = p.batch_invariant ? 1 : 0;
 
   a.hist_bf16 = nullptr;
   a.hist_slot = nullptr;
@@ -660,6 +663,9 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
   // (prefill_hist_bf16.cu), which needs the caller's distinct pages (p.hist_slot) and the TMA
   // producer; without them, or when the expansion's memory cannot be had, the tiled kernel
   // unpacks in its tiles (slower: 160-175 TFLOP/s against 475-564, H200, 2026-12-03).
+  // Batch-invariant calls under kAuto: the warp-specialised kernel where it runs, else the staged
+  // one (the tiled kernel, on mma.sync or wgmma, gave some queries other bits when their item's
+  // other queries changed, on the H200; not understood yet: docs/results/determinism.md).
   if (a.de == 0) {
     if (path == PrefillAttnCudaPath::kAuto && facts.ws && L.head_dim == 128) {
       if (!p.quantized) return prefill_attn_ws_launch(a, L.head_dim, false, stream);
@@ -685,8 +691,8 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
         }
       }
     }
-    if (path == PrefillAttnCudaPath::kAuto || path == PrefillAttnCudaPath::kTiledMma ||
-        path == PrefillAttnCudaPath::kTiledWgmma)
+    if ((path == PrefillAttnCudaPath::kAuto && !p.batch_invariant) ||
+        path == PrefillAttnCudaPath::kTiledMma || path == PrefillAttnCudaPath::kTiledWgmma)
       return prefill_attn_tc_launch(a, L.head_dim,
                                     path != PrefillAttnCudaPath::kTiledMma && facts.wgmma, stream);
   }

@@ -50,6 +50,7 @@ struct Args {
   // with a BF16 cache).
   const uint8_t* hist_bf16;
   const int32_t* hist_slot;
+  int invariant;  // PrefillAttnParams::batch_invariant: passes split per query (n_passes)
 };
 
 
@@ -103,12 +104,22 @@ __device__ __forceinline__ int64_t row_deq_end(const Args& a, const Item& it, in
 // keys quantized (the scratch) and masks them for the queries that read them exactly, pass 1
 // stages them exactly and masks them for the queries that read them quantized (and every key
 // outside). Other tiles take pass 0 alone, which is then the plain causal pass.
-__device__ __forceinline__ int n_passes(const Item& it, int64_t k0, int n) {
+// Batch-invariant (a.invariant): which of a query's keys go in which pass must follow from the
+// query alone, not from the tile's other queries (a chunk boundary moves d_first and d_last):
+// every tile that some query's deq_end cuts (k0 < de < k0 + n for a de in [d_first, d_last])
+// takes two passes, pass 0 holding each query's keys below its deq_end and pass 1 those above.
+// A query's online softmax then always takes such a tile in two updates and any other tile in
+// one (the other pass masks all its keys: alpha = 1, p = 0, an exact no-op).
+__device__ __forceinline__ int n_passes(const Args& a, const Item& it, int64_t k0, int n) {
+  if (a.invariant) return k0 < it.d_last && k0 + n > it.d_first ? 2 : 1;
   return it.d_first < it.d_last && k0 < it.d_last && k0 + n > it.d_first ? 2 : 1;
 }
 
-// The pass's mask of key j for the query at pos with deq_end de (on top of causality).
-__device__ __forceinline__ bool pass_masked(const Item& it, int pass, int64_t j, int64_t de) {
+// The pass's mask of key j for the query at pos with deq_end de (on top of causality), in a tile
+// of npass passes.
+__device__ __forceinline__ bool pass_masked(const Args& a, const Item& it, int pass, int npass,
+                                            int64_t j, int64_t de) {
+  if (a.invariant) return npass == 2 && (pass == 0) == (j >= de);
   const bool both_ways = j >= it.d_first && j < it.d_last && j >= de;  // the query reads it exact
   return pass == 0 ? both_ways : !both_ways;
 }
