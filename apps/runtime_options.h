@@ -49,8 +49,8 @@ inline void add_runtime_options(CLI::App& app, engine::RuntimeOptions& o) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_flag("--enable-deterministic-inference", o.deterministic,
                "Batch-invariant kernels (as SGLang's flag): a request's tokens and logprobs at "
-               "temperature 0 or with a seed do not depend on what runs beside it; CPU only, "
-               "prefill slower (docs/results/determinism.md)");
+               "temperature 0 or with a seed do not depend on what runs beside it; CPU and "
+               "CUDA, prefill slower (docs/results/determinism.md)");
 }
 
 }  // namespace oscar::apps

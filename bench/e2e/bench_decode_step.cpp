@@ -6,6 +6,7 @@
 //   bench_decode_step --model DIR [--dummy-weights] [--device cuda] [--modes bf16,oscar]
 //                     [--context 100000] [--batches 1,8] [--steps 32] [--fit-gib G] [--csv F]
 //                     [--phases] [--no-graphs] [--folded-weights auto|f32|bf16] [--chunk C]
+//                     [--deterministic 0|1]
 //
 // Per (mode, batch): median step time, tokens/s, the bytes one step must read (weights + every
 // sequence's KV pages) and the floor = those bytes / the copy bandwidth measured in this run,
@@ -16,6 +17,8 @@
 // --chunk C: every step appends C tokens per sequence instead of one (a prefill chunk over a
 // prefix of `context` tokens, growing by C a step): tok/s then counts prefill tokens, and
 // --phases shows where a prefill chunk's time goes (linear layers, attention, the small ops).
+// --deterministic 1: the batch-invariant kernels (--enable-deterministic-inference), with the
+// prompt chunks read as the scheduler then reads them (AttendMode::kDecodeEquivalent).
 // --fit-gib G: instead of --batches, the most sequences of `context` tokens that G GiB of KV
 // pages hold in each mode (the fixed-budget comparison), and the step at that batch.
 //
@@ -247,7 +250,7 @@ int main(int argc, char** argv) {
   int64_t context = 8192;
   int steps = 32, chunk_tokens = 1;
   double fit_gib = 0;
-  bool dummy = false, phases = false, graphs = true;
+  bool dummy = false, phases = false, graphs = true, deterministic = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -283,6 +286,8 @@ int main(int argc, char** argv) {
       graphs = false;
     else if (a == "--folded-weights")
       folded = next();
+    else if (a == "--deterministic")
+      deterministic = std::stoi(next()) != 0;
     else {
       std::fprintf(stderr,
                    "unknown argument %s (see the header of bench/e2e/bench_decode_step.cpp)\n",
@@ -295,9 +300,10 @@ int main(int argc, char** argv) {
   const std::string dir = model_dir_for(model, context + grown + 64);
   const double copy_bps = copy_bandwidth();
   std::printf("model %s (%s weights), device %s, context %lld, %d steps of %d tokens per sequence, "
-              "copy %.2f TB/s\n",
+              "copy %.2f TB/s, deterministic %d\n",
               model.c_str(), dummy ? "dummy" : "checkpoint", device.c_str(),
-              static_cast<long long>(context), steps, chunk_tokens, copy_bps / 1e12);
+              static_cast<long long>(context), steps, chunk_tokens, copy_bps / 1e12,
+              deterministic ? 1 : 0);
   std::printf(
       "| mode | batch | step ms | tok/s | bytes/step GB | floor ms | step/floor | demotion ms/step "
       "|\n"
@@ -310,6 +316,7 @@ int main(int argc, char** argv) {
     o.device = device;
     o.dummy_weights = dummy;
     o.folded_weights = folded;
+    o.deterministic = deterministic;
     o.split_tokens = context + grown;  // both pools run out together at this length
     std::vector<int> batch_list;
     if (fit_gib > 0) {
@@ -416,7 +423,8 @@ int main(int argc, char** argv) {
           chunk_ids[b].back() = next[b];
           chunks[b] = kv::StepChunk{caches[b].get(), chunk_ids[b], false};
         }
-        const kv::StepPlan plan = kv::StepPlan::make(chunks, kv::AttendMode::kPrefill);
+        const kv::StepPlan plan = kv::StepPlan::make(
+            chunks, deterministic ? kv::AttendMode::kDecodeEquivalent : kv::AttendMode::kPrefill);
 #ifdef OSCAR_HAS_CUDA
         // OSCAR_PROFILE_STEP=1: the last step's forward between cudaProfilerStart/Stop, for
         // `ncu --profile-from-start off` (per-kernel GPU times of one step, graph nodes included).

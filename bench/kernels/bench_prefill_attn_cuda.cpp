@@ -6,7 +6,9 @@
 //     alone, cuDNN SDPA causal), BF16;
 //   extend: a chunk of 8K after a 24K prefix, 32 x 64 after 16K each (the shared-prefix load
 //     test's shape), 512 after 8K, 4 x 256 after 4K, 1024 after 32K, each with the prefix in BF16
-//     pages and as INT2 history (64 sinks, the last 64 prefix tokens and the chunk in recent pages).
+//     pages and as INT2 history (64 sinks, the last 64 prefix tokens and the chunk in recent pages);
+//     32 x 64 after 16K also with one history shared by all 32 (a cached prefix: its pages are
+//     expanded to BF16 once).
 // Paths: kAuto (the warp-specialised kernel, for this serving reading), kTiledWgmma and kTiledMma
 // (the tiled kernel on wgmma / mma.sync) and, where it takes under ~20 TFLOP (it runs ~40 TFLOP/s), kStaged (the previous
 // tensor-core kernel). Pages shuffled, contents random
@@ -33,6 +35,7 @@
 #include "cuda_bench_util.h"
 #include "kernels/cuda/device_util.h"
 #include "kernels/cuda/prefill_attn_cuda.h"
+#include "kernels/distinct_pages.h"
 #include "kernels/prefill_attn.h"
 #include "quant/int2_layout.h"
 
@@ -93,10 +96,12 @@ int main(int argc, char** argv) {
     int batch;
     int64_t prefix, chunk;
     bool int2;  // the prefix (beyond sinks and 64 recent tokens) as INT2 history
+    bool shared = false;  // every sequence's history on the same pages (a cached prefix)
   };
   std::vector<BenchCase> cases = {{1, 0, 8192, false},      {1, 0, 32768, false},
                                   {1, 24576, 8192, false},  {1, 24576, 8192, true},
                                   {32, 16384, 64, false},   {32, 16384, 64, true},
+                                  {32, 16384, 64, true, true},
                                   {1, 8192, 512, true},     {4, 4096, 256, true},
                                   {1, 32768, 1024, false},  {1, 32768, 1024, true}};
   if (!quick) {
@@ -130,7 +135,9 @@ int main(int argc, char** argv) {
         if (indptr[r].empty()) indptr[r].push_back(0);
         const int64_t np = (n[r] + kP - 1) / kP;
         for (int64_t i = 0; i < np; ++i)
-          ids[r].push_back(static_cast<int32_t>(r == 1 ? n_hist++ : n_exact++));
+          ids[r].push_back(static_cast<int32_t>(r != 1             ? n_exact++
+                                                : bc.shared && s > 0 ? ids[1][i]
+                                                                     : n_hist++));
         indptr[r].push_back(static_cast<int32_t>(ids[r].size()));
         last[r].push_back(n[r] == 0 ? 0 : static_cast<int32_t>((n[r] - 1) % kP + 1));
       }
@@ -198,6 +205,12 @@ int main(int argc, char** argv) {
       tabs[r]->last_page_len = upload(last[r]);
       tabs[r]->n_seqs = bc.batch;
     }
+    const DistinctPages distinct = distinct_pages(ids[1]);
+    if (int2) {
+      p.hist_unique = upload(distinct.pages);
+      p.hist_slot = upload(distinct.index);
+      p.n_hist_unique = static_cast<int32_t>(distinct.pages.size());
+    }
     float* out = nullptr;
     CK(cudaMalloc(&out, q.size() * sizeof(float)));
     p.out = out;
@@ -225,7 +238,7 @@ int main(int argc, char** argv) {
       if (!staged && staged_us > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", staged_us / med);
       std::printf("| %d | %lld | %lld | %s | %s | %.1f | %.1f | %.1f | %.1f | %s |\n", bc.batch,
                   static_cast<long long>(bc.prefix), static_cast<long long>(bc.chunk),
-                  int2 ? "int2" : "bf16",
+                  !int2 ? "bf16" : bc.shared ? "int2, shared" : "int2",
                   staged                                       ? "staged"
                   : path == PrefillAttnCudaPath::kTiledMma   ? "tiled mma.sync"
                   : path == PrefillAttnCudaPath::kTiledWgmma ? "tiled wgmma"

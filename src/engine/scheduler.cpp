@@ -126,7 +126,9 @@ struct Scheduler::Sequence {
 };
 
 Scheduler::Scheduler(std::unique_ptr<Runtime> runtime, const SchedulerOptions& options)
-    : runtime_(std::move(runtime)), options_(options) {
+    : runtime_(std::move(runtime)),
+      options_(options),
+      prefill_budget_(runtime_->model().config(), options.prefill_itl_factor) {
   metrics_.time_to_first_token_seconds =
       make_histogram({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
   metrics_.time_per_output_token_seconds =
@@ -530,7 +532,8 @@ kv::PrefixMatch Scheduler::match_prefix(const Sequence& s) {
   const std::span<const int32_t> asked(s.context.data(),
                                        std::max<int64_t>(0, n_context - 1) / p * p);
   return radix_->match_prefix(asked, [&](std::span<const kv::CachedChunk> chunks) {
-    return kv::choose_prefix_forms(spec.regions, spec.quantized(), n_context, chunks);
+    return kv::choose_prefix_forms(spec.regions, spec.quantized(), n_context, chunks,
+                                   runtime_->options().deterministic);
   });
 }
 
@@ -791,11 +794,17 @@ void Scheduler::step() {
       cannot_fit(s, 1);
     }
   }
-  for (auto& sp : running_) {  // then prefill chunks
+  // Then prefill chunks, within the token budget and, while streams decode, the step-time budget
+  // (prefill_budget_), which the first chunks take first.
+  const int n_decode = static_cast<int>(chunks.size());
+  double prefill_flops_left = prefill_budget_.budget(n_decode > 0), prefill_flops = 0;
+  for (auto& sp : running_) {
     Sequence& s = *sp;
     if (s.done || s.preempted || !s.prefilling() || budget <= 0) continue;
     const int64_t left = static_cast<int64_t>(s.context.size()) - s.prefilled;
-    int64_t n = std::min<int64_t>({left, options_.prefill_chunk, budget});
+    const int64_t depth = s.cache->n_tokens();
+    int64_t n = prefill_budget_.fit(prefill_flops_left, depth,
+                                    std::min<int64_t>({left, options_.prefill_chunk, budget}), page);
     bool ok = reserve(s, n, /*may_preempt=*/false);
     while (!ok && n > page) {
       n = std::max<int64_t>(page, n / 2 / page * page);
@@ -804,11 +813,19 @@ void Scheduler::step() {
     if (!ok) ok = reserve(s, n, /*may_preempt=*/true);
     if (ok) {
       add(s, std::span<const int32_t>(s.context.data() + s.prefilled, n));
+      prefill_flops_left -= prefill_budget_.cost(n, depth);
+      prefill_flops += prefill_budget_.cost(n, depth);
     } else if (!others_hold_pages(s)) {
       cannot_fit(s, n);
     }  // else: it waits, holding its pages, for an earlier request to free some
   }
-  if (!chunks.empty()) run_step(chunks, owners);
+  if (!chunks.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run_step(chunks, owners);
+    prefill_budget_.record(
+        n_decode, prefill_flops,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   // Preempted requests go back to the head of the waiting queue, in arrival order.
   std::vector<std::unique_ptr<Sequence>> back;
   for (auto& sp : running_)

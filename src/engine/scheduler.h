@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "engine/engine_api.h"
+#include "engine/prefill_budget.h"
 #include "engine/runtime.h"
 #include "kv/admission.h"
 #include "kv/kv_events.h"
@@ -77,6 +78,10 @@ struct SchedulerOptions {
   int max_running = 64;         // sequences decoded together
   int max_batch_tokens = 1024;  // tokens per forward step (decode tokens + prefill chunks)
   int prefill_chunk = 512;      // prefill tokens per request per step
+  // While sequences decode, prefill chunks are sized so that a step lasts at most about this
+  // many undisturbed decode steps (engine/prefill_budget.h); <= 1: off, only the two token
+  // limits above apply.
+  double prefill_itl_factor = 0;
   bool prefix_cache = true;     // share prompt prefixes between requests (radix cache)
   // Longest prompt + max_tokens accepted (info().max_context_tokens). 0: the model's
   // max_position_embeddings, lowered to the longest sequence whose peak pages fit the pools.
@@ -155,6 +160,7 @@ class Scheduler : public Engine {
 
   std::unique_ptr<Runtime> runtime_;
   SchedulerOptions options_;
+  PrefillBudget prefill_budget_;  // loop thread
   int max_model_len_ = 0;  // resolved options_.max_model_len
   std::unique_ptr<tok::ChatTemplate> chat_template_;
   bool template_reads_reasoning_ = false;  // tok::template_reads_reasoning of its source

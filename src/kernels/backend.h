@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "core/device.h"
 #include "core/status.h"
@@ -133,10 +134,25 @@ class Backend {
   // request-level error (a non-finite K/V, an allocation) leaves it usable.
   // Batch-invariant kernels (README "Deterministic results"): each row's results independent of
   // the other rows of a step and of how its prompt was chunked; off by default (prefill is
-  // slower, docs/results/determinism.md). The CPU backend switches its kernels; the default
-  // (backend_cpu.cpp) refuses to turn it on, naming the device.
+  // slower, docs/results/determinism.md). The CPU and CUDA backends switch their kernels; the
+  // default (backend_cpu.cpp) refuses to turn it on, naming the device.
   virtual Status set_batch_invariant(bool on);
   virtual Status health() { return Status(); }
+
+ protected:
+  // For backends that switch: set_batch_invariant stores the flag here, and each op whose
+  // reductions could follow the batch hands its kernel the params with the flag set.
+  template <class Params>
+  Params invariant(Params p) const {
+    p.batch_invariant = batch_invariant_;
+    return p;
+  }
+  std::vector<LinearParams> invariant(const LinearParams* ps, int count) const {
+    std::vector<LinearParams> qs(ps, ps + count);
+    for (LinearParams& q : qs) q.batch_invariant = batch_invariant_;
+    return qs;
+  }
+  bool batch_invariant_ = false;
 };
 
 // The process-wide CPU backend (stateless; its ops are thread-compatible).

@@ -57,8 +57,10 @@ struct DecodeAttnParams {
   // batch_invariant: from the sequence's own count). Tests set small values to force many
   // partials and merges. The reference ignores it.
   int32_t chunk_tokens = 0;
-  // Fast CPU path: each sequence's output independent of the other sequences of the batch
-  // (README "Deterministic results"); slightly more, smaller tasks for a batch.
+  // Each sequence's output independent of the other sequences of the batch (README
+  // "Deterministic results"). Fast CPU path: slightly more, smaller tasks for a batch. CUDA: the
+  // split cap of a batch of one for every batch (decode_attn.cu), so more (early-exiting)
+  // blocks for a batch.
   bool batch_invariant = false;
 
   float* out = nullptr;  // [n_seqs, n_heads_q, head_dim] float, written. No keys at all: zeros.

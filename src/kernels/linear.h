@@ -27,7 +27,8 @@ struct LinearParams {
   WeightView w;                 // [out, in]
   const float* bias = nullptr;  // [out] or null
   float* y = nullptr;           // [n, out]; may not alias x
-  // CPU: row i's result independent of n and of the other rows (README "Deterministic results").
+  // Row i's result independent of n and of the other rows (README "Deterministic results"):
+  // the CPU and the CUDA paths below each say how.
   bool batch_invariant = false;
 };
 
@@ -48,7 +49,10 @@ Status linear_group(const LinearParams* ps, int count);
 // CUDA (kernels/cuda/linear.cu): device pointers, asynchronous on `stream` (a cudaStream_t).
 // Few rows: a bandwidth-bound kernel that reads each weight once for all rows, float
 // activations and accumulation (as the CPU path). Many rows: x rounded to BF16 and a cuBLASLt
-// BF16 GEMM with float accumulation and output (F32 weights: float GEMM).
+// BF16 GEMM with float accumulation and output (F32 weights: float GEMM). With batch_invariant:
+// the streaming kernel for every n, in passes of 8 rows (its y[i, r] is one fixed chain per row;
+// cuBLASLt's choice of kernel and split-K follows n, and no documented setting pins its
+// reduction order across n), so prefill rows run on the FP32 units, not the tensor cores.
 Status linear_cuda(const LinearParams& p, void* stream);
 // Several products of the same x (same n, in and dtype): one streaming launch for all of them
 // where linear_cuda would stream each (decode rows), else one linear_cuda each. The same values

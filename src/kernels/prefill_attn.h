@@ -50,8 +50,20 @@ struct PrefillAttnParams {
   // Per-region tables over the n_seqs sequences; the recent table covers the chunk's own rows, so
   // sinks + history + recent lengths = pos0[s] + n_queries(s).
   PageTableView sinks, history, recent;
+  // CUDA, serving prefill over a quantized cache (optional; ignored by the CPU version): the
+  // history table's distinct pages (kernels/distinct_pages.h: sequences sharing a prefix share
+  // pages) and each history entry's index among them. With them the history is expanded to BF16
+  // once per call, each page once, and read by the BF16 kernel (kernels/cuda/prefill_hist_bf16.cu).
+  const int32_t* hist_unique = nullptr;  // [n_hist_unique] pool page ids
+  const int32_t* hist_slot = nullptr;    // [history.indptr[n_seqs]] indices into hist_unique
+  int32_t n_hist_unique = 0;             // a host value
   float* out = nullptr;                 // [cu[n_seqs], n_heads_q, head_dim]
-  bool batch_invariant = false;  // CPU: chunk_attn's batch-invariant path (kernels/chunk_attn.h)
+  // Each query's result independent of the call's other queries and sequences (README
+  // "Deterministic results"). CPU: chunk_attn's batch-invariant path (kernels/chunk_attn.h).
+  // CUDA: no kernel splits a query's keys across blocks and key tiles start at multiples of the
+  // tile from key 0, so only the decode-equivalent passes needed it: each query's split into
+  // passes then follows its own deq_end (kernels/cuda/prefill_items.cuh: n_passes).
+  bool batch_invariant = false;
 };
 
 Status prefill_attn(const PrefillAttnParams& p);

@@ -76,7 +76,8 @@ int64_t reusable_prefix_tokens(const RegionConfig& cfg, int64_t prompt_tokens) {
 
 std::vector<CachedPage> choose_prefix_forms(const RegionConfig& cfg, bool quantized,
                                             int64_t context_tokens,
-                                            std::span<const CachedChunk> chunks) {
+                                            std::span<const CachedChunk> chunks,
+                                            bool exact_history) {
   OSCAR_CHECK(cfg.validate().ok(), "choose_prefix_forms: invalid region config");
   const int64_t p = cfg.page_size;
   const int64_t n = std::min<int64_t>(static_cast<int64_t>(chunks.size()),
@@ -97,9 +98,22 @@ std::vector<CachedPage> choose_prefix_forms(const RegionConfig& cfg, bool quanti
   while (int2_end < h_max && int2(int2_end)) ++int2_end;
   std::vector<int64_t> bf16_run(n - s + 1, 0);  // [i - s]: BF16 chunks from i on
   for (int64_t i = n - 1; i >= s; --i) bf16_run[i - s] = bf16(i) ? bf16_run[i + 1 - s] + 1 : 0;
+  auto cold_history = [&](int64_t chunks_held) {  // a cold sequence's history end, in chunks
+    return (cfg.n_sink + pages_for_length(cfg, chunks_held * p).hist_pages * p) / p;
+  };
+  if (exact_history) {
+    for (int64_t m = n; m > s; --m) {
+      const int64_t h = cold_history(m);
+      if (h > int2_end || h + bf16_run[h - s] < m) continue;
+      for (int64_t i = s; i < m; ++i)
+        pages.push_back(chunks[i].form(i < h ? kPoolInt2 : kPoolBf16));
+      break;
+    }
+    return pages;
+  }
   int64_t m = s;
   for (int64_t h = s; h <= int2_end; ++h) m = std::max(m, h + bf16_run[h - s]);
-  const int64_t cold = (cfg.n_sink + pages_for_length(cfg, m * p).hist_pages * p) / p;
+  const int64_t cold = cold_history(m);
   int64_t best = -1;
   for (int64_t h = s; h <= int2_end; ++h) {
     if (h + bf16_run[h - s] != m) continue;

@@ -80,9 +80,16 @@ int64_t reusable_prefix_tokens(const RegionConfig& cfg, int64_t prompt_tokens);
 // pages where a cold sequence holds INT2, which the sequence's next commit demotes into its own
 // new INT2 pages (the shared BF16 pages are only read). A chunk held only as INT2 where BF16 is
 // needed ends the match there (the rest is recomputed).
+// exact_history (--enable-deterministic-inference, quantized caches): h is exactly the history end
+// of a cold sequence of m tokens, and m the longest prefix for which the forms allow it. Then the
+// first computed query reads every key as a cold chunked prefill would (INT2 below the history
+// end its position gives, BF16 above): an h above it would make it read INT2 where the cold run
+// reads exact rows; one below, rows quantized on the fly that the CUDA decode-equivalent prefill
+// only holds for one page beyond the history (prefill_deq_zone.cuh).
 std::vector<CachedPage> choose_prefix_forms(const RegionConfig& cfg, bool quantized,
                                             int64_t context_tokens,
-                                            std::span<const CachedChunk> chunks);
+                                            std::span<const CachedChunk> chunks,
+                                            bool exact_history = false);
 
 // Fresh pages a request must be able to hold at once over its lifetime: the peak pages of a
 // sequence growing to prompt_tokens + max_tokens tokens, minus the cached_tokens prefix already

@@ -57,6 +57,7 @@ StepPlan StepPlan::make(std::span<const StepChunk> chunks, AttendMode mode) {
     cache.pending_demotions(&p.demote_src, &p.demote_dst);
     p.demote_seq.resize(p.demote_src.size(), s);
   }
+  p.pre_hist_distinct = kernels::distinct_pages(p.pre_hist.page_ids());
   return p;
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/distinct_pages.h"
 #include "kv/kv_op_params.h"
 #include "kv/page_table.h"
 #include "kv/sequence_cache.h"
@@ -65,6 +66,9 @@ class StepPlan {
   // Prefill sequences [n_decode, n_seqs): three tables over them (their rows and positions are
   // cu_seqlens / pos0 from n_decode on).
   PageTableBuilder pre_sinks{1}, pre_hist{1}, pre_recent{1};
+  // pre_hist's distinct pages (sequences sharing a cached prefix share them), for a device
+  // kernel that expands each history page once (PrefillAttnParams::hist_unique).
+  kernels::DistinctPages pre_hist_distinct;
   // Demotions after the forward pass: history page dst[i] gets exact page src[i] of seq[i].
   std::vector<int32_t> demote_src, demote_dst, demote_seq;
   // Engine-wide: the KV ops' layout, codec, transforms and pool bases (layer 0; the runner sets

@@ -153,6 +153,9 @@ Status StepRunner::forward(const kv::StepPlan& plan, const ForwardOptions& optio
                            st.add_table(plan.dec_recent.view(), caps[2])};
   const size_t h_pre[3] = {st.add_table(plan.pre_sinks.view()), st.add_table(plan.pre_hist.view()),
                            st.add_table(plan.pre_recent.view())};
+  const kernels::DistinctPages& hist_distinct = plan.pre_hist_distinct;
+  const size_t h_hist_unique = st.add(hist_distinct.pages.data(), hist_distinct.pages.size());
+  const size_t h_hist_slot = st.add(hist_distinct.index.data(), hist_distinct.index.size());
   OSCAR_RETURN_IF_ERROR(st.upload());
   if (st.moved()) ++graph_epoch_;
 
@@ -211,6 +214,9 @@ Status StepRunner::forward(const kv::StepPlan& plan, const ForwardOptions& optio
   pre.sinks = st.table(h_pre[0], pre.n_seqs);
   pre.history = st.table(h_pre[1], pre.n_seqs);
   pre.recent = st.table(h_pre[2], pre.n_seqs);
+  pre.hist_unique = st.get<int32_t>(h_hist_unique);
+  pre.hist_slot = st.get<int32_t>(h_hist_slot);
+  pre.n_hist_unique = static_cast<int32_t>(hist_distinct.pages.size());
   HostCopies host(be, &w.host, static_cast<size_t>(n) * std::max<int64_t>(H, c.q_dim),
                   options.observer != nullptr);
   ObserverTap tap(options.observer, plan, c, &host);

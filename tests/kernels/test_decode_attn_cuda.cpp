@@ -434,6 +434,77 @@ TEST_F(DecodeAttnCuda, LongContextQwen3Layout) {
   run_case(c);
 }
 
+// Batch invariance (DecodeAttnParams::batch_invariant, README "Deterministic results"): each
+// sequence's output is bitwise the same in the whole batch, alone, and in sub-batches of 2 and 5,
+// while the default would cap the splits by the batch (here 12 sequences x 8 KV heads: a few
+// splits, against ~66 for a sequence alone on the H200), with long, short and empty sequences,
+// INT2 history and the bf16 mode (no history). The whole batch is also checked against the
+// float64 reference (compare(): the tensor-core bound).
+TEST_F(DecodeAttnCuda, BatchInvariantSequenceEqualsItselfAlone) {
+  for (bool history : {true, false}) {
+    Case c;
+    c.n_heads_q = 32;
+    c.n_heads_kv = 8;
+    c.n_layers = 1;
+    c.layer = 0;
+    std::mt19937 rng(history ? 71 : 72);
+    std::uniform_int_distribution<int> tok(1, 300), pages(0, 250);
+    for (int i = 0; i < 12; ++i) {
+      const int64_t hist = history ? 16 * pages(rng) : 0;
+      const int64_t recent = history ? tok(rng) : 16 * pages(rng) + tok(rng);
+      c.seqs.push_back({64, hist, recent});
+    }
+    c.seqs[3] = {0, 0, 0};
+    c.seqs[7] = {5, 0, 0};
+    c.seed = history ? 900 : 901;
+    SCOPED_TRACE(c.name());
+    Host h;
+    build(c, h);
+    if (::testing::Test::HasFatalFailure()) return;
+    std::vector<float> want(h.q.size());
+    h.params.out = want.data();
+    ASSERT_TRUE(decode_attn_ref(h.params).ok());
+    Device dv;
+    upload(h, dv);
+    ASSERT_NE(dv.out, nullptr);
+    const int ns = static_cast<int>(c.seqs.size());
+    const size_t row = static_cast<size_t>(c.n_heads_q) * c.head_dim;  // floats per sequence
+    auto run = [&](int s0, int s1, std::vector<float>& got) {
+      DecodeAttnParams p = dv.params;
+      p.batch_invariant = true;
+      p.n_seqs = s1 - s0;
+      p.q += s0 * row;
+      p.out += s0 * row;
+      for (PageTableView* t : {&p.sinks, &p.history, &p.recent}) {
+        t->indptr += s0;
+        t->last_page_len += s0;
+        t->n_seqs = s1 - s0;
+      }
+      CUDA_OK(cudaMemset(dv.out, 0xFF, h.q.size() * sizeof(float)));
+      const Status st = decode_attn_cuda(p, nullptr);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      CUDA_OK(cudaDeviceSynchronize());
+      got.resize(h.q.size());
+      CUDA_OK(cudaMemcpy(got.data(), dv.out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    };
+    std::vector<float> whole, part;
+    run(0, ns, whole);
+    const DecodeAttnCudaLaunchInfo info = decode_attn_cuda_last_launch();
+    const Cmp r = compare("batch-invariant", c, h, whole, want, info.path == 0, false);
+    std::printf("  batch-invariant splits=%d err/tol=%.3g rel_l2=%.3g history=%d\n", info.n_splits,
+                r.max_ratio, r.rel_l2, history ? 1 : 0);
+    for (int width : {1, 2, 5})
+      for (int s0 = 0; s0 + width <= ns; s0 += width) {
+        run(s0, s0 + width, part);
+        for (int s = s0; s < s0 + width; ++s)
+          ASSERT_EQ(0, std::memcmp(&part[s * row], &whole[s * row], row * sizeof(float)))
+              << "sequence " << s << " (" << c.seqs[s].sink << "," << c.seqs[s].hist << ","
+              << c.seqs[s].recent << ") in a call of " << width << " from " << s0
+              << " differs from the whole batch's";
+      }
+  }
+}
+
 TEST_F(DecodeAttnCuda, RejectsBadParams) {
   Case c;
   c.seqs = {{16, 16, 16}};

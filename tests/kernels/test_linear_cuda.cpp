@@ -216,6 +216,92 @@ TEST_F(LinearCuda, GroupBitIdenticalToSeparateCalls) {
     }
 }
 
+// Batch invariance (LinearParams::batch_invariant, README "Deterministic results"): each row of
+// a call of n rows is bitwise the row computed alone, for n across the automatic choice's
+// switch from the streaming kernel to the GEMM (3, 5, 8, 9, 64, 300), both dtypes, with a bias,
+// the lm_head-like wide output, and linear_group_cuda (one launch or one call per product). The
+// invariant rows also stay within the streaming kernel's bound of the float64 reference (run()
+// above covers that path's accuracy; here one spot check per shape: the same tol_stream).
+TEST_F(LinearCuda, BatchInvariantRowsEqualTheRowAlone) {
+  std::mt19937 rng(4242);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (DType dtype : {DType::kBF16, DType::kF32})
+    for (auto [in, out] : {std::pair<int64_t, int64_t>{256, 512}, {1024, 2050}, {64, 70}}) {
+      const int64_t n_max = 300;
+      std::vector<float> x(n_max * in), wf(out * in), b(out);
+      for (float& v : x) v = normal(rng) + 0.3f;
+      for (float& v : wf) v = dtype == DType::kBF16 ? round_to_bf16(normal(rng)) : normal(rng);
+      for (float& v : b) v = normal(rng);
+      std::vector<bf16_t> wb(wf.size());
+      for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+      DeviceUploads up;
+      const float* dx = up.up(x);
+      const void* dw = dtype == DType::kBF16 ? static_cast<const void*>(up.up(wb)) : up.up(wf);
+      const float* db = up.up(b);
+      float* dy = up.up(std::vector<float>(n_max * out));
+      float* dy2 = up.up(std::vector<float>(n_max * out));
+      float* dy3 = up.up(std::vector<float>(n_max * out));
+      ASSERT_TRUE(dx && dw && db && dy && dy2 && dy3);
+      LinearParams p;
+      p.w = WeightView{dw, dtype, out, in};
+      p.bias = db;
+      p.batch_invariant = true;
+      // Row i alone, for every i (the reference bits).
+      std::vector<float> alone(n_max * out), got(n_max * out);
+      for (int64_t i = 0; i < n_max; ++i) {
+        p.x = dx + i * in;
+        p.n = 1;
+        p.y = dy + i * out;
+        ASSERT_TRUE(linear_cuda(p, nullptr).ok());
+      }
+      CUDA_OK(cudaMemcpy(alone.data(), dy, alone.size() * 4, cudaMemcpyDeviceToHost));
+      // Spot check against the float64 reference: row 0 and the last row.
+      for (int64_t i : {int64_t{0}, n_max - 1}) {
+        std::vector<float> want(out);
+        LinearParams h;
+        h.x = x.data() + i * in;
+        h.n = 1;
+        h.w = WeightView{dtype == DType::kBF16 ? static_cast<const void*>(wb.data()) : wf.data(),
+                         dtype, out, in};
+        h.bias = b.data();
+        h.y = want.data();
+        ASSERT_TRUE(linear_ref(h).ok());
+        for (int64_t r = 0; r < out; ++r) {
+          double m = std::fabs(b[r]);
+          for (int64_t c = 0; c < in; ++c) m += std::fabs(double(x[i * in + c]) * wf[r * in + c]);
+          ASSERT_LE(std::fabs(double(alone[i * out + r]) - want[r]), 2.0 * in * kU * m + 1e-30)
+              << "row " << i << " col " << r;
+        }
+      }
+      // Calls of n rows starting at row i0: each row bitwise its lone value.
+      for (int64_t n : {3, 5, 8, 9, 64, 300})
+        for (int64_t i0 : {int64_t{0}, n_max - n}) {
+          CUDA_OK(cudaMemset(dy2, 0xFF, got.size() * 4));
+          p.x = dx + i0 * in;
+          p.n = n;
+          p.y = dy2 + i0 * out;
+          ASSERT_TRUE(linear_cuda(p, nullptr).ok());
+          CUDA_OK(cudaMemcpy(got.data(), dy2, got.size() * 4, cudaMemcpyDeviceToHost));
+          for (int64_t i = i0; i < i0 + n; ++i)
+            ASSERT_EQ(0, std::memcmp(&got[i * out], &alone[i * out], out * 4))
+                << "dtype " << static_cast<int>(dtype) << " in " << in << " out " << out
+                << ": row " << i << " of a call of " << n << " rows from " << i0
+                << " differs from the row alone";
+          // linear_group_cuda: the product twice in one group (one launch where it fits).
+          LinearParams g[2] = {p, p};
+          g[1].y = dy3 + i0 * out;
+          for (float* y : {dy2, dy3}) CUDA_OK(cudaMemset(y, 0xFF, got.size() * 4));
+          ASSERT_TRUE(linear_group_cuda(g, 2, nullptr).ok());
+          for (float* y : {dy2, dy3}) {
+            CUDA_OK(cudaMemcpy(got.data(), y, got.size() * 4, cudaMemcpyDeviceToHost));
+            for (int64_t i = i0; i < i0 + n; ++i)
+              ASSERT_EQ(0, std::memcmp(&got[i * out], &alone[i * out], out * 4))
+                  << "group: row " << i << " of " << n << " from " << i0;
+          }
+        }
+    }
+}
+
 TEST_F(LinearCuda, UnalignedOutput) {
   uint32_t seed = 2000;
   for (DType dtype : {DType::kBF16, DType::kF32})

@@ -10,11 +10,13 @@
 // 0xFF (NaN in bf16, fp16 and float), and the output is 0xFF before each call: a wrong address
 // or an unwritten output shows up as NaN, and the rows before cu_seqlens[0] must stay 0xFF.
 //
-// Every case runs every kernel: the default (kAuto: the tiled tensor-core kernel on wgmma for
-// serving prefill, the staged one for decode-equivalent cases), the tiled kernel on mma.sync, the
-// staged tensor-core one and the FP32 SIMT one. The tiled kernel rounds the same operands to BF16
-// as the staged one (q, P, dequantized history rows; exact rows are BF16 already), so tol_mma
-// below covers all three.
+// Every case runs every kernel: the default (kAuto: for serving prefill the warp-specialised
+// kernel at head_dim 128 on sm_90a, over quantized caches through the history expanded to BF16
+// (given the distinct pages, in reversed order so that an entry's index is not its position),
+// else the tiled tensor-core kernel on wgmma; the staged one for decode-equivalent cases), the
+// tiled kernel on wgmma and on mma.sync, the staged tensor-core one and the FP32 SIMT one. The
+// tensor-core kernels round the same operands to BF16 as the staged one (q, P, dequantized history
+// rows; exact rows are BF16 already), so tol_mma below covers them all.
 //
 // Decode-equivalent cases (perplexity evaluation's reading): caches as the model leaves them at
 // a chunk's start (demoted up to history_end(pos0)), chunks of 1..300 crossing one or more
@@ -57,6 +59,7 @@
 #include "core/bf16.h"
 #include "cuda_test_util.h"
 #include "kernels/cuda/prefill_attn_cuda.h"
+#include "kernels/distinct_pages.h"
 #include "kernels/prefill_attn.h"
 #include "paged_cache_builder.h"
 #include "quant/bit_plan_layout.h"
@@ -252,6 +255,17 @@ void upload(const Host& h, Device& dv) {
   p.hist_pool = h.params.hist_pool != nullptr ? dv.up(h.hist_pool) : nullptr;
   PageTableView* const tabs[3] = {&p.sinks, &p.history, &p.recent};
   upload_page_tables(h, dv, tabs);
+  if (h.params.quantized) {
+    // The distinct history pages, their order reversed so that an entry's index among them is not
+    // its own position (the warp-specialised path must follow hist_slot).
+    DistinctPages dp = distinct_pages(h.ids[1]);
+    const int32_t n = static_cast<int32_t>(dp.pages.size());
+    std::reverse(dp.pages.begin(), dp.pages.end());
+    for (int32_t& i : dp.index) i = n - 1 - i;
+    p.hist_unique = dv.up(dp.pages);
+    p.hist_slot = dv.up(dp.index);
+    p.n_hist_unique = n;
+  }
   if (!h.k_clip.empty()) {
     p.codec.k_clip = dv.up(h.k_clip);
     p.codec.v_clip = dv.up(h.v_clip);
@@ -600,6 +614,239 @@ TEST_F(PrefillAttnCuda, DecodeEquivalentLongContextQwen3Layout) {
   c.seqs = {de_seq(c, 3000, 300), de_seq(c, 0, 1024)};
   c.seed = 990;
   run_case(c);
+}
+
+// Batch invariance (PrefillAttnParams::batch_invariant, README "Deterministic results"): a
+// prompt's query rows get bitwise the same output whether the prompt runs as one chunk alone or
+// cut into chunks that share their calls with other sequences' chunks (at other places of the
+// call), as the scheduler's token budget cuts them. The cache is what the model leaves at each
+// chunk's start: every token is stored both as its exact BF16 row and as the history row the
+// demotion makes of it (the CPU quantizer, clip 1: the device's bytes, test_demote_pages_cuda),
+// and a chunk at pos0 reads the history pages up to history_end(pos0) and the exact pages after
+// (decode-equivalent reading, quantized cache), or every exact page (the bf16 mode, serving
+// prefill). n_sink 16, n_recent 64, P 16: demotion points every 16 tokens from 96, so the chunks
+// below start before, at and past them. The kernels batch-invariant kAuto takes are checked
+// (decode-equivalent: the staged tensor-core one and the FP32 one; bf16: the warp-specialised one
+// on sm_90a and the staged one). The tiled kernel (kTiledMma / kTiledWgmma) is not invariant:
+// on the H200 6 to 21 rows of a chunk differed from the whole prompt's (2026-12-03), so kAuto
+// never takes it with the flag. The whole-prompt calls are also compared with the CPU
+// prefill_attn (relative L2 and per-row cosine, the bounds above).
+struct InvCache : PagedCacheHost {
+  std::vector<int64_t> T;            // tokens per sequence
+  std::vector<int32_t> first_page;   // sequence s: pages first_page[s] + i of both pools
+  std::vector<std::vector<float>> q;  // per sequence [T, n_heads_q, head_dim]
+};
+
+void build_inv(const Case& c, const std::vector<int64_t>& T, InvCache& h) {
+  set_layout(h, c.n_layers, c.n_heads_kv, c.head_dim, c.page_size, c.group_size);
+  const KvPageLayout& L = h.layout;
+  const int P = c.page_size, d = c.head_dim;
+  h.T = T;
+  int64_t pages = 0;
+  for (int64_t t : T) {
+    h.first_page.push_back(static_cast<int32_t>(pages));
+    pages += pages_for(t, P);
+  }
+  h.exact_pool.assign(static_cast<size_t>(pages) * L.exact_page_bytes(), 0xFF);
+  if (c.history) h.hist_pool.assign(static_cast<size_t>(pages) * L.int2_page_bytes(), 0xFF);
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> x(d), seen(d);
+  for (size_t s = 0; s < T.size(); ++s) {
+    for (int64_t t = 0; t < T[s]; ++t) {
+      const RowPlace at{2, h.first_page[s] + static_cast<int32_t>(t / P), static_cast<int>(t % P)};
+      for (int kv = 0; kv < 2; ++kv)
+        for (int g = 0; g < c.n_heads_kv; ++g) {
+          draw_kv_row(kv, normal, rng, x);
+          write_exact_row(h, c.layer, kv, g, at, x.data(), seen.data());
+          if (!c.history) continue;
+          const quant::RowCodec& codec = quant::row_codec(
+              quant::hist_row_format(c.quantizer, kv, L.hist_row_bits(c.layer, kv, g)));
+          const Status st =
+              codec.quantize(seen.data(), d, c.group_size, 1.0f, hist_row(h, c.layer, kv, g, at));
+          ASSERT_TRUE(st.ok()) << st.to_string();
+        }
+    }
+    h.q.emplace_back(static_cast<size_t>(T[s]) * c.n_heads_q * d);
+    for (float& v : h.q.back()) v = c.q_gain * normal(rng);
+  }
+}
+
+struct InvChunk {
+  int seq;
+  int64_t pos0, n_q;
+};
+
+// One call's params over `chunks` (host pointers into `tabs` / `q`, which it fills), the cache of
+// each chunk as the model leaves it at the chunk's start.
+PrefillAttnParams inv_params(const Case& c, InvCache& h, const std::vector<InvChunk>& chunks,
+                             std::vector<int32_t>& cu, std::vector<int64_t>& pos0,
+                             std::vector<float>& q, std::vector<int32_t> (&tabs)[3][3]) {
+  const int P = c.page_size;
+  const size_t row = static_cast<size_t>(c.n_heads_q) * c.head_dim;
+  cu.assign(1, 0);
+  pos0.clear();
+  q.clear();
+  for (auto& t : tabs)
+    for (auto& v : t) v.clear();
+  for (int r = 0; r < 3; ++r) tabs[r][0].push_back(0);
+  for (const InvChunk& ch : chunks) {
+    const SeqSpec sp = de_seq(c, ch.pos0, ch.n_q);
+    const int64_t n[3] = {sp.sink, c.history ? sp.hist : 0, c.history ? sp.recent : sp.recent +
+                                                                                     sp.hist};
+    int64_t t0 = 0;
+    for (int r = 0; r < 3; ++r) {
+      for (int64_t i = 0; i < pages_for(n[r], P); ++i)
+        tabs[r][1].push_back(h.first_page[ch.seq] + static_cast<int32_t>(t0 / P + i));
+      tabs[r][0].push_back(static_cast<int32_t>(tabs[r][1].size()));
+      tabs[r][2].push_back(n[r] == 0 ? 0 : static_cast<int32_t>((n[r] - 1) % P + 1));
+      t0 += n[r];
+    }
+    pos0.push_back(ch.pos0);
+    cu.push_back(cu.back() + static_cast<int32_t>(ch.n_q));
+    const float* qs = h.q[ch.seq].data() + ch.pos0 * row;
+    q.insert(q.end(), qs, qs + ch.n_q * row);
+  }
+  PrefillAttnParams p;
+  p.n_seqs = static_cast<int32_t>(chunks.size());
+  p.n_heads_q = c.n_heads_q;
+  p.layer = c.layer;
+  p.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+  p.layout = h.layout;
+  p.codec.quantizer = c.quantizer;
+  p.codec.group_size = c.group_size;
+  p.n_sink = c.n_sink;
+  p.n_recent = c.n_recent;
+  p.quantized = c.history;
+  p.decode_equivalent = true;  // as the scheduler asks for with the flag (no-op without history)
+  p.max_rows = cu.back();
+  p.cu_seqlens = cu.data();
+  p.pos0 = pos0.data();
+  p.q = q.data();
+  p.exact_pool = h.exact_pool.data();
+  p.hist_pool = c.history ? h.hist_pool.data() : nullptr;
+  PageTableView* const views[3] = {&p.sinks, &p.history, &p.recent};
+  for (int r = 0; r < 3; ++r)
+    *views[r] = PageTableView{tabs[r][0].data(), tabs[r][1].data(), tabs[r][2].data(), p.n_seqs};
+  p.batch_invariant = true;
+  return p;
+}
+
+// Runs one call on the device by `path`; out gets [rows, n_heads_q, head_dim].
+// d_exact / d_hist: device copies of h's pools.
+void inv_run(const Case& c, InvCache& h, const std::vector<InvChunk>& chunks,
+             PrefillAttnCudaPath path, const uint8_t* d_exact, const uint8_t* d_hist,
+             std::vector<float>& out) {
+  std::vector<int32_t> cu, tabs[3][3];
+  std::vector<int64_t> pos0;
+  std::vector<float> q;
+  PrefillAttnParams p = inv_params(c, h, chunks, cu, pos0, q, tabs);
+  DeviceUploads dv;
+  p.cu_seqlens = dv.up(cu);
+  p.pos0 = dv.up(pos0);
+  p.q = dv.up(q);
+  PageTableView* const views[3] = {&p.sinks, &p.history, &p.recent};
+  for (int r = 0; r < 3; ++r) {
+    views[r]->indptr = dv.up(tabs[r][0]);
+    views[r]->page_ids = dv.up(tabs[r][1]);
+    views[r]->last_page_len = dv.up(tabs[r][2]);
+  }
+  p.exact_pool = d_exact;
+  p.hist_pool = d_hist;
+  out.assign(q.size(), 0.f);
+  p.out = dv.up(out);
+  CUDA_OK(cudaMemset(p.out, 0xFF, out.size() * sizeof(float)));
+  const Status st = prefill_attn_cuda_ex(p, path, nullptr);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpy(out.data(), p.out, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+TEST_F(PrefillAttnCuda, BatchInvariantRowsWhateverTheChunking) {
+  for (bool history : {true, false}) {
+    Case c;
+    c.history = history;
+    c.n_heads_q = 8;
+    c.n_heads_kv = 2;
+    c.n_layers = 1;
+    c.layer = 0;
+    c.seed = history ? 950 : 951;
+    SCOPED_TRACE(c.name());
+    InvCache h;
+    build_inv(c, {300, 200, 77, 130}, h);
+    if (::testing::Test::HasFatalFailure()) return;
+    const size_t row = static_cast<size_t>(c.n_heads_q) * c.head_dim;
+    // Each prompt whole and alone, then the steps of a schedule: prompt 0 in four chunks (cut
+    // before, at and past demotion points), beside chunks of the others at other places.
+    const std::vector<std::vector<InvChunk>> steps = {
+        {{0, 0, 40}, {1, 0, 120}},
+        {{2, 0, 77}, {0, 40, 57}},
+        {{1, 120, 80}, {3, 0, 1}, {0, 97, 123}},
+        {{3, 1, 129}, {0, 220, 80}}};
+    const std::vector<PrefillAttnCudaPath> paths =
+        history ? std::vector<PrefillAttnCudaPath>{PrefillAttnCudaPath::kAuto,
+                                                   PrefillAttnCudaPath::kSimt}
+                : std::vector<PrefillAttnCudaPath>{PrefillAttnCudaPath::kAuto,
+                                                   PrefillAttnCudaPath::kStaged};
+    DeviceUploads pools;
+    const uint8_t* d_exact = pools.up(h.exact_pool);
+    const uint8_t* d_hist = c.history ? pools.up(h.hist_pool) : nullptr;
+    ASSERT_NE(d_exact, nullptr);
+    for (PrefillAttnCudaPath path : paths) {
+      SCOPED_TRACE("path " + std::to_string(static_cast<int>(path)));
+      std::vector<std::vector<float>> alone(h.T.size());
+      for (size_t s = 0; s < h.T.size(); ++s) {
+        inv_run(c, h, {{static_cast<int>(s), 0, h.T[s]}}, path, d_exact, d_hist, alone[s]);
+        if (::testing::Test::HasFatalFailure()) return;
+        // Against the CPU (host params of the same call).
+        std::vector<int32_t> cu, tabs[3][3];
+        std::vector<int64_t> pos0;
+        std::vector<float> q;
+        PrefillAttnParams hp =
+            inv_params(c, h, {{static_cast<int>(s), 0, h.T[s]}}, cu, pos0, q, tabs);
+        std::vector<float> want(q.size());
+        hp.out = want.data();
+        ASSERT_TRUE(prefill_attn(hp).ok());
+        double num = 0, den = 0, min_cos = 1;
+        for (size_t r = 0; r < want.size() / c.head_dim; ++r) {
+          double dp = 0, ng = 0, nw = 0;
+          for (int i = 0; i < c.head_dim; ++i) {
+            const double g = alone[s][r * c.head_dim + i], w = want[r * c.head_dim + i];
+            ASSERT_TRUE(std::isfinite(g)) << "sequence " << s << " row " << r / c.n_heads_q;
+            num += (g - w) * (g - w);
+            den += w * w;
+            dp += g * w;
+            ng += g * g;
+            nw += w * w;
+          }
+          min_cos = std::min(min_cos, (ng == 0 && nw == 0) ? 1.0 : dp / std::sqrt(ng * nw));
+        }
+        const double rel = std::sqrt(num / std::max(den, 1e-300));
+        const bool simt = path == PrefillAttnCudaPath::kSimt;
+        EXPECT_LE(rel, simt ? 1e-5 : 2e-2) << "sequence " << s;
+        EXPECT_GE(min_cos, 1.0 - (simt ? 1e-8 : 2e-3)) << "sequence " << s;
+      }
+      for (size_t k = 0; k < steps.size(); ++k) {
+        std::vector<float> got;
+        inv_run(c, h, steps[k], path, d_exact, d_hist, got);
+        if (::testing::Test::HasFatalFailure()) return;
+        size_t r0 = 0;
+        for (const InvChunk& ch : steps[k]) {
+          int64_t bad = 0, first = -1;
+          for (int64_t i = 0; i < ch.n_q; ++i)
+            if (std::memcmp(&got[(r0 + i) * row], &alone[ch.seq][(ch.pos0 + i) * row],
+                            row * sizeof(float)) != 0) {
+              bad += 1;
+              if (first < 0) first = ch.pos0 + i;
+            }
+          EXPECT_EQ(bad, 0) << "step " << k << ": " << bad << " rows of sequence " << ch.seq
+                            << " (chunk at " << ch.pos0 << " of " << ch.n_q << ", first at "
+                            << first << ") differ from the prompt run whole and alone";
+          r0 += static_cast<size_t>(ch.n_q);
+        }
+      }
+    }
+  }
 }
 
 TEST_F(PrefillAttnCuda, RejectsBadParams) {

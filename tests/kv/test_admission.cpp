@@ -190,6 +190,47 @@ TEST(Admission, ChoosePrefixForms) {
             run('b', 7));
 }
 
+// A random prefix-cache path for the brute-force tests: up to 39 chunks, each held as BF16, INT2
+// or both, and a context below 48 pages; limit = the chunks a match may use, sinks = the leading
+// BF16 chunks among the sink chunks.
+struct RandomPath {
+  std::vector<CachedChunk> chunks;
+  int64_t context = 0, limit = 0, sinks = 0;
+};
+RandomPath random_path(std::mt19937& rng, const RegionConfig& cfg) {
+  const int64_t p = cfg.page_size;
+  RandomPath r;
+  const int n_chunks = static_cast<int>(rng() % 40);
+  r.context = rng() % (48 * p);
+  r.chunks.resize(static_cast<size_t>(n_chunks));
+  for (int i = 0; i < n_chunks; ++i) {
+    const unsigned f = 1 + rng() % 3;  // 1: BF16, 2: INT2, 3: both
+    if (f & 1) r.chunks[i].pages[kPoolBf16] = i;
+    if (f & 2) r.chunks[i].pages[kPoolInt2] = 1000 + i;
+  }
+  r.limit = std::min<int64_t>(n_chunks, std::max<int64_t>(0, r.context - 1) / p);
+  while (r.sinks < std::min(r.limit, cfg.n_sink / p) && r.chunks[r.sinks].has(kPoolBf16))
+    ++r.sinks;
+  return r;
+}
+
+// History end, in chunks, of a cold sequence of `tokens` tokens.
+int64_t cold_hist_chunks(const RegionConfig& cfg, int64_t tokens) {
+  return (cfg.n_sink + pages_for_length(cfg, tokens).hist_pages * cfg.page_size) / cfg.page_size;
+}
+
+// got is m chunks: BF16 sinks, INT2 [n_sink, h), BF16 [h, m), each the chunk's own page.
+void expect_split(const RegionConfig& cfg, const std::vector<CachedPage>& got,
+                  const RandomPath& r, int64_t m, int64_t h, int trial) {
+  const int64_t s = cfg.n_sink / cfg.page_size;
+  ASSERT_EQ(static_cast<int64_t>(got.size()), m) << "trial " << trial;
+  for (int64_t i = 0; i < m; ++i) {
+    const bool int2 = i >= s && i < h;
+    ASSERT_EQ(got[i].pool, int2 ? kPoolInt2 : kPoolBf16) << "trial " << trial << " chunk " << i;
+    ASSERT_EQ(got[i], r.chunks[i].form(got[i].pool));
+  }
+}
+
 // choose_prefix_forms against a brute force over every (h, m) on random form patterns: the result
 // is sinks, then INT2 [n_sink, h), then BF16 [h, m), each page a form its chunk holds; m is the
 // longest such prefix with h <= history_end(context) and m <= (context - 1) / page; h is the
@@ -199,46 +240,60 @@ TEST(Admission, ChoosePrefixFormsIsTheBestFeasibleSplit) {
   for (const RegionConfig cfg : {default_cfg(), RegionConfig{16, 0, 32}, RegionConfig{32, 64, 0}}) {
     const int64_t p = cfg.page_size, s = cfg.n_sink / p;
     for (int trial = 0; trial < 2000; ++trial) {
-      const int n_chunks = static_cast<int>(rng() % 40);
-      const int64_t context = rng() % (48 * p);
-      std::vector<CachedChunk> chunks(static_cast<size_t>(n_chunks));
-      for (int i = 0; i < n_chunks; ++i) {
-        const unsigned f = 1 + rng() % 3;  // 1: BF16, 2: INT2, 3: both
-        if (f & 1) chunks[i].pages[kPoolBf16] = i;
-        if (f & 2) chunks[i].pages[kPoolInt2] = 1000 + i;
-      }
-      auto hist_end = [&](int64_t tokens) {
-        return (cfg.n_sink + pages_for_length(cfg, tokens).hist_pages * p) / p;
-      };
-      const int64_t limit = std::min<int64_t>(n_chunks, std::max<int64_t>(0, context - 1) / p);
+      const RandomPath r = random_path(rng, cfg);
+      const std::vector<CachedChunk>& chunks = r.chunks;
       // Every feasible (h, m); sinks first.
-      int64_t sinks = 0;
-      while (sinks < std::min(limit, s) && chunks[sinks].has(kPoolBf16)) ++sinks;
-      int64_t best_m = sinks, best_h = -1;
-      if (sinks == s) {
-        for (int64_t h = s; h <= std::min(limit, hist_end(context)); ++h) {
+      int64_t best_m = r.sinks, best_h = -1;
+      if (r.sinks == s) {
+        for (int64_t h = s; h <= std::min(r.limit, cold_hist_chunks(cfg, r.context)); ++h) {
           bool ok = true;
           for (int64_t i = s; i < h; ++i) ok = ok && chunks[i].has(kPoolInt2);
           if (!ok) break;
           int64_t m = h;
-          while (m < limit && chunks[m].has(kPoolBf16)) ++m;
+          while (m < r.limit && chunks[m].has(kPoolBf16)) ++m;
           if (m > best_m || best_h < 0) best_m = m, best_h = -1;
           if (m != best_m) continue;
-          const int64_t cold = hist_end(m * p);
+          const int64_t cold = cold_hist_chunks(cfg, m * p);
           if (best_h < 0 || (h >= cold && (best_h < cold || h < best_h)) ||
               (h < cold && best_h < cold && h > best_h))
             best_h = h;
         }
       }
-      const std::vector<CachedPage> got = choose_prefix_forms(cfg, true, context, chunks);
-      ASSERT_EQ(static_cast<int64_t>(got.size()), best_m) << "trial " << trial;
-      for (int64_t i = 0; i < best_m; ++i) {
-        const bool int2 = i >= s && i < best_h;
-        ASSERT_EQ(got[i].pool, int2 ? kPoolInt2 : kPoolBf16) << "trial " << trial << " chunk " << i;
-        ASSERT_EQ(got[i], chunks[i].form(got[i].pool));
-      }
+      expect_split(cfg, choose_prefix_forms(cfg, true, r.context, chunks), r, best_m, best_h,
+                   trial);
     }
   }
+}
+
+// exact_history (--enable-deterministic-inference) against a brute force on random form
+// patterns: the result is sinks, then INT2 [n_sink, h), then BF16 [h, m) with h exactly the
+// history end of a cold sequence of m chunks, each page a form its chunk holds, h <=
+// history_end(context), m <= (context - 1) / page and the longest such; sinks alone otherwise.
+TEST(Admission, ChoosePrefixFormsExactHistory) {
+  std::mt19937 rng(27);
+  int64_t longer = 0;  // trials where the default choice matched more chunks
+  for (const RegionConfig cfg : {default_cfg(), RegionConfig{16, 0, 32}, RegionConfig{32, 64, 0}}) {
+    const int64_t p = cfg.page_size, s = cfg.n_sink / p;
+    for (int trial = 0; trial < 2000; ++trial) {
+      const RandomPath r = random_path(rng, cfg);
+      int64_t best_m = r.sinks, best_h = s;
+      if (r.sinks == s)
+        for (int64_t m = r.limit; m > s; --m) {
+          const int64_t h = cold_hist_chunks(cfg, m * p);
+          bool ok = h <= cold_hist_chunks(cfg, r.context);
+          for (int64_t i = s; i < m; ++i)
+            ok = ok && r.chunks[i].has(i < h ? kPoolInt2 : kPoolBf16);
+          if (!ok) continue;
+          best_m = m;
+          best_h = h;
+          break;
+        }
+      const std::vector<CachedPage> got = choose_prefix_forms(cfg, true, r.context, r.chunks, true);
+      expect_split(cfg, got, r, best_m, best_h, trial);
+      longer += choose_prefix_forms(cfg, true, r.context, r.chunks).size() > got.size();
+    }
+  }
+  EXPECT_GT(longer, 0);  // the constraint bites on some patterns
 }
 
 TEST(Admission, PagesNeededWithAndWithoutCache) {

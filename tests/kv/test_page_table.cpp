@@ -1,9 +1,11 @@
 // PageTableBuilder / PageTableView: CSR layout, last-page lengths at and around page boundaries,
-// empty sequences, clear(), and validate_page_table on good and corrupted views.
+// empty sequences, clear(), validate_page_table on good and corrupted views, and the distinct
+// pages of a table whose sequences share pages (kernels/distinct_pages.h).
 #include <gtest/gtest.h>
 
 #include <vector>
 
+#include "kernels/distinct_pages.h"
 #include "kv/page_table.h"
 
 namespace oscar::kv {
@@ -67,6 +69,20 @@ TEST(PageTableDeathTest, PageCountMismatchAborts) {
   const std::vector<PageId> two = {1, 2};
   EXPECT_DEATH(b.add_sequence(two, 16), "pages given");
   EXPECT_DEATH(b.add_sequence(two, 33), "pages given");
+}
+
+// Two sequences over one cached prefix (pages 7, 3) and their own pages: each page listed once,
+// in order of first appearance, and every entry indexes its own page.
+TEST(PageTable, DistinctPagesOfSharedPrefixes) {
+  PageTableBuilder b(16);
+  const std::vector<PageId> s0 = {7, 3, 9}, s1 = {7, 3, 2, 9};
+  b.add_sequence(s0, 48);
+  b.add_sequence(s1, 64);
+  const kernels::DistinctPages d = kernels::distinct_pages(b.page_ids());
+  EXPECT_EQ(d.pages, (std::vector<int32_t>{7, 3, 9, 2}));
+  EXPECT_EQ(d.index, (std::vector<int32_t>{0, 1, 2, 0, 1, 3, 2}));
+  for (size_t i = 0; i < d.index.size(); ++i) EXPECT_EQ(d.pages[d.index[i]], b.page_ids()[i]);
+  EXPECT_TRUE(kernels::distinct_pages({}).pages.empty());
 }
 
 }  // namespace

@@ -61,15 +61,9 @@ class CpuBackend final : public Backend {
     batch_invariant_ = on;
     return Status();
   }
-  Status linear(const LinearParams& p) override {
-    LinearParams q = p;
-    q.batch_invariant = batch_invariant_;
-    return kernels::linear(q);
-  }
+  Status linear(const LinearParams& p) override { return kernels::linear(invariant(p)); }
   Status linear_group(const LinearParams* ps, int count) override {
-    std::vector<LinearParams> qs(ps, ps + count);
-    for (LinearParams& q : qs) q.batch_invariant = batch_invariant_;
-    return kernels::linear_group(qs.data(), count);
+    return kernels::linear_group(invariant(ps, count).data(), count);
   }
   Status rope(const RopeParams& p) override { return kernels::rope(p); }
   Status kv_append(const KvAppendParams& p) override { return kernels::kv_append(p); }
@@ -77,24 +71,16 @@ class CpuBackend final : public Backend {
     return kernels::rotate_queries(p);
   }
   Status decode_attn(const DecodeAttnParams& p) override {
-    DecodeAttnParams q = p;
-    q.batch_invariant = batch_invariant_;
-    return kernels::decode_attn(q);
+    return kernels::decode_attn(invariant(p));
   }
   Status prefill_attn(const PrefillAttnParams& p) override {
-    PrefillAttnParams q = p;
-    q.batch_invariant = batch_invariant_;
-    return kernels::prefill_attn(q);
+    return kernels::prefill_attn(invariant(p));
   }
   Status silu_mul(float* gate, const float* up, int64_t n) override {
     return kernels::silu_mul(gate, up, n);
   }
   Status moe_route(const MoeRouteParams& p) override { return kernels::moe_route(p); }
-  Status moe_ffn(const MoeFfnParams& p) override {
-    MoeFfnParams q = p;
-    q.batch_invariant = batch_invariant_;
-    return kernels::moe_ffn(q);
-  }
+  Status moe_ffn(const MoeFfnParams& p) override { return kernels::moe_ffn(invariant(p)); }
   Status sigmoid_mul(float* x, const float* gate, int64_t n) override {
     return kernels::sigmoid_mul(x, gate, n);
   }
@@ -123,8 +109,6 @@ class CpuBackend final : public Backend {
     return kernels::fill_normal_bf16(dst, n, std, seed);
   }
 
- private:
-  bool batch_invariant_ = false;  // set_batch_invariant
 };
 
 }  // namespace

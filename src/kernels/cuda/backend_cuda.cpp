@@ -100,17 +100,29 @@ class CudaBackend final : public Backend {
                   float* y) override {
     return rms_norm_cuda(x, rows, dim, w, eps, y, stream_);
   }
-  Status linear(const LinearParams& p) override { return linear_cuda(p, stream_); }
+  // Batch-invariant kernels (Backend::set_batch_invariant): the flag goes into the params of
+  // linear, decode and prefill attention, the only ops whose reductions could follow the batch
+  // (the norms, RoPE, the rotations and sampling work per row with a fixed order already).
+  Status set_batch_invariant(bool on) override {
+    batch_invariant_ = on;
+    return Status();
+  }
+  Status linear(const LinearParams& p) override { return linear_cuda(invariant(p), stream_); }
   Status linear_group(const LinearParams* ps, int count) override {
-    return linear_group_cuda(ps, count, stream_);
+    if (!batch_invariant_) return linear_group_cuda(ps, count, stream_);  // no copy
+    return linear_group_cuda(invariant(ps, count).data(), count, stream_);
   }
   Status rope(const RopeParams& p) override { return rope_cuda(p, stream_); }
   Status kv_append(const KvAppendParams& p) override { return kv_append_cuda(p, stream_); }
   Status rotate_queries(const RotateQueriesParams& p) override {
     return rotate_queries_cuda(p, stream_);
   }
-  Status decode_attn(const DecodeAttnParams& p) override { return decode_attn_cuda(p, stream_); }
-  Status prefill_attn(const PrefillAttnParams& p) override { return prefill_attn_cuda(p, stream_); }
+  Status decode_attn(const DecodeAttnParams& p) override {
+    return decode_attn_cuda(invariant(p), stream_);
+  }
+  Status prefill_attn(const PrefillAttnParams& p) override {
+    return prefill_attn_cuda(invariant(p), stream_);
+  }
   Status silu_mul(float* gate, const float* up, int64_t n) override {
     return silu_mul_cuda(gate, up, n, stream_);
   }

@@ -201,8 +201,13 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   const int64_t units = static_cast<int64_t>(p.n_seqs) * L.n_heads_kv * a.n_hgroups;
   int n_splits = opts.n_splits;
   if (n_splits <= 0) {
+    // Batch-invariant: the cap a sequence alone would get, so that each sequence's split (its
+    // effective_splits, from its own length and this cap: decode_attn.cuh) and hence its
+    // partials and their merge are the same whatever else is in the batch; in a larger batch
+    // the splits a sequence does not use are blocks that return at once.
     const int64_t target = static_cast<int64_t>(facts.sms) * facts.blocks_per_sm[cfg][page16];
-    n_splits = static_cast<int>(std::max<int64_t>(1, target / units));
+    const int64_t per = p.batch_invariant ? units / p.n_seqs : units;
+    n_splits = static_cast<int>(std::max<int64_t>(1, target / per));
   }
   n_splits = std::min(n_splits, cuda_detail::kMaxSplits);
   a.n_splits = n_splits;

@@ -12,6 +12,12 @@
 //     FP32 compute and FP32 output (tensor cores), bias through the BIAS epilogue (or a small
 //     kernel where no algorithm offers the epilogue). F32 weights: cuBLASLt FP32 GEMM with
 //     CUBLAS_COMPUTE_32F (no TF32), x used as is.
+// Batch-invariant calls (p.batch_invariant) take the streaming kernel for every n: each y[i, r]
+// is then the same FMA chain (thread t's chunks t, t + 256, ... in order, the warp's xor tree,
+// the 8 warps in order, the bias) whatever n and the other rows are, as the pass of 8 rows a row
+// falls in only changes which accumulators sit beside it. The GEMM cannot promise that: the
+// heuristic picks the kernel, tile and split-K per shape (cuBLAS guarantees run-to-run
+// reproducibility for one shape only), as vLLM's and SGLang's batch-invariant modes note.
 //
 // Streaming kernel: one block of 256 threads (8 warps) per 4 weight rows; thread t takes the
 // 16-byte chunks t, t + 256, ... of each of the 4 rows (8 BF16 or 4 F32 weights each), 2 chunks
@@ -469,7 +475,8 @@ Status linear_cuda_ex(const LinearParams& p, LinearCudaPath path, void* stream_p
   if (p.n == 0) return Status();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const bool few = path == LinearCudaPath::kStream ||
-                   (path == LinearCudaPath::kAuto && linear_cuda_streams(p.n, p.w.rows, p.w.cols));
+                   (path == LinearCudaPath::kAuto &&
+                    (p.batch_invariant || linear_cuda_streams(p.n, p.w.rows, p.w.cols)));
   if (!few) return gemm(p, stream);
   return p.w.dtype == DType::kBF16 ? launch_stream<__nv_bfloat16>(&p, 1, stream)
                                    : launch_stream<float>(&p, 1, stream);
@@ -487,11 +494,12 @@ Status linear_group_cuda(const LinearParams* ps, int count, void* stream_ptr) {
     OSCAR_RETURN_IF_ERROR(check_cuda(ps[m]));
     rows += ps[m].w.rows;
     one_launch = one_launch && ps[m].x == ps[0].x && ps[m].n == ps[0].n &&
-                 ps[m].w.cols == ps[0].w.cols && ps[m].w.dtype == ps[0].w.dtype;
+                 ps[m].w.cols == ps[0].w.cols && ps[m].w.dtype == ps[0].w.dtype &&
+                 ps[m].batch_invariant == ps[0].batch_invariant;
   }
   if (ps[0].n == 0) return Status();
   one_launch = one_launch && rows <= (int64_t{1} << 31) - kRows * kMaxGroup &&
-               linear_cuda_streams(ps[0].n, rows, ps[0].w.cols);
+               (ps[0].batch_invariant || linear_cuda_streams(ps[0].n, rows, ps[0].w.cols));
   if (!one_launch) {
     for (int m = 0; m < count; ++m) OSCAR_RETURN_IF_ERROR(linear_cuda(ps[m], stream_ptr));
     return Status();

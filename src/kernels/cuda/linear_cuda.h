@@ -11,7 +11,7 @@
 namespace oscar::kernels {
 
 enum class LinearCudaPath : int32_t {
-  kAuto = 0,    // linear_cuda_streams() below decides
+  kAuto = 0,    // linear_cuda_streams() below decides (p.batch_invariant: the streaming kernel)
   kStream = 1,  // streaming kernel, in passes of kLinearCudaFewRows rows of x
   kGemm = 2,    // x rounded to BF16 (BF16 weights) and cuBLASLt
 };

@@ -91,11 +91,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
   const int tk = tid & 7;   // keys tk + 8c (S), dims tk + 8jj (PV)
   const int M = a.qt * a.gqa;
 
-#pragma unroll 1
-  for (int w = blockIdx.x;; w += gridDim.x) {
-    Item it;
-    int kvh;
-    if (!find_work(a, w, it, kvh)) break;
+  for_each_work(a, [&](const Item& it, int kvh) {
     const Planes pl = make_planes(a, kvh, D);
     const int nqt = it.nqt;
     const int64_t kend = it.kend, row0 = it.row0;
@@ -130,7 +126,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
 #pragma unroll 1
     for (int64_t k0 = 0; k0 < kend; k0 += kKeys) {
 #pragma unroll 1
-      for (int pass = 0, npass = n_passes(it, k0, kKeys); pass < npass; ++pass) {
+      for (int pass = 0, npass = n_passes(a, it, k0, kKeys); pass < npass; ++pass) {
         __syncthreads();  // Ks / Vs / Ps free; Qs staged
         // ---- stage K and V of keys [k0, k0 + kKeys) as float: a warp per key ------------------
 #pragma unroll 1
@@ -195,7 +191,8 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
             const int64_t j = k0 + tk + 8 * c;
-            if (!rvalid[i] || j > rpos[i] || pass_masked(it, pass, j, rde[i])) s[i][c] = kNegInf;
+            if (!rvalid[i] || j > rpos[i] || pass_masked(a, it, pass, npass, j, rde[i]))
+              s[i][c] = kNegInf;
             mx = fmaxf(mx, s[i][c]);
           }
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -246,7 +243,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attn_kernel(const __grid_con
 #pragma unroll
       for (int jj = 0; jj < ND; ++jj) dst[tk + 8 * jj] = o[i][jj] * inv;
     }
-  }
+  });
 }
 
 // ---- tensor-core kernel -----------------------------------------------------------------------
@@ -319,11 +316,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int sub = lane / kLanesPerKey, chunk = lane % kLanesPerKey;
   const int M = a.qt * a.gqa;
 
-#pragma unroll 1
-  for (int w = blockIdx.x;; w += gridDim.x) {
-    Item it;
-    int kvh;
-    if (!find_work(a, w, it, kvh)) break;
+  for_each_work(a, [&](const Item& it, int kvh) {
     const Planes pl = make_planes(a, kvh, D);
     const int64_t kend = it.kend;
 
@@ -360,7 +353,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll 1
     for (int64_t k0 = 0; k0 < kend; k0 += kKeysT) {
 #pragma unroll 1
-      for (int pass = 0, npass = n_passes(it, k0, kKeysT); pass < npass; ++pass) {
+      for (int pass = 0, npass = n_passes(a, it, k0, kKeysT); pass < npass; ++pass) {
         __syncthreads();  // the previous tile (or item) is done with Ks / Vt
         // Stage: lane (sub, c) copies 16-byte chunk c (elements 8c .. 8c+7) of key kk0 + sub; K
         // with one 16-byte store, V transposed with 8 two-byte stores.
@@ -427,7 +420,8 @@ __global__ void __launch_bounds__(kMmaThreads)
           for (int c = 0; c < 4; ++c) {
             const int r = c >> 1;
             const int64_t j = k0 + 8 * nb + 2 * t + (c & 1);
-            if (!rvalid[r] || j > rpos[r] || pass_masked(it, pass, j, rde[r])) s[nb][c] = kNegInf;
+            if (!rvalid[r] || j > rpos[r] || pass_masked(a, it, pass, npass, j, rde[r]))
+              s[nb][c] = kNegInf;
             mx[r] = fmaxf(mx[r], s[nb][c]);
           }
         float alpha[2], mnew[2];
@@ -489,7 +483,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         dst[8 * db + 2 * t + 1] = o[db][2 * r + 1] * inv;
       }
     }
-  }
+  });
 }
 
 // Resident blocks per SM of each kernel (0 SIMT, 1 tensor cores; head_dim 64, 128) and the SM
@@ -525,11 +519,13 @@ Status device_facts(DeviceFacts* out) {
   });
 }
 
-// The decode-equivalent scratch of each device (prefill_deq_zone.cuh), grown on demand and never
-// shrunk; g_scratch_mu is held from the growth to the launches. Like linear_cuda's workspace,
-// calls on one device are assumed to be ordered on one stream.
+// The scratches of each device, grown on demand and never shrunk: the decode-equivalent rows
+// (prefill_deq_zone.cuh) and the history expanded to BF16 (prefill_hist_bf16.cu); g_scratch_mu is
+// held from the growth to the launches. Like linear_cuda's workspace, calls on one device are
+// assumed to be ordered on one stream.
 std::mutex g_scratch_mu;
 cuda::GrownBuffer g_scratch[64];
+cuda::GrownBuffer g_hist_bf16[64];
 
 Status validate_cuda(const PrefillAttnParams& p) {
   const KvPageLayout& L = p.layout;
@@ -638,13 +634,17 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
   a.n_recent = p.n_recent;
   a.deq = nullptr;
   a.cap_rows = 0;
+  a.invariant = p.batch_invariant ? 1 : 0;
+
+  a.hist_bf16 = nullptr;
+  a.hist_slot = nullptr;
 
   std::unique_lock<std::mutex> lock(g_scratch_mu, std::defer_lock);
+  int dev = 0;
+  OSCAR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return internal_error("prefill_attn_cuda: device %d", dev);
   if (a.de) {
     // Decode-equivalent: the pre-pass quantizes and dequantizes the zone's rows into the scratch.
-    int dev = 0;
-    OSCAR_CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= 64) return internal_error("prefill_attn_cuda: device %d", dev);
     a.cap_rows = static_cast<int64_t>(p.max_rows) + static_cast<int64_t>(p.n_seqs) * L.page_size;
     const size_t bytes =
         static_cast<size_t>(a.cap_rows) * 2 * L.n_heads_kv * L.head_dim * sizeof(float);
@@ -657,16 +657,42 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
     OSCAR_RETURN_IF_ERROR(cuda_detail::prefill_deq_rows_cuda(p, deq, a.cap_rows, stream));
   }
 
-  // Serving prefill: the warp-specialised kernel (prefill_attn_ws.cu) over BF16 caches at head_dim
-  // 128 on sm_90a, else the tiled one (prefill_attn_tc.cu), on wgmma where the device has it. Over
-  // quantized history the tiled kernel is faster (all eight warps unpack; the warp-specialised
-  // one has one producer warpgroup: 162-176 against 121-137 TFLOP/s on the H200 with its
-  // cp.async producer, and against 79-97 with the TMA producer unpacking: 2026-12-03).
+  // Serving prefill: the warp-specialised kernel (prefill_attn_ws.cu) at head_dim 128 on sm_90a,
+  // else the tiled one (prefill_attn_tc.cu), on wgmma where the device has it. Over quantized
+  // history the warp-specialised kernel reads the history expanded to BF16 once per call
+  // (prefill_hist_bf16.cu), which needs the caller's distinct pages (p.hist_slot) and the TMA
+  // producer; without them, or when the expansion's memory cannot be had, the tiled kernel
+  // unpacks in its tiles (slower: 160-175 TFLOP/s against 475-564, H200, 2026-12-03).
+  // Batch-invariant calls under kAuto: the warp-specialised kernel where it runs, else the staged
+  // one (the tiled kernel, on mma.sync or wgmma, gave some queries other bits when their item's
+  // other queries changed, on the H200; not understood yet: docs/results/determinism.md).
   if (a.de == 0) {
-    if (path == PrefillAttnCudaPath::kAuto && facts.ws && L.head_dim == 128 && !p.quantized)
-      return prefill_attn_ws_launch(a, L.head_dim, p.quantized, stream);
-    if (path == PrefillAttnCudaPath::kAuto || path == PrefillAttnCudaPath::kTiledMma ||
-        path == PrefillAttnCudaPath::kTiledWgmma)
+    if (path == PrefillAttnCudaPath::kAuto && facts.ws && L.head_dim == 128) {
+      if (!p.quantized) return prefill_attn_ws_launch(a, L.head_dim, false, stream);
+      bool tma = false;
+      OSCAR_RETURN_IF_ERROR(prefill_attn_ws_tma(L.page_size, &tma));
+      if (tma && p.hist_slot != nullptr) {
+        const size_t bytes = static_cast<size_t>(std::max(p.n_hist_unique, 0)) * 2 *
+                             L.n_heads_kv * L.page_size * L.head_dim * 2;
+        lock.lock();
+        cuda::GrownBuffer& hb = g_hist_bf16[dev];
+        Status got = bytes == 0 ? Status() : hb.reserve(bytes, bytes + bytes / 4, stream);
+        if (!got.ok()) {
+          (void)cudaGetLastError();  // an out-of-memory cudaMalloc: the tiled kernel instead
+        } else {
+          a.hist_slot = p.hist_slot;
+          if (bytes > 0) {
+            a.hist_bf16 = static_cast<const uint8_t*>(hb.ptr);
+            OSCAR_RETURN_IF_ERROR(expand_history_launch(a, L.head_dim, p.hist_unique,
+                                                        p.n_hist_unique,
+                                                        static_cast<uint8_t*>(hb.ptr), stream));
+          }
+          return prefill_attn_ws_launch(a, L.head_dim, true, stream);
+        }
+      }
+    }
+    if ((path == PrefillAttnCudaPath::kAuto && !p.batch_invariant) ||
+        path == PrefillAttnCudaPath::kTiledMma || path == PrefillAttnCudaPath::kTiledWgmma)
       return prefill_attn_tc_launch(a, L.head_dim,
                                     path != PrefillAttnCudaPath::kTiledMma && facts.wgmma, stream);
   }

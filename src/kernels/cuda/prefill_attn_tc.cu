@@ -152,11 +152,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   const int g = lane >> 2, t = lane & 3;
   const int M = a.qt * a.gqa;
 
-#pragma unroll 1
-  for (int w = blockIdx.x;; w += gridDim.x) {
-    Item it;
-    int kvh;
-    if (!find_work(a, w, it, kvh)) break;
+  for_each_work(a, [&](const Item& it, int kvh) {
     const Planes pl = make_planes(a, kvh, D);
     const int64_t kend = it.kend;
     const int64_t first_pos = it.p0 + it.q0;  // the item's smallest query position
@@ -308,7 +304,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         *reinterpret_cast<float2*>(dst + 8 * db + 2 * t) =
             make_float2(o[db][2 * r] * inv, o[db][2 * r + 1] * inv);
     }
-  }
+  });
 }
 
 // Resident blocks per SM ([head_dim 64, 128][mma.sync, wgmma]) and the SM count, per device,

@@ -1,6 +1,6 @@
 // The warp-specialised prefill attention for sm_90a (prefill_detail::prefill_attn_ws_launch), the
-// default kernel of prefill_attn_cuda for serving prefill and extend over a BF16 cache at head_dim
-// 128: causal attention of a step's prefill chunks over the paged cache, FlashAttention-3 style.
+// default kernel of prefill_attn_cuda for serving prefill and extend at head_dim 128: causal
+// attention of a step's prefill chunks over the paged cache, FlashAttention-3 style.
 //
 // Work: the items of prefill_items.cuh (a tile of 128 / gqa queries of one sequence x the gqa
 // query heads of one KV head = up to 128 rows), so every K/V tile is read once per KV group and
@@ -20,9 +20,12 @@
 //     tile t's softmax while P·V is in flight (P double-buffered in registers), and the two
 //     consumers taking turns to issue (ping-pong: one's softmax under the other's MMAs).
 //
-// Not here (prefill_attn_tc.cu serves them): quantized history (there all eight warps unpack,
-// which measured faster than one producer warpgroup), head_dim 64; the decode-equivalent reading
-// is prefill_attn.cu's. Not yet: head_dim 256.
+// Quantized history: read as BF16 pages that expand_history_launch (prefill_hist_bf16.cu) wrote for
+// the layer, through a second tensor map (TMA producer only). Unpacking here measured slower:
+// 79-97 TFLOP/s with the TMA producer unpacking, 121-137 with the cp.async one.
+//
+// Not here: head_dim 64 (prefill_attn_tc.cu); the decode-equivalent reading (prefill_attn.cu).
+// Not yet: head_dim 256.
 #include <cuda.h>  // CUtensorMap (the driver's encoder is fetched at run time: no libcuda link)
 #include <cuda_bf16.h>
 #include <cudaTypedefs.h>
@@ -94,11 +97,7 @@ __device__ __forceinline__ void ws_produce(const Args& a, uint32_t tiles_addr, c
   using T = TileShape<D, kWsKeys>;
   const int tid = threadIdx.x;  // 0 .. 127
   uint32_t n = 0;
-#pragma unroll 1
-  for (int w = blockIdx.x;; w += gridDim.x) {
-    Item it;
-    int kvh;
-    if (!find_work(a, w, it, kvh)) break;
+  for_each_work(a, [&](const Item& it, int kvh) {
     const Planes pl = make_planes(a, kvh, D);
     const SeqPages sp = seq_pages(a, it);
     const int n_tiles = (sp.kend + kWsKeys - 1) / kWsKeys;
@@ -117,7 +116,7 @@ __device__ __forceinline__ void ws_produce(const Args& a, uint32_t tiles_addr, c
         mbar_arrive(ring.full<kStages>(n - 1));
       }
     }
-  }
+  });
   if (n > 0) {
     cp_async_wait<0>();
     fence_proxy_async_smem();
@@ -134,8 +133,8 @@ __device__ __forceinline__ void ws_produce(const Args& a, uint32_t tiles_addr, c
 // contents (zeros at first, then rows of earlier tiles). Either way the softmax gives those keys
 // p = 0, and 0 times a finite V is 0.
 template <int D, int kStages>
-__device__ __forceinline__ void ws_produce_tma(const Args& a, const void* map, uint32_t tiles_addr,
-                                               const Ring& ring) {
+__device__ __forceinline__ void ws_produce_tma(const Args& a, const void* map, const void* hmap,
+                                               uint32_t tiles_addr, const Ring& ring) {
   using S = WsShape<D, kStages>;
   using T = TileShape<D, kWsKeys>;
   // The ring starts zeroed (groups never copied must not hold NaN patterns), visible to wgmma
@@ -151,14 +150,12 @@ __device__ __forceinline__ void ws_produce_tma(const Args& a, const void* map, u
   const int groups = kWsKeys >> shift;
   const uint32_t box_bytes = static_cast<uint32_t>(P) * 64 * 2;
   uint32_t n = 0;
-#pragma unroll 1
-  for (int w = blockIdx.x;; w += gridDim.x) {
-    Item it;
-    int kvh;
-    if (!find_work(a, w, it, kvh)) break;
+  for_each_work(a, [&](const Item& it, int kvh) {
     const SeqPages sp = seq_pages(a, it);
     const Planes pl = make_planes(a, kvh, D);
     const int plane_k = (a.layer * 2) * a.n_heads_kv + kvh, plane_v = plane_k + a.n_heads_kv;
+    const int32_t* hslot =
+        a.hist_slot != nullptr ? a.hist_slot + a.history.indptr[it.seq] : nullptr;
     const int n_tiles = (sp.kend + kWsKeys - 1) / kWsKeys;
 #pragma unroll 1
     for (int tile = 0; tile < n_tiles; ++tile, ++n) {
@@ -190,19 +187,25 @@ __device__ __forceinline__ void ws_produce_tma(const Args& a, const void* map, u
       }
       if (lane == 0) mbar_arrive_expect_tx(full, whole * 2 * (D / 64) * box_bytes);
       if (lane < whole) {
+        // Region boundaries fall on pages: a group is a sink, history or recent page. History
+        // pages come from their BF16 expansion (planes: this layer's K heads, then V heads).
         const int j = k0 + (lane << shift);
-        const bool sink = j < sp.n_sink_tok;
-        const int id = (sink ? sp.sink : sp.recent)[(sink ? j : j - sp.hist_end) >> shift];
+        const bool sink = j < sp.n_sink_tok, hist = !sink && j < sp.hist_end;
+        const int id = sink   ? sp.sink[j >> shift]
+                       : hist ? hslot[(j - sp.n_sink_tok) >> shift]
+                              : sp.recent[(j - sp.hist_end) >> shift];
+        const void* m = hist ? hmap : map;
+        const int pk = hist ? kvh : plane_k, pv = hist ? kvh + a.n_heads_kv : plane_v;
         const uint32_t row_off = static_cast<uint32_t>(lane << shift) * 128;
 #pragma unroll
         for (int at = 0; at < D / 64; ++at) {
-          tma_load_4d(slot + at * T::kAtomBytes + row_off, map, full, 64 * at, 0, plane_k, id);
-          tma_load_4d(slot + T::kTileBytes + at * T::kAtomBytes + row_off, map, full, 64 * at, 0,
-                      plane_v, id);
+          tma_load_4d(slot + at * T::kAtomBytes + row_off, m, full, 64 * at, 0, pk, id);
+          tma_load_4d(slot + T::kTileBytes + at * T::kAtomBytes + row_off, m, full, 64 * at, 0,
+                      pv, id);
         }
       }
     }
-  }
+  });
 }
 
 // Writes this consumer's 64 rows of Q as BF16 (pre-scaled) into its swizzled [64][D] half.
@@ -378,11 +381,7 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
   const int bar = 1 + cw;  // this warpgroup's named barrier
   if (kFa3 && cw == 0) named_barrier_arrive(kSchedBar, 256);
   uint32_t n = 0;
-#pragma unroll 1
-  for (int w = blockIdx.x;; w += gridDim.x) {
-    Item it;
-    int kvh;
-    if (!find_work(a, w, it, kvh)) break;
+  for_each_work(a, [&](const Item& it, int kvh) {
     const int64_t first_pos = it.p0 + it.q0;  // the item's smallest query position
     named_barrier(bar, 128);  // the previous item's reads of Q are done in every warp
     ws_stage_q<D>(a, it, kvh, cw, tid, qs);
@@ -492,7 +491,7 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
         *reinterpret_cast<float2*>(dst + 8 * db + 2 * t) =
             make_float2(o[db][2 * r] * inv, o[db][2 * r + 1] * inv);
     }
-  }
+  });
   // Consumer 1's last pass is still pending at consumer 0's barrier: take it, so that every
   // arrival has its wait.
   if (kFa3 && cw == 0) turn_wait(0);
@@ -500,7 +499,8 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
 
 template <int D, int kStages, int kLoad>
 __global__ void __launch_bounds__(kWsThreads, 1)
-    prefill_attn_ws_kernel(const __grid_constant__ Args a, const __grid_constant__ CUtensorMap map) {
+    prefill_attn_ws_kernel(const __grid_constant__ Args a, const __grid_constant__ CUtensorMap map,
+                           const __grid_constant__ CUtensorMap hmap) {
   using S = WsShape<D, kStages>;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // [Q of consumer 0, 1][slot][K, V][full barriers][empty barriers], 1024-aligned (the swizzle
@@ -519,7 +519,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (threadIdx.x / 128 == 0) {
     setmaxnreg_dec<kProducerRegs>();
     if constexpr (kLoad == kLoadTma)
-      ws_produce_tma<D, kStages>(a, &map, base + S::kQBytes, ring);
+      ws_produce_tma<D, kStages>(a, &map, &hmap, base + S::kQBytes, ring);
     else
       ws_produce<D, kStages>(a, base + S::kQBytes, ring);
   } else {
@@ -538,7 +538,7 @@ struct WsFacts {
 // as a knob (OSCAR_PREFILL_WS_TMA=0). Measured on the H200 (docs/results/prefill_cuda.md, session
 // 12): 485-564 TFLOP/s against 329-364; with a cp.async producer the overlap and the turns were
 // slower (283-304), the consumers waiting on the copies.
-using WsKernel = void (*)(Args, CUtensorMap);
+using WsKernel = void (*)(Args, CUtensorMap, CUtensorMap);
 WsKernel ws_kernel(bool tma) {
   return tma ? prefill_attn_ws_kernel<128, kWsStages, kLoadTma>
              : prefill_attn_ws_kernel<128, kWsStages, kLoadCpAsync>;
@@ -557,10 +557,12 @@ Status ws_facts(WsFacts* out) {
   });
 }
 
-// The exact pool as a 4-D BF16 tensor for TMA: (dim within a 64-dim atom, slot, plane, page),
-// boxes of [page_size][64] with the 128-byte swizzle of the tiles. The page extent is a bound,
-// not the pool's size (the kernel reads only the pages of its tables).
-Status exact_pool_map(const Args& a, int head_dim, CUtensorMap* map) {
+// A pool of BF16 pages ([page][plane][page_size][head_dim]: the exact pool, or the history's
+// expansion) as a 4-D tensor for TMA: (dim within a 64-dim atom, slot, plane, page), boxes of
+// [page_size][64] with the 128-byte swizzle of the tiles. The page extent is a bound, not the
+// pool's size (the kernel reads only the pages of its tables).
+Status bf16_pool_map(const uint8_t* pool, int n_planes, int page_size, int head_dim,
+                     CUtensorMap* map) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -571,16 +573,17 @@ Status exact_pool_map(const Args& a, int head_dim, CUtensorMap* map) {
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   if (encode == nullptr) return internal_error("prefill_attn_ws: no cuTensorMapEncodeTiled");
-  const uint64_t row = static_cast<uint64_t>(head_dim) * 2, plane = row * a.page_size;
+  const uint64_t row = static_cast<uint64_t>(head_dim) * 2, plane = row * page_size,
+                 page = plane * n_planes;
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim),
-                              static_cast<cuuint64_t>(a.page_size),
-                              static_cast<cuuint64_t>(a.n_planes),
-                              std::max<cuuint64_t>(1, (cuuint64_t{1} << 39) / a.exact_page_bytes)};
-  const cuuint64_t strides[3] = {row, plane, a.exact_page_bytes};
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(a.page_size), 1, 1};
+                              static_cast<cuuint64_t>(page_size),
+                              static_cast<cuuint64_t>(n_planes),
+                              std::max<cuuint64_t>(1, (cuuint64_t{1} << 39) / page)};
+  const cuuint64_t strides[3] = {row, plane, page};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(page_size), 1, 1};
   const cuuint32_t estr[4] = {1, 1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
-                            const_cast<uint8_t*>(a.exact_pool), dims, strides, box, estr,
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<uint8_t*>(pool),
+                            dims, strides, box, estr,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return internal_error("prefill_attn_ws: cuTensorMapEncodeTiled: %d", r);
@@ -589,10 +592,17 @@ Status exact_pool_map(const Args& a, int head_dim, CUtensorMap* map) {
 
 }  // namespace
 
+Status prefill_attn_ws_tma(int page_size, bool* tma) {
+  WsFacts f;
+  OSCAR_RETURN_IF_ERROR(ws_facts(&f));
+  // TMA boxes of [page_size][64]: page sizes 8 to 128, powers of two.
+  *tma = f.tma && page_size >= 8 && page_size <= 128 && (page_size & (page_size - 1)) == 0;
+  return Status();
+}
+
 Status prefill_attn_ws_launch(const Args& a_in, int head_dim, bool quantized,
                               cudaStream_t stream) {
   if (a_in.de != 0) return internal_error("prefill_attn_ws: serving prefill only");
-  if (quantized) return internal_error("prefill_attn_ws: BF16 caches only");
   if (head_dim != 128) return invalid_argument("prefill_attn_ws: head_dim %d (128)", head_dim);
   if (a_in.gqa > kWsRows)
     return invalid_argument("prefill_attn_ws: gqa %d > %d", a_in.gqa, kWsRows);
@@ -606,11 +616,19 @@ Status prefill_attn_ws_launch(const Args& a_in, int head_dim, bool quantized,
   // One wave of resident blocks; each block walks its (item, KV head) pairs.
   const dim3 grid(std::max(1, f.sms * f.blocks));
   constexpr size_t kSmem = WsShape<128, kWsStages>::kSmemBytes;
-  // TMA boxes of [page_size][64]: page sizes 8 to 128, powers of two.
-  const bool tma = f.tma && a.page_shift >= 3 && a.page_shift <= 7;
-  CUtensorMap map{};
-  if (tma) OSCAR_RETURN_IF_ERROR(exact_pool_map(a, head_dim, &map));
-  ws_kernel(tma)<<<grid, kWsThreads, kSmem, stream>>>(a, map);
+  bool tma = false;
+  OSCAR_RETURN_IF_ERROR(prefill_attn_ws_tma(a.page_size, &tma));
+  if (quantized && (!tma || a.hist_slot == nullptr))
+    return internal_error("prefill_attn_ws: quantized history needs its BF16 expansion and TMA");
+  CUtensorMap map{}, hmap{};
+  if (tma) {
+    OSCAR_RETURN_IF_ERROR(bf16_pool_map(a.exact_pool, a.n_planes, a.page_size, head_dim, &map));
+    hmap = map;  // read only for history pages, which exist only with an expansion
+    if (a.hist_bf16 != nullptr)
+      OSCAR_RETURN_IF_ERROR(
+          bf16_pool_map(a.hist_bf16, 2 * a.n_heads_kv, a.page_size, head_dim, &hmap));
+  }
+  ws_kernel(tma)<<<grid, kWsThreads, kSmem, stream>>>(a, map, hmap);
   OSCAR_CUDA_LAUNCH_CHECK("prefill_attn_ws_kernel");
   return Status();
 }

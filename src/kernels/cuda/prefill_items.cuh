@@ -44,6 +44,13 @@ struct Args {
   int de, n_sink, n_recent;
   const float* deq;  // [cap_rows, 2, n_heads_kv, D] the pre-pass's rows, or null
   int64_t cap_rows;
+  // The warp-specialised kernel over a quantized cache: the call's distinct history pages
+  // expanded to BF16 for this layer (expand_history_launch), [page][2 · n_heads_kv planes: K
+  // heads, then V heads][page_size][D], and each history table entry's page among them (null
+  // with a BF16 cache).
+  const uint8_t* hist_bf16;
+  const int32_t* hist_slot;
+  int invariant;  // PrefillAttnParams::batch_invariant: passes split per query (n_passes)
 };
 
 
@@ -97,12 +104,22 @@ __device__ __forceinline__ int64_t row_deq_end(const Args& a, const Item& it, in
 // keys quantized (the scratch) and masks them for the queries that read them exactly, pass 1
 // stages them exactly and masks them for the queries that read them quantized (and every key
 // outside). Other tiles take pass 0 alone, which is then the plain causal pass.
-__device__ __forceinline__ int n_passes(const Item& it, int64_t k0, int n) {
+// Batch-invariant (a.invariant): which of a query's keys go in which pass must follow from the
+// query alone, not from the tile's other queries (a chunk boundary moves d_first and d_last):
+// every tile that some query's deq_end cuts (k0 < de < k0 + n for a de in [d_first, d_last])
+// takes two passes, pass 0 holding each query's keys below its deq_end and pass 1 those above.
+// A query's online softmax then always takes such a tile in two updates and any other tile in
+// one (the other pass masks all its keys: alpha = 1, p = 0, an exact no-op).
+__device__ __forceinline__ int n_passes(const Args& a, const Item& it, int64_t k0, int n) {
+  if (a.invariant) return k0 < it.d_last && k0 + n > it.d_first ? 2 : 1;
   return it.d_first < it.d_last && k0 < it.d_last && k0 + n > it.d_first ? 2 : 1;
 }
 
-// The pass's mask of key j for the query at pos with deq_end de (on top of causality).
-__device__ __forceinline__ bool pass_masked(const Item& it, int pass, int64_t j, int64_t de) {
+// The pass's mask of key j for the query at pos with deq_end de (on top of causality), in a tile
+// of npass passes.
+__device__ __forceinline__ bool pass_masked(const Args& a, const Item& it, int pass, int npass,
+                                            int64_t j, int64_t de) {
+  if (a.invariant) return npass == 2 && (pass == 0) == (j >= de);
   const bool both_ways = j >= it.d_first && j < it.d_last && j >= de;  // the query reads it exact
   return pass == 0 ? both_ways : !both_ways;
 }
@@ -152,6 +169,19 @@ __device__ __forceinline__ bool find_work(const Args& a, int w, Item& it, int& k
   return find_item(a, w / a.n_heads_kv, it);
 }
 
+// Runs f(it, kvh) for each of the block's (item, KV head) pairs in turn, the opening of every
+// prefill kernel's work loop (and of the warp-specialised kernel's producer and consumers).
+template <class F>
+__device__ __forceinline__ void for_each_work(const Args& a, F&& f) {
+#pragma unroll 1
+  for (int w = blockIdx.x;; w += gridDim.x) {
+    Item it;
+    int kvh;
+    if (!find_work(a, w, it, kvh)) return;
+    f(it, kvh);
+  }
+}
+
 // Where key j (< kend) of the item lives: its K and V rows, exact (BF16) or history.
 struct KeyRows {
   const uint8_t* k;
@@ -196,8 +226,17 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // of resident blocks walking find_work). Asynchronous on `stream`.
 Status prefill_attn_tc_launch(const Args& a, int head_dim, bool wgmma, cudaStream_t stream);
 
-// The warp-specialised kernel (prefill_attn_ws.cu): serving prefill over a BF16 cache (quantized
-// true: refused), head_dim 128, sm_90a.
+// The warp-specialised kernel (prefill_attn_ws.cu): serving prefill, head_dim 128, sm_90a, over a
+// BF16 cache or (quantized) over history expanded to BF16 pages (a.hist_slot and, when the call
+// has history pages, a.hist_bf16), which only its TMA producer reads: prefill_attn_ws_tma says
+// whether it loads by TMA at a page size.
 Status prefill_attn_ws_launch(const Args& a, int head_dim, bool quantized, cudaStream_t stream);
+Status prefill_attn_ws_tma(int page_size, bool* tma);
+
+// Dequantizes history pages pages[0, n_pages) (device ids) of layer a.layer to BF16 into dst,
+// [n_pages][2 · n_heads_kv][page_size][D] (prefill_hist_bf16.cu): the values the tiled kernel
+// stages (int2_word_bf16; other widths rounded from dequant_element). Asynchronous on `stream`.
+Status expand_history_launch(const Args& a, int head_dim, const int32_t* pages, int32_t n_pages,
+                             uint8_t* dst, cudaStream_t stream);
 
 }  // namespace oscar::kernels::prefill_detail

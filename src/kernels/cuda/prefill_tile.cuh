@@ -161,6 +161,27 @@ __device__ __forceinline__ void hist_prefetch(const Args& a, const Planes& pl, c
   }
 }
 
+// The 16 values of 2-bit code word w of a history row (meta: its group's fp16 scale and min) as
+// BF16, in four runs of four: run qq holds values quant::int2_word_element(u, G, qq) .. + 3. The
+// group's four levels min + q·scale (or μ + level[q]·σ, Lloyd-Max), one FMA each, go as BF16 into
+// two registers (level q in bytes 2q, 2q + 1); each pair of values is then one byte permutation of
+// them (quant::int2_run_perm_selector): the same BF16 values as rounding each value, in ~1.5
+// instructions a value.
+__device__ __forceinline__ void int2_word_bf16(const Args& a, uint32_t w, uint32_t meta,
+                                               uint2 (&run)[4]) {
+  const float sc = cuda_detail::fp16_bits_to_f32(meta);
+  const float mn = cuda_detail::fp16_bits_to_f32(meta >> 16);
+  float lv[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) lv[q] = fmaf(a.uniform ? static_cast<float>(q) : a.lloyd[q], sc, mn);
+  const uint32_t lo = pack_bf16(lv[0], lv[1]), hi = pack_bf16(lv[2], lv[3]);
+#pragma unroll
+  for (int qq = 0; qq < 4; ++qq) {
+    const uint32_t sel = quant::int2_run_perm_selector(w, qq);
+    run[qq] = make_uint2(__byte_perm(lo, hi, sel), __byte_perm(lo, hi, sel >> 16));
+  }
+}
+
 // Writes the tile's history rows of K or V (dst: that tile) as BF16: 2-bit units from the
 // prefetched words, other widths element by element from global memory.
 template <int D, int kKeys, int kThreads>
@@ -177,25 +198,12 @@ __device__ __forceinline__ void hist_store(const Args& a, const Planes& pl, cons
     const int kk = H::key(tid, r), j = k0 + kk;
     if (j >= sp.kend || !key_is_hist(sp, j)) continue;
     if (pl.hbits[kv] == 2) {
-      // The group's four levels min + q·scale (or μ + level[q]·σ, Lloyd-Max), one FMA each, as
-      // BF16 in two registers (level q in bytes 2q, 2q + 1); each pair of values is then one byte
-      // permutation of them (quant::int2_run_perm_selector): the same BF16 values as rounding
-      // each value, in ~1.5 instructions a value.
-      const float sc = cuda_detail::fp16_bits_to_f32(h.meta[r]);
-      const float mn = cuda_detail::fp16_bits_to_f32(h.meta[r] >> 16);
-      float lv[4];
+      uint2 run[4];
+      int2_word_bf16(a, h.code[r], h.meta[r], run);
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        lv[q] = fmaf(a.uniform ? static_cast<float>(q) : a.lloyd[q], sc, mn);
-      const uint32_t lo = pack_bf16(lv[0], lv[1]), hi = pack_bf16(lv[2], lv[3]);
-      const uint32_t w = h.code[r];
-#pragma unroll
-      for (int qq = 0; qq < 4; ++qq) {
-        const uint32_t sel = quant::int2_run_perm_selector(w, qq);
+      for (int qq = 0; qq < 4; ++qq)
         *reinterpret_cast<uint2*>(
-            dst + sw128_off(kk, quant::int2_word_element(u, G, qq), S::kAtomBytes)) =
-            make_uint2(__byte_perm(lo, hi, sel), __byte_perm(lo, hi, sel >> 16));
-      }
+            dst + sw128_off(kk, quant::int2_word_element(u, G, qq), S::kAtomBytes)) = run[qq];
     } else {
       int slot;
       const uint8_t* pg = hist_page(a, pl, sp, j, slot);
