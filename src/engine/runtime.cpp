@@ -5,6 +5,7 @@
 
 #include "core/log.h"
 #include "kv/admission.h"
+#include "kv/layer_groups.h"
 #include "quant/hadamard.h"
 #include "quant/int2_layout.h"
 #include "quant/rotation_file.h"
@@ -66,7 +67,8 @@ Result<int> recommended_recent(const quant::RotationSet& rot, const std::string&
 Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
                                         const RuntimeOptions& o, quant::CacheMode mode) {
   kv::KvCacheSpec spec;
-  spec.n_layers = config.n_kv_layers;  // a hybrid's full-attention layers only
+  // The cache holds the full-attention group only (every layer but a hybrid's DeltaNet layers).
+  spec.n_layers = kv::layer_groups(config).n_layers(kv::LayerCache::kFullAttention);
   spec.n_heads_kv = config.n_heads_kv;
   spec.head_dim = config.head_dim;
   spec.group_size = o.group_size;
@@ -279,9 +281,11 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
     rt->int2_pool_ = std::make_unique<kv::PagePool>("int2", n_hist, layout.int2_page_bytes(),
                                                     rt->int2_storage_.as<uint8_t>());
   }
-  if (config.is_hybrid())
-    rt->state_pool_ = std::make_unique<kv::StatePool>(
-        config.n_linear_layers, config.conv_state_floats(), config.recurrent_state_floats());
+  // The linear-state group's layers keep their state in the StatePool (a hybrid).
+  const int32_t n_state_layers = kv::layer_groups(config).n_layers(kv::LayerCache::kLinearState);
+  if (n_state_layers > 0)
+    rt->state_pool_ = std::make_unique<kv::StatePool>(n_state_layers, config.conv_state_floats(),
+                                                      config.recurrent_state_floats());
   OSCAR_LOG_INFO("runtime: %s", rt->describe().c_str());
   return rt;
 }

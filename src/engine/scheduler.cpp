@@ -884,24 +884,21 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
   const kv::StepPlan plan = kv::StepPlan::make(chunks, runtime_->options().deterministic
                                                            ? kv::AttendMode::kDecodeEquivalent
                                                            : kv::AttendMode::kPrefill);
-  std::vector<int32_t> demote_status;
-  Status st = model.forward(plan, {});  // logits stay in the backend's memory
-  if (st.ok()) st = injected(FaultInjection::kStep);
-  if (st.ok()) st = injected(FaultInjection::kDevice);
-  if (st.ok()) st = model.demote(plan, &demote_status);
-  if (!st.ok()) {
+  // forward -> demote -> commit (model::StepRunner::step); the logits stay in the backend's
+  // memory. The injected faults fall between the forward pass and the demotions.
+  std::vector<Status> per_chunk;
+  Status st = model.step(plan, {}, &per_chunk, [&] {
+    Status fault = injected(FaultInjection::kStep);
+    return fault.ok() ? injected(FaultInjection::kDevice) : fault;
+  });
+  if (!st.ok()) {  // every cache of the step unreserved
     OSCAR_LOG_ERROR("scheduler: step failed for %zu sequences: %s", owners.size(),
                     st.to_string().c_str());
     const Status device = probe_device();
-    for (Sequence* s : owners) {
-      s->cache->unreserve();
-      fail(*s, st);
-    }
+    for (Sequence* s : owners) fail(*s, st);
     if (!device.ok()) fail_live(device);
     return;
   }
-  std::vector<Status> per_chunk;
-  plan.commit(demote_status, &per_chunk);
   // One sampling call for the step's logits rows (the last row of each sequence); only ids
   // come back. Rows of prefill chunks that do not end their prompt are drawn and ignored.
   std::vector<kernels::SamplingConfig> configs(plan.n_logit_rows());

@@ -1,7 +1,7 @@
-// Backend: the memory and every op a forward step needs, on one device. The Qwen3 forward pass
-// (model/qwen3.cpp) is written once against this list; the CPU backend is the code in
-// kernels/cpu/, a CUDA backend implements the same ops with device pointers in the same params
-// (kernels/*.h say which entry points exist). About a dozen calls per layer per step, so the
+// Backend: the memory and every op a forward step needs, on one device. The forward step
+// (model/step_runner.cpp, model/blocks.cpp) is written once against this list; the CPU backend is
+// the code in kernels/cpu/, a CUDA backend implements the same ops with device pointers in the same
+// params (kernels/*.h say which entry points exist). About a dozen calls per layer per step, so the
 // virtual dispatch costs nothing measurable.
 //
 // Pointers handed to an op are in this backend's memory (host memory for the CPU backend). Ops

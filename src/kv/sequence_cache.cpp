@@ -11,6 +11,7 @@
 #include "kernels/demote_pages.h"
 #include "kernels/kv_append.h"
 #include "kernels/prefill_attn.h"
+#include "kv/kv_op_params.h"
 #include "quant/int2_layout.h"
 #include "quant/kivi.h"
 #include "quant/row_codec.h"
@@ -413,12 +414,8 @@ void SequenceCache::bind_tables(PageTableBuilder& sinks, PageTableBuilder& histo
 }
 
 kernels::KvAppendParams SequenceCache::append_params(int layer) const {
-  kernels::KvAppendParams p;
-  p.layout = spec_->op_layout();
+  kernels::KvAppendParams p = kv_op_params(*spec_, *exact_pool_, int2_pool_, AttendMode::kPrefill).append;
   p.layer = layer;
-  p.exact_pool = exact_pool_->base();
-  p.k_mean = spec_->op_k_mean();
-  p.k_rotation = spec_->op_k_rotation();
   return p;
 }
 
@@ -514,44 +511,23 @@ Status SequenceCache::attend(int layer, const float* q, int n_heads_q, int64_t n
 }
 
 kernels::DecodeAttnParams SequenceCache::decode_params(int layer, int n_heads_q) const {
-  kernels::DecodeAttnParams p;
-  p.n_seqs = 1;
+  kernels::DecodeAttnParams p =
+      kv_op_params(*spec_, *exact_pool_, int2_pool_, AttendMode::kPrefill).decode;
   p.n_heads_q = n_heads_q;
-  p.group_size = spec_->group_size;
-  p.quantizer = spec_->mode == quant::CacheMode::kOscarLloyd ? quant::HistQuantizer::kInt2Lloyd
-                                                             : quant::HistQuantizer::kInt2Uniform;
   p.layer = layer;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(spec_->head_dim));
-  p.layout = spec_->op_layout();
-  p.exact_pool = exact_pool_->base();
-  p.hist_pool = int2_pool_ != nullptr ? int2_pool_->base() : nullptr;
   return p;
 }
 
 kernels::PrefillAttnParams SequenceCache::prefill_params(int layer, int n_heads_q,
                                                          AttendMode mode) const {
-  kernels::PrefillAttnParams p;
+  kernels::PrefillAttnParams p = kv_op_params(*spec_, *exact_pool_, int2_pool_, mode).prefill;
   p.n_heads_q = n_heads_q;
   p.layer = layer;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(spec_->head_dim));
-  p.layout = spec_->op_layout();
-  p.codec = spec_->op_codec();
-  p.n_sink = spec_->regions.n_sink;
-  p.n_recent = spec_->regions.n_recent;
-  p.quantized = spec_->quantized();
-  p.decode_equivalent = mode == AttendMode::kDecodeEquivalent;
-  p.exact_pool = exact_pool_->base();
-  p.hist_pool = int2_pool_ != nullptr ? int2_pool_->base() : nullptr;
   return p;
 }
 
 kernels::DemotePagesParams SequenceCache::demote_params() const {
-  kernels::DemotePagesParams p;
-  p.layout = spec_->op_layout();
-  p.codec = spec_->op_codec();
-  p.exact_pool = exact_pool_->base();
-  p.hist_pool = int2_pool_ != nullptr ? int2_pool_->base() : nullptr;
-  return p;
+  return kv_op_params(*spec_, *exact_pool_, int2_pool_, AttendMode::kPrefill).demote;
 }
 
 Status SequenceCache::commit(int64_t n) {

@@ -156,6 +156,9 @@ class SequenceCache {
   // The hybrid models' DeltaNet state: the pool and this sequence's slot (-1 before the first
   // reserve(), or without a pool).
   StatePool* state_pool() const { return state_pool_; }
+  // The page pools this cache takes pages from (every cache of one engine shares them).
+  PagePool* exact_pool() const { return exact_pool_; }
+  PagePool* int2_pool() const { return int2_pool_; }
   int32_t state_slot() const { return state_slot_; }
 
   // --- The batched path (kv/step_plan.h) -------------------------------------------------------

@@ -8,7 +8,10 @@ StepPlan StepPlan::make(std::span<const StepChunk> chunks, AttendMode mode) {
   StepPlan p;
   p.mode = mode;
   OSCAR_CHECK(!chunks.empty(), "a step plan needs at least one chunk");
-  const int32_t P = chunks[0].cache->spec().regions.page_size;
+  const SequenceCache& first = *chunks[0].cache;
+  const int32_t P = first.spec().regions.page_size;
+  p.ops = kv_op_params(first.spec(), *first.exact_pool(), first.int2_pool(), mode);
+  p.state_pool = first.state_pool();
   for (PageTableBuilder* b : {&p.dec_sinks, &p.dec_hist, &p.dec_recent, &p.pre_sinks, &p.pre_hist,
                               &p.pre_recent})
     *b = PageTableBuilder(P);
@@ -26,9 +29,15 @@ StepPlan StepPlan::make(std::span<const StepChunk> chunks, AttendMode mode) {
     const int64_t n = static_cast<int64_t>(c.tokens.size());
     OSCAR_CHECK(n > 0 && cache.n_staged() == n, "chunk %d: %lld tokens, %lld staged", p.chunk[s],
                 static_cast<long long>(n), static_cast<long long>(cache.n_staged()));
+    OSCAR_CHECK(&cache.spec() == &first.spec() && cache.exact_pool() == first.exact_pool() &&
+                    cache.int2_pool() == first.int2_pool(),
+                "chunk %d: its cache has another spec or other pools than chunk %d's", p.chunk[s],
+                p.chunk[0]);
     const bool decode = is_decode(c);
     if (decode) p.n_decode += 1;
     p.caches.push_back(&cache);
+    // A cache of another state pool has no slot in this one (the hybrid model refuses it).
+    p.state_slots.push_back(cache.state_pool() == p.state_pool ? cache.state_slot() : -1);
     p.pos0.push_back(cache.n_tokens());
     const int32_t row0 = p.n_rows();
     for (int64_t i = 0; i < n; ++i) {

@@ -2,8 +2,10 @@
 // chose, after their pages are reserved (SequenceCache::reserve): the batch's token ids and
 // positions, where each sequence's rows are, which rows produce logits, one CSR view of the KV
 // cache per region (kernels/page_table.h) for the decode rows and one for the prefill rows, the
-// exact-pool slot of every new token, and the pages to demote after the forward pass. The model
-// reads the plan and nothing else; a device backend uploads its arrays (a few KB) in one copy.
+// exact-pool slot of every new token, the pages to demote after the forward pass, the engine-wide
+// part of the KV ops' parameters (kv/kv_op_params.h) and, in a hybrid, each sequence's state
+// slot. The model reads the plan and nothing else (never a sequence's cache); a device backend
+// uploads its arrays (a few KB) in one copy.
 //
 // Order: decode sequences (one new token, not kivi2) come first, so that their rows are one
 // contiguous block [0, n_decode) that decode attention serves in one call; prefill chunks follow.
@@ -19,6 +21,7 @@
 
 #include "core/status.h"
 #include "kernels/distinct_pages.h"
+#include "kv/kv_op_params.h"
 #include "kv/page_table.h"
 #include "kv/sequence_cache.h"
 
@@ -33,7 +36,8 @@ struct StepChunk {
 class StepPlan {
  public:
   // A plan over the chunks (each with at least one token and pages reserved for exactly its
-  // tokens). All caches share one KvCacheSpec.
+  // tokens). All caches share one KvCacheSpec, one pair of page pools and one state pool (or
+  // none).
   static StepPlan make(std::span<const StepChunk> chunks, AttendMode mode);
 
   int32_t n_seqs() const { return static_cast<int32_t>(chunk.size()); }
@@ -67,6 +71,11 @@ class StepPlan {
   kernels::DistinctPages pre_hist_distinct;
   // Demotions after the forward pass: history page dst[i] gets exact page src[i] of seq[i].
   std::vector<int32_t> demote_src, demote_dst, demote_seq;
+  // Engine-wide: the KV ops' layout, codec, transforms and pool bases (layer 0; the runner sets
+  // the rest), and the hybrids' DeltaNet state pool (null without one).
+  KvOpParams ops;
+  StatePool* state_pool = nullptr;
+  std::vector<int32_t> state_slots;      // [n_seqs] each sequence's StatePool slot, -1 = none
 };
 
 }  // namespace oscar::kv

@@ -3,33 +3,61 @@
 
 namespace oscar::model {
 
+namespace {
+
+// y[n, out] = x[n, in] · W[out, in]^T (+ bias).
+kernels::LinearParams lin(const float* x, int64_t n, const kernels::WeightView& w, float* y,
+                          const float* bias = nullptr) {
+  kernels::LinearParams p;
+  p.x = x;
+  p.n = n;
+  p.w = w;
+  p.bias = bias;
+  p.y = y;
+  return p;
+}
+
+}  // namespace
+
+Status attention(kernels::Backend& be, const AttentionWeights& w, int kv_layer, int64_t n,
+                 AttentionStep& s, const float* h, float* out) {
+  const kernels::LinearParams qkv[4] = {lin(h, n, w.wq, s.q, w.bq), lin(h, n, w.wk, s.k, w.bk),
+                                        lin(h, n, w.wv, s.v, w.bv), lin(h, n, w.wq_gate, s.gate)};
+  OSCAR_RETURN_IF_ERROR(be.linear_group(qkv, w.wq_gate.rows > 0 ? 4 : 3));
+  s.rope.q_norm = w.q_norm;  // q/k norms fused into RoPE
+  s.rope.k_norm = w.k_norm;
+  OSCAR_RETURN_IF_ERROR(be.rope(s.rope));
+  if (s.tap != nullptr) OSCAR_RETURN_IF_ERROR(s.tap->on_qkv(kv_layer, s.q, s.k, s.v));
+  s.append.layer = kv_layer;
+  OSCAR_RETURN_IF_ERROR(be.kv_append(s.append));
+  s.rotate.layer = kv_layer;
+  OSCAR_RETURN_IF_ERROR(be.rotate_queries(s.rotate));
+  if (s.decode.n_seqs > 0) {
+    s.decode.layer = kv_layer;
+    OSCAR_RETURN_IF_ERROR(be.decode_attn(s.decode));
+  }
+  if (s.prefill.n_seqs > 0) {
+    s.prefill.layer = kv_layer;
+    OSCAR_RETURN_IF_ERROR(be.prefill_attn(s.prefill));
+  }
+  if (s.tap != nullptr) OSCAR_RETURN_IF_ERROR(s.tap->on_attention(kv_layer, s.attn));
+  const int64_t q_dim = int64_t{s.rotate.n_heads_q} * s.rotate.head_dim;
+  if (w.wq_gate.rows > 0)  // Qwen3.5: attn · sigmoid(gate) before o_proj
+    OSCAR_RETURN_IF_ERROR(be.sigmoid_mul(s.attn, s.gate, n * q_dim));
+  return be.linear(lin(s.attn, n, w.wo, out));
+}
+
 Status dense_ffn(kernels::Backend& be, const DenseFfnWeights& w, const float* h, int64_t n,
                  const FfnScratch& s, float* out) {
-  kernels::LinearParams gate_up[2];
-  gate_up[0].x = gate_up[1].x = h;
-  gate_up[0].n = gate_up[1].n = n;
-  gate_up[0].w = w.gate;
-  gate_up[0].y = s.gate;
-  gate_up[1].w = w.up;
-  gate_up[1].y = s.up;
+  const kernels::LinearParams gate_up[2] = {lin(h, n, w.gate, s.gate), lin(h, n, w.up, s.up)};
   OSCAR_RETURN_IF_ERROR(be.linear_group(gate_up, 2));
   OSCAR_RETURN_IF_ERROR(be.silu_mul(s.gate, s.up, n * w.gate.rows));
-  kernels::LinearParams down;
-  down.x = s.gate;
-  down.n = n;
-  down.w = w.down;
-  down.y = out;
-  return be.linear(down);
+  return be.linear(lin(s.gate, n, w.down, out));
 }
 
 Status moe_ffn(kernels::Backend& be, const MoeFfnWeights& w, const float* h, int64_t n,
                const FfnScratch& s, float* out) {
-  kernels::LinearParams router;
-  router.x = h;
-  router.n = n;
-  router.w = w.router;
-  router.y = s.router_logits;
-  OSCAR_RETURN_IF_ERROR(be.linear(router));
+  OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, w.router, s.router_logits)));
   kernels::MoeRouteParams route;
   route.logits = s.router_logits;
   route.n = n;
@@ -63,15 +91,8 @@ Status gated_delta_net(kernels::Backend& be, const GatedDeltaNetWeights& w, cons
   float* a = s.ab + n * w.heads_v;
   float* beta = s.ab + 2 * n * w.heads_v;
   float* g = s.ab + 3 * n * w.heads_v;
-  kernels::LinearParams in[4];
-  const kernels::WeightView* ws[4] = {&w.in_qkv, &w.in_z, &w.in_b, &w.in_a};
-  float* ys[4] = {s.qkv, s.z, b, a};
-  for (int i = 0; i < 4; ++i) {
-    in[i].x = h;
-    in[i].n = n;
-    in[i].w = *ws[i];
-    in[i].y = ys[i];
-  }
+  const kernels::LinearParams in[4] = {lin(h, n, w.in_qkv, s.qkv), lin(h, n, w.in_z, s.z),
+                                       lin(h, n, w.in_b, b), lin(h, n, w.in_a, a)};
   OSCAR_RETURN_IF_ERROR(be.linear_group(in, 4));
 
   kernels::CausalConv1dParams conv;
@@ -128,12 +149,7 @@ Status gated_delta_net(kernels::Backend& be, const GatedDeltaNetWeights& w, cons
   norm.y = s.o;
   OSCAR_RETURN_IF_ERROR(be.rms_norm_gated(norm));
 
-  kernels::LinearParams proj;
-  proj.x = s.o;
-  proj.n = n;
-  proj.w = w.out;
-  proj.y = out;
-  return be.linear(proj);
+  return be.linear(lin(s.o, n, w.out, out));
 }
 
 }  // namespace oscar::model

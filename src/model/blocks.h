@@ -1,8 +1,10 @@
-// Building blocks of a decoder layer, written once against kernels::Backend: the dense SwiGLU FFN,
-// the routed mixture-of-experts FFN (Qwen3-MoE) and the Gated DeltaNet token mixer of the hybrid
-// models (Qwen3.5). llama.cpp's build_ffn / build_moe_ffn shape: an architecture's forward pass
-// (model/qwen3.cpp) picks one per layer. Attention and the step's life (staging, graphs,
-// demotion) stay in the model for now (review 2026-12-03 §6, change 1).
+// Building blocks of a decoder layer, written once against kernels::Backend: full attention over
+// the OSCAR cache (q/k/v, norms and RoPE, append, decode and prefill attention, Qwen3.5's output
+// gate, o_proj), the dense SwiGLU FFN, the routed mixture-of-experts FFN (Qwen3-MoE) and the Gated
+// DeltaNet token mixer of the hybrid models (Qwen3.5). llama.cpp's build_attn / build_ffn /
+// build_moe_ffn shape: an architecture (model/architecture.h) picks one mixer and one FFN per
+// layer. The step's life (plan staging, residuals and norms, logits, graphs, demotion) is the
+// step runner's (model/step_runner.h).
 //
 // Every pointer is in the backend's memory. Not thread-safe: the scratch is the caller's.
 #pragma once
@@ -12,10 +14,57 @@
 
 #include "core/status.h"
 #include "kernels/backend.h"
+#include "kernels/decode_attn.h"
+#include "kernels/elementwise.h"
+#include "kernels/kv_append.h"
 #include "kernels/linear.h"
 #include "kernels/moe.h"
+#include "kernels/prefill_attn.h"
 
 namespace oscar::model {
+
+// One full-attention layer's weights.
+struct AttentionWeights {
+  kernels::WeightView wq, wk, wv;  // [q_dim | kv_dim | kv_dim, hidden]
+  kernels::WeightView wq_gate;     // [q_dim, hidden] Qwen3.5's output gate; rows == 0: none
+  kernels::WeightView wo;          // [hidden, q_dim]
+  const float* bq = nullptr;       // [q_dim] (Qwen2) or null; bk, bv: [kv_dim] or null
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+  const float* q_norm = nullptr;   // [head_dim] (Qwen3) or null, fused into RoPE
+  const float* k_norm = nullptr;
+};
+
+// Sees what the attention block computes (the step runner turns it into LayerObserver calls).
+class AttentionTap {
+ public:
+  virtual ~AttentionTap() = default;
+  // q: [n, q_dim], k, v: [n, kv_dim] after norms and RoPE, before any OSCAR rotation.
+  virtual Status on_qkv(int kv_layer, const float* q, const float* k, const float* v) = 0;
+  // attn: [n, q_dim] before the output gate and o_proj.
+  virtual Status on_attention(int kv_layer, const float* attn) = 0;
+};
+
+// The attention ops of one step, filled once by the step runner (rows, heads, RoPE tables, the
+// plan's slots and page tables, the engine-wide KV params); the block sets the layer.
+struct AttentionStep {
+  kernels::RopeParams rope;              // over q and k below
+  kernels::KvAppendParams append;        // k and v below into the plan's slots
+  kernels::RotateQueriesParams rotate;   // q into q_rot (decode.q, prefill.q)
+  kernels::DecodeAttnParams decode;      // the decode rows; n_seqs == 0: none
+  kernels::PrefillAttnParams prefill;    // the prefill chunks; n_seqs == 0: none
+  float* q = nullptr;                    // [n, q_dim]
+  float* k = nullptr;                    // [n, kv_dim]
+  float* v = nullptr;                    // [n, kv_dim]
+  float* attn = nullptr;                 // [n, q_dim] decode.out, prefill.out
+  float* gate = nullptr;                 // [n, q_dim] the output gate (models that have one)
+  AttentionTap* tap = nullptr;           // null: nobody looks
+};
+
+// out[n, hidden] = the attention of h[n, hidden] (its input norm applied), K/V appended to cache
+// layer kv_layer. out may not alias h.
+Status attention(kernels::Backend& be, const AttentionWeights& w, int kv_layer, int64_t n,
+                 AttentionStep& s, const float* h, float* out);
 
 // Dense FFN weights: y = down(silu(gate · h) ⊙ (up · h)).
 struct DenseFfnWeights {
@@ -32,7 +81,7 @@ struct MoeFfnWeights {
   bool norm_topk_prob = false;
 };
 
-// Scratch of one FFN call over n rows, sized by the caller (Qwen3Model's workspace).
+// Scratch of one FFN call over n rows, sized by the caller (the step runner's workspace).
 struct FfnScratch {
   float* gate = nullptr;            // dense: [n, inter]
   float* up = nullptr;              // dense: [n, inter]

@@ -1,0 +1,89 @@
+// A decoder's weights as the loader (model/qwen3.h) fills them, for every architecture oscar runs:
+// the embedding, the final norm, the lm_head and one LayerWeights per layer, whose members an
+// architecture uses or leaves empty (llama.cpp's llama_layer). The views an architecture hands to
+// the blocks (model/blocks.h) are made here, so that every architecture reads a layer one way.
+// Not here: loading, packing and folding (model/qwen3.cpp), the step (model/step_runner.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/bf16.h"
+#include "core/device.h"
+#include "format/model_config.h"
+#include "kernels/linear.h"
+#include "model/blocks.h"
+
+namespace oscar::model {
+
+// A weight matrix [rows, cols] row-major in its stored type: BF16 as the checkpoint has it, or
+// F32 where it was computed at load time (the folded value rotation). Host vectors while the
+// model loads; Qwen3Model::set_backend moves the bytes to `dev`: into the device's memory, or on
+// the CPU into one buffer for all matrices (on huge pages), and the vectors go.
+struct Matrix {
+  kernels::DType dtype = kernels::DType::kBF16;
+  int64_t rows = 0, cols = 0;
+  std::vector<bf16_t> bf16;  // [rows, cols] when dtype == kBF16 (host)
+  std::vector<float> f32;    // [rows, cols] when dtype == kF32 (host)
+  DeviceBuffer dev;          // the same bytes in a backend's memory (on the CPU: a view into
+                             // the model's weight buffer, and the vectors are empty)
+  kernels::WeightView view() const;
+  void* host_bytes() const;  // the bytes where host code can reach them; null on a device
+  size_t bytes() const { return static_cast<size_t>(rows * cols) * kernels::dtype_bytes(dtype); }
+  void to_f32();   // converts in place (exact); host only
+  void to_bf16();  // converts in place (rounds to nearest even); host only
+};
+
+// A float vector (norm weights, biases): host, plus a copy on a device backend.
+struct Vec {
+  std::vector<float> host;
+  DeviceBuffer dev;
+  Vec& operator=(std::vector<float> v) {
+    host = std::move(v);
+    return *this;
+  }
+  const float* data() const { return dev.empty() ? host.data() : dev.as<const float>(); }
+  bool empty() const { return host.empty(); }
+  size_t size() const { return host.size(); }
+};
+
+struct LayerWeights {
+  Vec input_norm, post_norm;  // [hidden]
+  Matrix wq, wk, wv, wo;      // [q_dim|kv_dim|hidden, in] row-major
+  Matrix wq_gate;             // [q_dim, hidden] Qwen3.5's output gate rows of q_proj, else empty
+  Vec bq, bk, bv;             // [q_dim|kv_dim] (Qwen2) or empty
+  Vec q_norm, k_norm;         // [head_dim] (Qwen3) or empty
+  // Dense FFN: [inter, hidden], [inter, hidden], [hidden, inter]; empty in a sparse layer.
+  Matrix w_gate, w_up, w_down;
+  // Sparse (MoE) FFN, config.moe_layer(l): the router and every expert of the layer stacked
+  // into one matrix each ([n_experts, out, in] as [n_experts · out, in] rows); empty otherwise.
+  Matrix w_router;              // [n_experts, hidden]
+  Matrix w_exp_gate, w_exp_up;  // [n_experts · moe_inter, hidden]
+  Matrix w_exp_down;            // [n_experts · hidden, moe_inter]
+  bool moe = false;
+  // Gated DeltaNet (config.linear(l)): the attention members above are empty; its state is in
+  // the StatePool layer kv::layer_groups gives it.
+  Matrix lin_qkv, lin_z, lin_b, lin_a;  // [conv_dim | value_dim | heads_v | heads_v, hidden]
+  Matrix lin_out;                       // [hidden, value_dim]
+  Vec lin_conv;                         // [conv_dim, K]
+  Vec lin_A_log, lin_dt_bias;           // [heads_v]
+  Vec lin_norm;                         // [d_v]
+};
+
+struct ModelWeights {
+  format::ModelConfig config;
+  Matrix embed;    // [vocab, hidden]
+  Matrix lm_head;  // [vocab, hidden]; rows == 0 when tied to embed
+  Vec final_norm;  // [hidden]
+  std::vector<LayerWeights> layers;
+
+  const Matrix& output() const { return lm_head.rows == 0 ? embed : lm_head; }
+  // The blocks' views of layer `layer` (model/blocks.h).
+  AttentionWeights attention(int layer) const;
+  DenseFfnWeights dense_ffn(int layer) const;
+  MoeFfnWeights moe_ffn(int layer) const;
+  GatedDeltaNetWeights gated_delta_net(int layer) const;
+};
+
+}  // namespace oscar::model
