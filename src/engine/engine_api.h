@@ -73,6 +73,9 @@ struct GenerationRequest {
   // Empty, or one per tool_call_names: the arguments of a call to that function follow the
   // schema (strict tools); null: any JSON object.
   std::vector<std::shared_ptr<const JsonSchema>> tool_call_schemas;
+  // tool_choice "auto" with strict tools: tool_call_names and tool_call_schemas constrain a call
+  // only once the model starts one (ToolCallConstraint::create_on_call); before, nothing is.
+  bool tool_call_on_start = false;
   // JSON mode (response_format json_object): the output is constrained to be one JSON object,
   // after which the request finishes with "stop". Not with tool_call_names.
   bool json_object = false;

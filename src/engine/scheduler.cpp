@@ -306,7 +306,13 @@ Status Scheduler::submit(GenerationRequest req,
     return invalid_argument("json output and a constrained tool call exclude each other");
   if (req.json_object && req.json_schema)
     return invalid_argument("json_object and json_schema output exclude each other");
-  if (!req.tool_call_names.empty()) {
+  if (!req.tool_call_names.empty() && req.tool_call_on_start) {
+    // A tokenizer without a single <tool_call> token cannot tell a call's start from text: such a
+    // model's calls under tool_choice "auto" stay unconstrained, as before strict tools.
+    auto c = ToolCallConstraint::create_on_call(runtime_->tokenizer(), req.tool_call_names,
+                                                req.tool_call_schemas, token_trie());
+    if (c.ok()) s->constraint = std::move(c).value();
+  } else if (!req.tool_call_names.empty()) {
     auto c = ToolCallConstraint::create(runtime_->tokenizer(), req.tool_call_names,
                                         req.tool_call_schemas, token_trie());
     if (!c.ok()) return c.status();
@@ -917,7 +923,8 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
   for (int32_t p = 0; p < plan.n_seqs(); ++p) {
     Sequence& s = *owners[plan.chunk[p]];
     const int64_t n = plan.cu_seqlens[p + 1] - plan.cu_seqlens[p];
-    if (!s.penalized && !s.constraint) continue;
+    const bool masked = s.constraint && s.constraint->active();
+    if (!s.penalized && !masked) continue;
     if (s.prefilled + n < static_cast<int64_t>(s.context.size())) continue;  // mid-prefill
     kernels::LogitsRowEdit e;
     e.row = plan.cu_logits[p];
@@ -927,7 +934,7 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
     e.token_ids = s.seen_ids.data();
     e.output_counts = s.seen_counts.data();
     e.n_tokens = static_cast<int32_t>(s.seen_ids.size());
-    if (s.constraint) {
+    if (masked) {
       s.constraint->allowed_tokens(&s.allowed,
                                    s.req.max_tokens - static_cast<int64_t>(s.output.size()));
       s.allowed.resize(model.config().vocab_size, 0);  // ids past the tokenizer's: never drawn

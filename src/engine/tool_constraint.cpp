@@ -434,6 +434,21 @@ Result<std::unique_ptr<ToolCallConstraint>> ToolCallConstraint::create(
   return c;
 }
 
+Result<std::unique_ptr<ToolCallConstraint>> ToolCallConstraint::create_on_call(
+    const tok::Tokenizer& tokenizer, const std::vector<std::string>& names,
+    const std::vector<std::shared_ptr<const JsonSchema>>& schemas,
+    std::shared_ptr<const TokenTrie> vocab) {
+  OSCAR_ASSIGN_OR_RETURN(std::unique_ptr<ToolCallConstraint> c,
+                         create(tokenizer, names, schemas, std::move(vocab)));
+  const std::string_view tag = "<tool_call>";
+  if (tokenizer.token_bytes(c->prefix_[0]) != tag)
+    return invalid_argument("tool calls under tool_choice \"auto\" follow their strict schemas "
+                            "only with a tokenizer that has a single %.*s token",
+                            static_cast<int>(tag.size()), tag.data());
+  c->phase_ = Phase::kWaiting;
+  return c;
+}
+
 std::unique_ptr<ToolCallConstraint> ToolCallConstraint::create_json_object(
     const tok::Tokenizer& tokenizer, std::shared_ptr<const TokenTrie> vocab) {
   std::unique_ptr<ToolCallConstraint> c(new ToolCallConstraint());
@@ -515,8 +530,10 @@ void ToolCallConstraint::schema_allowed(std::vector<uint8_t>* allowed, int64_t r
 void ToolCallConstraint::allowed_tokens(std::vector<uint8_t>* allowed, int64_t tokens_left) const {
   const int32_t vocab = static_cast<int32_t>(bytes_->size());
   const std::vector<std::string>& bytes = *bytes_;
-  allowed->assign(vocab, 0);
+  allowed->assign(vocab, phase_ == Phase::kWaiting ? 1 : 0);
   switch (phase_) {
+    case Phase::kWaiting:
+      return;
     case Phase::kPrefix:
       (*allowed)[prefix_[forced_pos_]] = 1;
       return;
@@ -568,6 +585,12 @@ bool ToolCallConstraint::advance(int32_t token) {
   if (token < 0 || token >= static_cast<int32_t>(bytes_->size())) return false;
   const std::string& b = (*bytes_)[static_cast<size_t>(token)];
   switch (phase_) {
+    case Phase::kWaiting:  // free text; the tag's token starts the call
+      if (token == prefix_[0]) {
+        phase_ = prefix_.size() == 1 ? Phase::kName : Phase::kPrefix;
+        forced_pos_ = prefix_.size() == 1 ? 0 : 1;
+      }
+      return true;
     case Phase::kPrefix:
       if (token != prefix_[forced_pos_]) return false;
       if (++forced_pos_ == prefix_.size()) {

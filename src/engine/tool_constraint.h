@@ -139,6 +139,14 @@ class ToolCallConstraint {
       const tok::Tokenizer& tokenizer, const std::vector<std::string>& names,
       const std::vector<std::shared_ptr<const JsonSchema>>& schemas = {},
       std::shared_ptr<const TokenTrie> vocab = nullptr);
+  // tool_choice "auto" with strict tools: free text until the model starts a call by drawing the
+  // call's opening tag (Qwen3's <tool_call> token), then that call as create()'s, which ends the
+  // request. Refused (InvalidArgument) where the tokenizer has no single token for the tag: a
+  // first piece such as "<" would start a call inside ordinary text.
+  static Result<std::unique_ptr<ToolCallConstraint>> create_on_call(
+      const tok::Tokenizer& tokenizer, const std::vector<std::string>& names,
+      const std::vector<std::shared_ptr<const JsonSchema>>& schemas = {},
+      std::shared_ptr<const TokenTrie> vocab = nullptr);
   // JSON mode: the output is one JSON object (no tags, no name).
   static std::unique_ptr<ToolCallConstraint> create_json_object(
       const tok::Tokenizer& tokenizer, std::shared_ptr<const TokenTrie> vocab = nullptr);
@@ -154,9 +162,12 @@ class ToolCallConstraint {
   // The token drawn. False (and no change) when allowed_tokens() did not allow it.
   bool advance(int32_t token);
   bool done() const { return phase_ == Phase::kDone; }
+  // False while create_on_call's constraint waits for the call to start: every token may come
+  // (allowed_tokens() allows all; the scheduler leaves the logits alone).
+  bool active() const { return phase_ != Phase::kWaiting; }
 
  private:
-  enum class Phase { kPrefix, kName, kArgs, kSuffix, kDone };
+  enum class Phase { kWaiting, kPrefix, kName, kArgs, kSuffix, kDone };
   ToolCallConstraint() = default;
   void init(const tok::Tokenizer& tokenizer, std::shared_ptr<const TokenTrie> vocab);
   bool name_allows(std::string_view bytes) const;

@@ -343,6 +343,7 @@ void start_openai_relay(HttpSession& s, Endpoint endpoint, const std::string& bo
   greq.ignore_eos = req.ignore_eos;
   greq.logprobs = req.logprobs;
   greq.tool_call_names = req.tool_call_names;
+  greq.tool_call_on_start = req.tool_call_on_start;
   greq.json_object = req.json_object;
   greq.json_schema = req.json_schema;
   greq.tool_call_schemas = req.tool_call_schemas;

@@ -473,6 +473,12 @@ std::optional<ApiError> parse_messages(const json& body, OpenAIRequest* req) {
     if (!t->empty()) req->tools = *t;
   }
   if (auto e = parse_tool_choice(body, req)) return e;
+  if (!strict_schemas.empty() && req->tool_call_names.empty() &&
+      (req->tool_choice.empty() || req->tool_choice == "auto") && !req->json_object &&
+      !req->json_schema) {
+    for (const json& t : req->tools) req->tool_call_names.push_back(t["function"]["name"]);
+    req->tool_call_on_start = true;
+  }
   if (!strict_schemas.empty()) {
     for (const std::string& name : req->tool_call_names) {
       auto it = strict_schemas.find(name);

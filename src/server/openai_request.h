@@ -24,7 +24,8 @@
 // (param "response_format.json_schema.schema"). strict true or false constrains the same way.
 // A tool with function.strict true has its parameters compiled the same way: a forced call to it
 // (tool_choice "required" or naming it) has arguments valid under them; with tool_choice "auto"
-// nothing is constrained.
+// (and no response_format) the text is free until the model starts a call, which then follows
+// the schema of the tool it names.
 //
 // /v1/responses: input (a string, or message items {role, content} whose content is a string or
 // input_text/output_text parts), instructions (a system message first), max_output_tokens,
@@ -124,6 +125,9 @@ struct OpenAIRequest {
   // Empty, or one per tool_call_names: the compiled parameters of the tools with
   // function.strict true (null for the others).
   std::vector<std::shared_ptr<const engine::JsonSchema>> tool_call_schemas;
+  // tool_choice auto (or not given) with a strict tool and no response_format: tool_call_names
+  // holds every tool, and a call the model starts follows its tool's schema.
+  bool tool_call_on_start = false;
   // response_format {"type": "json_object"} (chat and completions; /v1/responses: text.format):
   // the output is constrained to one JSON object (engine/tool_constraint.h).
   bool json_object = false;

@@ -478,6 +478,60 @@ TEST(ToolCallConstraint, StrictToolArgumentsFollowTheirSchema) {
   EXPECT_FALSE(ToolCallConstraint::create(t.value(), {"f", "g"}, {nullptr}).ok());
 }
 
+// tool_choice "auto" with strict tools: free text (every token allowed) until the model draws the
+// <tool_call> token, then a call whose arguments follow the named tool's schema.
+TEST(ToolCallConstraint, OnCallIsFreeUntilTheCallStarts) {
+  auto t = tok::Tokenizer::load("tests/data/qwen3_tokenizer");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const char* weather =
+      R"({"type":"object","properties":{"city":{"type":"string","minLength":1},"unit":{"enum":["c","f"]}},"required":["city","unit"],"additionalProperties":false})";
+  const std::vector<std::string> names = {"get_weather", "get_time"};
+  const std::vector<std::shared_ptr<const JsonSchema>> schemas = {compile_or_die(weather), nullptr};
+  auto vocab = TokenTrie::build(t.value());
+  const int32_t tag = t.value().token_to_id("<tool_call>").value();
+  std::mt19937_64 rng(11);
+  int weather_calls = 0;
+  for (int rep = 0; rep < 8; ++rep) {
+    auto c = ToolCallConstraint::create_on_call(t.value(), names, schemas, vocab);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    std::vector<uint8_t> allowed;
+    for (const int32_t id : t.value().encode("Let me look that up <b>now</b>: {\"x\": 1}")) {
+      EXPECT_FALSE(c.value()->active());
+      c.value()->allowed_tokens(&allowed, 100);
+      EXPECT_EQ(std::count(allowed.begin(), allowed.end(), 1),
+                static_cast<std::ptrdiff_t>(allowed.size()));
+      EXPECT_TRUE(c.value()->advance(id));
+      EXPECT_FALSE(c.value()->done());
+    }
+    EXPECT_TRUE(c.value()->advance(tag));
+    EXPECT_TRUE(c.value()->active());
+    bool ended = false;
+    const std::string rest = random_document(t.value(), *c.value(), 90, rng, &ended);
+    ASSERT_TRUE(c.value()->done()) << rest;
+    const std::string open = "\n", close = "\n</tool_call>";
+    ASSERT_EQ(rest.rfind(open, 0), 0u) << rest;
+    const std::string body = rest.substr(open.size(), rest.size() - open.size() - close.size());
+    ojson j;
+    ASSERT_NO_THROW(j = ojson::parse(body)) << body;
+    if (j["name"] == "get_weather") {
+      ++weather_calls;
+      std::string why;
+      const ojson schema = ojson::parse(weather);
+      EXPECT_TRUE(test::validate(j["arguments"], schema, schema, &why)) << why << "\n" << body;
+    } else {
+      EXPECT_EQ(j["name"], "get_time") << body;
+      EXPECT_TRUE(j["arguments"].is_object()) << body;
+    }
+  }
+  EXPECT_GT(weather_calls, 0);
+  // Without a single token for the tag the call could start at any "<": refused.
+  auto tiny = tok::Tokenizer::load("models/tiny-qwen3");
+  ASSERT_TRUE(tiny.ok());
+  if (!tiny.value().token_to_id("<tool_call>").has_value()) {
+    EXPECT_FALSE(ToolCallConstraint::create_on_call(tiny.value(), names, schemas).ok());
+  }
+}
+
 // The mask's cost per decoded token (printed; not a pass/fail bound): the tiny model's vocabulary
 // and Qwen3's, at the start of a document, inside a free string and inside a number.
 TEST(ToolCallConstraint, JsonSchemaMaskCost) {

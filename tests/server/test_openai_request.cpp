@@ -412,9 +412,25 @@ TEST(OpenAIRequest, StrictToolSchemas) {
            R"("tool_choice":{"type":"function","function":{"name":"a"}},)" + kMsgs + "}");
   ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(named));
   EXPECT_EQ(std::get<OpenAIRequest>(named).tool_call_schemas.size(), 1u);
-  ParseResult none = chat(R"({"model":"m",)" + tools + kMsgs.substr(0) + "}");
-  ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(none));
-  EXPECT_TRUE(std::get<OpenAIRequest>(none).tool_call_schemas.empty());
+  EXPECT_FALSE(std::get<OpenAIRequest>(named).tool_call_on_start);
+  // tool_choice auto (given or not): a call the model starts follows its tool's schema.
+  for (const std::string choice : {"", R"("tool_choice":"auto",)"}) {
+    ParseResult automatic = chat(R"({"model":"m",)" + tools + choice + kMsgs + "}");
+    ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(automatic));
+    const OpenAIRequest& a = std::get<OpenAIRequest>(automatic);
+    EXPECT_TRUE(a.tool_call_on_start) << choice;
+    EXPECT_EQ(a.tool_call_names, (std::vector<std::string>{"a", "b"}));
+    ASSERT_EQ(a.tool_call_schemas.size(), 2u);
+    EXPECT_TRUE(a.tool_call_schemas[0]);
+  }
+  // Not with tool_choice none, nor beside a response_format (which constrains the whole output).
+  for (const std::string other :
+       {R"("tool_choice":"none",)", R"("response_format":{"type":"json_object"},)"}) {
+    ParseResult r2 = chat(R"({"model":"m",)" + tools + other + kMsgs + "}");
+    ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(r2)) << other;
+    EXPECT_FALSE(std::get<OpenAIRequest>(r2).tool_call_on_start) << other;
+    EXPECT_TRUE(std::get<OpenAIRequest>(r2).tool_call_names.empty()) << other;
+  }
 }
 
 TEST(OpenAIRequest, RepetitionPenaltyBounds) {
