@@ -1,6 +1,8 @@
 // Benchmark of the CUDA decode attention (kernels/decode_attn.h: decode_attn_cuda) on one layer
 // of Qwen3-8B's head layout (32 query heads, 8 KV heads, head_dim 128), page 16, quant_group 128:
 //   int2: 64 BF16 sinks + INT2 history + 256 BF16 recent tokens (OSCAR's cache)
+//   int2v3: the same cache through the INT2 pair before the packing (int2_kernel = 1), measured
+//         beside int2 in the same run
 //   bf16: 64 sinks + everything else in the BF16 recent window (the bf16 mode: same kernel,
 //         no history)
 // for contexts × batches (defaults 8K/32K/128K × 1/8/32). Pages: 2 layers per page (layer 1 is
@@ -15,7 +17,7 @@
 // the same run.
 //
 // Run: bench_decode_attn_cuda [--ctx 8192,32768,131072] [--batch 1,8,32] [--iters 50]
-//                             [--csv FILE] [--order shuffled|contiguous] [--modes int2,bf16]
+//                             [--csv FILE] [--order shuffled|contiguous] [--modes int2,int2v3,bf16]
 //                             [--debug 1] [--splits n] [--path auto|generic|naive] [--config c]
 // Not Google Benchmark: a plain program, so that one device call prints one table.
 #include <cuda_runtime.h>
@@ -71,7 +73,7 @@ int main(int argc, char** argv) {
   const char* csv = nullptr;
   bool shuffled = true;
   DecodeAttnCudaOptions opts;
-  std::vector<std::string> modes = {"int2", "bf16"};
+  std::vector<std::string> modes = {"int2", "int2v3", "bf16"};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--ctx") && i + 1 < argc) ctxs = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) batches = parse_list(argv[++i]);
@@ -98,7 +100,7 @@ int main(int argc, char** argv) {
     }
     else {
       std::fprintf(stderr, "usage: %s [--ctx a,b] [--batch a,b] [--iters n] [--csv file] "
-                           "[--order shuffled|contiguous] [--modes int2,bf16] [--debug 1] [--splits n] [--path auto|generic|naive] [--config 0|1|2]\n",
+                           "[--order shuffled|contiguous] [--modes int2,int2v3,bf16] [--debug 1] [--splits n] [--path auto|generic|naive] [--config 0|1|2]\n",
                    argv[0]);
       return 2;
     }
@@ -180,6 +182,7 @@ int main(int argc, char** argv) {
   for (const std::string& mode_s : modes) {
     const char* mode = mode_s.c_str();
     const bool int2 = mode[0] == 'i';
+    opts.int2_kernel = mode_s == "int2v3" ? 1 : 0;
     for (int ctx : ctxs)
       for (int b : batches) {
         const int64_t n_sink = kSink;

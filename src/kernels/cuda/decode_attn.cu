@@ -136,6 +136,8 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   OSCAR_RETURN_IF_ERROR(validate_cuda(p));
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   g_last = DecodeAttnCudaLaunchInfo{};
+  if (opts.int2_kernel != 0 && opts.int2_kernel != 1)
+    return invalid_argument("decode_attn_cuda: int2_kernel %d (0 or 1)", opts.int2_kernel);
   if (p.n_seqs == 0) return Status();
   const KvPageLayout& L = p.layout;
 
@@ -152,6 +154,7 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   a.uniform = p.quantizer == quant::HistQuantizer::kInt2Uniform ? 1 : 0;
   a.exact_elem_bytes = L.exact_elem_bytes;
   a.force_generic = opts.path == DecodeAttnCudaPath::kGeneric ? 1 : 0;
+  a.int2_kernel = opts.int2_kernel;
   a.debug_flags = opts.debug_flags;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   for (int i = 0; i < 4; ++i) a.lloyd_levels[i] = quant::kLloydDequantLevels[i];
