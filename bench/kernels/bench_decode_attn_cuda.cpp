@@ -19,6 +19,7 @@
 // Run: bench_decode_attn_cuda [--ctx 8192,32768,131072] [--batch 1,8,32] [--iters 50]
 //                             [--csv FILE] [--order shuffled|contiguous] [--modes int2,int2v3,bf16]
 //                             [--debug 1] [--splits n] [--path auto|generic|naive] [--config c]
+//                             [--sink 64] [--recent 256]   (int2 mode's BF16 tokens, multiples of 16)
 // Not Google Benchmark: a plain program, so that one device call prints one table.
 #include <cuda_runtime.h>
 
@@ -45,7 +46,7 @@ using namespace oscar::kernels;
 using namespace oscar::bench;
 
 constexpr int kHq = 32, kHkv = 8, kD = 128, kP = 16, kG = 128, kLayers = 2, kLayer = 1;
-constexpr int64_t kSink = 64, kRecent = 256;
+constexpr int64_t kSinkDefault = 64, kRecentDefault = 256;
 
 // Fills n bytes with a hash of the index (a cheap stand-in for random data, on the device).
 std::vector<uint32_t> host_random(size_t n_words, uint32_t seed) {
@@ -74,6 +75,7 @@ int main(int argc, char** argv) {
   bool shuffled = true;
   DecodeAttnCudaOptions opts;
   std::vector<std::string> modes = {"int2", "int2v3", "bf16"};
+  int64_t sink_tokens = kSinkDefault, recent_tokens = kRecentDefault;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--ctx") && i + 1 < argc) ctxs = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) batches = parse_list(argv[++i]);
@@ -82,6 +84,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--debug") && i + 1 < argc) opts.debug_flags = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) opts.n_splits = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--config") && i + 1 < argc) opts.config = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--sink") && i + 1 < argc) sink_tokens = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--recent") && i + 1 < argc) recent_tokens = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--path") && i + 1 < argc) {
       const char* v = argv[++i];
       opts.path = !std::strcmp(v, "generic") ? DecodeAttnCudaPath::kGeneric
@@ -100,7 +104,7 @@ int main(int argc, char** argv) {
     }
     else {
       std::fprintf(stderr, "usage: %s [--ctx a,b] [--batch a,b] [--iters n] [--csv file] "
-                           "[--order shuffled|contiguous] [--modes int2,int2v3,bf16] [--debug 1] [--splits n] [--path auto|generic|naive] [--config 0|1|2]\n",
+                           "[--order shuffled|contiguous] [--modes int2,int2v3,bf16] [--debug 1] [--splits n] [--path auto|generic|naive] [--config 0|1|2] [--sink n] [--recent n]\n",
                    argv[0]);
       return 2;
     }
@@ -185,9 +189,9 @@ int main(int argc, char** argv) {
     opts.int2_kernel = mode_s == "int2v3" ? 1 : 0;
     for (int ctx : ctxs)
       for (int b : batches) {
-        const int64_t n_sink = kSink;
-        const int64_t n_recent = int2 ? kRecent : ctx - kSink;
-        const int64_t n_hist = int2 ? ctx - kSink - kRecent : 0;
+        const int64_t n_sink = sink_tokens;
+        const int64_t n_recent = int2 ? recent_tokens : ctx - sink_tokens;
+        const int64_t n_hist = int2 ? ctx - sink_tokens - recent_tokens : 0;
         std::vector<int32_t> host;
         std::vector<int32_t> indptr[3], ids[3], last[3];
         size_t pe = 0, ph = 0;

@@ -26,9 +26,9 @@ struct DecodeAttnCudaOptions {
   // Launch configuration of the fast kernel: 0 = by the call (dense with history, wide without),
   // 1 = wide (16 KiB per warp, 3 blocks per SM), 2 = dense (14 KiB per warp, 4 blocks per SM).
   int32_t config = 0;
-  // INT2 history tiles: 0 = two tiles packed per softmax fragment where a block's group has <= 4
-  // query heads (the default), 1 = every column its own head (the kernel before the packing,
-  // kept to measure the two side by side).
+  // 0 = the default: INT2 history tiles packed two per softmax fragment where a block's group
+  // has <= 4 query heads, exact tiles strided over the splits; 1 = the kernel before (every
+  // column its own head, splits by contiguous work units), kept to measure the two side by side.
   int32_t int2_kernel = 0;
 };
 
