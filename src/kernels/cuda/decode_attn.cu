@@ -136,8 +136,8 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   OSCAR_RETURN_IF_ERROR(validate_cuda(p));
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   g_last = DecodeAttnCudaLaunchInfo{};
-  if (opts.int2_kernel != 0 && opts.int2_kernel != 1)
-    return invalid_argument("decode_attn_cuda: int2_kernel %d (0 or 1)", opts.int2_kernel);
+  if (opts.int2_kernel < 0 || opts.int2_kernel > 2)
+    return invalid_argument("decode_attn_cuda: int2_kernel %d (0, 1 or 2)", opts.int2_kernel);
   if (p.n_seqs == 0) return Status();
   const KvPageLayout& L = p.layout;
 

@@ -84,8 +84,9 @@ struct KernelArgs {
   int n_planes;  // n_layers · 2 · n_heads_kv
   int page_shift;  // log2(page_size) when a power of two, else -1
   int force_generic;
-  // 0: packed INT2 pairs for groups of <= 4 heads, exact tiles strided over the splits;
-  // 1: the kernel before (int2_pair everywhere, splits by work units)
+  // 0: packed INT2 pairs (two K chains a tile) for groups of <= 4 heads, exact tiles strided
+  // over the splits; 1: the kernel before (int2_pair everywhere, splits by work units);
+  // 2: as 0 with one K chain a tile
   int int2_kernel;
   int debug_flags;  // bit 0: stage the tiles but skip their compute (bandwidth of the loads)
   float scale_log2;     // softmax scale · log2(e): scores are kept in log2 units
@@ -488,16 +489,20 @@ __device__ __forceinline__ void exact_tile(WarpState& st, const QExact& qf, uint
 }
 
 // K side of two INT2 tiles (head_dim 128, group 128, uniform): stage = [K0 | V0 | K1 | V1], each
-// 16 rows of 36 bytes. acc[i] = Σ_d q_d c_d of tile i's keys g, g+8 (accumulator fragment): the
-// MMA accumulates from −off (the 1024-offsets of the K operands). Two independent tiles give the
-// scheduler independent MMA chains.
-__device__ __forceinline__ void int2_k_pair(float (&acc)[2][4], const QInt2& qf,
+// 16 rows of 36 bytes. Σ_c acc[i][c] = Σ_d q_d c_d of tile i's keys g, g+8 (accumulator
+// fragment): the MMAs accumulate from −off (the 1024-offsets of the K operands). Each tile's 8
+// MMAs form kChains independent chains (k-steps of half w of the codes into acc[i][w % kChains]),
+// so that fewer of them wait on the one before: two tiles give 2·kChains chains.
+template <int kChains>
+__device__ __forceinline__ void int2_k_pair(float (&acc)[2][kChains][4], const QInt2& qf,
                                             const uint8_t* stage, int g, int t, uint32_t M) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    acc[i][0] = acc[i][2] = -qf.off[0];
-    acc[i][1] = acc[i][3] = -qf.off[1];
-  }
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int c = 0; c < kChains; ++c) {
+      acc[i][c][0] = acc[i][c][2] = c == 0 ? -qf.off[0] : 0.f;
+      acc[i][c][1] = acc[i][c][3] = c == 0 ? -qf.off[1] : 0.f;
+    }
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
     uint32_t x[2][2], y[2][2];
@@ -514,9 +519,10 @@ __device__ __forceinline__ void int2_k_pair(float (&acc)[2][4], const QInt2& qf,
       const uint32_t mask = 0x00030003u << (2 * qq);
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        oscar::cuda::mma_f16(acc[i], mask_or(x[i][0], mask, M), mask_or(x[i][1], mask, M),
-                             mask_or(y[i][0], mask, M), mask_or(y[i][1], mask, M),
-                             qf.b[4 * w + qq][0], qf.b[4 * w + qq][1]);
+        oscar::cuda::mma_f16(acc[i][w % kChains], mask_or(x[i][0], mask, M),
+                             mask_or(x[i][1], mask, M), mask_or(y[i][0], mask, M),
+                             mask_or(y[i][1], mask, M), qf.b[4 * w + qq][0],
+                             qf.b[4 * w + qq][1]);
     }
   }
 }
@@ -602,11 +608,11 @@ __device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const 
                                           int nv0, int nv1, int lane) {
   const int g = lane >> 2, t = lane & 3;
   const uint32_t M = magic_reg();
-  float acc[2][4];
-  int2_k_pair(acc, qf, stage, g, t, M);
+  float acc[2][1][4];
+  int2_k_pair<1>(acc, qf, stage, g, t, M);
   float s[2][4], p[2][4];
-  int2_scores(st, qf, acc[0], stage, nv0, g, s[0]);
-  int2_scores(st, qf, acc[1], stage + 1152, nv1, g, s[1]);
+  int2_scores(st, qf, acc[0][0], stage, nv0, g, s[0]);
+  int2_scores(st, qf, acc[1][0], stage + 1152, nv1, g, s[1]);
   softmax_update_rel<2>(st, s, p);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -619,20 +625,24 @@ __device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const 
 // Two INT2 tiles per step packed into the 8 columns of one softmax fragment, for groups of <= 4
 // query heads (Qwen3's GQA 4), where half of the columns would otherwise be empty. Column c
 // holds head c % 4 over tile c / 4: the K MMAs run as in int2_pair (both tiles, Q of head g % 4
-// in column g), and lane (g, t) keeps tile t / 2's scores, so the softmax, the metadata and the
+// in column g; kChains chains per tile), and lane (g, t) keeps tile t / 2's scores, so the softmax, the metadata and the
 // P bookkeeping run once per pair instead of once per tile. PV: tile i's MMA takes P^T with the
 // columns of the other tile zeroed, so O^T column c accumulates tile c / 4's keys only. The two
 // column copies of a head are two partial states, merged by log-sum-exp with the warps'.
+template <int kChains>
 __device__ __forceinline__ void int2_pair_packed(WarpState& st, const QInt2& qf,
                                                  const uint8_t* stage, int nv0, int nv1,
                                                  int lane) {
   const int g = lane >> 2, t = lane & 3, mine = t >> 1;
   const uint32_t M = magic_reg();
-  float acc[2][4];
-  int2_k_pair(acc, qf, stage, g, t, M);
+  float acc[2][kChains][4];
+  int2_k_pair<kChains>(acc, qf, stage, g, t, M);
   float a[4];
 #pragma unroll
-  for (int c = 0; c < 4; ++c) a[c] = mine ? acc[1][c] : acc[0][c];
+  for (int c = 0; c < 4; ++c) {
+    a[c] = mine ? acc[1][0][c] : acc[0][0][c];
+    if constexpr (kChains == 2) a[c] += mine ? acc[1][1][c] : acc[0][1][c];
+  }
   float s[1][4], p[1][4];
   int2_scores(st, qf, a, stage + mine * 1152, mine ? nv1 : nv0, g, s[0]);
   softmax_update_rel<1>(st, s, p);
@@ -837,7 +847,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                          bits_v == 2 && rb_k == 36 && rb_v == 36;
   // INT2 tiles packed two per softmax fragment (int2_pair_packed) when the group has <= 4 heads:
   // column c is head c % 4, so lane (g, t) reads the q row of head g % 4 for the K MMAs.
-  const bool packed = fast_int2 && a.int2_kernel == 0 && nh <= 4;
+  const bool packed = fast_int2 && a.int2_kernel != 1 && nh <= 4;
 
 #pragma unroll 1
   for (int r = 0; r < 3; ++r) {
@@ -957,7 +967,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       };
       const bool skip_compute = a.debug_flags & 1;
       // One instance of the loop per pair routine (a warp-uniform choice per block).
-      auto run = [&](auto packed_c) {
+      auto run = [&](auto chains_c) {
         auto compute = [&](int j, int stg) {
           if (skip_compute) return;
           // Only the region's last tile can be short, and it is its warp's last.
@@ -966,17 +976,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
             nv0 = n_valid(2 * j);
             nv1 = n_valid(2 * j + 1);
           }
-          if constexpr (decltype(packed_c)::value)
-            int2_pair_packed(st, qf, ring + stg * kStage, nv0, nv1, lane);
-          else
+          constexpr int kChains = decltype(chains_c)::value;  // 0: int2_pair
+          if constexpr (kChains == 0)
             int2_pair(st, qf, ring + stg * kStage, nv0, nv1, lane);
+          else
+            int2_pair_packed<kChains>(st, qf, ring + stg * kStage, nv0, nv1, lane);
         };
         pipeline<NST>(n_pairs, load, compute);
       };
-      if (packed)
-        run(std::true_type{});
+      if (!packed)
+        run(std::integral_constant<int, 0>{});
+      else if (a.int2_kernel == 2)
+        run(std::integral_constant<int, 1>{});
       else
-        run(std::false_type{});
+        run(std::integral_constant<int, 2>{});
     } else if (r == 1) {
       // ---- generic history tiles: dequantize into a BF16 tile, then the exact path ---------
       oscar::cuda::pdl_wait();
