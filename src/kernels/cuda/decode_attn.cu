@@ -29,15 +29,29 @@ struct DeviceFacts {
   int blocks_per_sm[2][2] = {};
 };
 
-template <int kRing, int kBlocks, int kPage>
-Status kernel_occupancy(int* blocks) {
+template <int kRing, int kBlocks, int kPage, int kInt2>
+Status set_kernel_smem() {
   const int smem = cuda_detail::kWarps * kRing;
-  auto* kernel = cuda_detail::decode_attn_kernel<kRing, kBlocks, kPage>;
+  auto* kernel = cuda_detail::decode_attn_kernel<kRing, kBlocks, kPage, kInt2>;
   OSCAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   OSCAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
-  OSCAR_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, cuda_detail::kThreads, smem));
+  return Status();
+}
+
+// Resident blocks of the default instance; the dense configuration's other instances (kInt2
+// 1-3: same launch bounds and shared memory) get their attributes set too.
+template <int kRing, int kBlocks, int kPage>
+Status kernel_occupancy(int* blocks) {
+  OSCAR_RETURN_IF_ERROR((set_kernel_smem<kRing, kBlocks, kPage, 0>()));
+  if constexpr (kRing == cuda_detail::kRingDense) {
+    OSCAR_RETURN_IF_ERROR((set_kernel_smem<kRing, kBlocks, kPage, 1>()));
+    OSCAR_RETURN_IF_ERROR((set_kernel_smem<kRing, kBlocks, kPage, 2>()));
+    OSCAR_RETURN_IF_ERROR((set_kernel_smem<kRing, kBlocks, kPage, 3>()));
+  }
+  OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      blocks, cuda_detail::decode_attn_kernel<kRing, kBlocks, kPage, 0>, cuda_detail::kThreads,
+      cuda_detail::kWarps * kRing));
   *blocks = std::max(1, *blocks);
   return Status();
 }
@@ -136,8 +150,8 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   OSCAR_RETURN_IF_ERROR(validate_cuda(p));
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   g_last = DecodeAttnCudaLaunchInfo{};
-  if (opts.int2_kernel < 0 || opts.int2_kernel > 2)
-    return invalid_argument("decode_attn_cuda: int2_kernel %d (0, 1 or 2)", opts.int2_kernel);
+  if (opts.int2_kernel < 0 || opts.int2_kernel > 3)
+    return invalid_argument("decode_attn_cuda: int2_kernel %d (0 to 3)", opts.int2_kernel);
   if (p.n_seqs == 0) return Status();
   const KvPageLayout& L = p.layout;
 
@@ -154,7 +168,6 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   a.uniform = p.quantizer == quant::HistQuantizer::kInt2Uniform ? 1 : 0;
   a.exact_elem_bytes = L.exact_elem_bytes;
   a.force_generic = opts.path == DecodeAttnCudaPath::kGeneric ? 1 : 0;
-  a.int2_kernel = opts.int2_kernel;
   a.debug_flags = opts.debug_flags;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   for (int i = 0; i < 4; ++i) a.lloyd_levels[i] = quant::kLloydDequantLevels[i];
@@ -225,10 +238,20 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   using cuda_detail::kRingWide;
   using cuda_detail::kThreads;
   using cuda_detail::kWarps;
-  auto* kernel = cfg == 0 ? (page16 ? cuda_detail::decode_attn_kernel<kRingWide, kBlocksWide, 16>
-                                    : cuda_detail::decode_attn_kernel<kRingWide, kBlocksWide, 0>)
-                          : (page16 ? cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16>
-                                    : cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0>);
+  using Kernel = void (*)(cuda_detail::KernelArgs);
+  // [page16][int2_kernel]: the dense configuration's instances (decode_attn_kernel's kInt2).
+  static const Kernel kDense[2][4] = {
+      {cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 0>,
+       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 1>,
+       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 2>,
+       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 3>},
+      {cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 0>,
+       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 1>,
+       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 2>,
+       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 3>}};
+  Kernel kernel = cfg == 0 ? (page16 ? cuda_detail::decode_attn_kernel<kRingWide, kBlocksWide, 16, 0>
+                                     : cuda_detail::decode_attn_kernel<kRingWide, kBlocksWide, 0, 0>)
+                           : kDense[page16][opts.int2_kernel];
   // Launched early (programmatic dependent launch) only when the grid fills every resident slot:
   // with fewer blocks, starting while the previous kernel still holds SMs packed them unevenly
   // (the 43-sequence step of bench_decode_step went from 52.5 to 64.4 ms on the H200).

@@ -84,10 +84,6 @@ struct KernelArgs {
   int n_planes;  // n_layers · 2 · n_heads_kv
   int page_shift;  // log2(page_size) when a power of two, else -1
   int force_generic;
-  // 0: packed INT2 pairs (two K chains a tile) for groups of <= 4 heads, exact tiles strided
-  // over the splits; 1: the kernel before (int2_pair everywhere, splits by work units);
-  // 2: as 0 with one K chain a tile
-  int int2_kernel;
   int debug_flags;  // bit 0: stage the tiles but skip their compute (bandwidth of the loads)
   float scale_log2;     // softmax scale · log2(e): scores are kept in log2 units
   float lloyd_levels[4];
@@ -625,18 +621,19 @@ __device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const 
 // Two INT2 tiles per step packed into the 8 columns of one softmax fragment, for groups of <= 4
 // query heads (Qwen3's GQA 4), where half of the columns would otherwise be empty. Column c
 // holds head c % 4 over tile c / 4: the K MMAs run as in int2_pair (both tiles, Q of head g % 4
-// in column g; kChains chains per tile), and lane (g, t) keeps tile t / 2's scores, so the softmax, the metadata and the
-// P bookkeeping run once per pair instead of once per tile. PV: tile i's MMA takes P^T with the
-// columns of the other tile zeroed, so O^T column c accumulates tile c / 4's keys only. The two
-// column copies of a head are two partial states, merged by log-sum-exp with the warps'.
+// in column g; kChains chains per tile), and lane (g, t) keeps tile t / 2's scores, so the
+// softmax, the metadata and the P bookkeeping run once per pair instead of once per tile. PV:
+// tile i's MMA takes P^T with the columns of the other tile zeroed, so O^T column c accumulates
+// tile c / 4's keys only. The two column copies of a head are two partial states, merged by
+// log-sum-exp with the warps'.
+// Front half: scores from the K accumulators, softmax, P^T fragments (b0, b1: both tiles'
+// columns).
 template <int kChains>
-__device__ __forceinline__ void int2_pair_packed(WarpState& st, const QInt2& qf,
-                                                 const uint8_t* stage, int nv0, int nv1,
-                                                 int lane) {
-  const int g = lane >> 2, t = lane & 3, mine = t >> 1;
-  const uint32_t M = magic_reg();
-  float acc[2][kChains][4];
-  int2_k_pair<kChains>(acc, qf, stage, g, t, M);
+__device__ __forceinline__ void int2_packed_front(WarpState& st, const QInt2& qf,
+                                                  const float (&acc)[2][kChains][4],
+                                                  const uint8_t* stage, int nv0, int nv1, int g,
+                                                  int t, uint32_t& b0, uint32_t& b1) {
+  const int mine = t >> 1;
   float a[4];
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
@@ -646,12 +643,40 @@ __device__ __forceinline__ void int2_pair_packed(WarpState& st, const QInt2& qf,
   float s[1][4], p[1][4];
   int2_scores(st, qf, a, stage + mine * 1152, mine ? nv1 : nv0, g, s[0]);
   softmax_update_rel<1>(st, s, p);
-  uint32_t b0, b1;
   int2_p_to_b(st, p[0], stage + mine * 1152 + 576, g, b0, b1);
-  // Columns g of P^T: tile 0's for g < 4, tile 1's for g >= 4.
+}
+// Back half: PV of both tiles, columns g of P^T tile 0's for g < 4, tile 1's for g >= 4.
+__device__ __forceinline__ void int2_packed_back(WarpState& st, const uint8_t* stage, uint32_t b0,
+                                                 uint32_t b1, int g, int t, uint32_t M) {
   const uint32_t keep0 = g < 4 ? 0xffffffffu : 0u;
   int2_v_tile(st, stage + 576, b0 & keep0, b1 & keep0, g, t, M);
   int2_v_tile(st, stage + 1152 + 576, b0 & ~keep0, b1 & ~keep0, g, t, M);
+}
+template <int kChains>
+__device__ __forceinline__ void int2_pair_packed(WarpState& st, const QInt2& qf,
+                                                 const uint8_t* stage, int nv0, int nv1,
+                                                 int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t M = magic_reg();
+  float acc[2][kChains][4];
+  int2_k_pair<kChains>(acc, qf, stage, g, t, M);
+  uint32_t b0, b1;
+  int2_packed_front<kChains>(st, qf, acc, stage, nv0, nv1, g, t, b0, b1);
+  int2_packed_back(st, stage, b0, b1, g, t, M);
+}
+// The packed pair software-pipelined: acc holds this pair's K accumulators (computed in the step
+// before) and receives the next pair's (stage `next`), whose K MMAs share one branch-free block
+// with this pair's PV, so that their dependent chains interleave with independent work.
+__device__ __forceinline__ void int2_pair_packed_ahead(WarpState& st, const QInt2& qf,
+                                                       float (&acc)[2][1][4],
+                                                       const uint8_t* stage, const uint8_t* next,
+                                                       int nv0, int nv1, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t M = magic_reg();
+  uint32_t b0, b1;
+  int2_packed_front<1>(st, qf, acc, stage, nv0, nv1, g, t, b0, b1);
+  int2_packed_back(st, stage, b0, b1, g, t, M);
+  int2_k_pair<1>(acc, qf, next, g, t, M);
 }
 
 // Dequantizes half of one staged raw history row (head_dim 128, any bits/quantizer, group G) into
@@ -769,28 +794,44 @@ __device__ __noinline__ void dequant_tile(const KernelArgs& a, const uint8_t* ra
 }
 
 // Software pipeline over a warp's n tiles: NST stages, load(k, stage) issues tile k's cp.async
-// copies, compute(k, stage) consumes it. The stages advance by counters (no k % NST per tile).
-template <int NST, class Load, class Compute>
-__device__ __forceinline__ void pipeline(int n, Load&& load, Compute&& compute) {
+// copies, compute(k, stage, next stage) consumes it. The stages advance by counters (no k % NST
+// per tile). With kAhead = 1 the stage after k has arrived too when compute(k) runs (one stage
+// less in flight), and first(stage 0) runs once before compute(0).
+template <int NST, int kAhead, class Load, class First, class Compute>
+__device__ __forceinline__ void pipeline_ahead(int n, Load&& load, First&& first,
+                                               Compute&& compute) {
+  static_assert(kAhead == 0 || (kAhead == 1 && NST >= 3));
 #pragma unroll
   for (int j = 0; j < NST - 1; ++j) {
     if (j < n) load(j, j);
     oscar::cuda::cp_async_commit();
+  }
+  if constexpr (kAhead > 0) {
+    if (n > 0) {
+      oscar::cuda::cp_async_wait<NST - 1 - kAhead>();
+      __syncwarp();
+      first(0);
+    }
   }
   int ls = NST - 1, cs = 0;  // stages of the next load and the next compute
 #pragma unroll 1
   for (int k = 0; k < n; ++k) {
     if (k + NST - 1 < n) load(k + NST - 1, ls);
     oscar::cuda::cp_async_commit();
-    oscar::cuda::cp_async_wait<NST - 1>();
+    oscar::cuda::cp_async_wait<NST - 1 - kAhead>();
     __syncwarp();
-    compute(k, cs);
+    const int ns = cs == NST - 1 ? 0 : cs + 1;
+    compute(k, cs, ns);
     __syncwarp();
     ls = ls == NST - 1 ? 0 : ls + 1;
-    cs = cs == NST - 1 ? 0 : cs + 1;
+    cs = ns;
   }
   oscar::cuda::cp_async_wait<0>();
   __syncwarp();
+}
+template <int NST, class Load, class Compute>
+__device__ __forceinline__ void pipeline(int n, Load&& load, Compute&& compute) {
+  pipeline_ahead<NST, 0>(n, load, [](int) {}, [&](int k, int cs, int) { compute(k, cs); });
 }
 
 // Page ids of a warp's tiles are prefetched 32 at a time (lane j holds the page of the warp's
@@ -805,7 +846,11 @@ __device__ __forceinline__ int prefetch_page(const KernelArgs& a, const PageTabl
 
 // The whole block: see the file comment. kPage: the page size when fixed at compile time (16,
 // the default: the tile loads reduce to a page id and constant per-lane offsets), 0 for any.
-template <int kRingBytes, int kMinBlocks, int kPage>
+// kInt2 (DecodeAttnCudaOptions::int2_kernel; one instance each, so that each has its own
+// register allocation): 0 packed INT2 pairs (two K chains a tile) for groups of <= 4 heads, exact
+// tiles strided over the splits; 1 the kernel before (int2_pair everywhere, splits by work
+// units); 2 as 0 with one K chain a tile; 3 as 2, software-pipelined (int2_pair_packed_ahead).
+template <int kRingBytes, int kMinBlocks, int kPage, int kInt2>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     decode_attn_kernel(const __grid_constant__ KernelArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -847,7 +892,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                          bits_v == 2 && rb_k == 36 && rb_v == 36;
   // INT2 tiles packed two per softmax fragment (int2_pair_packed) when the group has <= 4 heads:
   // column c is head c % 4, so lane (g, t) reads the q row of head g % 4 for the K MMAs.
-  const bool packed = fast_int2 && a.int2_kernel != 1 && nh <= 4;
+  const bool packed = fast_int2 && kInt2 != 1 && nh <= 4;
 
 #pragma unroll 1
   for (int r = 0; r < 3; ++r) {
@@ -861,7 +906,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     // [i·U/n, (i+1)·U/n), units in position order over the three regions.)
     const int nt_r = r == 0 ? n_tiles0 : (r == 1 ? n_tiles1 : n_tiles2);
     int first, stride, n_my;
-    if (a.int2_kernel == 1) {
+    if (kInt2 == 1) {
       const int ustart = r == 0 ? 0 : kExactUnits * n_tiles0 + (r == 2 ? n_tiles1 : 0);
       const int cost = r == 1 ? 1 : kExactUnits, uend = ustart + cost * nt_r;
       const int u0 = static_cast<int>(static_cast<int64_t>(split) * U / eff);
@@ -966,16 +1011,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         return min(kTileTokens, ntk - tile_of(k) * kTileTokens);
       };
       const bool skip_compute = a.debug_flags & 1;
+      // Only the region's last tile can be short, and it is its warp's last.
+      auto valid_keys = [&](int j, int& nv0, int& nv1) {
+        nv0 = nv1 = kTileTokens;
+        if (2 * j + 2 >= n_my) {
+          nv0 = n_valid(2 * j);
+          nv1 = n_valid(2 * j + 1);
+        }
+      };
       // One instance of the loop per pair routine (a warp-uniform choice per block).
       auto run = [&](auto chains_c) {
         auto compute = [&](int j, int stg) {
           if (skip_compute) return;
-          // Only the region's last tile can be short, and it is its warp's last.
-          int nv0 = kTileTokens, nv1 = kTileTokens;
-          if (2 * j + 2 >= n_my) {
-            nv0 = n_valid(2 * j);
-            nv1 = n_valid(2 * j + 1);
-          }
+          int nv0, nv1;
+          valid_keys(j, nv0, nv1);
           constexpr int kChains = decltype(chains_c)::value;  // 0: int2_pair
           if constexpr (kChains == 0)
             int2_pair(st, qf, ring + stg * kStage, nv0, nv1, lane);
@@ -984,12 +1033,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         };
         pipeline<NST>(n_pairs, load, compute);
       };
-      if (!packed)
+      if (!packed) {
         run(std::integral_constant<int, 0>{});
-      else if (a.int2_kernel == 2)
-        run(std::integral_constant<int, 1>{});
-      else
-        run(std::integral_constant<int, 2>{});
+      } else if constexpr (kInt2 == 3) {
+        float acc[2][1][4];
+        auto first = [&](int stg) {
+          if (!skip_compute) int2_k_pair<1>(acc, qf, ring + stg * kStage, g, t, magic_reg());
+        };
+        auto compute = [&](int j, int stg, int next) {
+          if (skip_compute) return;
+          int nv0, nv1;
+          valid_keys(j, nv0, nv1);
+          int2_pair_packed_ahead(st, qf, acc, ring + stg * kStage, ring + next * kStage, nv0,
+                                 nv1, lane);
+        };
+        pipeline_ahead<NST, 1>(n_pairs, load, first, compute);
+      } else {
+        run(std::integral_constant<int, kInt2 == 2 ? 1 : 2>{});
+      }
     } else if (r == 1) {
       // ---- generic history tiles: dequantize into a BF16 tile, then the exact path ---------
       oscar::cuda::pdl_wait();
