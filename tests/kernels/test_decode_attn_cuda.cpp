@@ -9,8 +9,8 @@
 // pool is never null; INT2 tiles packed two per softmax fragment where a group has <= 4 heads),
 // forced split counts (1, 2, 7, 128: many empty and short splits, so the log-sum-exp combine is
 // exercised), the wide configuration, the generic history path, the kernel before (v3,
-// DecodeAttnCudaOptions::int2_kernel = 1), the packed pair with one K chain (c1), the same
-// software-pipelined (sp) and the naive kernel. GQA 1-16 (3 and 12: groups of
+// DecodeAttnCudaOptions::int2_kernel = 1), the packed pair software-pipelined (sp) and the
+// naive kernel. GQA 1-16 (3 and 12: groups of
 // 3 and 8 + 4 heads, packed with empty columns).
 //
 // Tolerance of the tensor-core kernel (bf16 operands), per (sequence, query head), with Vmax the
@@ -279,9 +279,8 @@ void run_case(const Case& c) {
       {"generic,w", {DecodeAttnCudaPath::kGeneric, 0, 0, 1}},
       {"v3", {DecodeAttnCudaPath::kAuto, 0, 0, 0, 1}},
       {"v3,s=7", {DecodeAttnCudaPath::kAuto, 7, 0, 0, 1}},
-      {"c1", {DecodeAttnCudaPath::kAuto, 0, 0, 0, 2}},
-      {"sp", {DecodeAttnCudaPath::kAuto, 0, 0, 0, 3}},
-      {"sp,s=7", {DecodeAttnCudaPath::kAuto, 7, 0, 0, 3}}};
+      {"sp", {DecodeAttnCudaPath::kAuto, 0, 0, 0, 2}},
+      {"sp,s=7", {DecodeAttnCudaPath::kAuto, 7, 0, 0, 2}}};
   if (c.naive_too) vars.push_back({"naive", {DecodeAttnCudaPath::kNaive, 0}});
   std::vector<float> got(h.q.size());
   for (const Variant& v : vars) {

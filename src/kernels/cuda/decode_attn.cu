@@ -40,14 +40,13 @@ Status set_kernel_smem() {
 }
 
 // Resident blocks of the default instance; the dense configuration's other instances (kInt2
-// 1-3: same launch bounds and shared memory) get their attributes set too.
+// 1, 2: same launch bounds and shared memory) get their attributes set too.
 template <int kRing, int kBlocks, int kPage>
 Status kernel_occupancy(int* blocks) {
   OSCAR_RETURN_IF_ERROR((set_kernel_smem<kRing, kBlocks, kPage, 0>()));
   if constexpr (kRing == cuda_detail::kRingDense) {
     OSCAR_RETURN_IF_ERROR((set_kernel_smem<kRing, kBlocks, kPage, 1>()));
     OSCAR_RETURN_IF_ERROR((set_kernel_smem<kRing, kBlocks, kPage, 2>()));
-    OSCAR_RETURN_IF_ERROR((set_kernel_smem<kRing, kBlocks, kPage, 3>()));
   }
   OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       blocks, cuda_detail::decode_attn_kernel<kRing, kBlocks, kPage, 0>, cuda_detail::kThreads,
@@ -150,8 +149,8 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   OSCAR_RETURN_IF_ERROR(validate_cuda(p));
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   g_last = DecodeAttnCudaLaunchInfo{};
-  if (opts.int2_kernel < 0 || opts.int2_kernel > 3)
-    return invalid_argument("decode_attn_cuda: int2_kernel %d (0 to 3)", opts.int2_kernel);
+  if (opts.int2_kernel < 0 || opts.int2_kernel > 2)
+    return invalid_argument("decode_attn_cuda: int2_kernel %d (0, 1 or 2)", opts.int2_kernel);
   if (p.n_seqs == 0) return Status();
   const KvPageLayout& L = p.layout;
 
@@ -240,15 +239,13 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   using cuda_detail::kWarps;
   using Kernel = void (*)(cuda_detail::KernelArgs);
   // [page16][int2_kernel]: the dense configuration's instances (decode_attn_kernel's kInt2).
-  static const Kernel kDense[2][4] = {
+  static const Kernel kDense[2][3] = {
       {cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 0>,
        cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 1>,
-       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 2>,
-       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 3>},
+       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 2>},
       {cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 0>,
        cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 1>,
-       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 2>,
-       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 3>}};
+       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 2>}};
   Kernel kernel = cfg == 0 ? (page16 ? cuda_detail::decode_attn_kernel<kRingWide, kBlocksWide, 16, 0>
                                      : cuda_detail::decode_attn_kernel<kRingWide, kBlocksWide, 0, 0>)
                            : kDense[page16][opts.int2_kernel];

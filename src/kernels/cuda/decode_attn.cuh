@@ -485,20 +485,16 @@ __device__ __forceinline__ void exact_tile(WarpState& st, const QExact& qf, uint
 }
 
 // K side of two INT2 tiles (head_dim 128, group 128, uniform): stage = [K0 | V0 | K1 | V1], each
-// 16 rows of 36 bytes. Σ_c acc[i][c] = Σ_d q_d c_d of tile i's keys g, g+8 (accumulator
-// fragment): the MMAs accumulate from −off (the 1024-offsets of the K operands). Each tile's 8
-// MMAs form kChains independent chains (k-steps of half w of the codes into acc[i][w % kChains]),
-// so that fewer of them wait on the one before: two tiles give 2·kChains chains.
-template <int kChains>
-__device__ __forceinline__ void int2_k_pair(float (&acc)[2][kChains][4], const QInt2& qf,
+// 16 rows of 36 bytes. acc[i] = Σ_d q_d c_d of tile i's keys g, g+8 (accumulator fragment): the
+// MMAs accumulate from −off (the 1024-offsets of the K operands). Two independent tiles give the
+// scheduler independent MMA chains (four chains, two a tile, measured 2% slower on the H200).
+__device__ __forceinline__ void int2_k_pair(float (&acc)[2][4], const QInt2& qf,
                                             const uint8_t* stage, int g, int t, uint32_t M) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int c = 0; c < kChains; ++c) {
-      acc[i][c][0] = acc[i][c][2] = c == 0 ? -qf.off[0] : 0.f;
-      acc[i][c][1] = acc[i][c][3] = c == 0 ? -qf.off[1] : 0.f;
-    }
+  for (int i = 0; i < 2; ++i) {
+    acc[i][0] = acc[i][2] = -qf.off[0];
+    acc[i][1] = acc[i][3] = -qf.off[1];
+  }
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
     uint32_t x[2][2], y[2][2];
@@ -515,10 +511,9 @@ __device__ __forceinline__ void int2_k_pair(float (&acc)[2][kChains][4], const Q
       const uint32_t mask = 0x00030003u << (2 * qq);
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        oscar::cuda::mma_f16(acc[i][w % kChains], mask_or(x[i][0], mask, M),
-                             mask_or(x[i][1], mask, M), mask_or(y[i][0], mask, M),
-                             mask_or(y[i][1], mask, M), qf.b[4 * w + qq][0],
-                             qf.b[4 * w + qq][1]);
+        oscar::cuda::mma_f16(acc[i], mask_or(x[i][0], mask, M), mask_or(x[i][1], mask, M),
+                             mask_or(y[i][0], mask, M), mask_or(y[i][1], mask, M),
+                             qf.b[4 * w + qq][0], qf.b[4 * w + qq][1]);
     }
   }
 }
@@ -604,11 +599,11 @@ __device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const 
                                           int nv0, int nv1, int lane) {
   const int g = lane >> 2, t = lane & 3;
   const uint32_t M = magic_reg();
-  float acc[2][1][4];
-  int2_k_pair<1>(acc, qf, stage, g, t, M);
+  float acc[2][4];
+  int2_k_pair(acc, qf, stage, g, t, M);
   float s[2][4], p[2][4];
-  int2_scores(st, qf, acc[0][0], stage, nv0, g, s[0]);
-  int2_scores(st, qf, acc[1][0], stage + 1152, nv1, g, s[1]);
+  int2_scores(st, qf, acc[0], stage, nv0, g, s[0]);
+  int2_scores(st, qf, acc[1], stage + 1152, nv1, g, s[1]);
   softmax_update_rel<2>(st, s, p);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -621,25 +616,21 @@ __device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const 
 // Two INT2 tiles per step packed into the 8 columns of one softmax fragment, for groups of <= 4
 // query heads (Qwen3's GQA 4), where half of the columns would otherwise be empty. Column c
 // holds head c % 4 over tile c / 4: the K MMAs run as in int2_pair (both tiles, Q of head g % 4
-// in column g; kChains chains per tile), and lane (g, t) keeps tile t / 2's scores, so the
+// in column g), and lane (g, t) keeps tile t / 2's scores, so the
 // softmax, the metadata and the P bookkeeping run once per pair instead of once per tile. PV:
 // tile i's MMA takes P^T with the columns of the other tile zeroed, so O^T column c accumulates
 // tile c / 4's keys only. The two column copies of a head are two partial states, merged by
 // log-sum-exp with the warps'.
 // Front half: scores from the K accumulators, softmax, P^T fragments (b0, b1: both tiles'
 // columns).
-template <int kChains>
 __device__ __forceinline__ void int2_packed_front(WarpState& st, const QInt2& qf,
-                                                  const float (&acc)[2][kChains][4],
-                                                  const uint8_t* stage, int nv0, int nv1, int g,
-                                                  int t, uint32_t& b0, uint32_t& b1) {
+                                                  const float (&acc)[2][4], const uint8_t* stage,
+                                                  int nv0, int nv1, int g, int t, uint32_t& b0,
+                                                  uint32_t& b1) {
   const int mine = t >> 1;
   float a[4];
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    a[c] = mine ? acc[1][0][c] : acc[0][0][c];
-    if constexpr (kChains == 2) a[c] += mine ? acc[1][1][c] : acc[0][1][c];
-  }
+  for (int c = 0; c < 4; ++c) a[c] = mine ? acc[1][c] : acc[0][c];
   float s[1][4], p[1][4];
   int2_scores(st, qf, a, stage + mine * 1152, mine ? nv1 : nv0, g, s[0]);
   softmax_update_rel<1>(st, s, p);
@@ -652,31 +643,30 @@ __device__ __forceinline__ void int2_packed_back(WarpState& st, const uint8_t* s
   int2_v_tile(st, stage + 576, b0 & keep0, b1 & keep0, g, t, M);
   int2_v_tile(st, stage + 1152 + 576, b0 & ~keep0, b1 & ~keep0, g, t, M);
 }
-template <int kChains>
 __device__ __forceinline__ void int2_pair_packed(WarpState& st, const QInt2& qf,
                                                  const uint8_t* stage, int nv0, int nv1,
                                                  int lane) {
   const int g = lane >> 2, t = lane & 3;
   const uint32_t M = magic_reg();
-  float acc[2][kChains][4];
-  int2_k_pair<kChains>(acc, qf, stage, g, t, M);
+  float acc[2][4];
+  int2_k_pair(acc, qf, stage, g, t, M);
   uint32_t b0, b1;
-  int2_packed_front<kChains>(st, qf, acc, stage, nv0, nv1, g, t, b0, b1);
+  int2_packed_front(st, qf, acc, stage, nv0, nv1, g, t, b0, b1);
   int2_packed_back(st, stage, b0, b1, g, t, M);
 }
 // The packed pair software-pipelined: acc holds this pair's K accumulators (computed in the step
 // before) and receives the next pair's (stage `next`), whose K MMAs share one branch-free block
 // with this pair's PV, so that their dependent chains interleave with independent work.
 __device__ __forceinline__ void int2_pair_packed_ahead(WarpState& st, const QInt2& qf,
-                                                       float (&acc)[2][1][4],
+                                                       float (&acc)[2][4],
                                                        const uint8_t* stage, const uint8_t* next,
                                                        int nv0, int nv1, int lane) {
   const int g = lane >> 2, t = lane & 3;
   const uint32_t M = magic_reg();
   uint32_t b0, b1;
-  int2_packed_front<1>(st, qf, acc, stage, nv0, nv1, g, t, b0, b1);
+  int2_packed_front(st, qf, acc, stage, nv0, nv1, g, t, b0, b1);
   int2_packed_back(st, stage, b0, b1, g, t, M);
-  int2_k_pair<1>(acc, qf, next, g, t, M);
+  int2_k_pair(acc, qf, next, g, t, M);
 }
 
 // Dequantizes half of one staged raw history row (head_dim 128, any bits/quantizer, group G) into
@@ -847,9 +837,9 @@ __device__ __forceinline__ int prefetch_page(const KernelArgs& a, const PageTabl
 // The whole block: see the file comment. kPage: the page size when fixed at compile time (16,
 // the default: the tile loads reduce to a page id and constant per-lane offsets), 0 for any.
 // kInt2 (DecodeAttnCudaOptions::int2_kernel; one instance each, so that each has its own
-// register allocation): 0 packed INT2 pairs (two K chains a tile) for groups of <= 4 heads, exact
-// tiles strided over the splits; 1 the kernel before (int2_pair everywhere, splits by work
-// units); 2 as 0 with one K chain a tile; 3 as 2, software-pipelined (int2_pair_packed_ahead).
+// register allocation): 0 packed INT2 pairs for groups of <= 4 heads, exact tiles strided over
+// the splits; 1 the kernel before (int2_pair everywhere, splits by work units); 2 as 0,
+// software-pipelined (int2_pair_packed_ahead).
 template <int kRingBytes, int kMinBlocks, int kPage, int kInt2>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     decode_attn_kernel(const __grid_constant__ KernelArgs a) {
@@ -1020,25 +1010,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         }
       };
       // One instance of the loop per pair routine (a warp-uniform choice per block).
-      auto run = [&](auto chains_c) {
+      auto run = [&](auto packed_c) {
         auto compute = [&](int j, int stg) {
           if (skip_compute) return;
           int nv0, nv1;
           valid_keys(j, nv0, nv1);
-          constexpr int kChains = decltype(chains_c)::value;  // 0: int2_pair
-          if constexpr (kChains == 0)
-            int2_pair(st, qf, ring + stg * kStage, nv0, nv1, lane);
+          if constexpr (decltype(packed_c)::value)
+            int2_pair_packed(st, qf, ring + stg * kStage, nv0, nv1, lane);
           else
-            int2_pair_packed<kChains>(st, qf, ring + stg * kStage, nv0, nv1, lane);
+            int2_pair(st, qf, ring + stg * kStage, nv0, nv1, lane);
         };
         pipeline<NST>(n_pairs, load, compute);
       };
       if (!packed) {
-        run(std::integral_constant<int, 0>{});
-      } else if constexpr (kInt2 == 3) {
-        float acc[2][1][4];
+        run(std::false_type{});
+      } else if constexpr (kInt2 == 2) {
+        float acc[2][4];
         auto first = [&](int stg) {
-          if (!skip_compute) int2_k_pair<1>(acc, qf, ring + stg * kStage, g, t, magic_reg());
+          if (!skip_compute) int2_k_pair(acc, qf, ring + stg * kStage, g, t, magic_reg());
         };
         auto compute = [&](int j, int stg, int next) {
           if (skip_compute) return;
@@ -1049,7 +1038,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         };
         pipeline_ahead<NST, 1>(n_pairs, load, first, compute);
       } else {
-        run(std::integral_constant<int, kInt2 == 2 ? 1 : 2>{});
+        run(std::true_type{});
       }
     } else if (r == 1) {
       // ---- generic history tiles: dequantize into a BF16 tile, then the exact path ---------
