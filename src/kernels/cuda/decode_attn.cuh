@@ -2,9 +2,9 @@
 //
 // Work split. One block of 4 warps per (sequence, KV head, group of <= 8 query heads, context
 // split). A sequence's keys are cut into tiles of 16 tokens (sink tiles, history tiles, recent
-// tiles); split i of n takes the i-th contiguous n-th of the history tiles and every n-th exact
-// (sink, recent) tile, and its warps take those tiles round-robin (the region loop of
-// decode_attn_kernel), each with its own cp.async pipeline in its own 14 or
+// tiles, in position order), weighted in work units (an exact tile counts kExactUnits INT2
+// tiles: split_units); split i of n takes the tiles whose first unit lies in [i·U/n, (i+1)·U/n),
+// and its warps take those tiles round-robin, each with its own cp.async pipeline in its own 14 or
 // 16 KiB of shared memory (the launch configurations below) and its own online-softmax state
 // (running reference raised lazily: softmax_update). The block merges its 4 warp states; with one
 // split it writes the output, otherwise a partial (o, m, ℓ) that combine_kernel merges by
@@ -120,10 +120,12 @@ __device__ __forceinline__ int ceil_tiles(int64_t n) {
   return static_cast<int>((n + kTileTokens - 1) / kTileTokens);
 }
 
-// The number of splits a sequence uses is set by its work units: an exact (BF16) tile reads 7x
-// the bytes of an INT2 tile and, in the dense configuration, runs without a second stage, so it
-// counts kExactUnits INT2 tiles.
+// The context is split by work units, not tiles: an exact (BF16) tile reads 7x the bytes of an
+// INT2 tile and, in the dense configuration, runs without a second stage, so it counts
+// kExactUnits (an even split by tiles left the split holding the recent window several times
+// longer than the others: the tail of a batch-1 call).
 constexpr int kExactUnits = 6;
+__device__ __forceinline__ int region_units(int r) { return r == 1 ? 1 : kExactUnits; }
 __device__ __forceinline__ int split_units(int n_tiles0, int n_tiles1, int n_tiles2) {
   return kExactUnits * (n_tiles0 + n_tiles2) + n_tiles1;
 }
@@ -837,9 +839,8 @@ __device__ __forceinline__ int prefetch_page(const KernelArgs& a, const PageTabl
 // The whole block: see the file comment. kPage: the page size when fixed at compile time (16,
 // the default: the tile loads reduce to a page id and constant per-lane offsets), 0 for any.
 // kInt2 (DecodeAttnCudaOptions::int2_kernel; one instance each, so that each has its own
-// register allocation): 0 packed INT2 pairs for groups of <= 4 heads, exact tiles strided over
-// the splits; 1 the kernel before (int2_pair everywhere, splits by work units); 2 as 0,
-// software-pipelined (int2_pair_packed_ahead).
+// register allocation): 0 packed INT2 pairs for groups of <= 4 heads; 1 the kernel before
+// (int2_pair everywhere); 2 as 0, software-pipelined (int2_pair_packed_ahead).
 template <int kRingBytes, int kMinBlocks, int kPage, int kInt2>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     decode_attn_kernel(const __grid_constant__ KernelArgs a) {
@@ -861,8 +862,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int U = split_units(n_tiles0, n_tiles1, n_tiles2);
   const int eff = effective_splits(U, a.n_splits);
   if (split >= eff) return;
-  // This split's sink tiles (see the region loop).
-  const int c0 = split < n_tiles0 ? (n_tiles0 - split + eff - 1) / eff : 0;
+  // This split's units [u0, u1); a tile belongs to the split holding its first unit.
+  const int u0 = static_cast<int>(static_cast<int64_t>(split) * U / eff);
+  const int u1 = static_cast<int>(static_cast<int64_t>(split + 1) * U / eff);
 
   uint8_t* ring = smem + warp * kRingBytes;
   const uint32_t ring_s = smem_addr(ring);
@@ -884,46 +886,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // column c is head c % 4, so lane (g, t) reads the q row of head g % 4 for the K MMAs.
   const bool packed = fast_int2 && kInt2 != 1 && nh <= 4;
 
+  int ustart = 0;
 #pragma unroll 1
   for (int r = 0; r < 3; ++r) {
-    // This warp's tiles of region r: first + stride·k, k < n_my. History tiles: the split's
-    // contiguous range, round-robin over the warps. Exact tiles (sinks, recent) go round-robin
-    // over the splits (sink tile t to split t % eff, recent tile t to (n_tiles0 + t) % eff),
-    // then over the split's warps (one count over both regions), so that no warp waits on
-    // several of them in a row: in the dense configuration an exact tile has a single stage, a
-    // full memory round trip, and a split holding the whole recent window was the call's tail.
-    // (int2_kernel 1, the kernel before: split i takes the tiles whose first work unit lies in
-    // [i·U/n, (i+1)·U/n), units in position order over the three regions.)
     const int nt_r = r == 0 ? n_tiles0 : (r == 1 ? n_tiles1 : n_tiles2);
-    int first, stride, n_my;
-    if (kInt2 == 1) {
-      const int ustart = r == 0 ? 0 : kExactUnits * n_tiles0 + (r == 2 ? n_tiles1 : 0);
-      const int cost = r == 1 ? 1 : kExactUnits, uend = ustart + cost * nt_r;
-      const int u0 = static_cast<int>(static_cast<int64_t>(split) * U / eff);
-      const int u1 = static_cast<int>(static_cast<int64_t>(split + 1) * U / eff);
-      const int lo = (max(u0, ustart) - ustart + cost - 1) / cost;
-      const int hi = (min(u1, uend) - ustart + cost - 1) / cost;
-      first = lo + warp;
-      stride = kWarps;
-      n_my = first < hi ? (hi - first + kWarps - 1) / kWarps : 0;
-    } else if (r == 1) {
-      const int lo = static_cast<int>(static_cast<int64_t>(split) * nt_r / eff);
-      const int hi = static_cast<int>(static_cast<int64_t>(split + 1) * nt_r / eff);
-      first = lo + warp;
-      stride = kWarps;
-      n_my = first < hi ? (hi - first + kWarps - 1) / kWarps : 0;
-    } else {
-      const int s0 = r == 0 ? split : (split - n_tiles0 % eff + eff) % eff;
-      const int wj = r == 0 ? warp : (warp - c0 % kWarps + kWarps) % kWarps;
-      first = s0 + eff * wj;
-      stride = eff * kWarps;
-      n_my = first < nt_r ? (nt_r - first + stride - 1) / stride : 0;
-    }
-    if (n_my == 0) continue;  // warp-uniform; the regions use no block-wide barrier
+    const int cost = region_units(r), uend = ustart + cost * nt_r;
+    const int lo = (max(u0, ustart) - ustart + cost - 1) / cost;
+    const int hi = (min(u1, uend) - ustart + cost - 1) / cost;
+    ustart = uend;
+    if (lo >= hi) continue;
     const PageTableView pt = r == 0 ? a.sinks : (r == 1 ? a.history : a.recent);
     const int pbase = pt.indptr[seq];
     const int ntk = static_cast<int>(r == 0 ? n_tok0 : (r == 1 ? n_tok1 : n_tok2));
-    auto tile_of = [&](int k) { return first + stride * k; };
+    const int n_my = (hi - lo - warp + kWarps - 1) / kWarps;  // tiles lo + warp + 4k < hi
+    auto tile_of = [&](int k) { return lo + warp + kWarps * k; };
 
     if (r == 1 && fast_int2) {
       // ---- INT2 history tiles -------------------------------------------------------------
