@@ -18,7 +18,7 @@
 //
 // Run: bench_decode_attn_cuda [--ctx 8192,32768,131072] [--batch 1,8,32] [--iters 50]
 //                             [--csv FILE] [--order shuffled|contiguous] [--modes int2,int2sp,int2v3,bf16]
-//                             [--debug 1] [--splits n] [--path auto|generic|naive] [--config c]
+//                             [--debug 1|2] [--splits n] [--path auto|generic|naive] [--config c]
 //                             [--sink 64] [--recent 256]   (int2 mode's BF16 tokens, multiples of 16)
 // Not Google Benchmark: a plain program, so that one device call prints one table.
 #include <cuda_runtime.h>
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
     }
     else {
       std::fprintf(stderr, "usage: %s [--ctx a,b] [--batch a,b] [--iters n] [--csv file] "
-                           "[--order shuffled|contiguous] [--modes int2,int2sp,int2v3,bf16] [--debug 1] [--splits n] [--path auto|generic|naive] [--config 0|1|2] [--sink n] [--recent n]\n",
+                           "[--order shuffled|contiguous] [--modes int2,int2sp,int2v3,bf16] [--debug 1|2] [--splits n] [--path auto|generic|naive] [--config 0|1|2] [--sink n] [--recent n]\n",
                    argv[0]);
       return 2;
     }
@@ -160,7 +160,9 @@ int main(int argc, char** argv) {
   if (shuffled) std::shuffle(perm.begin(), perm.end(), rng);
   std::printf("page order: %s%s; path %d; config %d; splits %s\n",
               shuffled ? "shuffled" : "contiguous",
-              opts.debug_flags & 1 ? "; LOADS ONLY (debug 1: compute skipped)" : "",
+              opts.debug_flags & 1   ? "; LOADS ONLY (debug 1: compute skipped)"
+              : opts.debug_flags & 2 ? "; INT2 COMPUTE ONLY (debug 2: INT2 loads skipped)"
+                                     : "",
               static_cast<int>(opts.path), opts.config,
               opts.n_splits > 0 ? std::to_string(opts.n_splits).c_str() : "auto");
 

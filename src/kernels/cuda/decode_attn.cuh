@@ -84,7 +84,8 @@ struct KernelArgs {
   int n_planes;  // n_layers · 2 · n_heads_kv
   int page_shift;  // log2(page_size) when a power of two, else -1
   int force_generic;
-  int debug_flags;  // bit 0: stage the tiles but skip their compute (bandwidth of the loads)
+  int debug_flags;  // bit 0: stage the tiles but skip their compute (bandwidth of the loads);
+                    // bit 1: skip the INT2 tiles' loads (their compute alone, on stale data)
   float scale_log2;     // softmax scale · log2(e): scores are kept in log2 units
   float lloyd_levels[4];
   const float* q;       // [n_seqs, n_heads_q, head_dim]
@@ -935,7 +936,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
       const uint32_t hpb32 = static_cast<uint32_t>(hpb);
       const uint32_t lane_dst = ring_s + 16 * lane;
+      const bool skip_loads = a.debug_flags & 2;
+      if (skip_loads) {  // zero codes and metadata: finite scores, no rescaling after the first
+        for (int i = lane; i < kRingBytes / 16; i += 32)
+          reinterpret_cast<uint4*>(ring)[i] = make_uint4(0u, 0u, 0u, 0u);
+        __syncwarp();
+      }
       auto load = [&](int j, int stg) {
+        if (skip_loads) return;
         const uint32_t stage_dst = lane_dst + stg * kStage;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {

@@ -21,7 +21,8 @@ struct DecodeAttnCudaOptions {
   DecodeAttnCudaPath path = DecodeAttnCudaPath::kAuto;
   int32_t n_splits = 0;  // context splits per (sequence, KV head); 0 = chosen to fill the GPU
   // Benchmarks only: bit 0 = copy every tile into shared memory but skip its compute (the
-  // output is then garbage): the bandwidth the loads alone reach.
+  // output is then garbage): the bandwidth the loads alone reach; bit 1 = skip the INT2 tiles'
+  // copies and compute on whatever shared memory holds (garbage too): the compute alone.
   int32_t debug_flags = 0;
   // Launch configuration of the fast kernel: 0 = by the call (dense with history, wide without),
   // 1 = wide (16 KiB per warp, 3 blocks per SM), 2 = dense (14 KiB per warp, 4 blocks per SM).
