@@ -2,7 +2,8 @@
 // of Qwen3-8B's head layout (32 query heads, 8 KV heads, head_dim 128), page 16, quant_group 128:
 //   int2: 64 BF16 sinks + INT2 history + 256 BF16 recent tokens (OSCAR's cache)
 //   int2v3: the same cache through the kernel before (int2_kernel = 1), measured beside int2
-//         in the same run; int2sp: int2 software-pipelined (int2_kernel = 2)
+//         in the same run; int2sp: int2 software-pipelined (int2_kernel = 2); int2fold: int2
+//         with the split merge folded into the attention kernel (fold_combine = 1)
 //   bf16: 64 sinks + everything else in the BF16 recent window (the bf16 mode: same kernel,
 //         no history)
 // for contexts × batches (defaults 8K/32K/128K × 1/8/32). Pages: 2 layers per page (layer 1 is
@@ -189,6 +190,7 @@ int main(int argc, char** argv) {
     const char* mode = mode_s.c_str();
     const bool int2 = mode[0] == 'i';
     opts.int2_kernel = mode_s == "int2v3" ? 1 : mode_s == "int2sp" ? 2 : 0;
+    opts.fold_combine = mode_s == "int2fold" ? 1 : 0;
     for (int ctx : ctxs)
       for (int b : batches) {
         const int64_t n_sink = sink_tokens;

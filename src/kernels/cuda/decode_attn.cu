@@ -91,6 +91,21 @@ Status workspace(size_t bytes, cudaStream_t stream, float** ptr) {
   return Status();
 }
 
+// Zeroed device counters of the folded combine (one per block group): grow, never shrink; the
+// kernel leaves them zero after each call, so they are cleared only when (re)allocated.
+Status split_counters(size_t n, cudaStream_t stream, int** ptr) {
+  static std::mutex mu;
+  static cuda::GrownBuffer buf;
+  std::lock_guard<std::mutex> lock(mu);
+  const size_t bytes = n * sizeof(int);
+  if (bytes > buf.bytes) {
+    OSCAR_RETURN_IF_ERROR(buf.reserve(bytes, std::max<size_t>(bytes, 1 << 16), stream));
+    OSCAR_CUDA_CHECK(cudaMemsetAsync(buf.ptr, 0, buf.bytes, stream));
+  }
+  *ptr = static_cast<int*>(buf.ptr);
+  return Status();
+}
+
 Status validate_cuda(const DecodeAttnParams& p) {
   const KvPageLayout& L = p.layout;
   if (p.n_seqs < 0) return invalid_argument("decode_attn_cuda: n_seqs %d < 0", p.n_seqs);
@@ -227,6 +242,8 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
     OSCAR_RETURN_IF_ERROR(workspace(rows * (128 + 2) * sizeof(float), stream, &ws));
     a.part_o = ws;
     a.part_ml = ws + rows * 128;
+    if (opts.fold_combine)
+      OSCAR_RETURN_IF_ERROR(split_counters(static_cast<size_t>(units), stream, &a.split_counters));
   }
   if (units * n_splits > (int64_t{1} << 31) - 1 || p.n_seqs > 65535)
     return invalid_argument("decode_attn_cuda: batch of %d sequences too large", p.n_seqs);
@@ -257,7 +274,7 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   OSCAR_CUDA_CHECK(cuda::launch_pdl_if(full, kernel, grid, dim3(kThreads),
                                        kWarps * (cfg == 0 ? kRingWide : kRingDense), stream, a));
   OSCAR_CUDA_LAUNCH_CHECK("decode_attn_kernel");
-  if (n_splits > 1) {
+  if (n_splits > 1 && a.split_counters == nullptr) {
     OSCAR_CUDA_CHECK(cuda::launch_pdl(cuda_detail::combine_kernel,
                                       dim3(static_cast<unsigned>(p.n_seqs * p.n_heads_q)),
                                       dim3(kThreads), 0, stream, a));

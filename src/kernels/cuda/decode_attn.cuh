@@ -100,6 +100,9 @@ struct KernelArgs {
   int n_splits;
   float* part_o;   // [n_seqs, n_heads_q, n_splits, head_dim]
   float* part_ml;  // [n_seqs, n_heads_q, n_splits, 2]  (m in log2 units, ℓ)
+  // [n_seqs, n_heads_kv · n_hgroups] blocks of a group done, zero between calls; null: the
+  // partials are merged by combine_kernel instead (DecodeAttnCudaOptions::fold_combine)
+  int* split_counters;
   float* out;      // [n_seqs, n_heads_q, head_dim]
 };
 
@@ -837,6 +840,75 @@ __device__ __forceinline__ int prefetch_page(const KernelArgs& a, const PageTabl
   return pt.page_ids[pbase + page_index<kPage>(a, tile_of(k) * kTileTokens)];
 }
 
+// Merges the split partials of one (sequence, query head) row: out = Σ o_i 2^(m_i - M) / Σ ℓ_i
+// 2^(m_i - M), by the block's 128 threads (head_dim); eff > 1 effective splits. Every load is
+// independent of the arithmetic: thread i reads split i's (m, ℓ) (one round trip for all splits),
+// then warp w sums splits w, w+4, ... of o as float4 rows. (The first version walked the splits
+// one dependent L2 load at a time, twice: ~20 µs at 66 splits, most of a batch-1 call;
+// docs/results/decode_attn_cuda.md, run 6.) The partials are read through L2 (__ldcg): other
+// blocks wrote them. Scratch: f [kMaxSplits], red_m, red_l [kWarps], red_o [kWarps][32].
+__device__ __forceinline__ void combine_row(const KernelArgs& a, int64_t row, int eff, float* f,
+                                            float* red_m, float* red_l, float4* red_o) {
+  static_assert(kMaxSplits <= kThreads, "one thread per split's (m, l)");
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const float* ml = a.part_ml + row * a.n_splits * 2;
+  float mi = kNegInf, li = 0.f;
+  if (tid < eff) {
+    mi = __ldcg(ml + 2 * tid);
+    li = __ldcg(ml + 2 * tid + 1);
+  }
+  float M = mi;
+#pragma unroll
+  for (int sh = 16; sh >= 1; sh >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, sh));
+  __syncthreads();  // the scratch may hold the previous row's
+  if (lane == 0) red_m[warp] = M;
+  __syncthreads();
+  M = fmaxf(fmaxf(red_m[0], red_m[1]), fmaxf(red_m[2], red_m[3]));
+  const float fi = mi == kNegInf ? 0.f : exp2f(mi - M);  // mi finite => M finite
+  if (tid < kMaxSplits) f[tid] = fi;
+  float L = fi * li;
+#pragma unroll
+  for (int sh = 16; sh >= 1; sh >>= 1) L += __shfl_xor_sync(0xffffffffu, L, sh);
+  if (lane == 0) red_l[warp] = L;
+  __syncthreads();
+  L = (red_l[0] + red_l[1]) + (red_l[2] + red_l[3]);
+  const float4* po = reinterpret_cast<const float4*>(a.part_o + row * a.n_splits * 128);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int i = warp; i < eff; i += kWarps) {
+    const float4 v = __ldcg(po + i * 32 + lane);
+    const float w = f[i];
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  red_o[warp * 32 + lane] = acc;
+  __syncthreads();
+  const float* ro = reinterpret_cast<const float*>(red_o);
+  const float O = (ro[tid] + ro[128 + tid]) + (ro[256 + tid] + ro[384 + tid]);
+  a.out[row * 128 + tid] = L > 0.f ? O / L : 0.f;
+}
+
+// The split merge as its own kernel, one block per (sequence, query head) row; sequences with
+// one effective split were written directly (unless DecodeAttnCudaOptions::fold_combine: then
+// the last block of each group merges, see decode_attn_kernel).
+__global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ KernelArgs a) {
+  __shared__ float f[kMaxSplits];
+  __shared__ float red_m[kWarps], red_l[kWarps];
+  __shared__ float4 red_o[kWarps * 32];
+  oscar::cuda::pdl_trigger();
+  oscar::cuda::pdl_wait();  // the partials of decode_attn_kernel
+  const int seq = blockIdx.x / a.n_heads_q;
+  const int P = a.page_size;
+  const int U =
+      split_units(ceil_tiles(a.sinks.seq_len(seq, P)), ceil_tiles(a.history.seq_len(seq, P)),
+                  ceil_tiles(a.recent.seq_len(seq, P)));
+  const int eff = effective_splits(U, a.n_splits);
+  if (eff <= 1) return;
+  combine_row(a, blockIdx.x, eff, f, red_m, red_l, red_o);
+}
+
 // The whole block: see the file comment. kPage: the page size when fixed at compile time (16,
 // the default: the tile loads reduce to a page id and constant per-lane offsets), 0 for any.
 // kInt2 (DecodeAttnCudaOptions::int2_kernel; one instance each, so that each has its own
@@ -1179,66 +1251,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
     }
   }
-}
-
-// Merges the split partials of one (sequence, query head): out = Σ o_i 2^(m_i - M) / Σ ℓ_i 2^(m_i
-// - M). One block of 128 threads (head_dim) per row; sequences with one effective split were
-// written directly. Every load is independent of the arithmetic: thread i reads split i's (m, ℓ)
-// (one round trip for all splits), then warp w sums splits w, w+4, ... of o as float4 rows.
-// (The first version walked the splits one dependent L2 load at a time, twice: ~20 µs at 66
-// splits, most of a batch-1 call; docs/results/decode_attn_cuda.md, run 6.)
-__global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ KernelArgs a) {
-  static_assert(kMaxSplits <= kThreads, "one thread per split's (m, l)");
-  __shared__ float f[kMaxSplits];
-  __shared__ float red_m[kWarps], red_l[kWarps];
-  __shared__ float4 red_o[kWarps][32];
-  oscar::cuda::pdl_trigger();
-  oscar::cuda::pdl_wait();  // the partials of decode_attn_kernel
-  const int seq = blockIdx.x / a.n_heads_q;
-  const int P = a.page_size;
-  const int U =
-      split_units(ceil_tiles(a.sinks.seq_len(seq, P)), ceil_tiles(a.history.seq_len(seq, P)),
-                  ceil_tiles(a.recent.seq_len(seq, P)));
-  const int eff = effective_splits(U, a.n_splits);
-  if (eff <= 1) return;
-  const int64_t row = blockIdx.x;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const float* ml = a.part_ml + row * a.n_splits * 2;
-  float mi = kNegInf, li = 0.f;
-  if (tid < eff) {
-    mi = ml[2 * tid];
-    li = ml[2 * tid + 1];
-  }
-  float M = mi;
-#pragma unroll
-  for (int sh = 16; sh >= 1; sh >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, sh));
-  if (lane == 0) red_m[warp] = M;
+  if (eff == 1 || a.split_counters == nullptr) return;
+  // Folded combine: the last of the group's eff blocks to finish merges the partials (the
+  // partials published before the count, as in the CUDA threadfence-reduction sample), then
+  // resets the group's counter for the next call.
+  // (The flag lives in the dynamic shared memory: a static variable would cost the 4th block
+  // per SM its place.)
+  int* is_last = reinterpret_cast<int*>(smem + kWarps * kRingBytes - 16);
+  __threadfence();
   __syncthreads();
-  M = fmaxf(fmaxf(red_m[0], red_m[1]), fmaxf(red_m[2], red_m[3]));
-  const float fi = mi == kNegInf ? 0.f : exp2f(mi - M);  // mi finite => M finite
-  if (tid < kMaxSplits) f[tid] = fi;
-  float L = fi * li;
-#pragma unroll
-  for (int sh = 16; sh >= 1; sh >>= 1) L += __shfl_xor_sync(0xffffffffu, L, sh);
-  if (lane == 0) red_l[warp] = L;
+  int* counter = a.split_counters + (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y);
+  if (threadIdx.x == 0) *is_last = atomicAdd(counter, 1) == eff - 1;
   __syncthreads();
-  L = (red_l[0] + red_l[1]) + (red_l[2] + red_l[3]);
-  const float4* po = reinterpret_cast<const float4*>(a.part_o + row * a.n_splits * 128);
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-  for (int i = warp; i < eff; i += kWarps) {
-    const float4 v = po[i * 32 + lane];
-    const float w = f[i];
-    acc.x += w * v.x;
-    acc.y += w * v.y;
-    acc.z += w * v.z;
-    acc.w += w * v.w;
-  }
-  red_o[warp][lane] = acc;
-  __syncthreads();
-  const float* ro = reinterpret_cast<const float*>(red_o);
-  const float O = (ro[tid] + ro[128 + tid]) + (ro[256 + tid] + ro[384 + tid]);
-  a.out[row * 128 + tid] = L > 0.f ? O / L : 0.f;
+  if (!*is_last) return;
+  __threadfence();
+  if (threadIdx.x == 0) *counter = 0;
+  float* scratch = reinterpret_cast<float*>(smem);  // the rings are free now
+#pragma unroll 1
+  for (int h = 0; h < nh; ++h)
+    combine_row(a, static_cast<int64_t>(seq) * a.n_heads_q + head0 + h, eff, scratch,
+                scratch + kMaxSplits, scratch + kMaxSplits + kWarps,
+                reinterpret_cast<float4*>(scratch + kMaxSplits + 2 * kWarps));
 }
 
 // ---- naive kernel ------------------------------------------------------------------------------

@@ -32,6 +32,9 @@ struct DecodeAttnCudaOptions {
   // next pair's K MMAs beside this pair's PV (software-pipelined). 1 and 2 are kept to measure
   // them side by side; they apply to the dense configuration (the wide one always runs 0).
   int32_t int2_kernel = 0;
+  // 1 = no combine kernel: the last block of each (sequence, KV head, head group) to finish
+  // merges the split partials (an atomic counter per group); 0 = combine_kernel merges them.
+  int32_t fold_combine = 0;
 };
 
 // Same contract as decode_attn_cuda. Allocates (once, then grows) a device workspace for the
