@@ -791,10 +791,11 @@ __device__ __noinline__ void dequant_tile(const KernelArgs& a, const uint8_t* ra
 
 // Software pipeline over a warp's n tiles: NST stages, load(k, stage) issues tile k's cp.async
 // copies, compute(k, stage, next stage) consumes it. The stages advance by counters (no k % NST
-// per tile). With kAhead = 1 the stage after k has arrived too when compute(k) runs (one stage
-// less in flight), and first(stage 0) runs once before compute(0).
-template <int NST, int kAhead, class Load, class First, class Compute>
-__device__ __forceinline__ void pipeline_ahead(int n, Load&& load, First&& first,
+// per tile). issued() runs once the first NST - 1 tiles' copies are on their way (work that
+// can wait on its own loads meanwhile). With kAhead = 1 the stage after k has arrived too when
+// compute(k) runs (one stage less in flight), and first(stage 0) runs once before compute(0).
+template <int NST, int kAhead, class Load, class Issued, class First, class Compute>
+__device__ __forceinline__ void pipeline_ahead(int n, Load&& load, Issued&& issued, First&& first,
                                                Compute&& compute) {
   static_assert(kAhead == 0 || (kAhead == 1 && NST >= 3));
 #pragma unroll
@@ -802,6 +803,7 @@ __device__ __forceinline__ void pipeline_ahead(int n, Load&& load, First&& first
     if (j < n) load(j, j);
     oscar::cuda::cp_async_commit();
   }
+  issued();
   if constexpr (kAhead > 0) {
     if (n > 0) {
       oscar::cuda::cp_async_wait<NST - 1 - kAhead>();
@@ -827,7 +829,7 @@ __device__ __forceinline__ void pipeline_ahead(int n, Load&& load, First&& first
 }
 template <int NST, class Load, class Compute>
 __device__ __forceinline__ void pipeline(int n, Load&& load, Compute&& compute) {
-  pipeline_ahead<NST, 0>(n, load, [](int) {}, [&](int k, int cs, int) { compute(k, cs); });
+  pipeline_ahead<NST, 0>(n, load, [] {}, [](int) {}, [&](int k, int cs, int) { compute(k, cs); });
 }
 
 // Page ids of a warp's tiles are prefetched 32 at a time (lane j holds the page of the warp's
@@ -991,7 +993,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                   : ((g & 3) < nh ? a.q + (static_cast<int64_t>(seq) * a.n_heads_q + head0 +
                                            (g & 3)) * 128
                                   : nullptr);
-      make_q_int2(qf, qrow_i2, a.scale_log2, g, t);
+      // The Q fragments wait on q's loads: in main's kernel (kInt2 1) before the first tiles'
+      // copies are issued, otherwise while they are in flight (one memory round trip less
+      // before the first tile).
+      auto build_q = [&] { make_q_int2(qf, qrow_i2, a.scale_log2, g, t); };
+      if constexpr (kInt2 == 1) build_q();
       const int n_pairs = (n_my + 1) / 2;
       // A tile's K and V rows are 576 contiguous bytes each in their page: 72 chunks of 16
       // bytes, staged as [K | V]; lane copies chunks lane, 32 + lane and (lanes < 8) 64 + lane,
@@ -1076,7 +1082,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
           else
             int2_pair(st, qf, ring + stg * kStage, nv0, nv1, lane);
         };
-        pipeline<NST>(n_pairs, load, compute);
+        auto issued = [&] {
+          if constexpr (kInt2 != 1) build_q();
+        };
+        pipeline_ahead<NST, 0>(n_pairs, load, issued, [](int) {},
+                               [&](int k, int cs, int) { compute(k, cs); });
       };
       if (!packed) {
         run(std::false_type{});
@@ -1092,7 +1102,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
           int2_pair_packed_ahead(st, qf, acc, ring + stg * kStage, ring + next * kStage, nv0,
                                  nv1, lane);
         };
-        pipeline_ahead<NST, 1>(n_pairs, load, first, compute);
+        pipeline_ahead<NST, 1>(n_pairs, load, build_q, first, compute);
       } else {
         run(std::true_type{});
       }
