@@ -2,8 +2,7 @@
 // of Qwen3-8B's head layout (32 query heads, 8 KV heads, head_dim 128), page 16, quant_group 128:
 //   int2: 64 BF16 sinks + INT2 history + 256 BF16 recent tokens (OSCAR's cache)
 //   int2v3: the same cache through the kernel before (int2_kernel = 1), measured beside int2
-//         in the same run; int2sp: int2 software-pipelined (int2_kernel = 2); int2fold: int2
-//         with the split merge folded into the attention kernel (fold_combine = 1)
+//         in the same run
 //   bf16: 64 sinks + everything else in the BF16 recent window (the bf16 mode: same kernel,
 //         no history)
 // for contexts × batches (defaults 8K/32K/128K × 1/8/32). Pages: 2 layers per page (layer 1 is
@@ -18,7 +17,7 @@
 // the same run.
 //
 // Run: bench_decode_attn_cuda [--ctx 8192,32768,131072] [--batch 1,8,32] [--iters 50]
-//                             [--csv FILE] [--order shuffled|contiguous] [--modes int2,int2sp,int2v3,bf16]
+//                             [--csv FILE] [--order shuffled|contiguous] [--modes int2,int2v3,bf16]
 //                             [--debug 1|2] [--splits n] [--path auto|generic|naive] [--config c]
 //                             [--sink 64] [--recent 256]   (int2 mode's BF16 tokens, multiples of 16)
 // Not Google Benchmark: a plain program, so that one device call prints one table.
@@ -75,7 +74,7 @@ int main(int argc, char** argv) {
   const char* csv = nullptr;
   bool shuffled = true;
   DecodeAttnCudaOptions opts;
-  std::vector<std::string> modes = {"int2", "int2sp", "int2v3", "bf16"};
+  std::vector<std::string> modes = {"int2", "int2v3", "bf16"};
   int64_t sink_tokens = kSinkDefault, recent_tokens = kRecentDefault;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--ctx") && i + 1 < argc) ctxs = parse_list(argv[++i]);
@@ -105,7 +104,7 @@ int main(int argc, char** argv) {
     }
     else {
       std::fprintf(stderr, "usage: %s [--ctx a,b] [--batch a,b] [--iters n] [--csv file] "
-                           "[--order shuffled|contiguous] [--modes int2,int2sp,int2v3,bf16] [--debug 1|2] [--splits n] [--path auto|generic|naive] [--config 0|1|2] [--sink n] [--recent n]\n",
+                           "[--order shuffled|contiguous] [--modes int2,int2v3,bf16] [--debug 1|2] [--splits n] [--path auto|generic|naive] [--config 0|1|2] [--sink n] [--recent n]\n",
                    argv[0]);
       return 2;
     }
@@ -189,8 +188,7 @@ int main(int argc, char** argv) {
   for (const std::string& mode_s : modes) {
     const char* mode = mode_s.c_str();
     const bool int2 = mode[0] == 'i';
-    opts.int2_kernel = mode_s == "int2v3" ? 1 : mode_s == "int2sp" ? 2 : 0;
-    opts.fold_combine = mode_s == "int2fold" ? 1 : 0;
+    opts.int2_kernel = mode_s == "int2v3" ? 1 : 0;
     for (int ctx : ctxs)
       for (int b : batches) {
         const int64_t n_sink = sink_tokens;

@@ -9,9 +9,7 @@
 // pool is never null; INT2 tiles packed two per softmax fragment where a group has <= 4 heads),
 // forced split counts (1, 2, 7, 128: many empty and short splits, so the log-sum-exp combine is
 // exercised), the wide configuration, the generic history path, the kernel before (v3,
-// DecodeAttnCudaOptions::int2_kernel = 1), the packed pair software-pipelined (sp), the split
-// merge folded into the attention kernel (fold: DecodeAttnCudaOptions::fold_combine, with 2, 7
-// and 128 splits, twice in a row with the same counters) and the naive kernel. GQA 1-16 (3 and 12: groups of
+// DecodeAttnCudaOptions::int2_kernel = 1) and the naive kernel. GQA 1-16 (3 and 12: groups of
 // 3 and 8 + 4 heads, packed with empty columns).
 //
 // Tolerance of the tensor-core kernel (bf16 operands), per (sequence, query head), with Vmax the
@@ -279,13 +277,7 @@ void run_case(const Case& c) {
       {"generic", {DecodeAttnCudaPath::kGeneric, 0}},
       {"generic,w", {DecodeAttnCudaPath::kGeneric, 0, 0, 1}},
       {"v3", {DecodeAttnCudaPath::kAuto, 0, 0, 0, 1}},
-      {"v3,s=7", {DecodeAttnCudaPath::kAuto, 7, 0, 0, 1}},
-      {"sp", {DecodeAttnCudaPath::kAuto, 0, 0, 0, 2}},
-      {"sp,s=7", {DecodeAttnCudaPath::kAuto, 7, 0, 0, 2}},
-      {"fold", {DecodeAttnCudaPath::kAuto, 0, 0, 0, 0, 1}},
-      {"fold,s=2", {DecodeAttnCudaPath::kAuto, 2, 0, 0, 0, 1}},
-      {"fold,s=128", {DecodeAttnCudaPath::kAuto, 128, 0, 0, 0, 1}},
-      {"fold,w,s=7", {DecodeAttnCudaPath::kAuto, 7, 0, 1, 0, 1}}};
+      {"v3,s=7", {DecodeAttnCudaPath::kAuto, 7, 0, 0, 1}}};
   if (c.naive_too) vars.push_back({"naive", {DecodeAttnCudaPath::kNaive, 0}});
   std::vector<float> got(h.q.size());
   for (const Variant& v : vars) {

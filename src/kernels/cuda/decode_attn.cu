@@ -39,14 +39,13 @@ Status set_kernel_smem() {
   return Status();
 }
 
-// Resident blocks of the default instance; the dense configuration's other instances (kInt2
-// 1, 2: same launch bounds and shared memory) get their attributes set too.
+// Resident blocks of the default instance; the dense configuration's other instance (kInt2
+// 1: same launch bounds and shared memory) get their attributes set too.
 template <int kRing, int kBlocks, int kPage>
 Status kernel_occupancy(int* blocks) {
   OSCAR_RETURN_IF_ERROR((set_kernel_smem<kRing, kBlocks, kPage, 0>()));
   if constexpr (kRing == cuda_detail::kRingDense) {
     OSCAR_RETURN_IF_ERROR((set_kernel_smem<kRing, kBlocks, kPage, 1>()));
-    OSCAR_RETURN_IF_ERROR((set_kernel_smem<kRing, kBlocks, kPage, 2>()));
   }
   OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       blocks, cuda_detail::decode_attn_kernel<kRing, kBlocks, kPage, 0>, cuda_detail::kThreads,
@@ -88,21 +87,6 @@ Status workspace(size_t bytes, cudaStream_t stream, float** ptr) {
   std::lock_guard<std::mutex> lock(mu);
   OSCAR_RETURN_IF_ERROR(buf.reserve(bytes, std::max<size_t>(bytes, 1 << 20), stream));
   *ptr = static_cast<float*>(buf.ptr);
-  return Status();
-}
-
-// Zeroed device counters of the folded combine (one per block group): grow, never shrink; the
-// kernel leaves them zero after each call, so they are cleared only when (re)allocated.
-Status split_counters(size_t n, cudaStream_t stream, int** ptr) {
-  static std::mutex mu;
-  static cuda::GrownBuffer buf;
-  std::lock_guard<std::mutex> lock(mu);
-  const size_t bytes = n * sizeof(int);
-  if (bytes > buf.bytes) {
-    OSCAR_RETURN_IF_ERROR(buf.reserve(bytes, std::max<size_t>(bytes, 1 << 16), stream));
-    OSCAR_CUDA_CHECK(cudaMemsetAsync(buf.ptr, 0, buf.bytes, stream));
-  }
-  *ptr = static_cast<int*>(buf.ptr);
   return Status();
 }
 
@@ -164,8 +148,8 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   OSCAR_RETURN_IF_ERROR(validate_cuda(p));
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   g_last = DecodeAttnCudaLaunchInfo{};
-  if (opts.int2_kernel < 0 || opts.int2_kernel > 2)
-    return invalid_argument("decode_attn_cuda: int2_kernel %d (0, 1 or 2)", opts.int2_kernel);
+  if (opts.int2_kernel != 0 && opts.int2_kernel != 1)
+    return invalid_argument("decode_attn_cuda: int2_kernel %d (0 or 1)", opts.int2_kernel);
   if (p.n_seqs == 0) return Status();
   const KvPageLayout& L = p.layout;
 
@@ -242,8 +226,6 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
     OSCAR_RETURN_IF_ERROR(workspace(rows * (128 + 2) * sizeof(float), stream, &ws));
     a.part_o = ws;
     a.part_ml = ws + rows * 128;
-    if (opts.fold_combine)
-      OSCAR_RETURN_IF_ERROR(split_counters(static_cast<size_t>(units), stream, &a.split_counters));
   }
   if (units * n_splits > (int64_t{1} << 31) - 1 || p.n_seqs > 65535)
     return invalid_argument("decode_attn_cuda: batch of %d sequences too large", p.n_seqs);
@@ -256,13 +238,11 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   using cuda_detail::kWarps;
   using Kernel = void (*)(cuda_detail::KernelArgs);
   // [page16][int2_kernel]: the dense configuration's instances (decode_attn_kernel's kInt2).
-  static const Kernel kDense[2][3] = {
+  static const Kernel kDense[2][2] = {
       {cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 0>,
-       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 1>,
-       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 2>},
+       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 1>},
       {cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 0>,
-       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 1>,
-       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 2>}};
+       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 1>}};
   Kernel kernel = cfg == 0 ? (page16 ? cuda_detail::decode_attn_kernel<kRingWide, kBlocksWide, 16, 0>
                                      : cuda_detail::decode_attn_kernel<kRingWide, kBlocksWide, 0, 0>)
                            : kDense[page16][opts.int2_kernel];
@@ -274,7 +254,7 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   OSCAR_CUDA_CHECK(cuda::launch_pdl_if(full, kernel, grid, dim3(kThreads),
                                        kWarps * (cfg == 0 ? kRingWide : kRingDense), stream, a));
   OSCAR_CUDA_LAUNCH_CHECK("decode_attn_kernel");
-  if (n_splits > 1 && a.split_counters == nullptr) {
+  if (n_splits > 1) {
     OSCAR_CUDA_CHECK(cuda::launch_pdl(cuda_detail::combine_kernel,
                                       dim3(static_cast<unsigned>(p.n_seqs * p.n_heads_q)),
                                       dim3(kThreads), 0, stream, a));

@@ -100,9 +100,6 @@ struct KernelArgs {
   int n_splits;
   float* part_o;   // [n_seqs, n_heads_q, n_splits, head_dim]
   float* part_ml;  // [n_seqs, n_heads_q, n_splits, 2]  (m in log2 units, ℓ)
-  // [n_seqs, n_heads_kv · n_hgroups] blocks of a group done, zero between calls; null: the
-  // partials are merged by combine_kernel instead (DecodeAttnCudaOptions::fold_combine)
-  int* split_counters;
   float* out;      // [n_seqs, n_heads_q, head_dim]
 };
 
@@ -622,57 +619,29 @@ __device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const 
 // Two INT2 tiles per step packed into the 8 columns of one softmax fragment, for groups of <= 4
 // query heads (Qwen3's GQA 4), where half of the columns would otherwise be empty. Column c
 // holds head c % 4 over tile c / 4: the K MMAs run as in int2_pair (both tiles, Q of head g % 4
-// in column g), and lane (g, t) keeps tile t / 2's scores, so the
-// softmax, the metadata and the P bookkeeping run once per pair instead of once per tile. PV:
-// tile i's MMA takes P^T with the columns of the other tile zeroed, so O^T column c accumulates
-// tile c / 4's keys only. The two column copies of a head are two partial states, merged by
-// log-sum-exp with the warps'.
-// Front half: scores from the K accumulators, softmax, P^T fragments (b0, b1: both tiles'
-// columns).
-__device__ __forceinline__ void int2_packed_front(WarpState& st, const QInt2& qf,
-                                                  const float (&acc)[2][4], const uint8_t* stage,
-                                                  int nv0, int nv1, int g, int t, uint32_t& b0,
-                                                  uint32_t& b1) {
-  const int mine = t >> 1;
+// in column g), and lane (g, t) keeps tile t / 2's scores, so the softmax, the metadata and the
+// P bookkeeping run once per pair instead of once per tile. PV: tile i's MMA takes P^T with the
+// columns of the other tile zeroed, so O^T column c accumulates tile c / 4's keys only. The two
+// column copies of a head are two partial states, merged by log-sum-exp with the warps'.
+__device__ __forceinline__ void int2_pair_packed(WarpState& st, const QInt2& qf,
+                                                 const uint8_t* stage, int nv0, int nv1,
+                                                 int lane) {
+  const int g = lane >> 2, t = lane & 3, mine = t >> 1;
+  const uint32_t M = magic_reg();
+  float acc[2][4];
+  int2_k_pair(acc, qf, stage, g, t, M);
   float a[4];
 #pragma unroll
   for (int c = 0; c < 4; ++c) a[c] = mine ? acc[1][c] : acc[0][c];
   float s[1][4], p[1][4];
   int2_scores(st, qf, a, stage + mine * 1152, mine ? nv1 : nv0, g, s[0]);
   softmax_update_rel<1>(st, s, p);
+  uint32_t b0, b1;
   int2_p_to_b(st, p[0], stage + mine * 1152 + 576, g, b0, b1);
-}
-// Back half: PV of both tiles, columns g of P^T tile 0's for g < 4, tile 1's for g >= 4.
-__device__ __forceinline__ void int2_packed_back(WarpState& st, const uint8_t* stage, uint32_t b0,
-                                                 uint32_t b1, int g, int t, uint32_t M) {
+  // Columns g of P^T: tile 0's for g < 4, tile 1's for g >= 4.
   const uint32_t keep0 = g < 4 ? 0xffffffffu : 0u;
   int2_v_tile(st, stage + 576, b0 & keep0, b1 & keep0, g, t, M);
   int2_v_tile(st, stage + 1152 + 576, b0 & ~keep0, b1 & ~keep0, g, t, M);
-}
-__device__ __forceinline__ void int2_pair_packed(WarpState& st, const QInt2& qf,
-                                                 const uint8_t* stage, int nv0, int nv1,
-                                                 int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const uint32_t M = magic_reg();
-  float acc[2][4];
-  int2_k_pair(acc, qf, stage, g, t, M);
-  uint32_t b0, b1;
-  int2_packed_front(st, qf, acc, stage, nv0, nv1, g, t, b0, b1);
-  int2_packed_back(st, stage, b0, b1, g, t, M);
-}
-// The packed pair software-pipelined: acc holds this pair's K accumulators (computed in the step
-// before) and receives the next pair's (stage `next`), whose K MMAs share one branch-free block
-// with this pair's PV, so that their dependent chains interleave with independent work.
-__device__ __forceinline__ void int2_pair_packed_ahead(WarpState& st, const QInt2& qf,
-                                                       float (&acc)[2][4],
-                                                       const uint8_t* stage, const uint8_t* next,
-                                                       int nv0, int nv1, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const uint32_t M = magic_reg();
-  uint32_t b0, b1;
-  int2_packed_front(st, qf, acc, stage, nv0, nv1, g, t, b0, b1);
-  int2_packed_back(st, stage, b0, b1, g, t, M);
-  int2_k_pair(acc, qf, next, g, t, M);
 }
 
 // Dequantizes half of one staged raw history row (head_dim 128, any bits/quantizer, group G) into
@@ -790,46 +759,35 @@ __device__ __noinline__ void dequant_tile(const KernelArgs& a, const uint8_t* ra
 }
 
 // Software pipeline over a warp's n tiles: NST stages, load(k, stage) issues tile k's cp.async
-// copies, compute(k, stage, next stage) consumes it. The stages advance by counters (no k % NST
-// per tile). issued() runs once the first NST - 1 tiles' copies are on their way (work that
-// can wait on its own loads meanwhile). With kAhead = 1 the stage after k has arrived too when
-// compute(k) runs (one stage less in flight), and first(stage 0) runs once before compute(0).
-template <int NST, int kAhead, class Load, class Issued, class First, class Compute>
-__device__ __forceinline__ void pipeline_ahead(int n, Load&& load, Issued&& issued, First&& first,
-                                               Compute&& compute) {
-  static_assert(kAhead == 0 || (kAhead == 1 && NST >= 3));
+// copies, compute(k, stage) consumes it; issued() runs once the first NST - 1 tiles' copies are
+// on their way (work that waits on its own loads meanwhile). The stages advance by counters (no
+// k % NST per tile).
+template <int NST, class Load, class Issued, class Compute>
+__device__ __forceinline__ void pipeline(int n, Load&& load, Issued&& issued, Compute&& compute) {
 #pragma unroll
   for (int j = 0; j < NST - 1; ++j) {
     if (j < n) load(j, j);
     oscar::cuda::cp_async_commit();
   }
   issued();
-  if constexpr (kAhead > 0) {
-    if (n > 0) {
-      oscar::cuda::cp_async_wait<NST - 1 - kAhead>();
-      __syncwarp();
-      first(0);
-    }
-  }
   int ls = NST - 1, cs = 0;  // stages of the next load and the next compute
 #pragma unroll 1
   for (int k = 0; k < n; ++k) {
     if (k + NST - 1 < n) load(k + NST - 1, ls);
     oscar::cuda::cp_async_commit();
-    oscar::cuda::cp_async_wait<NST - 1 - kAhead>();
+    oscar::cuda::cp_async_wait<NST - 1>();
     __syncwarp();
-    const int ns = cs == NST - 1 ? 0 : cs + 1;
-    compute(k, cs, ns);
+    compute(k, cs);
     __syncwarp();
     ls = ls == NST - 1 ? 0 : ls + 1;
-    cs = ns;
+    cs = cs == NST - 1 ? 0 : cs + 1;
   }
   oscar::cuda::cp_async_wait<0>();
   __syncwarp();
 }
 template <int NST, class Load, class Compute>
 __device__ __forceinline__ void pipeline(int n, Load&& load, Compute&& compute) {
-  pipeline_ahead<NST, 0>(n, load, [] {}, [](int) {}, [&](int k, int cs, int) { compute(k, cs); });
+  pipeline<NST>(n, load, [] {}, compute);
 }
 
 // Page ids of a warp's tiles are prefetched 32 at a time (lane j holds the page of the warp's
@@ -842,80 +800,12 @@ __device__ __forceinline__ int prefetch_page(const KernelArgs& a, const PageTabl
   return pt.page_ids[pbase + page_index<kPage>(a, tile_of(k) * kTileTokens)];
 }
 
-// Merges the split partials of one (sequence, query head) row: out = Σ o_i 2^(m_i - M) / Σ ℓ_i
-// 2^(m_i - M), by the block's 128 threads (head_dim); eff > 1 effective splits. Every load is
-// independent of the arithmetic: thread i reads split i's (m, ℓ) (one round trip for all splits),
-// then warp w sums splits w, w+4, ... of o as float4 rows. (The first version walked the splits
-// one dependent L2 load at a time, twice: ~20 µs at 66 splits, most of a batch-1 call;
-// docs/results/decode_attn_cuda.md, run 6.) The partials are read through L2 (__ldcg): other
-// blocks wrote them. Scratch: f [kMaxSplits], red_m, red_l [kWarps], red_o [kWarps][32].
-__device__ __forceinline__ void combine_row(const KernelArgs& a, int64_t row, int eff, float* f,
-                                            float* red_m, float* red_l, float4* red_o) {
-  static_assert(kMaxSplits <= kThreads, "one thread per split's (m, l)");
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const float* ml = a.part_ml + row * a.n_splits * 2;
-  float mi = kNegInf, li = 0.f;
-  if (tid < eff) {
-    mi = __ldcg(ml + 2 * tid);
-    li = __ldcg(ml + 2 * tid + 1);
-  }
-  float M = mi;
-#pragma unroll
-  for (int sh = 16; sh >= 1; sh >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, sh));
-  __syncthreads();  // the scratch may hold the previous row's
-  if (lane == 0) red_m[warp] = M;
-  __syncthreads();
-  M = fmaxf(fmaxf(red_m[0], red_m[1]), fmaxf(red_m[2], red_m[3]));
-  const float fi = mi == kNegInf ? 0.f : exp2f(mi - M);  // mi finite => M finite
-  if (tid < kMaxSplits) f[tid] = fi;
-  float L = fi * li;
-#pragma unroll
-  for (int sh = 16; sh >= 1; sh >>= 1) L += __shfl_xor_sync(0xffffffffu, L, sh);
-  if (lane == 0) red_l[warp] = L;
-  __syncthreads();
-  L = (red_l[0] + red_l[1]) + (red_l[2] + red_l[3]);
-  const float4* po = reinterpret_cast<const float4*>(a.part_o + row * a.n_splits * 128);
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-  for (int i = warp; i < eff; i += kWarps) {
-    const float4 v = __ldcg(po + i * 32 + lane);
-    const float w = f[i];
-    acc.x += w * v.x;
-    acc.y += w * v.y;
-    acc.z += w * v.z;
-    acc.w += w * v.w;
-  }
-  red_o[warp * 32 + lane] = acc;
-  __syncthreads();
-  const float* ro = reinterpret_cast<const float*>(red_o);
-  const float O = (ro[tid] + ro[128 + tid]) + (ro[256 + tid] + ro[384 + tid]);
-  a.out[row * 128 + tid] = L > 0.f ? O / L : 0.f;
-}
-
-// The split merge as its own kernel, one block per (sequence, query head) row; sequences with
-// one effective split were written directly (unless DecodeAttnCudaOptions::fold_combine: then
-// the last block of each group merges, see decode_attn_kernel).
-__global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ KernelArgs a) {
-  __shared__ float f[kMaxSplits];
-  __shared__ float red_m[kWarps], red_l[kWarps];
-  __shared__ float4 red_o[kWarps * 32];
-  oscar::cuda::pdl_trigger();
-  oscar::cuda::pdl_wait();  // the partials of decode_attn_kernel
-  const int seq = blockIdx.x / a.n_heads_q;
-  const int P = a.page_size;
-  const int U =
-      split_units(ceil_tiles(a.sinks.seq_len(seq, P)), ceil_tiles(a.history.seq_len(seq, P)),
-                  ceil_tiles(a.recent.seq_len(seq, P)));
-  const int eff = effective_splits(U, a.n_splits);
-  if (eff <= 1) return;
-  combine_row(a, blockIdx.x, eff, f, red_m, red_l, red_o);
-}
-
 // The whole block: see the file comment. kPage: the page size when fixed at compile time (16,
 // the default: the tile loads reduce to a page id and constant per-lane offsets), 0 for any.
 // kInt2 (DecodeAttnCudaOptions::int2_kernel; one instance each, so that each has its own
-// register allocation): 0 packed INT2 pairs for groups of <= 4 heads; 1 the kernel before
-// (int2_pair everywhere); 2 as 0, software-pipelined (int2_pair_packed_ahead).
+// register allocation): 0 packed INT2 pairs for groups of <= 4 heads, the Q fragments built
+// while the first tiles' copies are in flight; 1 the kernel of main before them (int2_pair
+// everywhere), kept to measure the two side by side.
 template <int kRingBytes, int kMinBlocks, int kPage, int kInt2>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     decode_attn_kernel(const __grid_constant__ KernelArgs a) {
@@ -959,7 +849,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                          bits_v == 2 && rb_k == 36 && rb_v == 36;
   // INT2 tiles packed two per softmax fragment (int2_pair_packed) when the group has <= 4 heads:
   // column c is head c % 4, so lane (g, t) reads the q row of head g % 4 for the K MMAs.
-  const bool packed = fast_int2 && kInt2 != 1 && nh <= 4;
+  const bool packed = fast_int2 && kInt2 == 0 && nh <= 4;
 
   int ustart = 0;
 #pragma unroll 1
@@ -1083,29 +973,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
             int2_pair(st, qf, ring + stg * kStage, nv0, nv1, lane);
         };
         auto issued = [&] {
-          if constexpr (kInt2 != 1) build_q();
+          if constexpr (kInt2 == 0) build_q();
         };
-        pipeline_ahead<NST, 0>(n_pairs, load, issued, [](int) {},
-                               [&](int k, int cs, int) { compute(k, cs); });
+        pipeline<NST>(n_pairs, load, issued, compute);
       };
-      if (!packed) {
-        run(std::false_type{});
-      } else if constexpr (kInt2 == 2) {
-        float acc[2][4];
-        auto first = [&](int stg) {
-          if (!skip_compute) int2_k_pair(acc, qf, ring + stg * kStage, g, t, magic_reg());
-        };
-        auto compute = [&](int j, int stg, int next) {
-          if (skip_compute) return;
-          int nv0, nv1;
-          valid_keys(j, nv0, nv1);
-          int2_pair_packed_ahead(st, qf, acc, ring + stg * kStage, ring + next * kStage, nv0,
-                                 nv1, lane);
-        };
-        pipeline_ahead<NST, 1>(n_pairs, load, build_q, first, compute);
-      } else {
+      if (packed)
         run(std::true_type{});
-      }
+      else
+        run(std::false_type{});
     } else if (r == 1) {
       // ---- generic history tiles: dequantize into a BF16 tile, then the exact path ---------
       oscar::cuda::pdl_wait();
@@ -1261,27 +1136,66 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
     }
   }
-  if (eff == 1 || a.split_counters == nullptr) return;
-  // Folded combine: the last of the group's eff blocks to finish merges the partials (the
-  // partials published before the count, as in the CUDA threadfence-reduction sample), then
-  // resets the group's counter for the next call.
-  // (The flag lives in the dynamic shared memory: a static variable would cost the 4th block
-  // per SM its place.)
-  int* is_last = reinterpret_cast<int*>(smem + kWarps * kRingBytes - 16);
-  __threadfence();
+}
+
+// Merges the split partials of one (sequence, query head): out = Σ o_i 2^(m_i - M) / Σ ℓ_i 2^(m_i
+// - M). One block of 128 threads (head_dim) per row; sequences with one effective split were
+// written directly. Every load is independent of the arithmetic: thread i reads split i's (m, ℓ)
+// (one round trip for all splits), then warp w sums splits w, w+4, ... of o as float4 rows.
+// (The first version walked the splits one dependent L2 load at a time, twice: ~20 µs at 66
+// splits, most of a batch-1 call; docs/results/decode_attn_cuda.md, run 6.)
+__global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ KernelArgs a) {
+  static_assert(kMaxSplits <= kThreads, "one thread per split's (m, l)");
+  __shared__ float f[kMaxSplits];
+  __shared__ float red_m[kWarps], red_l[kWarps];
+  __shared__ float4 red_o[kWarps][32];
+  oscar::cuda::pdl_trigger();
+  oscar::cuda::pdl_wait();  // the partials of decode_attn_kernel
+  const int seq = blockIdx.x / a.n_heads_q;
+  const int P = a.page_size;
+  const int U =
+      split_units(ceil_tiles(a.sinks.seq_len(seq, P)), ceil_tiles(a.history.seq_len(seq, P)),
+                  ceil_tiles(a.recent.seq_len(seq, P)));
+  const int eff = effective_splits(U, a.n_splits);
+  if (eff <= 1) return;
+  const int64_t row = blockIdx.x;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const float* ml = a.part_ml + row * a.n_splits * 2;
+  float mi = kNegInf, li = 0.f;
+  if (tid < eff) {
+    mi = ml[2 * tid];
+    li = ml[2 * tid + 1];
+  }
+  float M = mi;
+#pragma unroll
+  for (int sh = 16; sh >= 1; sh >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, sh));
+  if (lane == 0) red_m[warp] = M;
   __syncthreads();
-  int* counter = a.split_counters + (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y);
-  if (threadIdx.x == 0) *is_last = atomicAdd(counter, 1) == eff - 1;
+  M = fmaxf(fmaxf(red_m[0], red_m[1]), fmaxf(red_m[2], red_m[3]));
+  const float fi = mi == kNegInf ? 0.f : exp2f(mi - M);  // mi finite => M finite
+  if (tid < kMaxSplits) f[tid] = fi;
+  float L = fi * li;
+#pragma unroll
+  for (int sh = 16; sh >= 1; sh >>= 1) L += __shfl_xor_sync(0xffffffffu, L, sh);
+  if (lane == 0) red_l[warp] = L;
   __syncthreads();
-  if (!*is_last) return;
-  __threadfence();
-  if (threadIdx.x == 0) *counter = 0;
-  float* scratch = reinterpret_cast<float*>(smem);  // the rings are free now
-#pragma unroll 1
-  for (int h = 0; h < nh; ++h)
-    combine_row(a, static_cast<int64_t>(seq) * a.n_heads_q + head0 + h, eff, scratch,
-                scratch + kMaxSplits, scratch + kMaxSplits + kWarps,
-                reinterpret_cast<float4*>(scratch + kMaxSplits + 2 * kWarps));
+  L = (red_l[0] + red_l[1]) + (red_l[2] + red_l[3]);
+  const float4* po = reinterpret_cast<const float4*>(a.part_o + row * a.n_splits * 128);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int i = warp; i < eff; i += kWarps) {
+    const float4 v = po[i * 32 + lane];
+    const float w = f[i];
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  red_o[warp][lane] = acc;
+  __syncthreads();
+  const float* ro = reinterpret_cast<const float*>(red_o);
+  const float O = (ro[tid] + ro[128 + tid]) + (ro[256 + tid] + ro[384 + tid]);
+  a.out[row * 128 + tid] = L > 0.f ? O / L : 0.f;
 }
 
 // ---- naive kernel ------------------------------------------------------------------------------

@@ -28,13 +28,10 @@ struct DecodeAttnCudaOptions {
   // 1 = wide (16 KiB per warp, 3 blocks per SM), 2 = dense (14 KiB per warp, 4 blocks per SM).
   int32_t config = 0;
   // 0 = the default: INT2 history tiles packed two per softmax fragment where a block's group
-  // has <= 4 query heads; 1 = the kernel before (every column its own head); 2 = as 0 with the
-  // next pair's K MMAs beside this pair's PV (software-pipelined). 1 and 2 are kept to measure
-  // them side by side; they apply to the dense configuration (the wide one always runs 0).
+  // has <= 4 query heads; 1 = the kernel of main before them (every column its own head), kept
+  // to measure the two side by side. Applies to the dense configuration (the wide one always
+  // runs 0).
   int32_t int2_kernel = 0;
-  // 1 = no combine kernel: the last block of each (sequence, KV head, head group) to finish
-  // merges the split partials (an atomic counter per group); 0 = combine_kernel merges them.
-  int32_t fold_combine = 0;
 };
 
 // Same contract as decode_attn_cuda. Allocates (once, then grows) a device workspace for the
