@@ -32,7 +32,9 @@
 //        − 1024·Σ_t fp16(p_t·s_t)) / F                                                   (per head)
 // The d-order inside the fragments follows the byte order of the packed rows ("by quarters");
 // a dot product does not care, and Q (and the accumulator of O, converted when a warp moves
-// between exact and INT2 tiles) use the same order. Other history formats (3-/1-bit bit-plan
+// between exact and INT2 tiles) use the same order. Where a block's group has <= 4 query heads
+// (Qwen3's GQA 4), a step's two INT2 tiles share the 8 columns of one softmax fragment
+// (int2_pair_packed): the per-key work after the K MMAs runs once per pair. Other history formats (3-/1-bit bit-plan
 // rows, Lloyd-Max, groups of 32/64) go through a generic path: the warp dequantizes the staged
 // raw rows into a BF16 tile in shared memory (16-byte stores, no run-time divisions), then runs
 // the exact-tile code on it (the element-wise version measured 40x slower than the INT2 tiles
@@ -85,7 +87,7 @@ struct KernelArgs {
   int page_shift;  // log2(page_size) when a power of two, else -1
   int force_generic;
   int debug_flags;  // bit 0: stage the tiles but skip their compute (bandwidth of the loads);
-                    // bit 1: skip the INT2 tiles' loads (their compute alone, on stale data)
+                    // bit 1: skip the INT2 tiles' loads (their compute alone, on zeroed stages)
   float scale_log2;     // softmax scale · log2(e): scores are kept in log2 units
   float lloyd_levels[4];
   const float* q;       // [n_seqs, n_heads_q, head_dim]
