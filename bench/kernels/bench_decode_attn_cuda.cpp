@@ -1,6 +1,8 @@
 // Benchmark of the CUDA decode attention (kernels/decode_attn.h: decode_attn_cuda) on one layer
 // of Qwen3-8B's head layout (32 query heads, 8 KV heads, head_dim 128), page 16, quant_group 128:
 //   int2: 64 BF16 sinks + INT2 history + 256 BF16 recent tokens (OSCAR's cache)
+//   int2v3: the same cache through the kernel before (int2_kernel = 1), measured beside int2
+//         in the same run
 //   bf16: 64 sinks + everything else in the BF16 recent window (the bf16 mode: same kernel,
 //         no history)
 // for contexts × batches (defaults 8K/32K/128K × 1/8/32). Pages: 2 layers per page (layer 1 is
@@ -15,8 +17,9 @@
 // the same run.
 //
 // Run: bench_decode_attn_cuda [--ctx 8192,32768,131072] [--batch 1,8,32] [--iters 50]
-//                             [--csv FILE] [--order shuffled|contiguous] [--modes int2,bf16]
-//                             [--debug 1] [--splits n] [--path auto|generic|naive] [--config c]
+//                             [--csv FILE] [--order shuffled|contiguous] [--modes int2,int2v3,bf16]
+//                             [--debug 1|2] [--splits n] [--path auto|generic|naive] [--config c]
+//                             [--sink 64] [--recent 256]   (int2 mode's BF16 tokens, multiples of 16)
 // Not Google Benchmark: a plain program, so that one device call prints one table.
 #include <cuda_runtime.h>
 
@@ -43,7 +46,7 @@ using namespace oscar::kernels;
 using namespace oscar::bench;
 
 constexpr int kHq = 32, kHkv = 8, kD = 128, kP = 16, kG = 128, kLayers = 2, kLayer = 1;
-constexpr int64_t kSink = 64, kRecent = 256;
+constexpr int64_t kSinkDefault = 64, kRecentDefault = 256;
 
 // Fills n bytes with a hash of the index (a cheap stand-in for random data, on the device).
 std::vector<uint32_t> host_random(size_t n_words, uint32_t seed) {
@@ -71,7 +74,8 @@ int main(int argc, char** argv) {
   const char* csv = nullptr;
   bool shuffled = true;
   DecodeAttnCudaOptions opts;
-  std::vector<std::string> modes = {"int2", "bf16"};
+  std::vector<std::string> modes = {"int2", "int2v3", "bf16"};
+  int64_t sink_tokens = kSinkDefault, recent_tokens = kRecentDefault;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--ctx") && i + 1 < argc) ctxs = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) batches = parse_list(argv[++i]);
@@ -80,6 +84,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--debug") && i + 1 < argc) opts.debug_flags = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) opts.n_splits = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--config") && i + 1 < argc) opts.config = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--sink") && i + 1 < argc) sink_tokens = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--recent") && i + 1 < argc) recent_tokens = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--path") && i + 1 < argc) {
       const char* v = argv[++i];
       opts.path = !std::strcmp(v, "generic") ? DecodeAttnCudaPath::kGeneric
@@ -98,7 +104,7 @@ int main(int argc, char** argv) {
     }
     else {
       std::fprintf(stderr, "usage: %s [--ctx a,b] [--batch a,b] [--iters n] [--csv file] "
-                           "[--order shuffled|contiguous] [--modes int2,bf16] [--debug 1] [--splits n] [--path auto|generic|naive] [--config 0|1|2]\n",
+                           "[--order shuffled|contiguous] [--modes int2,int2v3,bf16] [--debug 1|2] [--splits n] [--path auto|generic|naive] [--config 0|1|2] [--sink n] [--recent n]\n",
                    argv[0]);
       return 2;
     }
@@ -154,7 +160,9 @@ int main(int argc, char** argv) {
   if (shuffled) std::shuffle(perm.begin(), perm.end(), rng);
   std::printf("page order: %s%s; path %d; config %d; splits %s\n",
               shuffled ? "shuffled" : "contiguous",
-              opts.debug_flags & 1 ? "; LOADS ONLY (debug 1: compute skipped)" : "",
+              opts.debug_flags & 1   ? "; LOADS ONLY (debug 1: compute skipped)"
+              : opts.debug_flags & 2 ? "; INT2 COMPUTE ONLY (debug 2: INT2 loads skipped)"
+                                     : "",
               static_cast<int>(opts.path), opts.config,
               opts.n_splits > 0 ? std::to_string(opts.n_splits).c_str() : "auto");
 
@@ -180,11 +188,12 @@ int main(int argc, char** argv) {
   for (const std::string& mode_s : modes) {
     const char* mode = mode_s.c_str();
     const bool int2 = mode[0] == 'i';
+    opts.int2_kernel = mode_s == "int2v3" ? 1 : 0;
     for (int ctx : ctxs)
       for (int b : batches) {
-        const int64_t n_sink = kSink;
-        const int64_t n_recent = int2 ? kRecent : ctx - kSink;
-        const int64_t n_hist = int2 ? ctx - kSink - kRecent : 0;
+        const int64_t n_sink = sink_tokens;
+        const int64_t n_recent = int2 ? recent_tokens : ctx - sink_tokens;
+        const int64_t n_hist = int2 ? ctx - sink_tokens - recent_tokens : 0;
         std::vector<int32_t> host;
         std::vector<int32_t> indptr[3], ids[3], last[3];
         size_t pe = 0, ph = 0;

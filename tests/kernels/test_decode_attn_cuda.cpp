@@ -6,9 +6,11 @@
 // past a sequence's last token) is 0xFF (NaN in bf16 and in fp16 metadata), and the outputs are
 // 0xFF (NaN) before each call, so a wrong address or an unwritten output shows up as NaN.
 // Each case runs every path: the default launch (the dense configuration: the test's history
-// pool is never null), forced split counts (1, 2, 7, 128: many empty and short splits, so the
-// log-sum-exp combine is exercised), the wide configuration, the generic history path, and the
-// naive kernel.
+// pool is never null; INT2 tiles packed two per softmax fragment where a group has <= 4 heads),
+// forced split counts (1, 2, 7, 128: many empty and short splits, so the log-sum-exp combine is
+// exercised), the wide configuration, the generic history path, the kernel before (v3,
+// DecodeAttnCudaOptions::int2_kernel = 1) and the naive kernel. GQA 1-16 (3 and 12: groups of
+// 3 and 8 + 4 heads, packed with empty columns).
 //
 // Tolerance of the tensor-core kernel (bf16 operands), per (sequence, query head), with Vmax the
 // largest |v| the head sees and S = scale · max_t Σ_c |q_c k_tc| (natural-log units):
@@ -273,7 +275,9 @@ void run_case(const Case& c) {
       {"wide", {DecodeAttnCudaPath::kAuto, 0, 0, 1}},
       {"wide,s=7", {DecodeAttnCudaPath::kAuto, 7, 0, 1}},
       {"generic", {DecodeAttnCudaPath::kGeneric, 0}},
-      {"generic,w", {DecodeAttnCudaPath::kGeneric, 0, 0, 1}}};
+      {"generic,w", {DecodeAttnCudaPath::kGeneric, 0, 0, 1}},
+      {"v3", {DecodeAttnCudaPath::kAuto, 0, 0, 0, 1}},
+      {"v3,s=7", {DecodeAttnCudaPath::kAuto, 7, 0, 0, 1}}};
   if (c.naive_too) vars.push_back({"naive", {DecodeAttnCudaPath::kNaive, 0}});
   std::vector<float> got(h.q.size());
   for (const Variant& v : vars) {
@@ -311,7 +315,7 @@ std::vector<SeqSpec> mixed_batch(int P) {
 
 TEST_F(DecodeAttnCuda, MixedBatchEveryGqa) {
   uint32_t seed = 10;
-  for (int gqa : {1, 2, 4, 8, 16}) {
+  for (int gqa : {1, 2, 3, 4, 6, 8, 12, 16}) {
     Case c;
     c.n_heads_kv = gqa == 16 ? 1 : 2;
     c.n_heads_q = c.n_heads_kv * gqa;

@@ -29,15 +29,27 @@ struct DeviceFacts {
   int blocks_per_sm[2][2] = {};
 };
 
-template <int kRing, int kBlocks, int kPage>
-Status kernel_occupancy(int* blocks) {
+template <int kRing, int kBlocks, int kPage, int kInt2>
+Status set_kernel_smem() {
   const int smem = cuda_detail::kWarps * kRing;
-  auto* kernel = cuda_detail::decode_attn_kernel<kRing, kBlocks, kPage>;
+  auto* kernel = cuda_detail::decode_attn_kernel<kRing, kBlocks, kPage, kInt2>;
   OSCAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   OSCAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
-  OSCAR_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, cuda_detail::kThreads, smem));
+  return Status();
+}
+
+// Resident blocks of the default instance; the dense configuration's other instance (kInt2
+// 1: same launch bounds and shared memory) get their attributes set too.
+template <int kRing, int kBlocks, int kPage>
+Status kernel_occupancy(int* blocks) {
+  OSCAR_RETURN_IF_ERROR((set_kernel_smem<kRing, kBlocks, kPage, 0>()));
+  if constexpr (kRing == cuda_detail::kRingDense) {
+    OSCAR_RETURN_IF_ERROR((set_kernel_smem<kRing, kBlocks, kPage, 1>()));
+  }
+  OSCAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      blocks, cuda_detail::decode_attn_kernel<kRing, kBlocks, kPage, 0>, cuda_detail::kThreads,
+      cuda_detail::kWarps * kRing));
   *blocks = std::max(1, *blocks);
   return Status();
 }
@@ -136,6 +148,8 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   OSCAR_RETURN_IF_ERROR(validate_cuda(p));
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   g_last = DecodeAttnCudaLaunchInfo{};
+  if (opts.int2_kernel != 0 && opts.int2_kernel != 1)
+    return invalid_argument("decode_attn_cuda: int2_kernel %d (0 or 1)", opts.int2_kernel);
   if (p.n_seqs == 0) return Status();
   const KvPageLayout& L = p.layout;
 
@@ -227,10 +241,16 @@ Status decode_attn_cuda_ex(const DecodeAttnParams& p, const DecodeAttnCudaOption
   using cuda_detail::kRingWide;
   using cuda_detail::kThreads;
   using cuda_detail::kWarps;
-  auto* kernel = cfg == 0 ? (page16 ? cuda_detail::decode_attn_kernel<kRingWide, kBlocksWide, 16>
-                                    : cuda_detail::decode_attn_kernel<kRingWide, kBlocksWide, 0>)
-                          : (page16 ? cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16>
-                                    : cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0>);
+  using Kernel = void (*)(cuda_detail::KernelArgs);
+  // [page16][int2_kernel]: the dense configuration's instances (decode_attn_kernel's kInt2).
+  static const Kernel kDense[2][2] = {
+      {cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 0>,
+       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 0, 1>},
+      {cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 0>,
+       cuda_detail::decode_attn_kernel<kRingDense, kBlocksDense, 16, 1>}};
+  Kernel kernel = cfg == 0 ? (page16 ? cuda_detail::decode_attn_kernel<kRingWide, kBlocksWide, 16, 0>
+                                     : cuda_detail::decode_attn_kernel<kRingWide, kBlocksWide, 0, 0>)
+                           : kDense[page16][opts.int2_kernel];
   // Launched early (programmatic dependent launch) only when the grid fills every resident slot:
   // with fewer blocks, starting while the previous kernel still holds SMs packed them unevenly
   // (the 43-sequence step of bench_decode_step went from 52.5 to 64.4 ms on the H200).

@@ -32,7 +32,9 @@
 //        − 1024·Σ_t fp16(p_t·s_t)) / F                                                   (per head)
 // The d-order inside the fragments follows the byte order of the packed rows ("by quarters");
 // a dot product does not care, and Q (and the accumulator of O, converted when a warp moves
-// between exact and INT2 tiles) use the same order. Other history formats (3-/1-bit bit-plan
+// between exact and INT2 tiles) use the same order. Where a block's group has <= 4 query heads
+// (Qwen3's GQA 4), a step's two INT2 tiles share the 8 columns of one softmax fragment
+// (int2_pair_packed): the per-key work after the K MMAs runs once per pair. Other history formats (3-/1-bit bit-plan
 // rows, Lloyd-Max, groups of 32/64) go through a generic path: the warp dequantizes the staged
 // raw rows into a BF16 tile in shared memory (16-byte stores, no run-time divisions), then runs
 // the exact-tile code on it (the element-wise version measured 40x slower than the INT2 tiles
@@ -50,6 +52,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/hist_row.cuh"
@@ -83,7 +86,8 @@ struct KernelArgs {
   int n_planes;  // n_layers · 2 · n_heads_kv
   int page_shift;  // log2(page_size) when a power of two, else -1
   int force_generic;
-  int debug_flags;  // bit 0: stage the tiles but skip their compute (bandwidth of the loads)
+  int debug_flags;  // bit 0: stage the tiles but skip their compute (bandwidth of the loads);
+                    // bit 1: skip the INT2 tiles' loads (their compute alone, on zeroed stages)
   float scale_log2;     // softmax scale · log2(e): scores are kept in log2 units
   float lloyd_levels[4];
   const float* q;       // [n_seqs, n_heads_q, head_dim]
@@ -447,10 +451,11 @@ __device__ __forceinline__ void make_q_int2(QInt2& qf, const float* qrow, float 
 }
 
 // One exact tile from a swizzled BF16 stage: K at kst, V at vst (each [16][128] bf16, 16-byte
-// chunk c of row r stored at chunk c ^ (r & 7)); n_valid keys (the rest are zero rows).
+// chunk c of row r stored at chunk c ^ (r & 7)); n_valid keys (the rest are zero rows); columns
+// >= n_cols (no query head, or a packed INT2 column copy: int2_pair_packed) stay empty.
 __device__ __forceinline__ void exact_tile(WarpState& st, const QExact& qf, uint32_t kst,
-                                           uint32_t vst, int n_valid, int lane) {
-  const int g = lane >> 2;
+                                           uint32_t vst, int n_valid, int n_cols, int lane) {
+  const int g = lane >> 2, t = lane & 3;
   float acc[2][4] = {};
   {
     const int row = (lane & 7) + ((lane >> 3) & 1) * 8;
@@ -467,6 +472,8 @@ __device__ __forceinline__ void exact_tile(WarpState& st, const QExact& qf, uint
   for (int i = 0; i < 4; ++i) s[0][i] = acc[0][i] + acc[1][i];
   if (g >= n_valid) s[0][0] = s[0][1] = kNegInf;
   if (g + 8 >= n_valid) s[0][2] = s[0][3] = kNegInf;
+  if (2 * t >= n_cols) s[0][0] = s[0][2] = kNegInf;
+  if (2 * t + 1 >= n_cols) s[0][1] = s[0][3] = kNegInf;
   softmax_update<1>(st, s, p);
   const uint32_t b0 = oscar::cuda::movmatrix_trans(pack_bf16(p[0][0], p[0][1]));
   const uint32_t b1 = oscar::cuda::movmatrix_trans(pack_bf16(p[0][2], p[0][3]));
@@ -482,27 +489,16 @@ __device__ __forceinline__ void exact_tile(WarpState& st, const QExact& qf, uint
   }
 }
 
-// Two INT2 tiles (head_dim 128, group 128, uniform) per step: stage = [K0 | V0 | K1 | V1], each
-// 16 rows of 36 bytes; nv0, nv1 valid keys of each (0: no tile, a zero-filled stage).
-// Two independent tiles give the scheduler independent MMA chains and halve the per-step
-// softmax and pipeline overhead.
-__device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const uint8_t* stage,
-                                          int nv0, int nv1, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const uint32_t M = magic_reg();
-  // The MMA accumulates from −off (the 1024-offsets of the K operands), so acc = Σ_d q_d c_d.
-  float acc[2][4];
+// K side of two INT2 tiles (head_dim 128, group 128, uniform): stage = [K0 | V0 | K1 | V1], each
+// 16 rows of 36 bytes. acc[i] = Σ_d q_d c_d of tile i's keys g, g+8 (accumulator fragment): the
+// MMAs accumulate from −off (the 1024-offsets of the K operands). Two independent tiles give the
+// scheduler independent MMA chains (four chains, two a tile, measured 2% slower on the H200).
+__device__ __forceinline__ void int2_k_pair(float (&acc)[2][4], const QInt2& qf,
+                                            const uint8_t* stage, int g, int t, uint32_t M) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     acc[i][0] = acc[i][2] = -qf.off[0];
     acc[i][1] = acc[i][3] = -qf.off[1];
-  }
-  float2 km[2][2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const uint8_t* ks = stage + i * 1152;
-    km[i][0] = unpack_f16(lds32(ks + 36 * g + 32));
-    km[i][1] = unpack_f16(lds32(ks + 36 * (g + 8) + 32));
   }
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
@@ -525,72 +521,129 @@ __device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const 
                              qf.b[4 * w + qq][0], qf.b[4 * w + qq][1]);
     }
   }
-  // t = s − u = s_K·acc + (min_K·Σq − u), per (key row, head); u the running reference.
-  const float u0 = st.m[0] == kNegInf ? 0.f : st.m[0], u1 = st.m[1] == kNegInf ? 0.f : st.m[1];
-  float s[2][4], p[2][4];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      s[i][2 * r] = fmaf(km[i][r].x, acc[i][2 * r], fmaf(km[i][r].y, qf.sum[0], -u0));
-      s[i][2 * r + 1] = fmaf(km[i][r].x, acc[i][2 * r + 1], fmaf(km[i][r].y, qf.sum[1], -u1));
-    }
-  if (nv0 < kTileTokens || nv1 < kTileTokens) {  // only at the end of a warp's tiles
-    if (g >= nv0) s[0][0] = s[0][1] = kNegInf;
-    if (g + 8 >= nv0) s[0][2] = s[0][3] = kNegInf;
-    if (g >= nv1) s[1][0] = s[1][1] = kNegInf;
-    if (g + 8 >= nv1) s[1][2] = s[1][3] = kNegInf;
-  }
-  softmax_update_rel<2>(st, s, p);
+}
 
+// Relative scores t = s − u = s_K·acc + (min_K·Σq − u) of one tile's keys g, g+8 (ks: its K
+// rows), in the softmax fragment layout; u the running reference. Keys >= nv are masked.
+__device__ __forceinline__ void int2_scores(const WarpState& st, const QInt2& qf,
+                                            const float (&acc)[4], const uint8_t* ks, int nv,
+                                            int g, float (&s)[4]) {
+  const float2 km0 = unpack_f16(lds32(ks + 36 * g + 32));
+  const float2 km1 = unpack_f16(lds32(ks + 36 * (g + 8) + 32));
+  const float u0 = st.m[0] == kNegInf ? 0.f : st.m[0], u1 = st.m[1] == kNegInf ? 0.f : st.m[1];
+  s[0] = fmaf(km0.x, acc[0], fmaf(km0.y, qf.sum[0], -u0));
+  s[1] = fmaf(km0.x, acc[1], fmaf(km0.y, qf.sum[1], -u1));
+  s[2] = fmaf(km1.x, acc[2], fmaf(km1.y, qf.sum[0], -u0));
+  s[3] = fmaf(km1.x, acc[3], fmaf(km1.y, qf.sum[1], -u1));
+  if (nv < kTileTokens) {  // only at the end of a warp's tiles
+    if (g >= nv) s[0] = s[1] = kNegInf;
+    if (g + 8 >= nv) s[2] = s[3] = kNegInf;
+  }
+}
+
+// One tile's weights p (softmax fragment layout) -> PV's B fragments b0, b1 = P^T·s_V in fp16
+// (vs: its V rows), with the bookkeeping of Σ p·min_V and Σ fp16(p·s_V).
+__device__ __forceinline__ void int2_p_to_b(WarpState& st, const float (&p)[4],
+                                            const uint8_t* vs, int g, uint32_t& b0,
+                                            uint32_t& b1) {
+  const float2 vm0 = unpack_f16(lds32(vs + 36 * g + 32));
+  const float2 vm1 = unpack_f16(lds32(vs + 36 * (g + 8) + 32));
+  st.mn[0] += p[0] * vm0.y + p[2] * vm1.y;
+  st.mn[1] += p[1] * vm0.y + p[3] * vm1.y;
+  const uint32_t h0 = pack_f16(p[0] * vm0.x, p[1] * vm0.x);
+  const uint32_t h1 = pack_f16(p[2] * vm1.x, p[3] * vm1.x);
+  {
+    const float2 f0 = unpack_f16(h0), f1 = unpack_f16(h1);
+    st.ps[0] += f0.x + f1.x;
+    st.ps[1] += f0.y + f1.y;
+  }
+  b0 = oscar::cuda::movmatrix_trans(h0);
+  b1 = oscar::cuda::movmatrix_trans(h1);
+}
+
+// O^T += V_tile^T · B for one INT2 tile (vs: its V rows), B = (b0, b1) the P^T fragments.
+__device__ __forceinline__ void int2_v_tile(WarpState& st, const uint8_t* vs, uint32_t b0,
+                                            uint32_t b1, int g, int t, uint32_t M) {
+  // V rows of keys 2t, 2t+1, 2t+8, 2t+9: bytes 4g..4g+3 (d = 4g + b + 32·qq).
+  const uint32_t v0 = lds32(vs + 36 * (2 * t) + 4 * g);
+  const uint32_t v1 = lds32(vs + 36 * (2 * t + 1) + 4 * g);
+  const uint32_t v8 = lds32(vs + 36 * (2 * t + 8) + 4 * g);
+  const uint32_t v9 = lds32(vs + 36 * (2 * t + 9) + 4 * g);
+#pragma unroll
+  for (int bp = 0; bp < 2; ++bp) {
+    // [key 2t byte 2bp, key 2t byte 2bp+1, key 2t+1 byte 2bp, key 2t+1 byte 2bp+1]
+    const uint32_t X = __byte_perm(v0, v1, bp ? 0x7632 : 0x5410);
+    const uint32_t Z = __byte_perm(v8, v9, bp ? 0x7632 : 0x5410);
+    const uint32_t Xl = X << 8, Xh = X >> 8, Zl = Z << 8, Zh = Z >> 8;
+#pragma unroll
+    for (int qq = 0; qq < 4; ++qq) {
+      // Row g: byte 2bp (low bytes of the halves); row g+8: byte 2bp+1 (high bytes). Quarter
+      // 0 is moved to bits 8-9 (F = 256); quarters 1-3 stay at bits 2qq (F = 4^qq).
+      uint32_t lx, lz, hx, hz;
+      const uint32_t mq = 0x00030003u << (2 * qq);
+      if (qq == 0) {
+        lx = mask_or(Xl, 0x03000300u, M);
+        lz = mask_or(Zl, 0x03000300u, M);
+        hx = mask_or(X, 0x03000300u, M);
+        hz = mask_or(Z, 0x03000300u, M);
+      } else {
+        lx = mask_or(X, mq, M);
+        lz = mask_or(Z, mq, M);
+        hx = mask_or(Xh, mq, M);
+        hz = mask_or(Zh, mq, M);
+      }
+      oscar::cuda::mma_f16(st.o[2 * qq + bp], lx, hx, lz, hz, b0, b1);
+    }
+  }
+}
+
+// Two INT2 tiles per step, every column its own head (groups of 5-8 query heads, and the
+// previous kernel, DecodeAttnCudaOptions::int2_kernel = 1); nv0, nv1 valid keys of each (0: no
+// tile, a zero-filled stage).
+__device__ __forceinline__ void int2_pair(WarpState& st, const QInt2& qf, const uint8_t* stage,
+                                          int nv0, int nv1, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t M = magic_reg();
+  float acc[2][4];
+  int2_k_pair(acc, qf, stage, g, t, M);
+  float s[2][4], p[2][4];
+  int2_scores(st, qf, acc[0], stage, nv0, g, s[0]);
+  int2_scores(st, qf, acc[1], stage + 1152, nv1, g, s[1]);
+  softmax_update_rel<2>(st, s, p);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const uint8_t* vs = stage + i * 1152 + 576;
-    const float2 vm0 = unpack_f16(lds32(vs + 36 * g + 32));
-    const float2 vm1 = unpack_f16(lds32(vs + 36 * (g + 8) + 32));
-    st.mn[0] += p[i][0] * vm0.y + p[i][2] * vm1.y;
-    st.mn[1] += p[i][1] * vm0.y + p[i][3] * vm1.y;
-    const uint32_t h0 = pack_f16(p[i][0] * vm0.x, p[i][1] * vm0.x);
-    const uint32_t h1 = pack_f16(p[i][2] * vm1.x, p[i][3] * vm1.x);
-    {
-      const float2 f0 = unpack_f16(h0), f1 = unpack_f16(h1);
-      st.ps[0] += f0.x + f1.x;
-      st.ps[1] += f0.y + f1.y;
-    }
-    const uint32_t b0 = oscar::cuda::movmatrix_trans(h0);
-    const uint32_t b1 = oscar::cuda::movmatrix_trans(h1);
-    // V rows of keys 2t, 2t+1, 2t+8, 2t+9: bytes 4g..4g+3 (d = 4g + b + 32·qq).
-    const uint32_t v0 = lds32(vs + 36 * (2 * t) + 4 * g);
-    const uint32_t v1 = lds32(vs + 36 * (2 * t + 1) + 4 * g);
-    const uint32_t v8 = lds32(vs + 36 * (2 * t + 8) + 4 * g);
-    const uint32_t v9 = lds32(vs + 36 * (2 * t + 9) + 4 * g);
-#pragma unroll
-    for (int bp = 0; bp < 2; ++bp) {
-      // [key 2t byte 2bp, key 2t byte 2bp+1, key 2t+1 byte 2bp, key 2t+1 byte 2bp+1]
-      const uint32_t X = __byte_perm(v0, v1, bp ? 0x7632 : 0x5410);
-      const uint32_t Z = __byte_perm(v8, v9, bp ? 0x7632 : 0x5410);
-      const uint32_t Xl = X << 8, Xh = X >> 8, Zl = Z << 8, Zh = Z >> 8;
-#pragma unroll
-      for (int qq = 0; qq < 4; ++qq) {
-        // Row g: byte 2bp (low bytes of the halves); row g+8: byte 2bp+1 (high bytes). Quarter
-        // 0 is moved to bits 8-9 (F = 256); quarters 1-3 stay at bits 2qq (F = 4^qq).
-        uint32_t lx, lz, hx, hz;
-        const uint32_t mq = 0x00030003u << (2 * qq);
-        if (qq == 0) {
-          lx = mask_or(Xl, 0x03000300u, M);
-          lz = mask_or(Zl, 0x03000300u, M);
-          hx = mask_or(X, 0x03000300u, M);
-          hz = mask_or(Z, 0x03000300u, M);
-        } else {
-          lx = mask_or(X, mq, M);
-          lz = mask_or(Z, mq, M);
-          hx = mask_or(Xh, mq, M);
-          hz = mask_or(Zh, mq, M);
-        }
-        oscar::cuda::mma_f16(st.o[2 * qq + bp], lx, hx, lz, hz, b0, b1);
-      }
-    }
+    uint32_t b0, b1;
+    int2_p_to_b(st, p[i], stage + i * 1152 + 576, g, b0, b1);
+    int2_v_tile(st, stage + i * 1152 + 576, b0, b1, g, t, M);
   }
+}
+
+// Two INT2 tiles per step packed into the 8 columns of one softmax fragment, for groups of <= 4
+// query heads (Qwen3's GQA 4), where half of the columns would otherwise be empty. Column c
+// holds head c % 4 over tile c / 4: the K MMAs run as in int2_pair (both tiles, Q of head g % 4
+// in column g), and lane (g, t) keeps tile t / 2's scores, so the softmax, the metadata and the
+// P bookkeeping run once per pair instead of once per tile. PV: tile i's MMA takes P^T with the
+// columns of the other tile zeroed, so O^T column c accumulates tile c / 4's keys only. The two
+// column copies of a head are two partial states, merged by log-sum-exp with the warps'.
+__device__ __forceinline__ void int2_pair_packed(WarpState& st, const QInt2& qf,
+                                                 const uint8_t* stage, int nv0, int nv1,
+                                                 int lane) {
+  const int g = lane >> 2, t = lane & 3, mine = t >> 1;
+  const uint32_t M = magic_reg();
+  float acc[2][4];
+  int2_k_pair(acc, qf, stage, g, t, M);
+  float a[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) a[c] = mine ? acc[1][c] : acc[0][c];
+  float s[1][4], p[1][4];
+  int2_scores(st, qf, a, stage + mine * 1152, mine ? nv1 : nv0, g, s[0]);
+  softmax_update_rel<1>(st, s, p);
+  uint32_t b0, b1;
+  int2_p_to_b(st, p[0], stage + mine * 1152 + 576, g, b0, b1);
+  // Columns g of P^T: tile 0's for g < 4, tile 1's for g >= 4.
+  const uint32_t keep0 = g < 4 ? 0xffffffffu : 0u;
+  int2_v_tile(st, stage + 576, b0 & keep0, b1 & keep0, g, t, M);
+  int2_v_tile(st, stage + 1152 + 576, b0 & ~keep0, b1 & ~keep0, g, t, M);
 }
 
 // Dequantizes half of one staged raw history row (head_dim 128, any bits/quantizer, group G) into
@@ -708,14 +761,17 @@ __device__ __noinline__ void dequant_tile(const KernelArgs& a, const uint8_t* ra
 }
 
 // Software pipeline over a warp's n tiles: NST stages, load(k, stage) issues tile k's cp.async
-// copies, compute(k, stage) consumes it. The stages advance by counters (no k % NST per tile).
-template <int NST, class Load, class Compute>
-__device__ __forceinline__ void pipeline(int n, Load&& load, Compute&& compute) {
+// copies, compute(k, stage) consumes it; issued() runs once the first NST - 1 tiles' copies are
+// on their way (work that waits on its own loads meanwhile). The stages advance by counters (no
+// k % NST per tile).
+template <int NST, class Load, class Issued, class Compute>
+__device__ __forceinline__ void pipeline(int n, Load&& load, Issued&& issued, Compute&& compute) {
 #pragma unroll
   for (int j = 0; j < NST - 1; ++j) {
     if (j < n) load(j, j);
     oscar::cuda::cp_async_commit();
   }
+  issued();
   int ls = NST - 1, cs = 0;  // stages of the next load and the next compute
 #pragma unroll 1
   for (int k = 0; k < n; ++k) {
@@ -731,6 +787,10 @@ __device__ __forceinline__ void pipeline(int n, Load&& load, Compute&& compute) 
   oscar::cuda::cp_async_wait<0>();
   __syncwarp();
 }
+template <int NST, class Load, class Compute>
+__device__ __forceinline__ void pipeline(int n, Load&& load, Compute&& compute) {
+  pipeline<NST>(n, load, [] {}, compute);
+}
 
 // Page ids of a warp's tiles are prefetched 32 at a time (lane j holds the page of the warp's
 // tile base + j) for page sizes that are multiples of 16 (a tile inside one page), so that no
@@ -744,7 +804,11 @@ __device__ __forceinline__ int prefetch_page(const KernelArgs& a, const PageTabl
 
 // The whole block: see the file comment. kPage: the page size when fixed at compile time (16,
 // the default: the tile loads reduce to a page id and constant per-lane offsets), 0 for any.
-template <int kRingBytes, int kMinBlocks, int kPage>
+// kInt2 (DecodeAttnCudaOptions::int2_kernel; one instance each, so that each has its own
+// register allocation): 0 packed INT2 pairs for groups of <= 4 heads, the Q fragments built
+// while the first tiles' copies are in flight; 1 the kernel of main before them (int2_pair
+// everywhere), kept to measure the two side by side.
+template <int kRingBytes, int kMinBlocks, int kPage, int kInt2>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     decode_attn_kernel(const __grid_constant__ KernelArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -785,6 +849,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const uint64_t hpb = hist_page_bytes(a);
   const bool fast_int2 = !a.force_generic && a.uniform && a.group_size == 128 && bits_k == 2 &&
                          bits_v == 2 && rb_k == 36 && rb_v == 36;
+  // INT2 tiles packed two per softmax fragment (int2_pair_packed) when the group has <= 4 heads:
+  // column c is head c % 4, so lane (g, t) reads the q row of head g % 4 for the K MMAs.
+  const bool packed = fast_int2 && kInt2 == 0 && nh <= 4;
 
   int ustart = 0;
 #pragma unroll 1
@@ -813,7 +880,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       oscar::cuda::pdl_wait();  // q and the pages: written by earlier kernels
       to_int2(st, convbuf, g, t);
       QInt2 qf;
-      make_q_int2(qf, qrow, a.scale_log2, g, t);
+      const float* qrow_i2 =
+          !packed ? qrow
+                  : ((g & 3) < nh ? a.q + (static_cast<int64_t>(seq) * a.n_heads_q + head0 +
+                                           (g & 3)) * 128
+                                  : nullptr);
+      // The Q fragments wait on q's loads: in main's kernel (kInt2 1) before the first tiles'
+      // copies are issued, otherwise while they are in flight (one memory round trip less
+      // before the first tile).
+      auto build_q = [&] { make_q_int2(qf, qrow_i2, a.scale_log2, g, t); };
+      if constexpr (kInt2 == 1) build_q();
       const int n_pairs = (n_my + 1) / 2;
       // A tile's K and V rows are 576 contiguous bytes each in their page: 72 chunks of 16
       // bytes, staged as [K | V]; lane copies chunks lane, 32 + lane and (lanes < 8) 64 + lane,
@@ -830,7 +906,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
       const uint32_t hpb32 = static_cast<uint32_t>(hpb);
       const uint32_t lane_dst = ring_s + 16 * lane;
+      const bool skip_loads = a.debug_flags & 2;
+      if (skip_loads) {  // zero codes and metadata: finite scores, no rescaling after the first
+        for (int i = lane; i < kRingBytes / 16; i += 32)
+          reinterpret_cast<uint4*>(ring)[i] = make_uint4(0u, 0u, 0u, 0u);
+        __syncwarp();
+      }
       auto load = [&](int j, int stg) {
+        if (skip_loads) return;
         const uint32_t stage_dst = lane_dst + stg * kStage;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -872,17 +955,34 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         return min(kTileTokens, ntk - tile_of(k) * kTileTokens);
       };
       const bool skip_compute = a.debug_flags & 1;
-      auto compute = [&](int j, int stg) {
-        if (skip_compute) return;
-        // Only the region's last tile can be short, and it is its warp's last.
-        int nv0 = kTileTokens, nv1 = kTileTokens;
+      // Only the region's last tile can be short, and it is its warp's last.
+      auto valid_keys = [&](int j, int& nv0, int& nv1) {
+        nv0 = nv1 = kTileTokens;
         if (2 * j + 2 >= n_my) {
           nv0 = n_valid(2 * j);
           nv1 = n_valid(2 * j + 1);
         }
-        int2_pair(st, qf, ring + stg * kStage, nv0, nv1, lane);
       };
-      pipeline<NST>(n_pairs, load, compute);
+      // One instance of the loop per pair routine (a warp-uniform choice per block).
+      auto run = [&](auto packed_c) {
+        auto compute = [&](int j, int stg) {
+          if (skip_compute) return;
+          int nv0, nv1;
+          valid_keys(j, nv0, nv1);
+          if constexpr (decltype(packed_c)::value)
+            int2_pair_packed(st, qf, ring + stg * kStage, nv0, nv1, lane);
+          else
+            int2_pair(st, qf, ring + stg * kStage, nv0, nv1, lane);
+        };
+        auto issued = [&] {
+          if constexpr (kInt2 == 0) build_q();
+        };
+        pipeline<NST>(n_pairs, load, issued, compute);
+      };
+      if (packed)
+        run(std::true_type{});
+      else
+        run(std::false_type{});
     } else if (r == 1) {
       // ---- generic history tiles: dequantize into a BF16 tile, then the exact path ---------
       oscar::cuda::pdl_wait();
@@ -921,7 +1021,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         const int nv = min(kTileTokens, ntk - tile * kTileTokens);
         dequant_tile(a, raw0 + stg * stage_bytes, rb_k, rb_v, bits_k, bits_v, kbf, vbf, lane);
         __syncwarp();
-        exact_tile(st, qf, smem_addr(kbf), smem_addr(vbf), nv, lane);
+        exact_tile(st, qf, smem_addr(kbf), smem_addr(vbf), nv, nh, lane);
       };
       pipeline<NST>(n_my, load, compute);
     } else {
@@ -976,7 +1076,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         const int tile = tile_of(k);
         if (a.debug_flags & 1) return;
         const int nv = min(kTileTokens, ntk - tile * kTileTokens);
-        exact_tile(st, qf, ring_s + stg * kStage, ring_s + stg * kStage + 4096, nv, lane);
+        exact_tile(st, qf, ring_s + stg * kStage, ring_s + stg * kStage + 4096, nv, nh, lane);
       };
       pipeline<NST>(n_my, load, compute);
     }
@@ -1005,21 +1105,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   __syncthreads();
   const int d = threadIdx.x;
   const float* w0 = reinterpret_cast<const float*>(smem);
+  // Partial states of head h: column h of every warp, and column h + 4 with packed INT2 tiles.
+  const int n_copies = packed ? 2 : 1;
 #pragma unroll 1
   for (int h = 0; h < nh; ++h) {
     float M = kNegInf;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, w0[w * kWarpFloats + 8 * 128 + h]);
+    for (int w = 0; w < kWarps; ++w)
+      for (int c = 0; c < n_copies; ++c)
+        M = fmaxf(M, w0[w * kWarpFloats + 8 * 128 + h + 4 * c]);
     float L = 0.f, O = 0.f;
     if (M != kNegInf) {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = w0[w * kWarpFloats + 8 * 128 + h];
-        if (mw == kNegInf) continue;
-        const float f = exp2f(mw - M);
-        L += f * w0[w * kWarpFloats + 8 * 128 + 8 + h];
-        O += f * w0[w * kWarpFloats + h * 128 + d];
-      }
+      for (int w = 0; w < kWarps; ++w)
+        for (int c = 0; c < n_copies; ++c) {
+          const int col = h + 4 * c;
+          const float mw = w0[w * kWarpFloats + 8 * 128 + col];
+          if (mw == kNegInf) continue;
+          const float f = exp2f(mw - M);
+          L += f * w0[w * kWarpFloats + 8 * 128 + 8 + col];
+          O += f * w0[w * kWarpFloats + col * 128 + d];
+        }
     }
     const int64_t row = static_cast<int64_t>(seq) * a.n_heads_q + head0 + h;
     if (eff == 1) {

@@ -21,11 +21,17 @@ struct DecodeAttnCudaOptions {
   DecodeAttnCudaPath path = DecodeAttnCudaPath::kAuto;
   int32_t n_splits = 0;  // context splits per (sequence, KV head); 0 = chosen to fill the GPU
   // Benchmarks only: bit 0 = copy every tile into shared memory but skip its compute (the
-  // output is then garbage): the bandwidth the loads alone reach.
+  // output is then garbage): the bandwidth the loads alone reach; bit 1 = skip the INT2 tiles'
+  // copies and compute on whatever shared memory holds (garbage too): the compute alone.
   int32_t debug_flags = 0;
   // Launch configuration of the fast kernel: 0 = by the call (dense with history, wide without),
   // 1 = wide (16 KiB per warp, 3 blocks per SM), 2 = dense (14 KiB per warp, 4 blocks per SM).
   int32_t config = 0;
+  // 0 = the default: INT2 history tiles packed two per softmax fragment where a block's group
+  // has <= 4 query heads; 1 = the kernel of main before them (every column its own head), kept
+  // to measure the two side by side. Applies to the dense configuration (the wide one always
+  // runs 0).
+  int32_t int2_kernel = 0;
 };
 
 // Same contract as decode_attn_cuda. Allocates (once, then grows) a device workspace for the
