@@ -440,14 +440,37 @@ TEST(ToolCallConstraint, JsonSchemaTopLevelNumberEndsWithEos) {
   EXPECT_TRUE(c->done());
 }
 
+// The strict tool of the tests below, and the check of one drawn call's text: the tags around
+// one JSON object whose arguments follow get_weather's schema, or are any object for get_time.
+// True for a get_weather call.
+constexpr const char* kWeather =
+    R"({"type":"object","properties":{"city":{"type":"string","minLength":1},"unit":{"enum":["c","f"]}},"required":["city","unit"],"additionalProperties":false})";
+
+bool check_strict_call(const std::string& text) {
+  const std::string open = "<tool_call>\n", close = "\n</tool_call>";
+  EXPECT_EQ(text.rfind(open, 0), 0u) << text;
+  if (text.rfind(open, 0) != 0 || text.size() < open.size() + close.size()) return false;
+  const std::string body = text.substr(open.size(), text.size() - open.size() - close.size());
+  ojson j;
+  EXPECT_NO_THROW(j = ojson::parse(body)) << body;
+  if (j["name"] == "get_weather") {
+    std::string why;
+    const ojson schema = ojson::parse(kWeather);
+    EXPECT_TRUE(test::validate(j["arguments"], schema, schema, &why)) << why << "\n" << body;
+    return true;
+  }
+  EXPECT_EQ(j["name"], "get_time") << body;
+  EXPECT_TRUE(j["arguments"].is_object()) << body;
+  return false;
+}
+
 // Strict tool calls: the arguments of each name follow that name's schema.
 TEST(ToolCallConstraint, StrictToolArgumentsFollowTheirSchema) {
   auto t = tok::Tokenizer::load("models/tiny-qwen3");
   ASSERT_TRUE(t.ok());
-  const char* weather =
-      R"({"type":"object","properties":{"city":{"type":"string","minLength":1},"unit":{"enum":["c","f"]}},"required":["city","unit"],"additionalProperties":false})";
   const std::vector<std::string> names = {"get_weather", "get_time"};
-  const std::vector<std::shared_ptr<const JsonSchema>> schemas = {compile_or_die(weather), nullptr};
+  const std::vector<std::shared_ptr<const JsonSchema>> schemas = {compile_or_die(kWeather),
+                                                                  nullptr};
   auto vocab = TokenTrie::build(t.value());
   std::mt19937_64 rng(9);
   int weather_calls = 0;
@@ -457,19 +480,7 @@ TEST(ToolCallConstraint, StrictToolArgumentsFollowTheirSchema) {
     bool ended = false;
     const std::string text = random_document(t.value(), *c.value(), 90, rng, &ended);
     ASSERT_TRUE(c.value()->done()) << text;
-    const std::string open = "<tool_call>\n", close = "\n</tool_call>";
-    ASSERT_EQ(text.rfind(open, 0), 0u) << text;
-    const std::string body = text.substr(open.size(), text.size() - open.size() - close.size());
-    ojson j;
-    ASSERT_NO_THROW(j = ojson::parse(body)) << body;
-    if (j["name"] == "get_weather") {
-      ++weather_calls;
-      std::string why;
-      const ojson schema = ojson::parse(weather);
-      EXPECT_TRUE(test::validate(j["arguments"], schema, schema, &why)) << why << "\n" << body;
-    } else {
-      EXPECT_TRUE(j["arguments"].is_object()) << body;
-    }
+    weather_calls += check_strict_call(text);
   }
   EXPECT_GT(weather_calls, 0);
   // A non-object schema is refused for arguments.
@@ -483,10 +494,9 @@ TEST(ToolCallConstraint, StrictToolArgumentsFollowTheirSchema) {
 TEST(ToolCallConstraint, OnCallIsFreeUntilTheCallStarts) {
   auto t = tok::Tokenizer::load("tests/data/qwen3_tokenizer");
   ASSERT_TRUE(t.ok()) << t.status().to_string();
-  const char* weather =
-      R"({"type":"object","properties":{"city":{"type":"string","minLength":1},"unit":{"enum":["c","f"]}},"required":["city","unit"],"additionalProperties":false})";
   const std::vector<std::string> names = {"get_weather", "get_time"};
-  const std::vector<std::shared_ptr<const JsonSchema>> schemas = {compile_or_die(weather), nullptr};
+  const std::vector<std::shared_ptr<const JsonSchema>> schemas = {compile_or_die(kWeather),
+                                                                  nullptr};
   auto vocab = TokenTrie::build(t.value());
   const int32_t tag = t.value().token_to_id("<tool_call>").value();
   std::mt19937_64 rng(11);
@@ -508,20 +518,7 @@ TEST(ToolCallConstraint, OnCallIsFreeUntilTheCallStarts) {
     bool ended = false;
     const std::string rest = random_document(t.value(), *c.value(), 90, rng, &ended);
     ASSERT_TRUE(c.value()->done()) << rest;
-    const std::string open = "\n", close = "\n</tool_call>";
-    ASSERT_EQ(rest.rfind(open, 0), 0u) << rest;
-    const std::string body = rest.substr(open.size(), rest.size() - open.size() - close.size());
-    ojson j;
-    ASSERT_NO_THROW(j = ojson::parse(body)) << body;
-    if (j["name"] == "get_weather") {
-      ++weather_calls;
-      std::string why;
-      const ojson schema = ojson::parse(weather);
-      EXPECT_TRUE(test::validate(j["arguments"], schema, schema, &why)) << why << "\n" << body;
-    } else {
-      EXPECT_EQ(j["name"], "get_time") << body;
-      EXPECT_TRUE(j["arguments"].is_object()) << body;
-    }
+    weather_calls += check_strict_call("<tool_call>" + rest);
   }
   EXPECT_GT(weather_calls, 0);
   // Without a single token for the tag the call could start at any "<": refused.
