@@ -128,19 +128,21 @@ PY
       # weights; bench/e2e/serve_prefill.py is the client), per cache mode; then the PyTorch peer
       # (.peers/torch_prefill.py: whole prompt in one pass) in the same call.
       # PREFILL_MODES, PREFILL_CHUNK / PREFILL_MBT (tokens per request per step / per step),
-      # PREFILL_TTFT, PREFILL_SHARED, PREFILL_ITL override the defaults below.
+      # PREFILL_TTFT, PREFILL_SHARED, PREFILL_ITL override the defaults below; PREFILL_ITL_FACTOR
+      # sets serve --prefill-itl-factor (the step budget beside running streams).
       m=${PREFILL_MODEL:-qwen3-8b}
       for mode in ${PREFILL_MODES:-bf16 int2-hadamard}; do
         port=$(( 18000 + RANDOM % 2000 ))
         "$G/oscar" serve --model "$G/configs/$m" --dummy-weights --device cuda --kv-cache $mode \
           --kv-budget ${PREFILL_KV_MIB:-60000} --max-model-len 131072 --port $port \
           ${PREFILL_CHUNK:+--prefill-chunk $PREFILL_CHUNK} ${PREFILL_MBT:+--max-batch-tokens $PREFILL_MBT} \
+          ${PREFILL_ITL_FACTOR:+--prefill-itl-factor $PREFILL_ITL_FACTOR} \
           > "$OUT/prefill_serve_$mode.log" 2>&1 &
         spid=$!
         for i in $(seq 240); do curl -sf localhost:$port/health > /dev/null 2>&1 && break; sleep 0.5; done
         echo "== prefill $m $mode (server up after $(( $(date +%s) - t0 )) s)"
         PYTHONUNBUFFERED=1 timeout ${PREFILL_TIMEOUT:-300} python3 bench/e2e/serve_prefill.py \
-          --url http://127.0.0.1:$port --out "$OUT/prefill_${m}_${mode}${PREFILL_CHUNK:+_c$PREFILL_CHUNK}.json" \
+          --url http://127.0.0.1:$port --out "$OUT/prefill_${m}_${mode}${PREFILL_CHUNK:+_c$PREFILL_CHUNK}${PREFILL_ITL_FACTOR:+_f$PREFILL_ITL_FACTOR}.json" \
           --tag "$m $mode chunk ${PREFILL_CHUNK:-default}" \
           --ttft "${PREFILL_TTFT-8192,32768,102400}" --shared "${PREFILL_SHARED-32x16384+64/256}" \
           --itl "${PREFILL_ITL-8x102400}" 2>&1 | tee -a "$OUT/prefill.log"

@@ -45,7 +45,7 @@ for bin in "$DEST"/test_* "$DEST"/bench_* "$DEST/oscar"; do
 done
 strip "$DEST"/test_* "$DEST"/bench_* "$DEST/oscar"
 rm -rf "$OUTDIR" && mkdir -p "$OUTDIR"
-tar -C "$DEST" -cf - . | xz -T2 -6 > "$OUTDIR/bin.tar.xz"
+tar -C "$DEST" -cf - . | xz -T2 -9e > "$OUTDIR/bin.tar.xz"
 cp scripts/gpu-check.sh "$OUTDIR/"
 rm -rf "$DEST"
 ls -la "$OUTDIR"

@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
   std::string model = "models/tiny-qwen3";
   std::string modes = "bf16,int2-hadamard";
   std::string contexts = "512,2048,4096";
-  std::string qwen3_tokenizer = "tests/data/qwen3_tokenizer";
+  std::string qwen3_tokenizer = OSCAR_QWEN3_TOKENIZER_DIR;  // unpacked by configure
   std::string config;
   int decode_tokens = 256, warmup_tokens = 16, reps = 5, layers = 0, deterministic = 0;
   bool dummy = false;

@@ -8,8 +8,13 @@
 //     test's shape), 512 after 8K, 4 x 256 after 4K, 1024 after 32K, each with the prefix in BF16
 //     pages and as INT2 history (64 sinks, the last 64 prefix tokens and the chunk in recent pages);
 //     32 x 64 after 16K also with one history shared by all 32 (a cached prefix: its pages are
-//     expanded to BF16 once).
-// Paths: kAuto (the warp-specialised kernel, for this serving reading), kTiledWgmma and kTiledMma
+//     expanded to BF16 once);
+//   short chunks at depth (128 after 48K, 64 after 96K, 4 x 128 after 32K: the chunks a step
+//     budget beside running streams allows), where the warp-specialised kernel splits each
+//     item's keys across blocks.
+// Paths: kAuto (the warp-specialised kernel, for this serving reading) without and with the key
+// split ("split": PrefillAttnParams::max_rows / max_keys given, as the model gives them; it
+// splits only where few items meet long keys), kTiledWgmma and kTiledMma
 // (the tiled kernel on wgmma / mma.sync) and, where it takes under ~20 TFLOP (it runs ~40 TFLOP/s), kStaged (the previous
 // tensor-core kernel). Pages shuffled, contents random
 // (valid fp16 metadata). Timing: CUDA events around one call, the L2 flushed before each call by
@@ -17,7 +22,7 @@
 // flops (4·d·n_heads_q per (query, visible key) pair = torch_prefill.py's 2·N²·d·Hq for a whole
 // prompt) / time, and the kernel's speed-up over kStaged.
 //
-// Run: bench_prefill_attn_cuda [--iters n] [--quick] [--case i] [--path staged|mma|wgmma|auto]
+// Run: bench_prefill_attn_cuda [--iters n] [--quick] [--case i] [--path staged|mma|wgmma|auto|split]
 //   --quick: the cases up to 32K only; --case / --path: one case (0-based, in the table's order)
 //   or one path only, e.g. to profile a single kernel under ncu.
 // Not Google Benchmark: a plain program, so that one device call prints one table.
@@ -74,7 +79,7 @@ int main(int argc, char** argv) {
       only_path = argv[++i];
     else {
       std::fprintf(stderr,
-                   "usage: %s [--iters n] [--quick] [--case i] [--path staged|mma|wgmma|auto]\n",
+                   "usage: %s [--iters n] [--quick] [--case i] [--path staged|mma|wgmma|auto|split]\n",
                    argv[0]);
       return 2;
     }
@@ -103,7 +108,11 @@ int main(int argc, char** argv) {
                                   {32, 16384, 64, false},   {32, 16384, 64, true},
                                   {32, 16384, 64, true, true},
                                   {1, 8192, 512, true},     {4, 4096, 256, true},
-                                  {1, 32768, 1024, false},  {1, 32768, 1024, true}};
+                                  {1, 32768, 1024, false},  {1, 32768, 1024, true},
+                                  // Short chunks at depth (a prefill step beside running
+                                  // streams): too few items to fill the GPU without a split.
+                                  {1, 49152, 128, false},   {1, 49152, 128, true},
+                                  {1, 98304, 64, true},     {4, 32768, 128, false}};
   if (!quick) {
     cases.push_back({1, 0, 102400, false});
     cases.push_back({1, 0, 131072, false});
@@ -126,7 +135,7 @@ int main(int argc, char** argv) {
     const int64_t hist = int2 ? bc.prefix - kSink - kRecentExtra : 0;
     std::vector<int32_t> indptr[3], ids[3], last[3], cu = {0};
     std::vector<int64_t> pos0;
-    int64_t n_exact = 0, n_hist = 0;
+    int64_t n_exact = 0, n_hist = 0, max_keys = 0;
     double flops = 0;
     for (int s = 0; s < bc.batch; ++s) {
       const int64_t recent = int2 ? kRecentExtra + bc.chunk : bc.prefix + bc.chunk - kSink;
@@ -143,6 +152,7 @@ int main(int argc, char** argv) {
       }
       const int64_t p0 = kSink + hist + recent - bc.chunk;
       pos0.push_back(p0);
+      max_keys = std::max(max_keys, p0 + bc.chunk);
       cu.push_back(cu.back() + static_cast<int32_t>(bc.chunk));
       for (int64_t i = 0; i < bc.chunk; ++i)
         flops += 4.0 * kD * kHq * static_cast<double>(p0 + i + 1);
@@ -215,14 +225,20 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&out, q.size() * sizeof(float)));
     p.out = out;
     double staged_us = 0;
-    for (PrefillAttnCudaPath path :
-         {PrefillAttnCudaPath::kStaged, PrefillAttnCudaPath::kTiledMma,
-          PrefillAttnCudaPath::kTiledWgmma, PrefillAttnCudaPath::kAuto}) {
-      const bool staged = path == PrefillAttnCudaPath::kStaged;
+    for (int pi = 0; pi < 5; ++pi) {
+      constexpr PrefillAttnCudaPath kPaths[5] = {
+          PrefillAttnCudaPath::kStaged, PrefillAttnCudaPath::kTiledMma,
+          PrefillAttnCudaPath::kTiledWgmma, PrefillAttnCudaPath::kAuto, PrefillAttnCudaPath::kAuto};
+      const PrefillAttnCudaPath path = kPaths[pi];
+      const bool staged = path == PrefillAttnCudaPath::kStaged, split = pi == 4;
       const char* path_name = staged                                      ? "staged"
                               : path == PrefillAttnCudaPath::kTiledMma   ? "mma"
                               : path == PrefillAttnCudaPath::kTiledWgmma ? "wgmma"
+                              : split                                     ? "split"
                                                                           : "auto";
+      // The bounds that let kAuto split an item's keys (0: unknown, no split).
+      p.max_rows = split ? cu.back() : 0;
+      p.max_keys = split ? max_keys : 0;
       if (only_path != nullptr ? std::strcmp(only_path, path_name) != 0 : staged && flops > 2e13)
         continue;
       std::vector<double> ts;
@@ -242,6 +258,7 @@ int main(int argc, char** argv) {
                   staged                                       ? "staged"
                   : path == PrefillAttnCudaPath::kTiledMma   ? "tiled mma.sync"
                   : path == PrefillAttnCudaPath::kTiledWgmma ? "tiled wgmma"
+                  : split                                      ? "warp-specialised, split"
                                                                : "warp-specialised",
                   med, pct(ts, 0.1),
                   pct(ts, 0.9), flops / (med * 1e-6) / 1e12, ratio);

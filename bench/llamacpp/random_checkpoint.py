@@ -8,7 +8,7 @@ weights are noise, the text is meaningless.
 
 CONFIG_JSON: a Qwen3ForCausalLM config.json (e.g. ../shared/configs/qwen3-0.6b.json);
 TOKENIZER_DIR: its tokenizer.json (and tokenizer_config.json, where present) are copied (the real
-Qwen3 tokenizer: tests/data/qwen3_tokenizer). Writes OUT_DIR/{config.json, tokenizer*.json,
+Qwen3 tokenizer: build/data/qwen3_tokenizer, which configure unpacks). Writes OUT_DIR/{config.json, tokenizer*.json,
 model.safetensors} and data/dev_eval.txt (the embedded model's text, whence bench_model draws
 its prompts).
 Matrices: |w| in [2^-7, 2^-6) with random signs and mantissas (activations stay finite through

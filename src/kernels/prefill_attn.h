@@ -35,11 +35,15 @@ struct PrefillAttnParams {
   int32_t n_recent = 0;
   bool quantized = false;  // the cache has a history region (INT2 / KIVI modes)
   bool decode_equivalent = false;
-  // CUDA, decode-equivalent on a quantized cache: an upper bound on the call's query rows
-  // (cu_seqlens[n_seqs] - cu_seqlens[0]; the model's plan.n_rows()), which the host cannot read
-  // from cu_seqlens (device memory). It sizes the scratch of on-the-fly quantized rows
-  // (kernels/cuda/prefill_attn.cu). Ignored by the CPU version and in the other modes.
+  // CUDA: an upper bound on the call's query rows (cu_seqlens[n_seqs] - cu_seqlens[0]; the
+  // model's plan.n_rows()), which the host cannot read from cu_seqlens (device memory). It sizes
+  // the scratch of on-the-fly quantized rows (decode-equivalent on a quantized cache) and, with
+  // max_keys, lets serving prefill split a short chunk's keys across blocks
+  // (kernels/cuda/prefill_attn.cu). 0: unknown. Ignored by the CPU version.
   int32_t max_rows = 0;
+  // CUDA, serving prefill: an upper bound on the keys any query attends to (the largest pos0[s] +
+  // queries of s; a host value). 0: unknown (no split).
+  int64_t max_keys = 0;
   // [n_seqs + 1] query rows of sequence s: [cu[s], cu[s+1]) of q / out; cu[0] need not be 0
   // (a slice of a step's rows).
   const int32_t* cu_seqlens = nullptr;

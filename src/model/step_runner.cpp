@@ -206,6 +206,10 @@ Status StepRunner::forward(const kv::StepPlan& plan, const ForwardOptions& optio
   pre.n_heads_q = c.n_heads_q;
   pre.n_seqs = plan.n_seqs() - plan.n_decode;
   pre.max_rows = static_cast<int32_t>(n - plan.n_decode);  // the prefill rows of this step
+  pre.max_keys = 0;
+  for (int32_t s = plan.n_decode; s < plan.n_seqs(); ++s)
+    pre.max_keys = std::max<int64_t>(pre.max_keys, plan.pos0[s] + plan.cu_seqlens[s + 1] -
+                                                       plan.cu_seqlens[s]);
   // The prefill sequences' slice of the plan: their rows keep their step-wide numbering.
   pre.cu_seqlens = st.get<int32_t>(h_cu) + plan.n_decode;
   pre.pos0 = st.get<int64_t>(h_pos0) + plan.n_decode;

@@ -179,7 +179,7 @@ void check_calls(const tok::Tokenizer& t, uint64_t n_seeds) {
 }
 
 TEST(ToolCallConstraint, RandomDrawsGiveValidCallsQwen3Tokenizer) {
-  auto t = tok::Tokenizer::load("tests/data/qwen3_tokenizer");
+  auto t = tok::Tokenizer::load(OSCAR_QWEN3_TOKENIZER_DIR);
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   // The real tokenizer has <tool_call> as one (added, non-special) token: it is forced as such.
   auto c = ToolCallConstraint::create(t.value(), {"f"});
@@ -381,7 +381,7 @@ TEST(ToolCallConstraint, JsonSchemaDrawsValidateTinyModel) {
 }
 
 TEST(ToolCallConstraint, JsonSchemaDrawsValidateQwen3Tokenizer) {
-  auto t = tok::Tokenizer::load("tests/data/qwen3_tokenizer");
+  auto t = tok::Tokenizer::load(OSCAR_QWEN3_TOKENIZER_DIR);
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   check_schema_draws(t.value(), 1, TokenTrie::build(t.value()));
 }
@@ -492,7 +492,7 @@ TEST(ToolCallConstraint, StrictToolArgumentsFollowTheirSchema) {
 // tool_choice "auto" with strict tools: free text (every token allowed) until the model draws the
 // <tool_call> token, then a call whose arguments follow the named tool's schema.
 TEST(ToolCallConstraint, OnCallIsFreeUntilTheCallStarts) {
-  auto t = tok::Tokenizer::load("tests/data/qwen3_tokenizer");
+  auto t = tok::Tokenizer::load(OSCAR_QWEN3_TOKENIZER_DIR);
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   const std::vector<std::string> names = {"get_weather", "get_time"};
   const std::vector<std::shared_ptr<const JsonSchema>> schemas = {compile_or_die(kWeather),
@@ -532,7 +532,7 @@ TEST(ToolCallConstraint, OnCallIsFreeUntilTheCallStarts) {
 // The mask's cost per decoded token (printed; not a pass/fail bound): the tiny model's vocabulary
 // and Qwen3's, at the start of a document, inside a free string and inside a number.
 TEST(ToolCallConstraint, JsonSchemaMaskCost) {
-  for (const char* dir : {"models/tiny-qwen3", "tests/data/qwen3_tokenizer"}) {
+  for (const char* dir : {"models/tiny-qwen3", OSCAR_QWEN3_TOKENIZER_DIR}) {
     auto t = tok::Tokenizer::load(dir);
     ASSERT_TRUE(t.ok());
     const auto t0 = std::chrono::steady_clock::now();

@@ -229,6 +229,8 @@ void build(const Case& c, Host& h) {
   p.quantized = c.history;
   p.decode_equivalent = c.decode_equivalent;
   p.max_rows = h.cu.back() - kRow0;
+  p.max_keys = 0;
+  for (const SeqSpec& q : c.seqs) p.max_keys = std::max(p.max_keys, q.sink + q.hist + q.recent);
   p.codec.k_clip = h.k_clip.empty() ? nullptr : h.k_clip.data();
   p.codec.v_clip = h.v_clip.empty() ? nullptr : h.v_clip.data();
   p.cu_seqlens = h.cu.data();
@@ -493,6 +495,31 @@ TEST_F(PrefillAttnCuda, LongChunksGqa6And12) {
     c.seqs = {{16, 1040, 400, 383}, {16, 0, 520, 520}, {16, 48, 70, 70}};
     c.seed = 600 + gqa;
     run_case(c);
+  }
+}
+
+TEST_F(PrefillAttnCuda, SplitKeysOfShortChunksAtDepth) {
+  // Few items over long keys: the warp-specialised kernel cuts each item's key tiles into parts
+  // (prefill_attn_ws_split: 4 here on an H100 / H200) and merges them. A 64-query chunk at 16K
+  // beside a 40-query chunk at 2K (whose items are shorter than the parts: empty parts) and a
+  // 64-query chunk at 300 keys (a part whose keys all lie past some of its rows: those rows'
+  // part has no visible key), over BF16 and INT2 history, GQA 2, 4 and 12.
+  for (int gqa : {2, 4, 12}) {
+    for (bool history : {false, true}) {
+      Case c;
+      c.n_heads_q = 2 * gqa;
+      c.n_heads_kv = 2;
+      c.n_layers = 1;
+      c.layer = 0;
+      c.n_sink = 64;
+      c.history = history;
+      c.seqs = history ? std::vector<SeqSpec>{{64, 16384, 100, 64}, {64, 1984, 70, 40},
+                                              {64, 0, 236, 64}}
+                       : std::vector<SeqSpec>{{64, 0, 16484, 64}, {64, 0, 2054, 40},
+                                              {64, 0, 236, 64}};
+      c.seed = 700 + gqa + (history ? 1 : 0);
+      run_case(c);
+    }
   }
 }
 

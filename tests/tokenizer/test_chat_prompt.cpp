@@ -1,5 +1,6 @@
 // The safe prompt path (tokenizer/chat_prompt.h) with the real Qwen3 tokenizer (26 added tokens,
-// tests/data/qwen3_tokenizer) and the Qwen3 chat template (models/tiny-qwen3). Checks:
+// tests/data/qwen3_tokenizer, unpacked into the build tree) and the Qwen3 chat template
+// (models/tiny-qwen3). Checks:
 //   - Tokenizer::encode(pieces): literal pieces never yield added tokens, trusted ones do;
 //   - chats without added-token text: ids equal encode(render_chat()) exactly (the HF ids), over
 //     every golden chat-template case;
@@ -26,7 +27,7 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-const char* kQwenFile = OSCAR_SOURCE_DIR "/tests/data/qwen3_tokenizer/tokenizer.json";
+const char* kQwenFile = OSCAR_QWEN3_TOKENIZER_DIR "/tokenizer.json";  // unpacked by configure
 const char* kTinyConfig = OSCAR_SOURCE_DIR "/models/tiny-qwen3/tokenizer_config.json";
 const char* kChatCases = OSCAR_SOURCE_DIR "/models/tiny-qwen3/golden/chat_template_cases.json";
 

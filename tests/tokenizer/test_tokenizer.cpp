@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 
 const char* kTinyDir = OSCAR_SOURCE_DIR "/models/tiny-qwen3";
 const char* kTinyCases = OSCAR_SOURCE_DIR "/models/tiny-qwen3/golden/tokenizer_cases.json";
-const char* kQwenFile = OSCAR_SOURCE_DIR "/tests/data/qwen3_tokenizer/tokenizer.json";
+const char* kQwenFile = OSCAR_QWEN3_TOKENIZER_DIR "/tokenizer.json";  // unpacked by configure
 const char* kQwenCases = OSCAR_SOURCE_DIR "/tests/data/qwen3_tokenizer/golden_cases.json";
 
 json read_json(const std::string& path) {

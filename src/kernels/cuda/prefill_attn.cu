@@ -18,8 +18,9 @@
 // byte is read once per group.
 // The host knows neither the chunk sizes nor the sequence lengths (device memory; no host sync),
 // so the grid is one wave of resident blocks and each block walks (item, KV head) pairs
-// (find_work: b, b + gridDim.x, ...; a sequence's tiles are numbered last-first, so the long ones
-// start first); the block finds its item's sequence by scanning cu_seqlens.
+// (for_each_work: a snake over rounds of gridDim.x works; a sequence's tiles are numbered
+// last-first, so the long ones start first); the block finds its item's sequence by scanning
+// cu_seqlens.
 // Serving prefill (kAuto) runs the warp-specialised kernel of prefill_attn_ws.cu at head_dim 128
 // on sm_90a, else the tiled kernel of prefill_attn_tc.cu (cp.async double-buffered tiles, history
 // dequantized once per tile, wgmma or mma.sync). This file holds the two earlier kernels over the
@@ -520,7 +521,8 @@ Status device_facts(DeviceFacts* out) {
 }
 
 // The scratches of each device, grown on demand and never shrunk: the decode-equivalent rows
-// (prefill_deq_zone.cuh) and the history expanded to BF16 (prefill_hist_bf16.cu); g_scratch_mu is
+// (prefill_deq_zone.cuh) or a split call's parts (prefill_attn_ws.cu), and the history expanded
+// to BF16 (prefill_hist_bf16.cu); g_scratch_mu is
 // held from the growth to the launches. Like linear_cuda's workspace, calls on one device are
 // assumed to be ordered on one stream.
 std::mutex g_scratch_mu;
@@ -638,6 +640,9 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
 
   a.hist_bf16 = nullptr;
   a.hist_slot = nullptr;
+  a.n_split = 1;
+  a.part_rows = 0;
+  a.part = nullptr;
 
   std::unique_lock<std::mutex> lock(g_scratch_mu, std::defer_lock);
   int dev = 0;
@@ -668,13 +673,29 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
   // other queries changed, on the H200; not understood yet: docs/results/determinism.md).
   if (a.de == 0) {
     if (path == PrefillAttnCudaPath::kAuto && facts.ws && L.head_dim == 128) {
+      // A call of few items over long keys (a short chunk at depth) splits each item's keys
+      // across blocks; without the scratch for the parts, it runs unsplit.
+      a.n_split = prefill_attn_ws_split(a, p.max_rows, p.max_keys);
+      if (a.n_split > 1) {
+        const size_t bytes = static_cast<size_t>(a.n_split) * p.max_rows * p.n_heads_q *
+                             (L.head_dim + 1) * sizeof(float);
+        lock.lock();
+        cuda::GrownBuffer& sc = g_scratch[dev];
+        if (sc.reserve(bytes, bytes + bytes / 4, stream).ok()) {
+          a.part = static_cast<float*>(sc.ptr);
+          a.part_rows = p.max_rows;
+        } else {
+          (void)cudaGetLastError();
+          a.n_split = 1;
+        }
+      }
       if (!p.quantized) return prefill_attn_ws_launch(a, L.head_dim, false, stream);
       bool tma = false;
       OSCAR_RETURN_IF_ERROR(prefill_attn_ws_tma(L.page_size, &tma));
       if (tma && p.hist_slot != nullptr) {
         const size_t bytes = static_cast<size_t>(std::max(p.n_hist_unique, 0)) * 2 *
                              L.n_heads_kv * L.page_size * L.head_dim * 2;
-        lock.lock();
+        if (!lock.owns_lock()) lock.lock();
         cuda::GrownBuffer& hb = g_hist_bf16[dev];
         Status got = bytes == 0 ? Status() : hb.reserve(bytes, bytes + bytes / 4, stream);
         if (!got.ok()) {

@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/prefill_items.cuh"
@@ -48,9 +49,14 @@ constexpr int kWsConsumers = 2;                       // consumer warpgroups, 64
 constexpr int kWsThreads = 128 * (1 + kWsConsumers);  // warpgroup 0 produces
 constexpr int kWsRows = 64 * kWsConsumers;            // rows of an item
 constexpr int kWsKeys = 128;                          // keys per K/V tile
-// Registers per thread after reallocation: 128·P + 256·C within the launch's 384 x 168.
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+// Registers per thread after reallocation: 128·P + 256·C within the launch's 384 x 168. The
+// TMA producer spilled at 40; the consumers need no more than 224 (ptxas -v: no spills).
+constexpr int kProducerRegs = 56, kConsumerRegs = 224;
 constexpr int kWsStages = 3;  // ring slots: 224 KiB of shared memory with Q
+// Splitting an item's keys (prefill_attn_ws_split): parts of at least this many keys (a part's
+// first and last tiles do not overlap with others), at most this many parts.
+constexpr int64_t kWsMinPartKeys = 16 * kWsKeys;
+constexpr int kWsMaxSplit = 16;
 // Named barriers: 1 + c consumer c's own, kSchedBar + c its turn (ping-pong), kProducerBar the
 // producer warpgroup's.
 constexpr int kSchedBar = 3, kProducerBar = 5;
@@ -87,6 +93,16 @@ struct Ring {
   }
 };
 
+// Key tiles [t0, t1) of the item's part it.split: its tiles cut into n_split runs of
+// ceil(tiles / n_split) (all of them without a split); the last parts may be empty.
+__device__ __forceinline__ void part_tiles(const Args& a, const Item& it, int& t0, int& t1) {
+  const int n_tiles = static_cast<int>((it.kend + kWsKeys - 1) / kWsKeys);
+  const int n_split = max(1, a.n_split);
+  const int per = (n_tiles + n_split - 1) / n_split;
+  t0 = min(n_tiles, it.split * per);
+  t1 = min(n_tiles, t0 + per);
+}
+
 // How the producer fills a slot: by cp.async from 128 threads, or by TMA (one box per page plane
 // and 64-dim atom, issued by one warp).
 enum WsLoad { kLoadCpAsync, kLoadTma };
@@ -100,9 +116,10 @@ __device__ __forceinline__ void ws_produce(const Args& a, uint32_t tiles_addr, c
   for_each_work(a, [&](const Item& it, int kvh) {
     const Planes pl = make_planes(a, kvh, D);
     const SeqPages sp = seq_pages(a, it);
-    const int n_tiles = (sp.kend + kWsKeys - 1) / kWsKeys;
+    int t0, t1;
+    part_tiles(a, it, t0, t1);
 #pragma unroll 1
-    for (int tile = 0; tile < n_tiles; ++tile, ++n) {
+    for (int tile = t0; tile < t1; ++tile, ++n) {
       mbar_wait(ring.empty<kStages>(n), Ring::parity<kStages>(n) ^ 1);
       const uint32_t slot = tiles_addr + (n % kStages) * S::kStageBytes;
       load_exact<D, kWsKeys, 128>(a, pl, sp, tile * kWsKeys, false, slot, slot + T::kTileBytes,
@@ -156,9 +173,10 @@ __device__ __forceinline__ void ws_produce_tma(const Args& a, const void* map, c
     const int plane_k = (a.layer * 2) * a.n_heads_kv + kvh, plane_v = plane_k + a.n_heads_kv;
     const int32_t* hslot =
         a.hist_slot != nullptr ? a.hist_slot + a.history.indptr[it.seq] : nullptr;
-    const int n_tiles = (sp.kend + kWsKeys - 1) / kWsKeys;
+    int t0, t1;
+    part_tiles(a, it, t0, t1);
 #pragma unroll 1
-    for (int tile = 0; tile < n_tiles; ++tile, ++n) {
+    for (int tile = t0; tile < t1; ++tile, ++n) {
       const int k0 = tile * kWsKeys;
       // Whole page groups by TMA; a group cut by kend by cp.async, below.
       const int whole = min(groups, (sp.kend - k0) >> shift);
@@ -250,25 +268,31 @@ struct RowState {
   int64_t pos[2];                   // the rows' query positions (causal limit)
 };
 
-// Softmax of tile k0's scores s (causally masked): P as BF16 A fragments, this tile's row sums,
-// and the factor alpha by which the running O and l must be scaled. Updates the running maxima
-// only.
-__device__ __forceinline__ void tile_softmax(const float (&s_in)[kNB][4], int64_t k0,
-                                             int64_t first_pos, int t, RowState& st,
-                                             uint32_t (&pa)[kNKP][4], float (&sum)[2],
-                                             float (&alpha)[2]) {
+// Softmax of tile k0's scores s (causally masked when kMask): P as BF16 A fragments, this tile's
+// row sums, and the factor alpha by which the running O and l must be scaled. Updates the running
+// maxima only. Only the item's last tile or two reach past its first query and take the mask:
+// masking every tile (an int64 compare and select per score) had the softmax outlast the other
+// warpgroup's MMAs.
+template <bool kMask>
+__device__ __forceinline__ void tile_softmax(const float (&s_in)[kNB][4], int64_t k0, int t,
+                                             RowState& st, uint32_t (&pa)[kNKP][4],
+                                             float (&sum)[2], float (&alpha)[2]) {
   // The scores are only read here, never written: in the pipelined loop they are the
   // accumulators of a wgmma stage still open (P·V in flight), where ptxas would serialise the
   // wgmmas on any other instruction defining them.
   float s[kNB][4];
-  const bool diag = k0 + kWsKeys - 1 > first_pos;
+  // Key k0 + 8nb + 2t + (c & 1) is past row r's query when 8nb + (c & 1) > lim[r].
+  int lim[2] = {0, 0};
+  if constexpr (kMask) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      lim[r] = static_cast<int>(min(st.pos[r] - k0, static_cast<int64_t>(kWsKeys))) - 2 * t;
+  }
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb)
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int64_t j = k0 + 8 * nb + 2 * t + (c & 1);
-      s[nb][c] = diag && j > st.pos[c >> 1] ? kNegInf : s_in[nb][c];
-    }
+    for (int c = 0; c < 4; ++c)
+      s[nb][c] = kMask && 8 * nb + (c & 1) > lim[c >> 1] ? kNegInf : s_in[nb][c];
   // Row maxima over the tile: four independent chains per row, then the quad's lanes.
   float mx[2];
 #pragma unroll
@@ -364,6 +388,24 @@ __device__ __forceinline__ void issue_pv(const uint32_t (&pa)[kNKP][4], uint32_t
 __device__ __forceinline__ void turn_wait(int cw) { named_barrier(kSchedBar + cw, 256); }
 __device__ __forceinline__ void turn_pass(int cw) { named_barrier_arrive(kSchedBar + (cw ^ 1), 256); }
 
+// A split item's partials (Args::part): row m of the item's rows (query m / gqa, head m % gqa)
+// as an index of [n_split][part_rows][n_heads_q]; O at that index times D, the log2-sum-exp after
+// all of O.
+__device__ __forceinline__ size_t part_index(const Args& a, const Item& it, int kvh, int m) {
+  const int64_t row = it.row0 + m / a.gqa - a.cu[0];
+  return (static_cast<size_t>(it.split) * a.part_rows + row) * a.n_heads_q + kvh * a.gqa +
+         m % a.gqa;
+}
+template <int D>
+__device__ __forceinline__ float* part_lse(const Args& a) {
+  return a.part + static_cast<size_t>(max(1, a.n_split)) * a.part_rows * a.n_heads_q * D;
+}
+// Row m of an empty part: weight 0 in the merge (its O is never read).
+template <int D>
+__device__ __forceinline__ void write_empty_part(const Args& a, const Item& it, int kvh, int m) {
+  if (m < a.qt * a.gqa && m / a.gqa < it.nqt) part_lse<D>(a)[part_index(a, it, kvh, m)] = kNegInf;
+}
+
 // kFa3: FA3's schedule (the intra-warpgroup overlap, with ping-pong), which pays only with the TMA
 // producer; otherwise one tile at a time: scores, softmax, P·V.
 template <int D, int kStages, bool kFa3>
@@ -383,6 +425,12 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
   uint32_t n = 0;
   for_each_work(a, [&](const Item& it, int kvh) {
     const int64_t first_pos = it.p0 + it.q0;  // the item's smallest query position
+    int t0, t1;
+    part_tiles(a, it, t0, t1);
+    if (t0 == t1) {  // an empty part (a split item shorter than the parts): nothing to add
+      if (tid < 64) write_empty_part<D>(a, it, kvh, 64 * cw + tid);
+      return;
+    }
     named_barrier(bar, 128);  // the previous item's reads of Q are done in every warp
     ws_stage_q<D>(a, it, kvh, cw, tid, qs);
     fence_proxy_async_smem();
@@ -397,21 +445,31 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
 #pragma unroll
       for (int c = 0; c < 4; ++c) o[db][c] = 0.f;
 
-    const int n_tiles = static_cast<int>((it.kend + kWsKeys - 1) / kWsKeys);
     const auto ks_of = [&](uint32_t m) { return tiles_addr + (m % kStages) * S::kStageBytes; };
     float s[kNB][4], sum[2], alpha[2];
     uint32_t pa[kNKP][4];
+    // Tiles below n_free lie wholly below the item's first query: no causal mask.
+    const int n_free = static_cast<int>(min(static_cast<int64_t>(t1), (first_pos + 1) / kWsKeys));
+    const auto softmax = [&](int tile, uint32_t (&p)[kNKP][4]) {
+      const int64_t k0 = static_cast<int64_t>(tile) * kWsKeys;
+      if (tile < n_free)
+        tile_softmax<false>(s, k0, t, st, p, sum, alpha);
+      else
+        tile_softmax<true>(s, k0, t, st, p, sum, alpha);
+    };
     if constexpr (kFa3) {
-      // Tile 0: scores, softmax (O is still zero: nothing to rescale).
+      // The first tile: scores, softmax (O is still zero: nothing to rescale).
       mbar_wait(ring.full<kStages>(n), Ring::parity<kStages>(n));
       wgmma_fence();
       issue_scores<D, kStages>(qs_addr, ks_of(n), s);
       wgmma_wait<0>();
-      tile_softmax(s, 0, first_pos, t, st, pa, sum, alpha);
+      softmax(t0, pa);
       apply_tile(o, st, sum, alpha);
-#pragma unroll 1
-      for (int tile = 1; tile < n_tiles; ++tile) {
-        const uint32_t cur = n + tile;
+      // Each later tile: its QKᵀ with the previous tile's P·V. The unmasked tiles and the masked
+      // ones run as two loops, each with no branch inside the wgmma stage it keeps open (where
+      // ptxas would serialise the wgmmas).
+      const auto step = [&](int tile, auto masked) {
+        const uint32_t cur = n + (tile - t0);
         mbar_wait(ring.full<kStages>(cur), Ring::parity<kStages>(cur));
         // Tile t's QKᵀ and tile t-1's P·V in flight together; tile t's softmax then overlaps
         // the P·V, into a second set of P registers.
@@ -444,8 +502,8 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
         turn_pass(cw);
         wgmma_wait<1>();  // the scores (committed first) are in
         uint32_t pa_next[kNKP][4];
-        tile_softmax(s, static_cast<int64_t>(tile) * kWsKeys, first_pos, t, st, pa_next, sum,
-                     alpha);
+        tile_softmax<decltype(masked)::value>(s, static_cast<int64_t>(tile) * kWsKeys, t, st,
+                                              pa_next, sum, alpha);
         wgmma_wait<0>();  // P·V of tile t-1 is in O
         fence_operands(o);
         fence_operands(pa);
@@ -455,20 +513,26 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
         for (int kp = 0; kp < kNKP; ++kp)
 #pragma unroll
           for (int c = 0; c < 4; ++c) pa[kp][c] = pa_next[kp][c];
-      }
+      };
+      int tile = t0 + 1;
+#pragma unroll 1
+      for (; tile < n_free; ++tile) step(tile, std::false_type{});
+#pragma unroll 1
+      for (; tile < t1; ++tile) step(tile, std::true_type{});
+      const uint32_t last = n + (t1 - t0 - 1);
       wgmma_fence();
-      issue_pv<D>(pa, ks_of(n + n_tiles - 1) + T::kTileBytes, o);
+      issue_pv<D>(pa, ks_of(last) + T::kTileBytes, o);
       wgmma_wait<0>();
-      mbar_arrive(ring.empty<kStages>(n + n_tiles - 1));
-      n += n_tiles;
+      mbar_arrive(ring.empty<kStages>(last));
+      n = last + 1;
     } else {
 #pragma unroll 1
-      for (int tile = 0; tile < n_tiles; ++tile, ++n) {
+      for (int tile = t0; tile < t1; ++tile, ++n) {
         mbar_wait(ring.full<kStages>(n), Ring::parity<kStages>(n));
         wgmma_fence();
         issue_scores<D, kStages>(qs_addr, ks_of(n), s);
         wgmma_wait<0>();
-        tile_softmax(s, static_cast<int64_t>(tile) * kWsKeys, first_pos, t, st, pa, sum, alpha);
+        softmax(tile, pa);
         apply_tile(o, st, sum, alpha);
         wgmma_fence();
         issue_pv<D>(pa, ks_of(n) + T::kTileBytes, o);
@@ -486,6 +550,11 @@ __device__ __forceinline__ void ws_consume(const Args& a, int cw, uint8_t* smem,
       if (m >= a.qt * a.gqa || qi >= it.nqt) continue;
       const float inv = l > 0.f ? 1.f / l : 0.f;
       float* dst = a.out + ((it.row0 + qi) * a.n_heads_q + kvh * a.gqa + hh) * D;
+      if (a.n_split > 1) {  // this part's normalised O and log2-sum-exp, for the merge
+        const size_t ph = part_index(a, it, kvh, m);
+        dst = a.part + ph * D;
+        if (t == 0) part_lse<D>(a)[ph] = l > 0.f ? st.m[r] + __log2f(l) : kNegInf;
+      }
 #pragma unroll
       for (int db = 0; db < NDB; ++db)
         *reinterpret_cast<float2*>(dst + 8 * db + 2 * t) =
@@ -525,6 +594,37 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   } else {
     setmaxnreg_inc<kConsumerRegs>();
     ws_consume<D, kStages, kLoad == kLoadTma>(a, threadIdx.x / 128 - 1, smem, base, ring);
+  }
+}
+
+// Folds a split call's parts into out: per (row, query head) pair, one warp, each lane four
+// dimensions; parts weighted by 2^(lse - max lse), empty parts (lse = -inf) skipped.
+template <int D>
+__global__ void __launch_bounds__(256) prefill_ws_merge_kernel(const __grid_constant__ Args a) {
+  static_assert(D == 128, "a lane per four dimensions");
+  const int rows = a.cu[a.n_seqs] - a.cu[0], lane = threadIdx.x & 31;
+  const size_t stride = static_cast<size_t>(a.part_rows) * a.n_heads_q;
+  const float* lse = part_lse<D>(a);
+  const int64_t pairs = static_cast<int64_t>(rows) * a.n_heads_q;
+#pragma unroll 1
+  for (int64_t p = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; p < pairs;
+       p += (gridDim.x * blockDim.x) >> 5) {
+    float mx = kNegInf;
+    for (int sp = 0; sp < a.n_split; ++sp) mx = fmaxf(mx, lse[sp * stride + p]);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float wsum = 0.f;
+    for (int sp = 0; sp < a.n_split; ++sp) {
+      const float l = lse[sp * stride + p];
+      if (l == kNegInf) continue;
+      const float w = exp2f(l - mx);
+      const float4 x = *reinterpret_cast<const float4*>(a.part + (sp * stride + p) * D + 4 * lane);
+      wsum += w;
+      acc = make_float4(acc.x + w * x.x, acc.y + w * x.y, acc.z + w * x.z, acc.w + w * x.w);
+    }
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    *reinterpret_cast<float4*>(a.out + (static_cast<size_t>(a.cu[0]) * a.n_heads_q + p) * D +
+                               4 * lane) =
+        make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
   }
 }
 
@@ -600,6 +700,19 @@ Status prefill_attn_ws_tma(int page_size, bool* tma) {
   return Status();
 }
 
+int prefill_attn_ws_split(const Args& a, int max_rows, int64_t max_keys) {
+  WsFacts f;
+  if (a.invariant || a.de != 0 || max_rows <= 0 || max_keys <= 0 || a.gqa > kWsRows ||
+      !ws_facts(&f).ok())
+    return 1;
+  // Works without a split, at most: each sequence adds at most one partial item.
+  const int64_t qt = kWsRows / a.gqa;
+  const int64_t works = ((max_rows + qt - 1) / qt + a.n_seqs) * a.n_heads_kv;
+  const int64_t by_blocks = static_cast<int64_t>(f.sms) * f.blocks / works;
+  const int64_t by_keys = max_keys / kWsMinPartKeys;
+  return static_cast<int>(std::clamp<int64_t>(std::min(by_blocks, by_keys), 1, kWsMaxSplit));
+}
+
 Status prefill_attn_ws_launch(const Args& a_in, int head_dim, bool quantized,
                               cudaStream_t stream) {
   if (a_in.de != 0) return internal_error("prefill_attn_ws: serving prefill only");
@@ -628,8 +741,17 @@ Status prefill_attn_ws_launch(const Args& a_in, int head_dim, bool quantized,
       OSCAR_RETURN_IF_ERROR(
           bf16_pool_map(a.hist_bf16, 2 * a.n_heads_kv, a.page_size, head_dim, &hmap));
   }
+  if (a.n_split > 1 && (a.part == nullptr || a.part_rows <= 0))
+    return internal_error("prefill_attn_ws: %d parts without their scratch", a.n_split);
   ws_kernel(tma)<<<grid, kWsThreads, kSmem, stream>>>(a, map, hmap);
   OSCAR_CUDA_LAUNCH_CHECK("prefill_attn_ws_kernel");
+  if (a.n_split > 1) {
+    const int64_t warps = static_cast<int64_t>(a.part_rows) * a.n_heads_q;
+    const unsigned blocks =
+        static_cast<unsigned>(std::clamp<int64_t>((warps + 7) / 8, 1, 8ll * f.sms));
+    prefill_ws_merge_kernel<128><<<blocks, 256, 0, stream>>>(a);
+    OSCAR_CUDA_LAUNCH_CHECK("prefill_ws_merge_kernel");
+  }
   return Status();
 }
 

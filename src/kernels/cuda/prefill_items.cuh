@@ -51,6 +51,12 @@ struct Args {
   const uint8_t* hist_bf16;
   const int32_t* hist_slot;
   int invariant;  // PrefillAttnParams::batch_invariant: passes split per query (n_passes)
+  // The warp-specialised kernel's split of an item's key tiles across n_split works (1: none;
+  // 0 counts as 1), each writing its rows' normalised partial O and log2-sum-exp to `part`
+  // ([n_split][part_rows][n_heads_q][D], then [n_split][part_rows][n_heads_q]; rows counted from
+  // cu[0]), which prefill_attn_ws's merge folds into out.
+  int n_split, part_rows;
+  float* part;
 };
 
 
@@ -87,6 +93,7 @@ __device__ __forceinline__ Planes make_planes(const Args& a, int kvh, int head_d
 // One work item: a tile of queries of one sequence.
 struct Item {
   int seq, q0, nqt;
+  int split;  // which of Args::n_split parts of the item's key tiles (find_work)
   int64_t p0, n_sink_tok, hist_end;
   int64_t kend;  // the tile reads keys [0, kend)
   int64_t row0;  // step-wide row of query q0
@@ -161,23 +168,32 @@ __device__ __forceinline__ bool find_item(const Args& a, int item, Item& it) {
   return false;
 }
 
-// Work w of a block: item w / n_heads_kv for KV head w % n_heads_kv. Blocks take w = blockIdx.x,
-// + gridDim.x, ..., and the grid is exactly one wave of resident blocks: a partial second wave
-// would start only when the first ends and double the time (136 blocks on 132 SMs did).
+// Work w: KV head w % n_heads_kv, then part (w / n_heads_kv) % n_split of item
+// w / n_heads_kv / n_split.
 __device__ __forceinline__ bool find_work(const Args& a, int w, Item& it, int& kvh) {
+  const int n_split = max(1, a.n_split);
   kvh = w % a.n_heads_kv;
-  return find_item(a, w / a.n_heads_kv, it);
+  const int rest = w / a.n_heads_kv;
+  it.split = rest % n_split;
+  return find_item(a, rest / n_split, it);
 }
 
 // Runs f(it, kvh) for each of the block's (item, KV head) pairs in turn, the opening of every
-// prefill kernel's work loop (and of the warp-specialised kernel's producer and consumers).
+// prefill kernel's work loop (and of the warp-specialised kernel's producer and consumers). The
+// grid is exactly one wave of resident blocks (a partial second wave would start only when the
+// first ends and double the time: 136 blocks on 132 SMs did); round k gives the blocks works
+// kG .. kG + G - 1 (G = gridDim.x), in block order on even rounds and reversed on odd ones. Works
+// come longest first, so a block that takes a round's longest takes the next round's shortest:
+// in block order every round, block 0 would take the longest each time.
 template <class F>
 __device__ __forceinline__ void for_each_work(const Args& a, F&& f) {
+  const int G = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
 #pragma unroll 1
-  for (int w = blockIdx.x;; w += gridDim.x) {
+  for (int k = 0;; ++k) {
     Item it;
     int kvh;
-    if (!find_work(a, w, it, kvh)) return;
+    // Past the last work in round k, the block is past it in every later round too.
+    if (!find_work(a, k * G + ((k & 1) ? G - 1 - b : b), it, kvh)) return;
     f(it, kvh);
   }
 }
@@ -230,7 +246,14 @@ Status prefill_attn_tc_launch(const Args& a, int head_dim, bool wgmma, cudaStrea
 // BF16 cache or (quantized) over history expanded to BF16 pages (a.hist_slot and, when the call
 // has history pages, a.hist_bf16), which only its TMA producer reads: prefill_attn_ws_tma says
 // whether it loads by TMA at a page size.
+// With a.n_split > 1 (and a.part, a.part_rows for its scratch), each item's key tiles are cut
+// into that many works and a second kernel merges their parts into a.out.
 Status prefill_attn_ws_launch(const Args& a, int head_dim, bool quantized, cudaStream_t stream);
+// How many parts to cut each item's keys into (1: none), so that a call of few items (a short
+// chunk at depth) still fills the GPU: as many as one wave of blocks holds, each of at least 2048
+// keys, at most 16; 1 for batch-invariant calls (a query's result would depend on the call's
+// other rows). max_rows / max_keys: PrefillAttnParams' bounds (0: unknown, no split).
+int prefill_attn_ws_split(const Args& a, int max_rows, int64_t max_keys);
 Status prefill_attn_ws_tma(int page_size, bool* tma);
 
 // Dequantizes history pages pages[0, n_pages) (device ids) of layer a.layer to BF16 into dst,

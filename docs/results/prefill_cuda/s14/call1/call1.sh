@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 14, call 1: the warp-specialised prefill kernel's key split (short chunks at depth):
+# correctness, the kernel benchmark with and without the split, where a 100K prompt's last 8K
+# chunk spends its time, the running streams' token gaps during a 100K prefill with the step
+# budget (serve --prefill-itl-factor 2.5) for both caches, and the model checks.
+set -u
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+t0=$(date +%s)
+el() { echo "($(( $(date +%s) - t0 )) s)"; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee $OUT/device.txt
+mkdir -p /tmp/g && tar -xJf .gpu/bin.tar.xz -C /tmp/g
+G=/tmp/g
+export LD_LIBRARY_PATH=/tmp/g/lib:$LD_LIBRARY_PATH
+echo "== test_prefill_attn_cuda $(el)"
+timeout 150 $G/test_prefill_attn_cuda --gtest_color=no > $OUT/test_prefill.log 2>&1; echo rc=$?
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|non-finite|mismatch|max err" $OUT/test_prefill.log | head -12
+echo "== prefill bench, auto vs split $(el)"
+timeout 150 $G/bench_prefill_attn_cuda --quick --path auto > $OUT/bench_auto.log 2>&1
+timeout 150 $G/bench_prefill_attn_cuda --quick --path split > $OUT/bench_split.log 2>&1
+grep -E "^\|" $OUT/bench_auto.log; grep -E "^\| [0-9]" $OUT/bench_split.log
+echo "== the last 8K chunk of a 100K prompt, by phase $(el)"
+timeout 120 $G/bench_decode_step --model $G/configs/qwen3-8b --dummy-weights --device cuda \
+  --modes bf16,int2-hadamard --context 94208 --batches 1 --chunk 8192 --steps 3 > $OUT/chunk_step.log 2>&1
+grep -E "^\|" $OUT/chunk_step.log | head -8
+timeout 120 $G/bench_decode_step --model $G/configs/qwen3-8b --dummy-weights --device cuda \
+  --modes bf16,int2-hadamard --context 94208 --batches 1 --chunk 8192 --steps 2 --phases > $OUT/phases.log 2>&1
+grep -E "^\||GPU time" $OUT/phases.log | head -40
+echo "== model $(el)"
+timeout 150 bash $G/gpu-check.sh model 2>&1 | grep -E "PASSED|FAILED|Failure|max_abs|rc=" | head -20
+echo "== ITL during a 100K prefill, step budget 2.5 $(el)"
+PREFILL_ITL_FACTOR=2.5 PREFILL_TTFT=8192 PREFILL_SHARED= PREFILL_TORCH_LENS= PREFILL_TIMEOUT=110 \
+  timeout 260 bash $G/gpu-check.sh prefill 2>&1 | grep -E '"tokens"|"streams"|== prefill'
+grep -h "serve:" $OUT/prefill_serve_*.log | head -2
+cd $OUT && tar -czf logs.tgz --remove-files *.log *.json 2>/dev/null; ls $OUT
+echo "done $(el)"
