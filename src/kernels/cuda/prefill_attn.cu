@@ -712,6 +712,10 @@ Status prefill_attn_cuda_ex(const PrefillAttnParams& p, PrefillAttnCudaPath path
         }
       }
     }
+    // The other kernels walk unsplit works (find_work would hand them each item n_split times).
+    a.n_split = 1;
+    a.part_rows = 0;
+    a.part = nullptr;
     if ((path == PrefillAttnCudaPath::kAuto && !p.batch_invariant) ||
         path == PrefillAttnCudaPath::kTiledMma || path == PrefillAttnCudaPath::kTiledWgmma)
       return prefill_attn_tc_launch(a, L.head_dim,
