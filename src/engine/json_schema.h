@@ -39,6 +39,7 @@
 // JsonSchemaPrefix is a value used by one thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -47,6 +48,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "engine/regex_dfa.h"
 
 namespace oscar::engine {
 
@@ -59,6 +61,8 @@ class JsonSchema {
   static constexpr int kIntegerDigits = 15;
   static constexpr size_t kMaxNodes = 4096;
   static constexpr int64_t kInfinite = int64_t{1} << 50;  // "no finite document" in min_bytes
+  // Cells of every string pattern's cost table and automaton, together (int32 each).
+  static constexpr size_t kMaxPatternCells = size_t{1} << 22;
 
   // The schema (ordered: properties keep their declared order). Errors name the keyword and its
   // JSON pointer: "'pattern' (at #/properties/name) is not supported".
@@ -86,7 +90,29 @@ class JsonSchema {
     std::vector<int32_t> options;       // kAnyOf
     int64_t min_bytes = kInfinite;      // the shortest valid document
     int32_t min_depth = 0;              // its nesting (open values), this one included
+    int32_t pattern = -1;               // kString: its StringPattern (pattern / format), or -1
   };
+
+  // A string's pattern (and format) automaton, with the fewest JSON bytes that finish the
+  // string's content from each automaton state, given the code points written so far and the
+  // node's minLength / maxLength. The table's column is max_count - code points when maxLength
+  // is set (then any count in [min_count, max_count] may end it), else
+  // max(0, min_count - code points) (at least that many more).
+  struct StringPattern {
+    static constexpr int32_t kNone = INT32_MAX;  // no finish
+    std::shared_ptr<const RegexDfa> dfa;
+    int64_t min_count = 0, max_count = INT64_MAX;
+    int64_t columns = 1;
+    std::vector<int32_t> cost;  // [dfa->n_states(), columns], excluding the closing quote
+    int32_t rest(int32_t state, int64_t code_points) const {
+      const int64_t col = max_count != INT64_MAX ? max_count - code_points
+                                                 : std::max<int64_t>(0, min_count - code_points);
+      if (state == RegexDfa::kDead || col < 0 || col >= columns) return kNone;
+      return cost[static_cast<size_t>(state) * static_cast<size_t>(columns) +
+                  static_cast<size_t>(col)];
+    }
+  };
+  const StringPattern& pattern(int32_t i) const { return patterns_[static_cast<size_t>(i)]; }
 
   const Node& node(int32_t i) const { return nodes_[static_cast<size_t>(i)]; }
   int32_t root() const { return root_; }
@@ -97,6 +123,7 @@ class JsonSchema {
  private:
   friend struct SchemaCompiler;
   std::vector<Node> nodes_;
+  std::vector<StringPattern> patterns_;
   int32_t root_ = -1;
   int32_t key_node_ = -1;
 };
