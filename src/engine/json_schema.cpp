@@ -190,7 +190,8 @@ const char* format_pattern(const std::string& format) {
         {"date", "^" + date + "$"},
         {"time", "^" + time + "$"},
         {"date-time", "^" + date + "T" + time + "$"},
-        {"uuid", R"(^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$)"},
+        {"uuid",
+         R"(^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$)"},
         {"email", R"(^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@)" +
                       label + R"((?:\.)" + label + ")+$"},
         {"ipv4", "^(?:" + octet + R"(\.){3})" + octet + "$"},
@@ -215,15 +216,24 @@ int write_cost(int b) {
 // The decoded byte of the escape `\c` under a pattern; -1 for none (\u included).
 int escaped_byte(unsigned char c) {
   switch (c) {
-    case '"': return '"';
-    case '\\': return '\\';
-    case '/': return '/';
-    case 'b': return '\b';
-    case 'f': return '\f';
-    case 'n': return '\n';
-    case 'r': return '\r';
-    case 't': return '\t';
-    default: return -1;
+    case '"':
+      return '"';
+    case '\\':
+      return '\\';
+    case '/':
+      return '/';
+    case 'b':
+      return '\b';
+    case 'f':
+      return '\f';
+    case 'n':
+      return '\n';
+    case 'r':
+      return '\r';
+    case 't':
+      return '\t';
+    default:
+      return -1;
   }
 }
 constexpr unsigned char kEscapes[] = {'"', '\\', '/', 'b', 'f', 'n', 'r', 't'};
@@ -239,7 +249,8 @@ void fill_costs(JsonSchema::StringPattern* p) {
   std::vector<int> class_cost(nc, 0);
   for (int b = 0; b < 256; ++b) {
     const int c = write_cost(b), k = d.byte_class(static_cast<unsigned char>(b));
-    if (c > 0 && (class_cost[static_cast<size_t>(k)] == 0 || c < class_cost[static_cast<size_t>(k)]))
+    if (c > 0 &&
+        (class_cost[static_cast<size_t>(k)] == 0 || c < class_cost[static_cast<size_t>(k)]))
       class_cost[static_cast<size_t>(k)] = c;
   }
   auto plus = [](int32_t a, int c) { return a == SP::kNone ? SP::kNone : a + c; };
@@ -454,7 +465,7 @@ struct SchemaCompiler {
       }
     }
     if (patterns.empty()) return;
-    const std::string what = format.empty()           ? std::string("'pattern'")
+    const std::string what = format.empty()         ? std::string("'pattern'")
                              : patterns.size() == 1 ? "'format' " + format
                                                     : "'pattern' and 'format' " + format;
     std::string key;
@@ -481,8 +492,8 @@ struct SchemaCompiler {
           "%s (at %s) with 'minLength' %lld / 'maxLength' %s needs %zu automaton states x %zu "
           "lengths; the schema's patterns may use %zu cells",
           what.c_str(), ptr.c_str(), static_cast<long long>(n->min_count),
-          n->max_count == INT64_MAX ? "none" : std::to_string(n->max_count).c_str(), states,
-          cells, limit - pattern_cells);
+          n->max_count == INT64_MAX ? "none" : std::to_string(n->max_count).c_str(), states, cells,
+          limit - pattern_cells);
       return;
     }
     pattern_cells += states * (cells + p.dfa->n_classes());
@@ -1392,8 +1403,7 @@ struct PrefixStepper {
   static int64_t escape_rest(const JsonSchema::StringPattern& p, int32_t state, int64_t v) {
     int64_t best = JsonSchema::StringPattern::kNone;
     for (unsigned char e : kEscapes) {
-      const int32_t r =
-          p.rest(p.dfa->next(state, static_cast<unsigned char>(escaped_byte(e))), v);
+      const int32_t r = p.rest(p.dfa->next(state, static_cast<unsigned char>(escaped_byte(e))), v);
       if (r != JsonSchema::StringPattern::kNone) best = std::min<int64_t>(best, int64_t{r} + 1);
     }
     return best;

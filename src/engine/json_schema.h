@@ -7,13 +7,25 @@
 // null, or a list of them), properties, required, additionalProperties, items, minItems,
 // maxItems, enum, const, anyOf, $ref to any JSON pointer in the schema ("#", "#/$defs/X",
 // "#/definitions/X"; recursion included), minimum, maximum, exclusiveMinimum, exclusiveMaximum,
-// minLength, maxLength. Ignored annotations: title, description, $schema, $id, $comment,
-// examples, default, deprecated, readOnly, writeOnly ($defs / definitions are read through $ref).
-// Anything else (pattern, format, oneOf, allOf, not, multipleOf, prefixItems, uniqueItems,
-// minProperties, patternProperties, ...) fails compile() with a message naming the keyword and
-// where it is. A schema is compiled the same with "strict" true or false (strict's rules, every
-// property required and additionalProperties false, are not demanded; the output follows the
-// schema either way).
+// minLength, maxLength, pattern and format on strings (below). Ignored annotations: title,
+// description, $schema, $id, $comment, examples, default, deprecated, readOnly, writeOnly
+// ($defs / definitions are read through $ref), and formats other than those listed below (as
+// OpenAI and vLLM treat them: annotations). Anything else (oneOf, allOf, not, multipleOf,
+// prefixItems, uniqueItems, minProperties, patternProperties, ...) fails compile() with a message
+// naming the keyword and where it is. A schema is compiled the same with "strict" true or false
+// (strict's rules, every property required and additionalProperties false, are not demanded; the
+// output follows the schema either way).
+//
+// pattern: an ECMA-262 regex over the decoded string, unanchored unless ^ / $ say so (the subset
+// engine/regex_dfa.h compiles; an unsupported feature fails compile() naming it, its offset and
+// the JSON pointer: "'pattern' (at #/properties/a): lookbehind '(?<=' is not supported (offset
+// 0)"). format: date, time and date-time (RFC 3339, with Z or an offset; T and Z upper case),
+// uuid, email (dot-atom local part, a domain of two or more labels), ipv4, ipv6 (without the
+// IPv4-suffix and zone forms), hostname (labels of at most 63, no total limit), uri (a scheme and
+// RFC 3986 characters) become built-in patterns; with a pattern too, the string matches both.
+// Limits: RegexDfa::kMaxStates automaton states per string (pattern and format together), and
+// kMaxPatternCells for all the schema's cost tables (automaton states x (maxLength + 1), or
+// x (minLength + 1) without maxLength); beyond them compile() fails saying so.
 //
 // What the machine generates, a subset of the valid documents, chosen to be compact:
 //   - whitespace: at most kMaxWhitespace spaces in a row between tokens, no newlines, none
@@ -29,7 +41,11 @@
 //     (a digit is refused when no completion of the number is within the bounds);
 //   - enum / const values: their compact JSON text (nlohmann's dump), byte for byte;
 //   - strings: any valid JSON string (escapes, UTF-8; no lone surrogate escapes), minLength /
-//     maxLength counted in code points;
+//     maxLength counted in code points. Under a pattern or format the automaton sees each decoded
+//     character: raw UTF-8 is written as such, and of the escapes only \" \\ \/ \b \f \n \r \t
+//     (no \u: a character the pattern allows is written raw, and the other control characters
+//     are never written); a byte is taken only where the pattern and the lengths can still be
+//     met (no dead ends), and min_completion() counts the fewest bytes to get there exactly;
 //   - nesting: at most kMaxDepth open values; an optional property, an array item or a map
 //     entry is refused where its shortest value would not fit.
 // A schema that admits no finite document (a required property that recurses without end,
@@ -65,7 +81,7 @@ class JsonSchema {
   static constexpr size_t kMaxPatternCells = size_t{1} << 22;
 
   // The schema (ordered: properties keep their declared order). Errors name the keyword and its
-  // JSON pointer: "'pattern' (at #/properties/name) is not supported".
+  // JSON pointer: "'multipleOf' (at #/properties/n) is not supported".
   static Result<std::shared_ptr<const JsonSchema>> compile(const nlohmann::ordered_json& schema);
 
   enum class Kind : uint8_t { kObject, kMap, kArray, kString, kNumber, kEnum, kAnyOf };
@@ -150,10 +166,12 @@ class JsonSchemaPrefix {
   // The text is a whole valid document (complete(), or a top-level number that may go on).
   bool can_end() const;
   // The fewest bytes that make the text a whole valid document (0 when can_end()); each is
-  // ASCII or a UTF-8 continuation byte, and feeding the first leaves min_completion() - 1.
+  // ASCII or a UTF-8 continuation byte (or any UTF-8 byte where a pattern demands a non-ASCII
+  // character), and feeding the first leaves min_completion() - 1.
   int64_t min_completion() const;
   // One alternative, inside a string without maxLength that has reached its minLength, not in an
-  // escape or a UTF-8 character: any further plain character leaves the state as it is (but for
+  // escape or a UTF-8 character (under a pattern: in a universal automaton state, as after an
+  // unanchored pattern's match): any further plain character leaves the state as it is (but for
   // the count) and min_completion() unchanged.
   bool in_free_string() const;
 
@@ -164,7 +182,7 @@ class JsonSchemaPrefix {
     uint8_t x = 0;   // string: hex digits / UTF-8 bytes pending; number: negative
     int32_t node = -1;
     int32_t a = 0;  // object: next property; array: items done; enum: first candidate; number:
-                    // integer digits
+                    // integer digits; string under a pattern: the RegexDfa state
     int32_t b = 0;  // object: the current property; enum: end of candidates; number: fraction
                     // digits; string: UTF-8 range or surrogate flag
     int64_t v = 0;  // object: key bytes matched; enum: bytes matched; number: the digits' value;

@@ -49,10 +49,9 @@ const Ranges& word_ranges() {
   return r;
 }
 const Ranges& space_ranges() {  // ECMA-262 WhiteSpace and LineTerminator
-  static const Ranges r = {{0x09, 0x0D},     {0x20, 0x20},     {0xA0, 0xA0},
-                           {0x1680, 0x1680}, {0x2000, 0x200A}, {0x2028, 0x2029},
-                           {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000},
-                           {0xFEFF, 0xFEFF}};
+  static const Ranges r = {{0x09, 0x0D},     {0x20, 0x20},     {0xA0, 0xA0},     {0x1680, 0x1680},
+                           {0x2000, 0x200A}, {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F},
+                           {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
   return r;
 }
 const Ranges& dot_ranges() {  // all but the line terminators
@@ -68,9 +67,9 @@ const Ranges& all_ranges() {
 
 struct Re {
   enum Kind : uint8_t { kSet, kCat, kAlt, kRepeat } kind = kCat;
-  Ranges set;                  // kSet
-  std::vector<int32_t> kids;   // kCat (none: the empty string), kAlt, kRepeat (one)
-  int min = 0, max = 0;        // kRepeat; max kInfiniteRepeat for no bound
+  Ranges set;                 // kSet
+  std::vector<int32_t> kids;  // kCat (none: the empty string), kAlt, kRepeat (one)
+  int min = 0, max = 0;       // kRepeat; max kInfiniteRepeat for no bound
 };
 
 struct TopAlternative {
@@ -278,9 +277,9 @@ struct Parser {
           } else if (peek(1) == '=' || peek(1) == '!') {
             return fail("lookahead is supported only right after the leading '^'", at);
           } else {
-            return fail("the group '(?" + std::string(1, static_cast<char>(peek(1))) +
-                            "' is not supported",
-                        at);
+            return fail(
+                "the group '(?" + std::string(1, static_cast<char>(peek(1))) + "' is not supported",
+                at);
           }
         }
         const int32_t inner = parse_alternation(depth + 1);
@@ -335,17 +334,34 @@ struct Parser {
     };
     const std::string text = c < 0x80 ? std::string("'\\") + static_cast<char>(c) + "'" : "";
     switch (c) {
-      case 'd': *out = digit_ranges(); return true;
-      case 'D': *out = negated(digit_ranges()); return true;
-      case 'w': *out = word_ranges(); return true;
-      case 'W': *out = negated(word_ranges()); return true;
-      case 's': *out = space_ranges(); return true;
-      case 'S': *out = negated(space_ranges()); return true;
-      case 't': return one('\t');
-      case 'n': return one('\n');
-      case 'v': return one('\v');
-      case 'f': return one('\f');
-      case 'r': return one('\r');
+      case 'd':
+        *out = digit_ranges();
+        return true;
+      case 'D':
+        *out = negated(digit_ranges());
+        return true;
+      case 'w':
+        *out = word_ranges();
+        return true;
+      case 'W':
+        *out = negated(word_ranges());
+        return true;
+      case 's':
+        *out = space_ranges();
+        return true;
+      case 'S':
+        *out = negated(space_ranges());
+        return true;
+      case 't':
+        return one('\t');
+      case 'n':
+        return one('\n');
+      case 'v':
+        return one('\v');
+      case 'f':
+        return one('\f');
+      case 'r':
+        return one('\r');
       case 'b':
         if (in_class) return one('\b');
         return fail("the word boundary '\\b' is not supported", at);
@@ -735,7 +751,8 @@ struct DfaBuilder {
     auto intern = [&](std::vector<int32_t> set, int pending) -> int32_t {
       auto it = ids.find(set);
       if (it != ids.end()) {
-        OSCAR_CHECK(it->second == RegexDfa::kDead || dfa->pending_[static_cast<size_t>(it->second)] == pending,
+        OSCAR_CHECK(it->second == RegexDfa::kDead ||
+                        dfa->pending_[static_cast<size_t>(it->second)] == pending,
                     "regex_dfa: a state reached mid-character and at a boundary");
         return it->second;
       }
@@ -764,7 +781,11 @@ struct DfaBuilder {
         if (moved.empty()) continue;
         std::vector<int32_t> next = canonical(closure(std::move(moved)));
         if (next.empty()) continue;
-        const int after = pending > 0 ? pending - 1 : b < 0x80 ? 0 : b >= 0xF0 ? 3 : b >= 0xE0 ? 2 : 1;
+        const int after = pending > 0 ? pending - 1
+                          : b < 0x80  ? 0
+                          : b >= 0xF0 ? 3
+                          : b >= 0xE0 ? 2
+                                      : 1;
         const int32_t id = intern(std::move(next), after);
         dfa->next_[s * n_classes + k] = id;
       }

@@ -31,9 +31,9 @@ namespace oscar::engine {
 
 class RegexDfa {
  public:
-  static constexpr size_t kMaxStates = 4096;    // DFA states (the dead one included)
+  static constexpr size_t kMaxStates = 4096;  // DFA states (the dead one included)
   static constexpr size_t kMaxNfaStates = 1 << 18;
-  static constexpr int kMaxRepeat = 1000;        // n and m in {n,m}
+  static constexpr int kMaxRepeat = 1000;  // n and m in {n,m}
   static constexpr int32_t kDead = 0;
 
   // The strings every pattern matches (an empty list: every string). Errors name the pattern

@@ -63,7 +63,8 @@ inline bool pattern_matches(const std::string& pattern, const std::string& text)
 
 inline bool valid_date(const std::string& s) {  // RFC 3339 full-date
   if (!std::regex_match(s, std::regex(R"(\d{4}-\d{2}-\d{2})"))) return false;
-  const int y = std::stoi(s.substr(0, 4)), m = std::stoi(s.substr(5, 2)), d = std::stoi(s.substr(8));
+  const int y = std::stoi(s.substr(0, 4)), m = std::stoi(s.substr(5, 2)),
+            d = std::stoi(s.substr(8));
   const bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
   const int days[] = {31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
   return m >= 1 && m <= 12 && d >= 1 && d <= days[m - 1];
@@ -71,7 +72,8 @@ inline bool valid_date(const std::string& s) {  // RFC 3339 full-date
 
 inline bool valid_time(const std::string& s) {  // RFC 3339 full-time
   std::smatch m;
-  if (!std::regex_match(s, m, std::regex(R"((\d\d):(\d\d):(\d\d)(\.\d+)?([Zz]|[+-](\d\d):(\d\d)))")))
+  if (!std::regex_match(s, m,
+                        std::regex(R"((\d\d):(\d\d):(\d\d)(\.\d+)?([Zz]|[+-](\d\d):(\d\d)))")))
     return false;
   if (std::stoi(m[1]) > 23 || std::stoi(m[2]) > 59 || std::stoi(m[3]) > 60) return false;
   return !m[6].matched || (std::stoi(m[6]) <= 23 && std::stoi(m[7]) <= 59);

@@ -124,24 +124,24 @@ TEST(RegexDfa, HandWrittenCases) {
 // (copied verbatim), zod 4's z.email() / z.uuid() / z.iso.datetime() / z.iso.date() /
 // z.ipv4() patterns, and common OpenAPI examples.
 const char* const kPublicPatterns[] = {
-    R"(^\d{3}-\d{3}-\d{4}$)",                                       // phone (Pydantic docs)
-    R"(^[A-Z]{2}\d{6}$)",                                           // passport number
-    R"(^\+?[1-9]\d{1,14}$)",                                        // E.164
-    R"(^[a-z0-9]+(?:-[a-z0-9]+)*$)",                                // slug
-    R"(^#?([a-fA-F0-9]{6}|[a-fA-F0-9]{3})$)",                       // hex colour
+    R"(^\d{3}-\d{3}-\d{4}$)",                                        // phone (Pydantic docs)
+    R"(^[A-Z]{2}\d{6}$)",                                            // passport number
+    R"(^\+?[1-9]\d{1,14}$)",                                         // E.164
+    R"(^[a-z0-9]+(?:-[a-z0-9]+)*$)",                                 // slug
+    R"(^#?([a-fA-F0-9]{6}|[a-fA-F0-9]{3})$)",                        // hex colour
     R"(^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-[\da-z-]+)?$)",  // semver-ish
-    R"(^[\w.+-]+@[\w-]+\.[\w.-]+$)",                                // simple email
+    R"(^[\w.+-]+@[\w-]+\.[\w.-]+$)",                                 // simple email
     R"(^(?!\.)(?!.*\.\.)([A-Za-z0-9_'+\-\.]*)[A-Za-z0-9_+-]@([A-Za-z0-9][A-Za-z0-9\-]*\.)+[A-Za-z]{2,}$)",
     R"(^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}|00000000-0000-0000-0000-000000000000|ffffffff-ffff-ffff-ffff-ffffffffffff)$)",
     R"(^(?:(?:\d\d[2468][048]|\d\d[13579][26]|\d\d0[48]|[02468][048]00|[13579][26]00)-02-29|\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|(?:02)-(?:0[1-9]|1\d|2[0-8])))T(?:(?:[01]\d|2[0-3]):[0-5]\d(?::[0-5]\d(?:\.\d+)?)?(?:Z))$)",
     R"(^(?:(?:\d\d[2468][048]|\d\d[13579][26]|\d\d0[48]|[02468][048]00|[13579][26]00)-02-29|\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|(?:02)-(?:0[1-9]|1\d|2[0-8])))$)",
     R"(^(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])$)",
-    R"(^[a-zA-Z0-9_-]{21}$)",                                       // zod nanoid
-    R"(^[0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{26}$)",                     // zod ulid
-    R"(^[cC][^\s-]{8,}$)",                                          // zod cuid
-    R"(ab+c)",                                                      // unanchored
-    R"(\.(jpg|png)$)",                                              // suffix only
-    R"(^https?://)",                                                // prefix only
+    R"(^[a-zA-Z0-9_-]{21}$)",                    // zod nanoid
+    R"(^[0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{26}$)",  // zod ulid
+    R"(^[cC][^\s-]{8,}$)",                       // zod cuid
+    R"(ab+c)",                                   // unanchored
+    R"(\.(jpg|png)$)",                           // suffix only
+    R"(^https?://)",                             // prefix only
 };
 
 // Bytes to an accepting state from each state (INT32_MAX: none), by relaxation.
@@ -154,7 +154,8 @@ std::vector<int32_t> distances(const RegexDfa& d) {
     for (size_t s = 0; s < d.n_states(); ++s)
       for (int b = 0; b < 256; ++b) {
         const int32_t t = d.next(static_cast<int32_t>(s), static_cast<unsigned char>(b));
-        if (dist[static_cast<size_t>(t)] != INT32_MAX && dist[static_cast<size_t>(t)] + 1 < dist[s]) {
+        if (dist[static_cast<size_t>(t)] != INT32_MAX &&
+            dist[static_cast<size_t>(t)] + 1 < dist[s]) {
           dist[s] = dist[static_cast<size_t>(t)] + 1;
           changed = true;
         }
@@ -168,8 +169,10 @@ std::vector<int32_t> distances(const RegexDfa& d) {
 // automaton and std::wregex agree on each.
 TEST(RegexDfa, AgreesWithStdRegexOnRandomStrings) {
   std::mt19937_64 rng(7);
-  const std::vector<std::string> extra = {"a", "Z", "0", "9", "5", "-", ".", "@", ":", "T", "Z",
-                                          " ", "\n", "\xc3\xa9", "\xf0\x9f\x98\x80", "2", "1"};
+  const std::vector<std::string> extra = {"a", "Z", "0",  "9",        "5",
+                                          "-", ".", "@",  ":",        "T",
+                                          "Z", " ", "\n", "\xc3\xa9", "\xf0\x9f\x98\x80",
+                                          "2", "1"};
   for (const char* pattern : kPublicPatterns) {
     SCOPED_TRACE(pattern);
     const RegexDfa d = must_compile(pattern);

@@ -397,34 +397,35 @@ TEST(ToolCallConstraint, JsonSchemaMaskEqualsPerTokenProbe) {
   ASSERT_TRUE(t.ok());
   auto vocab = TokenTrie::build(t.value());
   for (size_t schema : {size_t{2}, kPatternSchema}) {
-  SCOPED_TRACE(kTokenSchemas[schema]);
-  auto compiled = compile_or_die(kTokenSchemas[schema]);
-  ASSERT_TRUE(compiled);
-  auto c = ToolCallConstraint::create_json_schema(t.value(), compiled, vocab);
-  JsonSchemaPrefix doc(compiled.get());
-  std::mt19937_64 rng(3);
-  std::vector<uint8_t> allowed;
-  for (int step = 0; step < 120 && !c->done(); ++step) {
-    const int64_t left = 1000;
-    c->allowed_tokens(&allowed, left);
-    for (int32_t tok = 0; tok < t.value().vocab_size(); ++tok) {
-      const std::string& b = vocab->bytes[static_cast<size_t>(tok)];
-      bool ok = !b.empty();
-      JsonSchemaPrefix probe = doc;
-      for (size_t i = 0; ok && i < b.size(); ++i)
-        ok = !probe.complete() && probe.feed(static_cast<unsigned char>(b[i]));
-      ok = ok && probe.min_completion() <= left - 1;
-      ASSERT_EQ(allowed[static_cast<size_t>(tok)] != 0, ok) << "token " << tok << " '" << b << "'";
+    SCOPED_TRACE(kTokenSchemas[schema]);
+    auto compiled = compile_or_die(kTokenSchemas[schema]);
+    ASSERT_TRUE(compiled);
+    auto c = ToolCallConstraint::create_json_schema(t.value(), compiled, vocab);
+    JsonSchemaPrefix doc(compiled.get());
+    std::mt19937_64 rng(3);
+    std::vector<uint8_t> allowed;
+    for (int step = 0; step < 120 && !c->done(); ++step) {
+      const int64_t left = 1000;
+      c->allowed_tokens(&allowed, left);
+      for (int32_t tok = 0; tok < t.value().vocab_size(); ++tok) {
+        const std::string& b = vocab->bytes[static_cast<size_t>(tok)];
+        bool ok = !b.empty();
+        JsonSchemaPrefix probe = doc;
+        for (size_t i = 0; ok && i < b.size(); ++i)
+          ok = !probe.complete() && probe.feed(static_cast<unsigned char>(b[i]));
+        ok = ok && probe.min_completion() <= left - 1;
+        ASSERT_EQ(allowed[static_cast<size_t>(tok)] != 0, ok)
+            << "token " << tok << " '" << b << "'";
+      }
+      std::vector<int32_t> choices;
+      for (int32_t i = 0; i < static_cast<int32_t>(allowed.size()); ++i)
+        if (allowed[i]) choices.push_back(i);
+      ASSERT_FALSE(choices.empty());
+      const int32_t tok = choices[rng() % choices.size()];
+      ASSERT_TRUE(c->advance(tok));
+      for (char ch : vocab->bytes[static_cast<size_t>(tok)])
+        ASSERT_TRUE(doc.feed(static_cast<unsigned char>(ch)));
     }
-    std::vector<int32_t> choices;
-    for (int32_t i = 0; i < static_cast<int32_t>(allowed.size()); ++i)
-      if (allowed[i]) choices.push_back(i);
-    ASSERT_FALSE(choices.empty());
-    const int32_t tok = choices[rng() % choices.size()];
-    ASSERT_TRUE(c->advance(tok));
-    for (char ch : vocab->bytes[static_cast<size_t>(tok)])
-      ASSERT_TRUE(doc.feed(static_cast<unsigned char>(ch)));
-  }
   }
 }
 
@@ -554,16 +555,18 @@ TEST(ToolCallConstraint, JsonSchemaMaskCost) {
         dir, t.value().vocab_size(), vocab->all.nodes.size(), vocab->plain.size(), build_ms);
     auto person = compile_or_die(kTokenSchemas[2]);
     auto pattern = compile_or_die(kTokenSchemas[kPatternSchema]);
-    for (const auto& [label, prefix] : std::vector<std::pair<const char*, std::string>>{
-             {"start", ""},
-             {"in a string", R"({"steps":[{"explanation":"abc)"},
-             {"after a key", R"({"steps":[{"explanation")"},
-             {"in a number", R"({"name":"a","age":4)"},
-             {"in a uuid", R"({"id":"123e4567-e8)"},
-             {"in a pattern string, matched", R"({"id":"123e4567-e89b-12d3-a456-426614174000","day":"2024-01-31","code":"AB-123","mail":"a@b.co","note":"it is ok)"}}) {
+    for (
+        const auto& [label, prefix] : std::vector<std::pair<const char*, std::string>>{
+            {"start", ""},
+            {"in a string", R"({"steps":[{"explanation":"abc)"},
+            {"after a key", R"({"steps":[{"explanation")"},
+            {"in a number", R"({"name":"a","age":4)"},
+            {"in a uuid", R"({"id":"123e4567-e8)"},
+            {"in a pattern string, matched",
+             R"({"id":"123e4567-e89b-12d3-a456-426614174000","day":"2024-01-31","code":"AB-123","mail":"a@b.co","note":"it is ok)"}}) {
       auto& schema = prefix.rfind(R"({"name")", 0) == 0 ? person
-                     : prefix.rfind(R"({"id")", 0) == 0  ? pattern
-                                                         : compiled;
+                     : prefix.rfind(R"({"id")", 0) == 0 ? pattern
+                                                        : compiled;
       auto c = ToolCallConstraint::create_json_schema(t.value(), schema, vocab);
       for (int32_t id : t.value().encode(prefix)) ASSERT_TRUE(c->advance(id)) << prefix;
       std::vector<uint8_t> allowed;
