@@ -2,6 +2,7 @@
 #include "engine/json_schema.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <deque>
 #include <map>
@@ -131,7 +132,9 @@ bool is_supported(const std::string& k) {
                                                    "exclusiveMinimum",
                                                    "exclusiveMaximum",
                                                    "minLength",
-                                                   "maxLength"};
+                                                   "maxLength",
+                                                   "pattern",
+                                                   "format"};
   return kSupported.count(k) > 0;
 }
 
@@ -166,6 +169,162 @@ bool value_has_type(const json& v, const std::string& type) {
   return type == type_name(v);
 }
 
+// The built-in patterns of the formats (a subset of each format's strings where exactness would
+// cost too much: no IPv4-in-IPv6 or zone forms, no hostname total-length limit); nullptr for the
+// formats that are only annotations here.
+const char* format_pattern(const std::string& format) {
+  static const std::map<std::string, std::string> kFormats = [] {
+    const std::string date =
+        R"((?:\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|02-(?:0[1-9]|1\d|2[0-8]))|(?:\d\d(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29))";
+    const std::string time =
+        R"((?:[01]\d|2[0-3]):[0-5]\d:(?:[0-5]\d|60)(?:\.\d+)?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))";
+    const std::string label = R"([A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)";
+    const std::string h16 = "[0-9A-Fa-f]{1,4}";
+    const std::string ipv6 =
+        "(?:(?:" + h16 + ":){7}" + h16 + "|(?:" + h16 + ":){1,7}:|(?:" + h16 + ":){1,6}:" + h16 +
+        "|(?:" + h16 + ":){1,5}(?::" + h16 + "){1,2}|(?:" + h16 + ":){1,4}(?::" + h16 +
+        "){1,3}|(?:" + h16 + ":){1,3}(?::" + h16 + "){1,4}|(?:" + h16 + ":){1,2}(?::" + h16 +
+        "){1,5}|" + h16 + ":(?::" + h16 + "){1,6}|:(?:(?::" + h16 + "){1,7}|:))";
+    const std::string octet = R"((?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
+    return std::map<std::string, std::string>{
+        {"date", "^" + date + "$"},
+        {"time", "^" + time + "$"},
+        {"date-time", "^" + date + "T" + time + "$"},
+        {"uuid",
+         R"(^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$)"},
+        {"email", R"(^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@)" +
+                      label + R"((?:\.)" + label + ")+$"},
+        {"ipv4", "^(?:" + octet + R"(\.){3})" + octet + "$"},
+        {"ipv6", "^" + ipv6 + "$"},
+        {"hostname", "^" + label + R"((?:\.)" + label + ")*$"},
+        {"uri", R"(^[A-Za-z][A-Za-z0-9+.\-]*:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*$)"},
+    };
+  }();
+  auto it = kFormats.find(format);
+  return it == kFormats.end() ? nullptr : it->second.c_str();
+}
+
+// JSON bytes that write byte b of the string's content at a character boundary: 1, 2 for the
+// escapes the machine writes (\" \\ \b \f \n \r \t), 0 for a byte it never writes (the other
+// control characters; \u escapes are not written under a pattern).
+int write_cost(int b) {
+  if (b == '"' || b == '\\' || b == '\b' || b == '\f' || b == '\n' || b == '\r' || b == '\t')
+    return 2;
+  return b < 0x20 ? 0 : 1;
+}
+
+// The decoded byte of the escape `\c` under a pattern; -1 for none (\u included).
+int escaped_byte(unsigned char c) {
+  switch (c) {
+    case '"':
+      return '"';
+    case '\\':
+      return '\\';
+    case '/':
+      return '/';
+    case 'b':
+      return '\b';
+    case 'f':
+      return '\f';
+    case 'n':
+      return '\n';
+    case 'r':
+      return '\r';
+    case 't':
+      return '\t';
+    default:
+      return -1;
+  }
+}
+constexpr unsigned char kEscapes[] = {'"', '\\', '/', 'b', 'f', 'n', 'r', 't'};
+
+// p.cost by layers: E_k[s], the fewest bytes that finish with exactly k more code points (at
+// least k when there is no maxLength), k = 0..L; a character's count goes to its first byte, so
+// a state mid-character takes its continuation bytes within the same layer.
+void fill_costs(JsonSchema::StringPattern* p) {
+  using SP = JsonSchema::StringPattern;
+  const RegexDfa& d = *p->dfa;
+  const size_t n = d.n_states(), nc = d.n_classes(), cols = static_cast<size_t>(p->columns);
+  const bool bounded = p->max_count != INT64_MAX;
+  std::vector<int> class_cost(nc, 0);
+  for (int b = 0; b < 256; ++b) {
+    const int c = write_cost(b), k = d.byte_class(static_cast<unsigned char>(b));
+    if (c > 0 &&
+        (class_cost[static_cast<size_t>(k)] == 0 || c < class_cost[static_cast<size_t>(k)]))
+      class_cost[static_cast<size_t>(k)] = c;
+  }
+  auto plus = [](int32_t a, int c) { return a == SP::kNone ? SP::kNone : a + c; };
+  // One step over state s's characters (pending 0) or continuation bytes, from `from`.
+  auto relax = [&](size_t s, const std::vector<int32_t>& from) {
+    int32_t best = SP::kNone;
+    for (size_t k = 0; k < nc; ++k) {
+      const int32_t t = d.next_class(static_cast<int32_t>(s), static_cast<int>(k));
+      if (t == RegexDfa::kDead || class_cost[k] == 0) continue;
+      best = std::min(best, plus(from[static_cast<size_t>(t)], class_cost[k]));
+    }
+    return best;
+  };
+  std::vector<std::vector<int32_t>> layer(cols, std::vector<int32_t>(n, SP::kNone));
+  // Layer 0: bounded, finish the character and stop; unbounded, any completion (Dijkstra).
+  if (bounded) {
+    for (size_t s = 0; s < n; ++s)
+      if (d.pending(static_cast<int32_t>(s)) == 0 && d.accepting(static_cast<int32_t>(s)))
+        layer[0][s] = 0;
+  } else {
+    std::vector<std::vector<std::pair<int32_t, int>>> back(n);
+    for (size_t s = 0; s < n; ++s)
+      for (size_t k = 0; k < nc; ++k) {
+        const int32_t t = d.next_class(static_cast<int32_t>(s), static_cast<int>(k));
+        if (t != RegexDfa::kDead && class_cost[k] > 0)
+          back[static_cast<size_t>(t)].push_back({static_cast<int32_t>(s), class_cost[k]});
+      }
+    std::vector<int32_t>& dist = layer[0];
+    std::set<std::pair<int32_t, int32_t>> queue;
+    for (size_t s = 0; s < n; ++s)
+      if (d.accepting(static_cast<int32_t>(s))) {
+        dist[s] = 0;
+        queue.insert({0, static_cast<int32_t>(s)});
+      }
+    while (!queue.empty()) {
+      const auto [ds, t] = *queue.begin();
+      queue.erase(queue.begin());
+      for (const auto& [s, c] : back[static_cast<size_t>(t)]) {
+        if (ds + c >= dist[static_cast<size_t>(s)]) continue;
+        queue.erase({dist[static_cast<size_t>(s)], s});
+        dist[static_cast<size_t>(s)] = ds + c;
+        queue.insert({ds + c, s});
+      }
+    }
+  }
+  for (size_t k = 0; k < cols; ++k) {
+    if (k > 0)
+      for (size_t s = 0; s < n; ++s)
+        if (d.pending(static_cast<int32_t>(s)) == 0) layer[k][s] = relax(s, layer[k - 1]);
+    if (k > 0 || bounded)
+      for (int pending = 1; pending <= 3; ++pending)
+        for (size_t s = 0; s < n; ++s)
+          if (d.pending(static_cast<int32_t>(s)) == pending) layer[k][s] = relax(s, layer[k]);
+  }
+  p->cost.assign(n * cols, SP::kNone);
+  // Bounded: column r (r = max_count - code points) takes any k in [r - (max - min), r].
+  const int64_t spread = bounded ? p->max_count - p->min_count : 0;
+  std::deque<size_t> window;  // layers in the window, their costs increasing
+  for (size_t s = 0; s < n; ++s) {
+    window.clear();
+    for (size_t r = 0; r < cols; ++r) {
+      if (!bounded) {
+        p->cost[s * cols + r] = layer[r][s];
+        continue;
+      }
+      while (!window.empty() && layer[window.back()][s] >= layer[r][s]) window.pop_back();
+      window.push_back(r);
+      if (static_cast<int64_t>(window.front()) < static_cast<int64_t>(r) - spread)
+        window.pop_front();
+      p->cost[s * cols + r] = layer[window.front()][s];
+    }
+  }
+}
+
 }  // namespace
 
 // ---- the compiler ----
@@ -174,6 +333,8 @@ struct SchemaCompiler {
   const json& root;
   JsonSchema out;
   std::map<std::string, int32_t> by_pointer;  // compiled locations ("#/properties/a")
+  std::map<std::string, int32_t> pattern_cache;  // patterns and lengths -> out.patterns_
+  size_t pattern_cells = 0;
   int32_t any_node = -1;
   Status error;
 
@@ -277,6 +438,77 @@ struct SchemaCompiler {
     return id;
   }
 
+  // 'pattern' and a known 'format' of string node n: its StringPattern (both must match; the
+  // other formats are annotations).
+  void string_pattern(const json& s, const std::string& ptr, Node* n) {
+    std::vector<std::string> patterns;
+    if (auto it = s.find("pattern"); it != s.end()) {
+      if (!it->is_string()) {
+        fail("'pattern' (at %s) must be a string", ptr.c_str());
+        return;
+      }
+      patterns.push_back(it->get<std::string>());
+      if (auto alone = RegexDfa::compile(patterns); !alone.ok()) {
+        fail("'pattern' (at %s): %s", ptr.c_str(), alone.status().message().c_str());
+        return;
+      }
+    }
+    std::string format;
+    if (auto it = s.find("format"); it != s.end()) {
+      if (!it->is_string()) {
+        fail("'format' (at %s) must be a string", ptr.c_str());
+        return;
+      }
+      if (const char* f = format_pattern(it->get<std::string>())) {
+        patterns.push_back(f);
+        format = it->get<std::string>();
+      }
+    }
+    if (patterns.empty()) return;
+    const std::string what = format.empty()         ? std::string("'pattern'")
+                             : patterns.size() == 1 ? "'format' " + format
+                                                    : "'pattern' and 'format' " + format;
+    std::string key;
+    for (const std::string& p : patterns) key += p + '\0';
+    key += std::to_string(n->min_count) + "," + std::to_string(n->max_count);
+    if (auto it = pattern_cache.find(key); it != pattern_cache.end()) {
+      n->pattern = it->second;
+      return;
+    }
+    auto dfa = RegexDfa::compile(patterns);
+    if (!dfa.ok()) {
+      fail("%s (at %s): %s", what.c_str(), ptr.c_str(), dfa.status().message().c_str());
+      return;
+    }
+    JsonSchema::StringPattern p;
+    p.dfa = std::make_shared<const RegexDfa>(std::move(dfa.value()));
+    p.min_count = n->min_count;
+    p.max_count = n->max_count;
+    const int64_t length = n->max_count != INT64_MAX ? n->max_count : n->min_count;
+    const size_t states = p.dfa->n_states(), limit = JsonSchema::kMaxPatternCells;
+    const size_t cells = static_cast<size_t>(std::min<int64_t>(length + 1, int64_t{1} << 40));
+    if (cells > limit || pattern_cells + states * (cells + p.dfa->n_classes()) > limit) {
+      fail(
+          "%s (at %s) with 'minLength' %lld / 'maxLength' %s needs %zu automaton states x %zu "
+          "lengths; the schema's patterns may use %zu cells",
+          what.c_str(), ptr.c_str(), static_cast<long long>(n->min_count),
+          n->max_count == INT64_MAX ? "none" : std::to_string(n->max_count).c_str(), states, cells,
+          limit - pattern_cells);
+      return;
+    }
+    pattern_cells += states * (cells + p.dfa->n_classes());
+    p.columns = static_cast<int64_t>(cells);
+    fill_costs(&p);
+    if (p.rest(p.dfa->start(), 0) == JsonSchema::StringPattern::kNone) {
+      fail("no string (at %s) matches its %s within its 'minLength' / 'maxLength'", ptr.c_str(),
+           what.c_str());
+      return;
+    }
+    n->pattern = static_cast<int32_t>(out.patterns_.size());
+    pattern_cache[key] = n->pattern;
+    out.patterns_.push_back(std::move(p));
+  }
+
   // The constraining keywords of s other than those listed.
   std::string other_keyword(const json& s, std::initializer_list<const char*> allowed) {
     for (auto it = s.begin(); it != s.end(); ++it) {
@@ -359,7 +591,8 @@ struct SchemaCompiler {
         types = {"object"};
       else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems"))
         types = {"array"};
-      else if (s.contains("minLength") || s.contains("maxLength"))
+      else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") ||
+               s.contains("format"))
         types = {"string"};
       else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
                s.contains("exclusiveMaximum"))
@@ -430,6 +663,8 @@ struct SchemaCompiler {
       if (n.min_count > n.max_count)
         fail("'minLength' %lld > 'maxLength' %lld (at %s)", static_cast<long long>(n.min_count),
              static_cast<long long>(n.max_count), ptr.c_str());
+      else
+        string_pattern(s, ptr, &n);
       return n;
     }
     if (type == "number" || type == "integer") {
@@ -570,7 +805,9 @@ struct SchemaCompiler {
             depth = n.min_count == 0 ? 1 : 1 + md(n.items);
             break;
           case Kind::kString:
-            bytes = add(2, n.min_count);
+            bytes = add(2, n.pattern < 0 ? n.min_count
+                                         : out.pattern(n.pattern).rest(
+                                               out.pattern(n.pattern).dfa->start(), 0));
             depth = 1;
             break;
           case Kind::kNumber: {
@@ -819,6 +1056,7 @@ struct PrefixStepper {
               if (c != '"') return;
               f.kind = kStr;
               f.phase = kChars;
+              if (n.pattern >= 0) f.a = schema.pattern(n.pattern).dfa->start();
               return emit(s);
             case Kind::kNumber:
               f.kind = kNum;
@@ -976,6 +1214,7 @@ struct PrefixStepper {
         }
         case kStr: {
           const Node& n = node(f.node);
+          if (n.pattern >= 0) return pattern_step(s, c);
           switch (f.phase) {
             case kUtf8: {
               const unsigned lo = static_cast<unsigned>(f.b) & 0xFF;
@@ -1126,6 +1365,50 @@ struct PrefixStepper {
     }
   }
 
+  // A string under a pattern: the automaton state in f.a, stepped by each decoded byte (raw
+  // UTF-8, or the byte of an escape); a byte is taken only where the string can still finish.
+  void pattern_step(std::vector<Frame>& s, unsigned char c) {
+    Frame& f = s.back();
+    const JsonSchema::StringPattern& p = schema.pattern(node(f.node).pattern);
+    const RegexDfa& d = *p.dfa;
+    auto go = [&](int32_t state, int64_t v) {
+      if (p.rest(state, v) == JsonSchema::StringPattern::kNone) return;
+      f.a = state;
+      f.v = v;
+      f.phase = d.pending(state) > 0 ? kUtf8 : kChars;
+      emit(s);
+    };
+    if (f.phase == kUtf8) return go(d.next(f.a, c), f.v);
+    if (f.phase == kEscape) {
+      const int b = escaped_byte(c);
+      if (b >= 0) go(d.next(f.a, static_cast<unsigned char>(b)), f.v);
+      return;
+    }
+    if (c == '"') {
+      if (p.rest(f.a, f.v) != 0) return;
+      child_done(s);
+      return emit(s);
+    }
+    if (c < 0x20) return;
+    if (c == '\\') {
+      if (escape_rest(p, f.a, f.v + 1) == JsonSchema::StringPattern::kNone) return;
+      f.v += 1;
+      f.phase = kEscape;
+      return emit(s);
+    }
+    go(d.next(f.a, c), f.v + 1);
+  }
+
+  // After a backslash (the count taken): the fewest bytes from the escaped character on.
+  static int64_t escape_rest(const JsonSchema::StringPattern& p, int32_t state, int64_t v) {
+    int64_t best = JsonSchema::StringPattern::kNone;
+    for (unsigned char e : kEscapes) {
+      const int32_t r = p.rest(p.dfa->next(state, static_cast<unsigned char>(escaped_byte(e))), v);
+      if (r != JsonSchema::StringPattern::kNone) best = std::min<int64_t>(best, int64_t{r} + 1);
+    }
+    return best;
+  }
+
   // Bytes that finish frame f, the depth-th of its stack (1-based; a child would open at
   // depth + 1). A frame below the top one counts from where its open child value closes.
   int64_t rest(const Frame& f, size_t depth) const {
@@ -1215,6 +1498,11 @@ struct PrefixStepper {
         }
       }
       case kStr: {
+        if (n.pattern >= 0) {
+          const JsonSchema::StringPattern& p = schema.pattern(n.pattern);
+          const int64_t r = f.phase == kEscape ? escape_rest(p, f.a, f.v) : p.rest(f.a, f.v);
+          return r >= JsonSchema::StringPattern::kNone ? kInf : r + 1;
+        }
         const int64_t chars = std::max<int64_t>(0, n.min_count - f.v) + 1;
         switch (f.phase) {
           case kEscape:
@@ -1297,6 +1585,7 @@ bool JsonSchemaPrefix::in_free_string() const {
   const Frame& f = frames_.back();
   if (f.kind != kStr || f.phase != kChars) return false;
   const Node& n = schema_->node(f.node);
+  if (n.pattern >= 0 && !schema_->pattern(n.pattern).dfa->universal(f.a)) return false;
   return n.max_count == INT64_MAX && f.v >= n.min_count;
 }
 

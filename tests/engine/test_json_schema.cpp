@@ -112,9 +112,21 @@ TEST(JsonSchema, CompilesEverySupportedKeyword) {
       R"({"definitions":{"s":{"type":"string"}},"type":"object","properties":{"a":{"$ref":"#/definitions/s"}}})",
       R"({"type":"object","properties":{"kids":{"type":"array","items":{"$ref":"#"}}},"required":["kids"]})",
       R"({"$schema":"https://json-schema.org/draft/2020-12/schema","$id":"x","$comment":"c","examples":[],"default":1,"deprecated":false,"readOnly":true,"writeOnly":false})",
+      R"({"type":"string","pattern":"^[a-z]+$","minLength":2,"maxLength":8})",
+      R"({"type":"string","pattern":"\\d"})",
+      R"({"pattern":"^x"})",
+      R"({"type":["string","null"],"format":"date-time"})",
+      R"({"type":"string","format":"email","pattern":"^(?!\\.)(?!.*\\.\\.)[a-z.]+@[a-z]+\\.com$"})",
+      R"({"type":"string","format":"int32-or-anything-unknown"})",
+      R"({"type":"integer","format":"int64"})",
       R"(true)",
       R"({})",
   };
+  for (const char* f : {"date", "time", "date-time", "uuid", "email", "ipv4", "ipv6", "hostname",
+                        "uri", "duration", "binary"}) {
+    auto r = JsonSchema::compile(json{{"type", "string"}, {"format", f}});
+    EXPECT_TRUE(r.ok()) << f << ": " << r.status().to_string();
+  }
   for (const char* s : ok) {
     auto r = JsonSchema::compile(json::parse(s));
     EXPECT_TRUE(r.ok()) << s << ": " << r.status().to_string();
@@ -123,8 +135,24 @@ TEST(JsonSchema, CompilesEverySupportedKeyword) {
 
 TEST(JsonSchema, RefusesUnsupportedKeywordsNamingThem) {
   const std::pair<const char*, const char*> bad[] = {
-      {R"({"type":"string","pattern":"^a$"})", "'pattern' (at #)"},
-      {R"({"type":"string","format":"email"})", "'format'"},
+      {R"({"type":"string","pattern":"(a)\\1"})",
+       "'pattern' (at #): the backreference '\\1' is not supported (offset 3)"},
+      {R"({"type":"string","pattern":"(?<=a)b"})", "lookbehind '(?<=' is not supported"},
+      {R"j({"type":"string","pattern":"a(?!b)"})j", "lookahead is supported only right after"},
+      {R"({"type":"string","pattern":"\\bcat\\b"})", "the word boundary '\\b'"},
+      {R"({"type":"string","pattern":"^\\p{Lu}"})", "unicode property class '\\p'"},
+      {R"({"type":"string","pattern":"(?<y>a)\\k<y>"})", "named backreference"},
+      {R"({"type":"string","pattern":"\\Aabc\\Z"})", "'\\A' is not ECMAScript"},
+      {R"({"type":"string","pattern":"a[ab]{14}$"})", "more than 4096 automaton states"},
+      {R"({"type":"string","pattern":"(ab"})", "unterminated group"},
+      {R"({"type":"string","pattern":3})", "'pattern' (at #) must be a string"},
+      {R"({"type":"string","format":7})", "'format' (at #) must be a string"},
+      {R"({"type":"string","pattern":"^\\u0001$"})", "no string (at #) matches its 'pattern'"},
+      {R"({"type":"string","pattern":"^abc$","maxLength":2})", "within its 'minLength'"},
+      {R"({"type":"string","pattern":"^(ab|abcdef)$","minLength":3,"maxLength":5})",
+       "no string (at #)"},
+      {R"({"type":"string","format":"date","pattern":"^x"})", "'pattern' and 'format' date"},
+      {R"({"type":"string","pattern":"^a+$","maxLength":2000000})", "cells"},
       {R"({"oneOf":[{"type":"string"}]})", "'oneOf'"},
       {R"({"allOf":[{"type":"string"}]})", "'allOf'"},
       {R"({"not":{"type":"string"}})", "'not'"},
@@ -132,8 +160,8 @@ TEST(JsonSchema, RefusesUnsupportedKeywordsNamingThem) {
       {R"({"type":"array","prefixItems":[]})", "'prefixItems'"},
       {R"({"type":"array","uniqueItems":true})", "'uniqueItems'"},
       {R"({"type":"object","minProperties":1})", "'minProperties'"},
-      {R"({"type":"object","properties":{"a":{"type":"string","pattern":"x"}}})",
-       "'pattern' (at #/properties/a)"},
+      {R"j({"type":"object","properties":{"a":{"type":"string","pattern":"x(?<!y)"}}})j",
+       "'pattern' (at #/properties/a): lookbehind '(?<!' is not supported (offset 1)"},
       {R"({"type":"object","patternProperties":{}})", "'patternProperties'"},
       {R"({"type":"strin"})", "'type'"},
       {R"({"type":"object","properties":{"a":{}},"required":["b"]})", "\"b\", which is not in"},
@@ -218,6 +246,56 @@ TEST(JsonSchemaPrefix, HandWrittenDocuments) {
       {R"({})",
        {R"({"a":[1,{"b":null}],"c":"x"})", "[]", "true", "-1.25", R"("s")"},
        {"{]", "tru"}},
+      // Patterns see the decoded string: an escape is one character; \u escapes are not taken.
+      {R"({"type":"string","pattern":"^\\d{3}-\\d{4}$"})",
+       {R"("555-1234")"},
+       {R"("5551234")", R"("555-12345")", R"("55a-1234")", R"("\u0035\u0035\u0035-1234")"}},
+      {R"({"type":"string","pattern":"x\"y"})",
+       {R"("x\"y")", R"("ax\"yb")"},
+       {R"("xy")", R"("x\\y")"}},
+      {R"({"type":"string","pattern":"^[^\\n]*\\n\\t?$"})",
+       {R"("ab\n")", R"("\n\t")", R"("a\/\\\n")"},
+       {R"("ab")", R"("a\nb\n")"}},
+      {R"({"type":"string","pattern":"^[a-z]+$","minLength":2,"maxLength":4})",
+       {R"("ab")", R"("abcd")"},
+       {R"("a")", R"("abcde")", R"("aB")", R"("")"}},
+      {R"({"type":"string","pattern":"^(ab|abcdef)$","minLength":3})",
+       {R"("abcdef")"},
+       {R"("ab")", R"("abc")"}},
+      {R"({"type":"string","pattern":"^\u00e9+$"})",
+       {"\"\xc3\xa9\xc3\xa9\""},
+       {R"("\u00e9")", R"("e")", R"("")"}},
+      {R"({"type":"string","pattern":"ok","maxLength":3})",
+       {R"("ok")", R"("ok!")", R"("!ok")"},
+       {R"("o")", R"("okay")", R"("abc")"}},
+      {R"({"type":"string","format":"date"})",
+       {R"("2024-02-29")", R"("2000-02-29")", R"("1999-12-31")"},
+       {R"("2023-02-29")", R"("1900-02-29")", R"("2024-13-01")", R"("2024-04-31")",
+        R"("24-01-01")"}},
+      {R"({"type":"string","format":"date-time"})",
+       {R"("2024-05-01T12:30:00Z")", R"("2024-05-01T23:59:60.5+05:30")"},
+       {R"("2024-05-01T12:30Z")", R"("2024-05-01 12:30:00Z")", R"("2024-05-01T24:00:00Z")"}},
+      {R"({"type":"string","format":"uuid"})",
+       {R"("123e4567-e89b-12d3-a456-426614174000")"},
+       {R"("123e4567e89b12d3a456426614174000")", R"("123e4567-e89b-12d3-a456-42661417400g")"}},
+      {R"({"type":"string","format":"ipv4"})",
+       {R"("192.168.0.1")", R"("0.0.0.0")", R"("255.255.255.255")"},
+       {R"("256.1.1.1")", R"("01.1.1.1")", R"("1.1.1")"}},
+      {R"({"type":"string","format":"ipv6"})",
+       {R"("::1")", R"("2001:db8::8a2e:370:7334")", R"("::")", R"("1:2:3:4:5:6:7:8")"},
+       {R"("1:2:3:4:5:6:7:8:9")", R"("1::2::3")", R"(":1")"}},
+      {R"({"type":"string","format":"email"})",
+       {R"("ann.lee+tag@mail.example.com")"},
+       {R"("ann@")", R"("@example.com")", R"("ann@@example.com")", R"("ann@example")"}},
+      {R"({"type":"string","format":"hostname"})",
+       {R"("example.com")", R"("a")", R"("a-b.c")"},
+       {R"("-a.com")", R"("a..b")", R"("")"}},
+      {R"({"type":"string","format":"uri"})",
+       {R"("https://example.com/a?b=c#d")", R"("mailto:ann@example.com")"},
+       {R"("example.com")", R"("http://a b")"}},
+      {R"({"type":"string","format":"no-such-format","maxLength":2})",
+       {R"("ab")", R"("\u00e9")"},
+       {R"("abc")"}},
   };
   for (const Case& c : cases) {
     const json schema = json::parse(c.schema);
@@ -275,6 +353,38 @@ TEST(JsonSchemaPrefix, DepthIsBounded) {
   EXPECT_EQ(m.min_completion(), JsonSchema::kMaxDepth);
 }
 
+TEST(JsonSchemaPrefix, PatternCompletionAndFreeString) {
+  // "ab" anywhere, at least 3 characters: `"` needs "ab" and one more.
+  auto s = must_compile(json::parse(R"({"type":"string","pattern":"ab","minLength":3})"));
+  JsonSchemaPrefix m(s.get());
+  EXPECT_EQ(m.min_completion(), 5);  // "ab?" with one more: 1 + 3 + 1
+  EXPECT_EQ(s->node(s->root()).min_bytes, 5);
+  ASSERT_EQ(accepted(*s, "\"xa", &m), 3u);
+  EXPECT_EQ(m.min_completion(), 2);  // b"
+  EXPECT_FALSE(m.in_free_string());
+  ASSERT_EQ(accepted(*s, "\"xab", &m), 4u);
+  EXPECT_TRUE(m.in_free_string());  // matched and long enough: any plain character keeps it
+  EXPECT_EQ(m.min_completion(), 1);
+  ASSERT_TRUE(m.feed(0xC3));
+  EXPECT_FALSE(m.in_free_string());  // mid-character
+  // An escape costs two bytes: the shortest "\"" is `\"\""`, and feeding `\` leaves 2.
+  auto q = must_compile(json::parse(R"({"type":"string","pattern":"^\"$"})"));
+  ASSERT_EQ(accepted(*q, "\"", &m), 1u);
+  EXPECT_EQ(m.min_completion(), 3);
+  ASSERT_TRUE(m.feed('\\'));
+  EXPECT_EQ(m.min_completion(), 2);
+  EXPECT_FALSE(m.in_free_string());
+  // Only an unanchored end is free (the automaton is not minimized: [^]*$ is not recognized).
+  auto a = must_compile(json::parse(R"({"type":"string","pattern":"^a[^]*$"})"));
+  ASSERT_EQ(accepted(*a, "\"a", &m), 2u);
+  EXPECT_FALSE(m.in_free_string());
+  auto d = must_compile(json::parse(R"({"type":"string","pattern":"^a.*$"})"));
+  ASSERT_EQ(accepted(*d, "\"a", &m), 2u);
+  EXPECT_FALSE(m.in_free_string());  // '.' leaves out \n: not every character
+  EXPECT_TRUE(m.feed('b'));
+  EXPECT_FALSE(m.feed('\\') && m.feed('n'));
+}
+
 // ---- random documents ----
 
 TEST(JsonSchemaPrefix, RandomDocumentsValidateHandWritten) {
@@ -290,6 +400,47 @@ TEST(JsonSchemaPrefix, RandomDocumentsValidateHandWritten) {
   for (size_t i = 0; i < std::size(schemas); ++i) {
     SCOPED_TRACE(schemas[i]);
     check_random_documents(json::parse(schemas[i]), 40, i);
+  }
+}
+
+TEST(JsonSchemaPrefix, RandomDocumentsValidatePatterns) {
+  const char* schemas[] = {
+      R"({"type":"string","pattern":"^\\d{3}-\\d{3}-\\d{4}$"})",
+      R"({"type":"string","pattern":"ab+c"})",
+      R"({"type":"string","pattern":"^[^\"\\\\]*\"\\\\$","maxLength":6})",
+      R"({"type":"string","pattern":"^(\\w+\\s?)+$","minLength":5,"maxLength":9})",
+      R"({"type":"string","pattern":"\\.(jpg|png)$","minLength":8})",
+      R"({"type":"string","pattern":"^[\u00e0-\u00ff\u4e00-\u4e10]{2,4}$"})",
+      R"({"type":"string","pattern":"^(?!.*--)[a-z-]{3,}$","maxLength":12})",
+      R"({"type":"object","properties":{"tags":{"type":"array","items":{"type":"string","pattern":"^#[a-z]{1,5}$"},"maxItems":3},"v":{"anyOf":[{"type":"string","pattern":"^v\\d+$"},{"type":"string","format":"ipv4"}]}},"required":["tags","v"]})",
+      R"({"type":"object","additionalProperties":{"type":"string","format":"time"}})",
+  };
+  for (size_t i = 0; i < std::size(schemas); ++i) {
+    SCOPED_TRACE(schemas[i]);
+    check_random_documents(json::parse(schemas[i]), 60, 200 + i);
+  }
+}
+
+// What client libraries send for string constraints, written out as they generate it:
+// Pydantic v2's model_json_schema() (constr(pattern=...), EmailStr, UUID, datetime, date,
+// HttpUrl | None, IPv4Address, IPv6Address, Field(pattern=...)); zod 4's z.toJSONSchema()
+// (z.email(), z.uuid(), z.iso.datetime(), z.iso.date(), .regex(), both 'format' and 'pattern'
+// given); zod 3 with zod-to-json-schema (formats only, with lengths).
+TEST(JsonSchemaPrefix, RandomDocumentsValidateClientSchemas) {
+  const char*
+      schemas
+          [] =
+              {
+                  // Pydantic.
+                  R"({"properties":{"username":{"maxLength":16,"minLength":3,"pattern":"^[a-z0-9_]+$","title":"Username","type":"string"},"email":{"format":"email","title":"Email","type":"string"},"id":{"format":"uuid","title":"Id","type":"string"},"created":{"format":"date-time","title":"Created","type":"string"},"birthday":{"format":"date","title":"Birthday","type":"string"},"website":{"anyOf":[{"format":"uri","maxLength":2083,"minLength":1,"type":"string"},{"type":"null"}],"default":null,"title":"Website"},"ip":{"format":"ipv4","title":"Ip","type":"string"},"ip6":{"format":"ipv6","title":"Ip6","type":"string"},"phone":{"pattern":"^\\+?[1-9]\\d{1,14}$","title":"Phone","type":"string"}},"required":["username","email","id","created","birthday","ip","ip6","phone"],"title":"User","type":"object"})",
+                  // zod 4.
+                  R"({"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{"email":{"type":"string","format":"email","pattern":"^(?!\\.)(?!.*\\.\\.)([A-Za-z0-9_'+\\-\\.]*)[A-Za-z0-9_+-]@([A-Za-z0-9][A-Za-z0-9\\-]*\\.)+[A-Za-z]{2,}$"},"id":{"type":"string","format":"uuid","pattern":"^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}|00000000-0000-0000-0000-000000000000|ffffffff-ffff-ffff-ffff-ffffffffffff)$"},"at":{"type":"string","format":"date-time","pattern":"^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))T(?:(?:[01]\\d|2[0-3]):[0-5]\\d(?::[0-5]\\d(?:\\.\\d+)?)?(?:Z))$"},"day":{"type":"string","format":"date","pattern":"^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))$"},"code":{"type":"string","pattern":"^[A-Z]{3}$"}},"required":["email","id","at","day","code"],"additionalProperties":false})",
+                  // zod 3 + zod-to-json-schema.
+                  R"({"type":"object","properties":{"email":{"type":"string","format":"email"},"id":{"type":"string","format":"uuid"},"when":{"type":"string","format":"date-time"},"site":{"type":"string","format":"uri"},"sku":{"type":"string","pattern":"^[A-Z]{2}-\\d+$","minLength":4,"maxLength":10}},"required":["email","id","when","site","sku"],"additionalProperties":false,"$schema":"http://json-schema.org/draft-07/schema#"})",
+              };
+  for (size_t i = 0; i < std::size(schemas); ++i) {
+    SCOPED_TRACE(schemas[i]);
+    check_random_documents(json::parse(schemas[i]), 40, 300 + i);
   }
 }
 

@@ -307,7 +307,10 @@ const char* kTokenSchemas[] = {
     R"({"anyOf":[{"type":"object","properties":{"kind":{"const":"circle"},"r":{"type":"number","exclusiveMinimum":0}},"required":["kind","r"]},{"type":"object","properties":{"kind":{"const":"square"},"side":{"type":"integer","minimum":1}},"required":["kind","side"]}]})",
     R"({"type":"integer","minimum":10,"maximum":99})",
     R"({"type":"array","items":{"type":"string","minLength":1,"maxLength":4},"minItems":2,"maxItems":2})",
+    // Patterns and formats: anchored, unanchored (free once matched), with lengths.
+    R"({"type":"object","properties":{"id":{"type":"string","format":"uuid"},"day":{"type":"string","format":"date"},"code":{"type":"string","pattern":"^[A-Z]{2}-\\d{3}$"},"mail":{"type":"string","format":"email","maxLength":40},"note":{"type":"string","pattern":"ok"}},"required":["id","day","code","mail","note"]})",
 };
+constexpr size_t kPatternSchema = 6;
 
 std::shared_ptr<const JsonSchema> compile_or_die(const char* text) {
   auto r = JsonSchema::compile(ojson::parse(text));
@@ -359,7 +362,8 @@ void check_schema_draws(const tok::Tokenizer& t, int reps, std::shared_ptr<const
     const ojson schema = ojson::parse(text);
     auto compiled = compile_or_die(text);
     ASSERT_TRUE(compiled);
-    for (int budget : {static_cast<int>(compiled->node(compiled->root()).min_bytes) + 2, 40, 150}) {
+    const int shortest = static_cast<int>(compiled->node(compiled->root()).min_bytes);
+    for (int budget : {shortest + 2, std::max(shortest + 2, 40), std::max(shortest + 2, 150)}) {
       for (int rep = 0; rep < reps; ++rep) {
         auto c = ToolCallConstraint::create_json_schema(t, compiled, vocab);
         bool ended = false;
@@ -386,37 +390,42 @@ TEST(ToolCallConstraint, JsonSchemaDrawsValidateQwen3Tokenizer) {
   check_schema_draws(t.value(), 1, TokenTrie::build(t.value()));
 }
 
-// The trie walk gives the same mask as probing each token alone (the definition).
+// The trie walk gives the same mask as probing each token alone (the definition), with and
+// without patterns (whose free strings take the plain tokens together).
 TEST(ToolCallConstraint, JsonSchemaMaskEqualsPerTokenProbe) {
   auto t = tok::Tokenizer::load("models/tiny-qwen3");
   ASSERT_TRUE(t.ok());
   auto vocab = TokenTrie::build(t.value());
-  auto compiled = compile_or_die(kTokenSchemas[2]);
-  ASSERT_TRUE(compiled);
-  auto c = ToolCallConstraint::create_json_schema(t.value(), compiled, vocab);
-  JsonSchemaPrefix doc(compiled.get());
-  std::mt19937_64 rng(3);
-  std::vector<uint8_t> allowed;
-  for (int step = 0; step < 40 && !c->done(); ++step) {
-    const int64_t left = 1000;
-    c->allowed_tokens(&allowed, left);
-    for (int32_t tok = 0; tok < t.value().vocab_size(); ++tok) {
-      const std::string& b = vocab->bytes[static_cast<size_t>(tok)];
-      bool ok = !b.empty();
-      JsonSchemaPrefix probe = doc;
-      for (size_t i = 0; ok && i < b.size(); ++i)
-        ok = !probe.complete() && probe.feed(static_cast<unsigned char>(b[i]));
-      ok = ok && probe.min_completion() <= left - 1;
-      ASSERT_EQ(allowed[static_cast<size_t>(tok)] != 0, ok) << "token " << tok << " '" << b << "'";
+  for (size_t schema : {size_t{2}, kPatternSchema}) {
+    SCOPED_TRACE(kTokenSchemas[schema]);
+    auto compiled = compile_or_die(kTokenSchemas[schema]);
+    ASSERT_TRUE(compiled);
+    auto c = ToolCallConstraint::create_json_schema(t.value(), compiled, vocab);
+    JsonSchemaPrefix doc(compiled.get());
+    std::mt19937_64 rng(3);
+    std::vector<uint8_t> allowed;
+    for (int step = 0; step < 120 && !c->done(); ++step) {
+      const int64_t left = 1000;
+      c->allowed_tokens(&allowed, left);
+      for (int32_t tok = 0; tok < t.value().vocab_size(); ++tok) {
+        const std::string& b = vocab->bytes[static_cast<size_t>(tok)];
+        bool ok = !b.empty();
+        JsonSchemaPrefix probe = doc;
+        for (size_t i = 0; ok && i < b.size(); ++i)
+          ok = !probe.complete() && probe.feed(static_cast<unsigned char>(b[i]));
+        ok = ok && probe.min_completion() <= left - 1;
+        ASSERT_EQ(allowed[static_cast<size_t>(tok)] != 0, ok)
+            << "token " << tok << " '" << b << "'";
+      }
+      std::vector<int32_t> choices;
+      for (int32_t i = 0; i < static_cast<int32_t>(allowed.size()); ++i)
+        if (allowed[i]) choices.push_back(i);
+      ASSERT_FALSE(choices.empty());
+      const int32_t tok = choices[rng() % choices.size()];
+      ASSERT_TRUE(c->advance(tok));
+      for (char ch : vocab->bytes[static_cast<size_t>(tok)])
+        ASSERT_TRUE(doc.feed(static_cast<unsigned char>(ch)));
     }
-    std::vector<int32_t> choices;
-    for (int32_t i = 0; i < static_cast<int32_t>(allowed.size()); ++i)
-      if (allowed[i]) choices.push_back(i);
-    ASSERT_FALSE(choices.empty());
-    const int32_t tok = choices[rng() % choices.size()];
-    ASSERT_TRUE(c->advance(tok));
-    for (char ch : vocab->bytes[static_cast<size_t>(tok)])
-      ASSERT_TRUE(doc.feed(static_cast<unsigned char>(ch)));
   }
 }
 
@@ -545,13 +554,20 @@ TEST(ToolCallConstraint, JsonSchemaMaskCost) {
         "%.1f ms\n",
         dir, t.value().vocab_size(), vocab->all.nodes.size(), vocab->plain.size(), build_ms);
     auto person = compile_or_die(kTokenSchemas[2]);
-    for (const auto& [label, prefix] : std::vector<std::pair<const char*, std::string>>{
-             {"start", ""},
-             {"in a string", R"({"steps":[{"explanation":"abc)"},
-             {"after a key", R"({"steps":[{"explanation")"},
-             {"in a number", R"({"name":"a","age":4)"}}) {
-      auto c = ToolCallConstraint::create_json_schema(
-          t.value(), prefix.rfind(R"({"name")", 0) == 0 ? person : compiled, vocab);
+    auto pattern = compile_or_die(kTokenSchemas[kPatternSchema]);
+    for (
+        const auto& [label, prefix] : std::vector<std::pair<const char*, std::string>>{
+            {"start", ""},
+            {"in a string", R"({"steps":[{"explanation":"abc)"},
+            {"after a key", R"({"steps":[{"explanation")"},
+            {"in a number", R"({"name":"a","age":4)"},
+            {"in a uuid", R"({"id":"123e4567-e8)"},
+            {"in a pattern string, matched",
+             R"({"id":"123e4567-e89b-12d3-a456-426614174000","day":"2024-01-31","code":"AB-123","mail":"a@b.co","note":"it is ok)"}}) {
+      auto& schema = prefix.rfind(R"({"name")", 0) == 0 ? person
+                     : prefix.rfind(R"({"id")", 0) == 0 ? pattern
+                                                        : compiled;
+      auto c = ToolCallConstraint::create_json_schema(t.value(), schema, vocab);
       for (int32_t id : t.value().encode(prefix)) ASSERT_TRUE(c->advance(id)) << prefix;
       std::vector<uint8_t> allowed;
       const int reps = 20;

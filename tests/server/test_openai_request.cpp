@@ -229,9 +229,10 @@ std::vector<BadCase> bad_cases() {
        "response_format.json_schema", "is required"},
       {"response_format_schema_pattern", C,
        R"({"model":"m","response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)"
-       R"({"type":"object","properties":{"a":{"type":"string","pattern":"^a"}}}}},)" +
+       R"({"type":"object","properties":{"a":{"type":"string","pattern":"(?<=x)a"}}}}},)" +
            kMsgs + "}",
-       400, "response_format.json_schema.schema", "'pattern' (at #/properties/a) is not supported"},
+       400, "response_format.json_schema.schema",
+       "'pattern' (at #/properties/a): lookbehind '(?<=' is not supported (offset 0)"},
       {"response_format_schema_oneof", P,
        R"({"model":"m","prompt":"x","response_format":{"type":"json_schema","json_schema":)"
        R"({"schema":{"oneOf":[{"type":"string"}]}}}})",
@@ -253,8 +254,8 @@ std::vector<BadCase> bad_cases() {
        "response_format", "use 'text.format'"},
       {"text_format_responses_schema", R,
        R"({"model":"m","input":"x","text":{"format":{"type":"json_schema","name":"x",)"
-       R"("schema":{"type":"object","properties":{"a":{"format":"email"}}}}}})",
-       400, "text.format.schema", "'format' (at #/properties/a) is not supported"},
+       R"("schema":{"type":"object","properties":{"a":{"format":"email","pattern":"\\1"}}}}}})",
+       400, "text.format.schema", "'pattern' (at #/properties/a): the backreference"},
       {"text_format_responses_other", R,
        R"({"model":"m","input":"x","text":{"format":{"type":"grammar"}}})", 400, "text",
        "text.format is"},
@@ -397,9 +398,9 @@ TEST(OpenAIRequest, JsonSchemaResponseFormat) {
 TEST(OpenAIRequest, StrictToolSchemas) {
   const std::string tools =
       R"("tools":[{"type":"function","function":{"name":"a","strict":true,"parameters":)"
-      R"({"type":"object","properties":{"x":{"type":"string"}},"required":["x"],)"
+      R"({"type":"object","properties":{"x":{"type":"string","format":"date"}},"required":["x"],)"
       R"("additionalProperties":false}}},{"type":"function","function":{"name":"b",)"
-      R"("parameters":{"type":"object","properties":{"y":{"type":"string","pattern":"z"}}}}}],)";
+      R"("parameters":{"type":"object","properties":{"y":{"type":"string","pattern":"\\1"}}}}}],)";
   ParseResult req = chat(R"({"model":"m",)" + tools + R"("tool_choice":"required",)" + kMsgs + "}");
   ASSERT_TRUE(std::holds_alternative<OpenAIRequest>(req)) << std::get<ApiError>(req).message;
   const OpenAIRequest& r = std::get<OpenAIRequest>(req);
