@@ -150,8 +150,10 @@ Command add_calibrate(CLI::App& app) {
       for (int l = 0; l < s.n_layers; ++l)
         for (int h = 0; h < s.n_heads_kv; ++h) {
           const size_t i = static_cast<size_t>(l) * s.n_heads_kv + h;
+          // The decoder layer (a hybrid's entries are its full-attention layers).
+          const int layer = s.layers.model_layers.empty() ? l : s.layers.model_layers[l];
           std::fprintf(stderr, "%5d %4d  %.3f  %.3f  %11.5g  %11.5g  %15.3f  %13.4g  %6.3g  %d/%d\n",
-                       l, h, s.k_clip[i], s.v_clip[i], s.k_eig[i * s.head_dim],
+                       layer, h, s.k_clip[i], s.v_clip[i], s.k_eig[i * s.head_dim],
                        s.v_eig[i * s.head_dim], r.key_error_ratio[i], r.key_logit_error[i],
                        r.value_energy[i], s.has_bit_plan() ? s.k_bits[i] : 2,
                        s.has_bit_plan() ? s.v_bits[i] : 2);

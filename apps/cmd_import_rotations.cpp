@@ -80,20 +80,21 @@ Command add_import_rotations(CLI::App& app) {
     auto config = format::ModelConfig::load(a->model_dir);
     if (!config.ok()) return fail(config.status());
     const format::ModelConfig& c = config.value();
-    // oscar's ModelConfig accepts only models whose every layer is full attention, so the wanted
-    // ids are 0..n_layers-1 (a hybrid model's sparse attention ids would come from layer_types).
-    std::vector<int> ids(static_cast<size_t>(c.n_layers));
-    for (int l = 0; l < c.n_layers; ++l) ids[static_cast<size_t>(l)] = l;
+    // The wanted ids are the model's KV-cache layers: 0..n_layers-1, or a hybrid's full-attention
+    // layers (the release's files list only the attention layers of a hybrid).
+    const quant::RotationLayers layers = quant::rotation_layers(c);
+    const std::vector<int>& ids = layers.model_layers;
     auto k = quant::read_zoo_file(a->k, quant::ZooKind::kKey, ids, c.n_heads_kv, c.head_dim);
     if (!k.ok()) return fail(k.status().with_context("--k"));
     auto v = quant::read_zoo_file(a->v, quant::ZooKind::kValue, ids, c.n_heads_kv, c.head_dim);
     if (!v.ok()) return fail(v.status().with_context("--v"));
     auto set = quant::convert_zoo_pair(k.value(), v.value(), c.n_heads_kv, c.sha256, a->o);
     if (!set.ok()) return fail(set.status());
+    set->layers = layers;
     Status st = quant::write_rotation_file(a->out, set.value());
     if (!st.ok()) return fail(st);
     // Read it back exactly as run/eval/serve will (shapes, orthogonality, fingerprint).
-    auto back = quant::load_rotation_file(a->out, c.sha256, c.n_layers, c.n_heads_kv, c.head_dim);
+    auto back = quant::load_rotation_file(a->out, c);
     if (!back.ok()) return fail(back.status().with_context("checking the written file"));
     if (!a->quiet) {
       for (const quant::ZooFile* z : {&k.value(), &v.value()}) {

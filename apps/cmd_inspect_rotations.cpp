@@ -65,7 +65,7 @@ int inspect_rotation_file(const std::string& path) {
   std::printf("rotation file       %s\n", path.c_str());
   // Provenance first, in a fixed order; then every other key.
   const char* order[] = {"created_by", "calibration", "model_config_sha256", "version", "n_layers",
-                         "n_kv_heads", "head_dim", "group_size", "value_objective", "key_scaling",
+                         "model_layers", "model_n_layers", "n_kv_heads", "head_dim", "group_size", "value_objective", "key_scaling",
                          "bit_plan", "eigenvalues", "import_config", quant::kRecommendedModeKey,
                          quant::kRecommendedRecentKey};
   std::set<std::string> shown = {"format"};
@@ -89,7 +89,22 @@ int inspect_rotation_file(const std::string& path) {
                  path.c_str());
     return 1;
   }
-  auto set = quant::load_rotation_file(path, "", n_layers, heads, d);
+  // The layers the file says it serves (a hybrid's: model_layers of model_n_layers).
+  quant::RotationLayers layers = quant::RotationLayers::dense(n_layers);
+  if (meta.count("model_layers") != 0) {
+    auto ids = quant::parse_model_layers(get("model_layers"));
+    if (!ids.ok()) {
+      std::fprintf(stderr, "error: %s: %s\n", path.c_str(), ids.status().message().c_str());
+      return 1;
+    }
+    layers.model_layers = std::move(ids).value();
+    try {
+      layers.model_n_layers = std::stoi(get("model_n_layers"));
+    } catch (const std::exception&) {
+      layers.model_n_layers = 0;
+    }
+  }
+  auto set = quant::load_rotation_file(path, "", layers, heads, d);
   if (!set.ok()) {
     std::fprintf(stderr, "error: %s\n", set.status().message().c_str());
     return 1;

@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "kernels/backend.h"
 #include "calib/key_scaling.h"
+#include "quant/hadamard.h"
 #include "quant/int2_layout.h"
 
 namespace oscar::calib {
@@ -294,11 +295,13 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
                             runtime.spec().describe().c_str());
   model::Qwen3Model& model = runtime.model();
   const format::ModelConfig& c = model.config();
-  if (c.is_hybrid())
-    return unimplemented("calibrate: rotation files of hybrid models (%s: %d full-attention "
-                         "layers of %d) are not implemented yet (issue #25 item 4)",
-                         c.architecture_name.c_str(), c.n_kv_layers, c.n_layers);
-  const int L = c.n_layers, Hkv = c.n_heads_kv, d = c.head_dim;
+  // One entry per KV-cache layer (ModelConfig::kv_layer): every layer of a dense model, the
+  // full-attention layers of a hybrid (the observer sees them by their cache index). The
+  // DeltaNet layers run as in any forward and have no statistics.
+  const int L = c.n_kv_layers, Hkv = c.n_heads_kv, d = c.head_dim;
+  if (!quant::is_power_of_two(d))
+    return invalid_argument("calibrate: R = U·H·P_br needs a power-of-two head_dim, model has %d",
+                            d);
   if (!quant::int2_valid_group(d, options.clip.group_size))
     return invalid_argument("calibrate: group size %d is not valid for head_dim %d",
                             options.clip.group_size, d);
@@ -351,6 +354,9 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
   t0 = Clock::now();
   quant::RotationSet& set = result.rotations;
   set.n_layers = L;
+  set.layers = quant::rotation_layers(c);
+  OSCAR_CHECK(set.layers.n_entries() == L, "calibrate: %d KV layers, %d entries", L,
+              set.layers.n_entries());
   set.n_heads_kv = Hkv;
   set.head_dim = d;
   set.group_size = options.clip.group_size;
@@ -404,15 +410,20 @@ Result<CalibrationResult> calibrate(engine::Runtime& runtime, std::span<const in
   set.k_logit_error.assign(result.key_logit_error.begin(), result.key_logit_error.end());
 
   // Bit plan (calib/bit_plan.h), from the statistics above.
-  if (options.bit_plan_pairs > 0) {
+  // At most half the (layer, KV head) planes: a model with few (a hybrid's full-attention layers
+  // with one KV head: tiny-qwen3-5 has 1) keeps most values above 1 bit.
+  const int pairs = std::min(options.bit_plan_pairs, n_tasks / 2);
+  if (pairs < options.bit_plan_pairs)
+    OSCAR_LOG_INFO("calibrate: bit plan pairs=%d of %d asked (%d (layer, kv head) planes)", pairs,
+                   options.bit_plan_pairs, n_tasks);
+  if (pairs > 0) {
     OSCAR_ASSIGN_OR_RETURN(BitPlanChoice plan,
-                           choose_bit_plan(result.key_logit_error, result.value_energy,
-                                           options.bit_plan_pairs));
+                           choose_bit_plan(result.key_logit_error, result.value_energy, pairs));
     set.k_bits = std::move(plan.k_bits);
     set.v_bits = std::move(plan.v_bits);
     set.metadata["bit_plan"] = str_format(
         "%d key plane(s) at 3 bits (largest expected INT2 logit error), %d value plane(s) at 1 "
-        "bit (smallest tr C_S)", options.bit_plan_pairs, options.bit_plan_pairs);
+        "bit (smallest tr C_S)", pairs, pairs);
   }
 
   // Clip search (OSCAR.md §1 "Clipping", beyond).

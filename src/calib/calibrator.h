@@ -3,6 +3,9 @@
 // compose R = U · H · P_br, search (or fix) clip ratios and return a RotationSet ready for
 // quant::write_rotation_file (§7).
 //
+// Layers are KV-cache layers (ModelConfig::kv_layer): every layer of a dense model, only the
+// full-attention layers of a hybrid (Qwen3.5), whose DeltaNet layers run but have no statistics;
+// the RotationSet records the decoder layers it serves (RotationSet::layers, OSCAR.md §7).
 // Accumulated per (layer l, KV head j), pooling the query heads j·gqa … j·gqa + gqa − 1 (GQA):
 //   C_Q      = (1/N) Σ qᵀq over every pooled query vector (post q_norm and RoPE), N = their count
 //   C_S full = (1/N) Σ oᵀo over the pooled attention outputs o (before o_proj, exact cache)
@@ -68,7 +71,8 @@ struct CalibrationOptions {
   KeyScalingMode key_scaling = KeyScalingMode::kFull;  // won end to end (docs/results/ablation.md)
   double key_scale_power = kKeyScalePower;  // kFull: w_j = (λ_j/κ_j)^power
   // Mixed-precision bit plan (calib/bit_plan.h): this many (layer, KV head) key planes at 3 bits,
-  // paid for by as many value planes at 1 bit; 0 = uniform INT2. 2 was the best of 0, 1, 2 and 4
+  // paid for by as many value planes at 1 bit; 0 = uniform INT2. Capped at half the planes (a
+  // hybrid with one KV layer and one KV head, tiny-qwen3-5, gets none). 2 was the best of 0, 1, 2 and 4
   // end to end on tiny-qwen3 (docs/results/ablation.md, "Bit plans, built"). Needs the uniform
   // quantizer.
   int bit_plan_pairs = 2;

@@ -32,13 +32,12 @@ std::string default_rotations(const RuntimeOptions& o) {
 // it would for oscar.
 Status apply_auto_mode(const format::ModelConfig& config, RuntimeOptions& o) {
   const std::string path = default_rotations(o);
-  if (!std::filesystem::exists(path) || config.is_hybrid()) {  // hybrids: no rotation files yet
+  if (!std::filesystem::exists(path)) {
     o.cache_mode = "bf16";
     return Status();
   }
-  OSCAR_ASSIGN_OR_RETURN(quant::RotationSet rot,
-                         quant::load_rotation_file(path, config.sha256, config.n_layers,
-                                                   config.n_heads_kv, config.head_dim));
+  // A hybrid's file holds its full-attention layers only (quant::rotation_layers).
+  OSCAR_ASSIGN_OR_RETURN(quant::RotationSet rot, quant::load_rotation_file(path, config));
   o.cache_mode = "oscar";
   if (const auto it = rot.metadata.find(kRecommendedModeKey); it != rot.metadata.end()) {
     OSCAR_ASSIGN_OR_RETURN(quant::CacheMode mode, quant::parse_cache_mode(it->second));
@@ -93,12 +92,6 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
           "at 2 bits .. every row at 4, metadata included, group size %d)",
           o.kv_bits, lo, hi, o.group_size);
   }
-  if (config.is_hybrid() && quant::cache_mode_is_oscar(mode))
-    return unimplemented(
-        "cache mode %s needs a rotation file for the full-attention layers of %s; calibration "
-        "and rotation files of hybrid models are not implemented yet (issue #25 item 4): use "
-        "bf16, f32, int2-naive, int2-hadamard or kivi2",
-        quant::cache_mode_name(mode), config.architecture_name.c_str());
   const size_t heads = static_cast<size_t>(spec.n_layers) * config.n_heads_kv;
   const size_t dd = static_cast<size_t>(config.head_dim) * config.head_dim;
 
@@ -112,17 +105,20 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
     spec.v_rotation = spec.k_rotation;
   } else if (quant::cache_mode_is_oscar(mode)) {
     const std::string path = default_rotations(o);
-    OSCAR_ASSIGN_OR_RETURN(
-        quant::RotationSet rot,
-        quant::load_rotation_file(path, config.sha256, config.n_layers, config.n_heads_kv,
-                                  config.head_dim));
+    if (!std::filesystem::exists(path))
+      return not_found("cache mode %s needs a rotation file, and %s does not exist: write one with "
+                       "`oscar calibrate -m %s --data TEXT -o FILE` (a hybrid's covers its "
+                       "full-attention layers) and pass it with --rotations",
+                       quant::cache_mode_name(mode), path.c_str(), o.model_dir.c_str());
+    // Entry l of the file is cache layer l (a hybrid's l-th full-attention layer).
+    OSCAR_ASSIGN_OR_RETURN(quant::RotationSet rot, quant::load_rotation_file(path, config));
     if (o.n_recent < 0) {
       OSCAR_ASSIGN_OR_RETURN(spec.regions.n_recent, recommended_recent(rot, path));
     }
     if (rot.has_key_scaling()) {  // OSCAR.md §1 "Key scaling"
       spec.k_rotation.resize(heads * dd);
       spec.q_rotation.resize(heads * dd);
-      for (int l = 0; l < config.n_layers; ++l)
+      for (int l = 0; l < spec.n_layers; ++l)
         for (int h = 0; h < config.n_heads_kv; ++h) {
           const size_t at = (static_cast<size_t>(l) * config.n_heads_kv + h) * dd;
           const std::vector<float> mk = rot.key_transform(l, h), mq = rot.query_transform(l, h);
@@ -152,7 +148,7 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
     if (mode == quant::CacheMode::kOscar3 && o.bit_plan && rot.has_logit_error())
       plan_bits = kv::uniform_plan_bits(3, config.head_dim, spec.group_size);
     if (fixed != 0 && plan_bits == 0.0) {
-      plan = kv::BitPlan::uniform(config.n_layers, config.n_heads_kv, config.head_dim,
+      plan = kv::BitPlan::uniform(spec.n_layers, config.n_heads_kv, config.head_dim,
                                   spec.group_size, fixed);
     } else if (plan_bits != 0.0) {
       if (!rot.has_logit_error())
@@ -166,10 +162,10 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
       stats.value_energy = rot.value_energy();
       stats.k_clip = spec.k_clip;
       stats.v_clip = spec.v_clip;
-      plan = kv::plan_for_bits(config.n_layers, config.n_heads_kv, config.head_dim, spec.group_size,
+      plan = kv::plan_for_bits(spec.n_layers, config.n_heads_kv, config.head_dim, spec.group_size,
                                plan_bits, stats);
     } else if (rot.has_bit_plan() && o.bit_plan && mode == quant::CacheMode::kOscar) {
-      plan = kv::BitPlan::create(config.n_layers, config.n_heads_kv, config.head_dim,
+      plan = kv::BitPlan::create(spec.n_layers, config.n_heads_kv, config.head_dim,
                                  spec.group_size, rot.k_bits, rot.v_bits);
     }
     if (!plan.ok()) return plan.status().with_context("rotation file " + path);
@@ -179,7 +175,7 @@ Result<kv::KvCacheSpec> make_cache_spec(const format::ModelConfig& config,
     // over bf16 with them, +0.07% without; docs/results/precision_ladder.md). --k-clip /
     // --v-clip still set every row's. The file's own plan keeps the clips it was chosen with.
     if (fixed != 0 || plan_bits != 0.0) {
-      for (int l = 0; l < config.n_layers; ++l)
+      for (int l = 0; l < spec.n_layers; ++l)
         for (int h = 0; h < config.n_heads_kv; ++h) {
           const size_t i = static_cast<size_t>(l) * config.n_heads_kv + h;
           if (o.k_clip <= 0 && spec.bit_plan->bits(l, 0, h) >= 3) spec.k_clip[i] = 1.0f;

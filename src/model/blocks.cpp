@@ -41,10 +41,21 @@ Status attention(kernels::Backend& be, const AttentionWeights& w, int kv_layer, 
     OSCAR_RETURN_IF_ERROR(be.prefill_attn(s.prefill));
   }
   if (s.tap != nullptr) OSCAR_RETURN_IF_ERROR(s.tap->on_attention(kv_layer, s.attn));
+  float* attn = s.attn;
+  if (w.out_unrotation != nullptr) {
+    // Back to the unrotated basis for the elementwise gate (ModelWeights::out_unrotation): the
+    // rotated queries' buffer is free once attention has read it.
+    kernels::RotateQueriesParams u = s.rotate;
+    u.layer = kv_layer;
+    u.q = s.attn;
+    u.q_rotation = w.out_unrotation;
+    OSCAR_RETURN_IF_ERROR(be.rotate_queries(u));
+    attn = u.out;
+  }
   const int64_t q_dim = int64_t{s.rotate.n_heads_q} * s.rotate.head_dim;
   if (w.wq_gate.rows > 0)  // Qwen3.5: attn · sigmoid(gate) before o_proj
-    OSCAR_RETURN_IF_ERROR(be.sigmoid_mul(s.attn, s.gate, n * q_dim));
-  return be.linear(lin(s.attn, n, w.wo, out));
+    OSCAR_RETURN_IF_ERROR(be.sigmoid_mul(attn, s.gate, n * q_dim));
+  return be.linear(lin(attn, n, w.wo, out));
 }
 
 Status dense_ffn(kernels::Backend& be, const DenseFfnWeights& w, const float* h, int64_t n,

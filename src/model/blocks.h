@@ -33,6 +33,9 @@ struct AttentionWeights {
   const float* bv = nullptr;
   const float* q_norm = nullptr;   // [head_dim] (Qwen3) or null, fused into RoPE
   const float* k_norm = nullptr;
+  // [n_kv_layers, n_heads_kv, head_dim, head_dim] R_Vᵀ applied to the attention output before
+  // the output gate (ModelWeights::out_unrotation), or null.
+  const float* out_unrotation = nullptr;
 };
 
 // Sees what the attention block computes (the step runner turns it into LayerObserver calls).

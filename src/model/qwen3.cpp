@@ -299,6 +299,7 @@ Status Qwen3Model::set_backend(kernels::Backend* backend) {
                                         : w == &w_.lm_head ? "lm_head"
                                                          : "weights"));
   OSCAR_RETURN_IF_ERROR(up_vec(w_.final_norm, "final norm"));
+  OSCAR_RETURN_IF_ERROR(up_vec(w_.out_unrotation, "output un-rotations"));
   for (LayerWeights& L : w_.layers)
     for (Vec* v : {&L.input_norm, &L.post_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm,
                    &L.lin_conv, &L.lin_A_log, &L.lin_dt_bias, &L.lin_norm})
@@ -417,13 +418,25 @@ Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation, kernel
     return invalid_argument(
         "fold_value_rotation: call it before set_backend (the weights are packed)");
   const int gqa = w_.config.gqa_ratio;
+  // An elementwise output gate sits between the attention output and o_proj: o_proj keeps its
+  // weights and the output is turned back by R_Vᵀ at run time (ModelWeights::out_unrotation).
+  const bool gated = w_.config.attn_output_gate;
+  if (gated) {
+    std::vector<float> rt(v_rotation.size());
+    const size_t dd = static_cast<size_t>(d) * d;
+    for (size_t m = 0; m < v_rotation.size() / dd; ++m)
+      for (int r = 0; r < d; ++r)
+        for (int c = 0; c < d; ++c)
+          rt[m * dd + static_cast<size_t>(c) * d + r] = v_rotation[m * dd + static_cast<size_t>(r) * d + c];
+    w_.out_unrotation = std::move(rt);
+  }
   std::vector<double> acc;
   for (int l = 0; l < w_.config.n_layers; ++l) {
     if (w_.config.linear(l)) continue;
     LayerWeights& L = w_.layers[l];
     // Folded in float32 (the matrices are not BF16-representable), rounded below if asked.
     L.wv.to_f32();
-    L.wo.to_f32();
+    if (!gated) L.wo.to_f32();
     for (int g = 0; g < Hkv; ++g) {
       const float* R =
           v_rotation.data() + (static_cast<size_t>(w_.config.kv_layer[l]) * Hkv + g) * d * d;
@@ -446,7 +459,7 @@ Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation, kernel
         for (int c = 0; c < d; ++c) b[c] = static_cast<float>(nb[c]);
       }
       // o_proj columns of every query head reading kv head g: W_o[:, h]' = W_o[:, h] R.
-      for (int h = g * gqa; h < (g + 1) * gqa; ++h) {
+      for (int h = g * gqa; h < (g + 1) * gqa && !gated; ++h) {
         std::vector<double> row(d);
         for (int64_t o = 0; o < hidden; ++o) {
           float* wo = L.wo.f32.data() + o * (static_cast<int64_t>(Hq) * d) + static_cast<int64_t>(h) * d;
@@ -462,7 +475,7 @@ Status Qwen3Model::fold_value_rotation(std::span<const float> v_rotation, kernel
     }
     if (stored == kernels::DType::kBF16) {
       L.wv.to_bf16();
-      L.wo.to_bf16();
+      if (!gated) L.wo.to_bf16();
     }
   }
   value_rotation_folded_ = true;

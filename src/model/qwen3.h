@@ -63,8 +63,10 @@ class Qwen3Model {
 
   // Folds a value rotation into v_proj and o_proj (OSCAR.md §3), in float64, stored as `stored`:
   // float32 (exact to float rounding; twice the bytes a step reads for these two matrices) or
-  // BF16 (rounded like the checkpoint's own weights; what a GPU step wants).
-  // v_rotation: [n_layers, n_heads_kv, head_dim, head_dim]. Call at most once, before a device
+  // BF16 (rounded like the checkpoint's own weights; what a GPU step wants). A model with an
+  // elementwise output gate (Qwen3.5) gets it in v_proj only, and its attention output turned
+  // back by R_Vᵀ before the gate at run time (ModelWeights::out_unrotation).
+  // v_rotation: [n_kv_layers, n_heads_kv, head_dim, head_dim]. Call at most once, before a device
   // backend is set (dummy weights on a device excepted: their fold is a redraw).
   Status fold_value_rotation(std::span<const float> v_rotation,
                              kernels::DType stored = kernels::DType::kF32);

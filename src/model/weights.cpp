@@ -49,6 +49,7 @@ AttentionWeights ModelWeights::attention(int layer) const {
   w.bv = or_null(L.bv);
   w.q_norm = or_null(L.q_norm);
   w.k_norm = or_null(L.k_norm);
+  w.out_unrotation = or_null(out_unrotation);
   return w;
 }
 

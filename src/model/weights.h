@@ -77,6 +77,11 @@ struct ModelWeights {
   Matrix lm_head;  // [vocab, hidden]; rows == 0 when tied to embed
   Vec final_norm;  // [hidden]
   std::vector<LayerWeights> layers;
+  // R_Vᵀ per (KV cache layer, KV head), [n_kv_layers, n_heads_kv, head_dim, head_dim]: a model
+  // with an elementwise output gate (Qwen3.5) cannot fold the value rotation into o_proj (the
+  // gate multiplies the attention output in the unrotated basis), so its attention output is
+  // turned back (attn·R_Vᵀ) before the gate; empty: none (o_proj holds R_V, OSCAR.md §3).
+  Vec out_unrotation;
 
   const Matrix& output() const { return lm_head.rows == 0 ? embed : lm_head; }
   // The blocks' views of layer `layer` (model/blocks.h).

@@ -100,7 +100,98 @@ Status check_size(const char* what, size_t got, size_t expected) {
   return Status();
 }
 
+// The entries' layers as the file records them (rotation_file.h, "Layer entries").
+Result<RotationLayers> read_layers(const SafetensorsFile& file) {
+  int n = 0;
+  OSCAR_RETURN_IF_ERROR(metadata_int(file, "n_layers", &n));
+  if (n <= 0)
+    return invalid_argument("rotation file %s: n_layers %d must be > 0", file.path().c_str(), n);
+  const auto& meta = file.metadata();
+  const auto layers = meta.find("model_layers");
+  const bool has_total = meta.count("model_n_layers") != 0;
+  if (layers == meta.end() && !has_total) return RotationLayers::dense(n);
+  if (layers == meta.end() || !has_total)
+    return invalid_argument("rotation file %s: metadata model_layers and model_n_layers come "
+                            "together (one is missing)", file.path().c_str());
+  RotationLayers r;
+  OSCAR_RETURN_IF_ERROR(metadata_int(file, "model_n_layers", &r.model_n_layers));
+  Result<std::vector<int>> ids = parse_model_layers(layers->second);
+  if (!ids.ok()) return ids.status().with_context("rotation file " + file.path());
+  r.model_layers = std::move(ids).value();
+  if (r.n_entries() != n)
+    return invalid_argument("rotation file %s: model_layers '%s' names %d layers, n_layers is %d",
+                            file.path().c_str(), layers->second.c_str(), r.n_entries(), n);
+  if (r.model_layers.back() >= r.model_n_layers)
+    return invalid_argument("rotation file %s: model_layers '%s' reaches past model_n_layers %d",
+                            file.path().c_str(), layers->second.c_str(), r.model_n_layers);
+  return r;
+}
+
 }  // namespace
+
+RotationLayers RotationLayers::dense(int n_layers) {
+  RotationLayers r;
+  r.model_n_layers = n_layers;
+  r.model_layers.resize(static_cast<size_t>(std::max(n_layers, 0)));
+  for (int l = 0; l < n_layers; ++l) r.model_layers[static_cast<size_t>(l)] = l;
+  return r;
+}
+
+bool RotationLayers::is_dense() const { return *this == dense(model_n_layers); }
+
+std::string RotationLayers::describe() const {
+  if (is_dense())
+    return model_n_layers == 1 ? std::string("1 layer (0)")
+                               : str_format("%d layers (0..%d)", model_n_layers, model_n_layers - 1);
+  return str_format("%d of %d decoder layers ([%s])", n_entries(), model_n_layers,
+                    format_model_layers(model_layers).c_str());
+}
+
+std::string format_model_layers(const std::vector<int>& layers) {
+  std::string s;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (i > 0) s.push_back(',');
+    s.append(std::to_string(layers[i]));
+  }
+  return s;
+}
+
+Result<std::vector<int>> parse_model_layers(const std::string& text) {
+  std::vector<int> out;
+  const char* p = text.data();
+  const char* end = text.data() + text.size();
+  while (p < end) {
+    int v = -1;
+    auto [next, ec] = std::from_chars(p, end, v);
+    if (ec != std::errc() || v < 0 || (!out.empty() && v <= out.back()))
+      return invalid_argument("model_layers '%s': expected ascending layer indices separated by "
+                              "commas", text.c_str());
+    out.push_back(v);
+    p = next;
+    if (p < end && *p++ != ',')
+      return invalid_argument("model_layers '%s': expected ascending layer indices separated by "
+                              "commas", text.c_str());
+    if (p == end && text.back() == ',')
+      return invalid_argument("model_layers '%s': trailing comma", text.c_str());
+  }
+  if (out.empty()) return invalid_argument("model_layers is empty");
+  return out;
+}
+
+RotationLayers rotation_layers(const format::ModelConfig& config) {
+  RotationLayers r;
+  r.model_n_layers = config.n_layers;
+  for (int l = 0; l < config.n_layers; ++l)
+    if (config.kv_layer.empty() || config.kv_layer[static_cast<size_t>(l)] >= 0)
+      r.model_layers.push_back(l);
+  return r;
+}
+
+Result<RotationSet> load_rotation_file(const std::string& path,
+                                       const format::ModelConfig& config) {
+  return load_rotation_file(path, config.sha256, rotation_layers(config), config.n_heads_kv,
+                            config.head_dim);
+}
 
 const float* RotationSet::k_rotation(int layer, int head) const {
   OSCAR_CHECK(layer >= 0 && layer < n_layers && head >= 0 && head < n_heads_kv,
@@ -139,6 +230,15 @@ std::vector<float> RotationSet::query_transform(int layer, int head) const {
 Result<RotationSet> load_rotation_file(const std::string& path,
                                        const std::string& expected_config_sha256, int n_layers,
                                        int n_heads_kv, int head_dim) {
+  return load_rotation_file(path, expected_config_sha256, RotationLayers::dense(n_layers),
+                            n_heads_kv, head_dim);
+}
+
+Result<RotationSet> load_rotation_file(const std::string& path,
+                                       const std::string& expected_config_sha256,
+                                       const RotationLayers& layers, int n_heads_kv,
+                                       int head_dim) {
+  const int n_layers = layers.n_entries();
   OSCAR_CHECK(n_layers > 0 && n_heads_kv > 0 && head_dim > 0, "n_layers %d n_heads_kv %d d %d",
               n_layers, n_heads_kv, head_dim);
   OSCAR_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(path));
@@ -156,6 +256,21 @@ Result<RotationSet> load_rotation_file(const std::string& path,
     return unimplemented("rotation file %s: version %d is not supported (this build reads %d)",
                          path.c_str(), version, kRotationFileVersion);
   }
+  OSCAR_RETURN_IF_ERROR(check_int_matches(file, "head_dim", head_dim));
+  {  // the entries' layers (rotation_file.h, "Layer entries")
+    OSCAR_ASSIGN_OR_RETURN(RotationLayers file_layers, read_layers(file));
+    if (file_layers.n_entries() != n_layers)
+      return invalid_argument("rotation file %s: n_layers %d != model %d: the file serves %s, "
+                              "the model has a KV cache on %s",
+                              path.c_str(), file_layers.n_entries(), n_layers,
+                              file_layers.describe().c_str(), layers.describe().c_str());
+    if (file_layers != layers)
+      return invalid_argument("rotation file %s serves %s, but the model has a KV cache on %s",
+                              path.c_str(), file_layers.describe().c_str(),
+                              layers.describe().c_str());
+  }
+  OSCAR_RETURN_IF_ERROR(check_int_matches(file, "n_kv_heads", n_heads_kv));
+  // The fingerprint after the sizes: a file of another shape is named by the size that differs.
   auto sha = meta.find("model_config_sha256");
   if (!expected_config_sha256.empty()) {
     if (sha == meta.end()) {
@@ -169,12 +284,10 @@ Result<RotationSet> load_rotation_file(const std::string& path,
                               path.c_str(), sha->second.c_str(), expected_config_sha256.c_str());
     }
   }
-  OSCAR_RETURN_IF_ERROR(check_int_matches(file, "head_dim", head_dim));
-  OSCAR_RETURN_IF_ERROR(check_int_matches(file, "n_layers", n_layers));
-  OSCAR_RETURN_IF_ERROR(check_int_matches(file, "n_kv_heads", n_heads_kv));
 
   RotationSet set;
   set.n_layers = n_layers;
+  set.layers = layers;
   set.n_heads_kv = n_heads_kv;
   set.head_dim = head_dim;
   OSCAR_RETURN_IF_ERROR(metadata_int(file, "group_size", &set.group_size));
@@ -337,6 +450,18 @@ Status write_rotation_file(const std::string& path, const RotationSet& set) {
   }
   const bool stats = set.has_logit_error();
   if (stats) OSCAR_RETURN_IF_ERROR(check_size("k_logit_error", set.k_logit_error.size(), lh));
+  const bool sparse = !set.layers.model_layers.empty() && !set.layers.is_dense();
+  if (!set.layers.model_layers.empty()) {
+    const std::vector<int>& ids = set.layers.model_layers;
+    if (set.layers.n_entries() != set.n_layers)
+      return invalid_argument("write_rotation_file %s: %d model layers for %d entries",
+                              path.c_str(), set.layers.n_entries(), set.n_layers);
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] < 0 || ids[i] >= set.layers.model_n_layers || (i > 0 && ids[i] <= ids[i - 1]))
+        return invalid_argument("write_rotation_file %s: model layers [%s] are not ascending "
+                                "indices below %d", path.c_str(),
+                                format_model_layers(ids).c_str(), set.layers.model_n_layers);
+  }
   auto sha = set.metadata.find("model_config_sha256");
   if (sha == set.metadata.end() || sha->second.empty()) {
     return invalid_argument("write_rotation_file %s: metadata model_config_sha256 is required",
@@ -349,6 +474,12 @@ Status write_rotation_file(const std::string& path, const RotationSet& set) {
   meta["n_layers"] = std::to_string(set.n_layers);
   meta["n_kv_heads"] = std::to_string(set.n_heads_kv);
   meta["group_size"] = std::to_string(set.group_size);
+  meta.erase("model_layers");
+  meta.erase("model_n_layers");
+  if (sparse) {
+    meta["model_layers"] = format_model_layers(set.layers.model_layers);
+    meta["model_n_layers"] = std::to_string(set.layers.model_n_layers);
+  }
 
   const int64_t h = set.n_heads_kv, dd = set.head_dim;
   std::vector<format::TensorToWrite> tensors;

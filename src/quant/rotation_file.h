@@ -24,6 +24,14 @@
 //   layers.{l}.k.logit_error    F32 [n_kv_heads]        calib::KeyScaling::logit_error (>= 0)
 // __metadata__ strings: format = "oscar-rotations", version, head_dim, n_layers, n_kv_heads,
 // group_size, value_objective, model_config_sha256, calibration, created_by.
+// Layer entries: `n_layers` counts the file's entries l = 0 .. n_layers-1, one per KV-cache layer
+// of the model (ModelConfig::kv_layer). A hybrid (Qwen3.5: Gated DeltaNet layers, a KV cache on
+// its full-attention layers only) also records which decoder layers they are:
+//   model_layers     "3,7,11,15"  entry l serves decoder layer model_layers[l] (ascending)
+//   model_n_layers   "16"         the model's decoder layers
+// Files without them (every dense model's; writers omit them when entry l is layer l of
+// n_layers) mean entries 0 .. n_layers-1 of an n_layers-layer model. Loading compares them with
+// the model's (RotationLayers) and refuses a file made for other layers, naming both.
 // Versioning: "1" (no key scaling), "2" (with k.scale / k.mean), "3" (with a bit plan) and "4"
 // (with k.logit_error) are read; a higher one is Unimplemented (refused), so a reader never
 // silently misreads a newer layout. Unknown tensors are refused as well. The writer writes the
@@ -36,6 +44,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "format/model_config.h"
 
 namespace oscar::quant {
 
@@ -50,9 +59,29 @@ inline constexpr double kRotationOrthogonalityTol = 1e-3;
 inline constexpr const char* kRecommendedModeKey = "recommended_mode";        // oscar | oscar-lloyd
 inline constexpr const char* kRecommendedRecentKey = "recommended_n_recent";  // BF16 recent window
 
+// The layers a rotation file's entries serve: entry l (tensors layers.{l}.*) is the model's KV
+// cache layer l, decoder layer model_layers[l] of model_n_layers. A dense model: 0 .. n-1 of n.
+struct RotationLayers {
+  int model_n_layers = 0;         // decoder layers of the model
+  std::vector<int> model_layers;  // [entries] ascending decoder-layer indices
+
+  static RotationLayers dense(int n_layers);  // 0 .. n_layers-1 of n_layers
+  int n_entries() const { return static_cast<int>(model_layers.size()); }
+  bool is_dense() const;  // entry l is layer l, every layer has one
+  // "8 layers (0..7)" or "1 of 4 decoder layers ([3])".
+  std::string describe() const;
+  bool operator==(const RotationLayers&) const = default;
+};
+// `model_layers` metadata: "3,7,11" (decimal, comma-separated, no spaces).
+std::string format_model_layers(const std::vector<int>& layers);
+Result<std::vector<int>> parse_model_layers(const std::string& text);
+
 // Owned, host-side copy of a rotation file. Row-major float everywhere; x' = x R.
 struct RotationSet {
-  int n_layers = 0;
+  int n_layers = 0;  // entries: the model's KV-cache layers (all its layers if dense)
+  // Which decoder layers the entries serve; empty = dense (entry l is layer l of n_layers).
+  // Loading fills it; a writer records it when it is not dense (model_layers / model_n_layers).
+  RotationLayers layers;
   int n_heads_kv = 0;
   int head_dim = 0;
   int group_size = 0;
@@ -89,13 +118,26 @@ struct RotationSet {
 // Reads and validates a rotation file against the model it will serve. `expected_config_sha256`
 // is the SHA-256 (lowercase hex) of the model's config.json; a mismatch is InvalidArgument naming
 // both hashes. An empty `expected_config_sha256` skips that one check (inspection tools only).
+// `n_layers` is the model's layer count (a dense model, RotationLayers::dense).
 Result<RotationSet> load_rotation_file(const std::string& path,
                                        const std::string& expected_config_sha256, int n_layers,
                                        int n_heads_kv, int head_dim);
+// The same for a model whose KV-cache layers are `layers` (a hybrid: its full-attention layers).
+// A file whose entries serve other layers (n_layers, model_layers, model_n_layers) is
+// InvalidArgument naming both sets of layers.
+Result<RotationSet> load_rotation_file(const std::string& path,
+                                       const std::string& expected_config_sha256,
+                                       const RotationLayers& layers, int n_heads_kv, int head_dim);
+// The layers a model's rotation file serves (ModelConfig::kv_layer), and the file loaded for it
+// (config.sha256, n_heads_kv, head_dim checked).
+RotationLayers rotation_layers(const format::ModelConfig& config);
+Result<RotationSet> load_rotation_file(const std::string& path, const format::ModelConfig& config);
 
 // Writes `set` (shapes checked against its sizes) with per-head tensors. Metadata: everything
 // in set.metadata, with format, version, head_dim, n_layers, n_kv_heads and group_size set from
-// the struct; set.metadata must hold a non-empty "model_config_sha256".
+// the struct, and model_layers / model_n_layers from set.layers when it is set and not dense
+// (its entries must number n_layers, ascending, below model_n_layers); set.metadata must hold a
+// non-empty "model_config_sha256".
 Status write_rotation_file(const std::string& path, const RotationSet& set);
 
 }  // namespace oscar::quant

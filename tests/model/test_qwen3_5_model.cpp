@@ -14,6 +14,8 @@
 //   a config's output_gate_type says): every position of prompts of 32, 100 and 200 tokens
 //   (measured max |Δ| 3.8e-4 at the stored columns, 3.3e-5 on the last rows' full vocab) and 32
 //   greedy tokens by decode steps (reference margins >= 0.0198: identical);
+// - a rotated cache kept exact (int2-hadamard inside its windows) against the same reference: the
+//   value rotation under the output gate;
 // - state slots come back to the pool, prefix adoption is refused, bad checkpoints fail clearly;
 // - --dummy-weights at this shape (the weight bytes it holds, finite logits).
 //
@@ -422,8 +424,29 @@ TEST(Qwen3_5Model, PrefixAdoptionIsRefused) {
   EXPECT_NE(st.message().find("DeltaNet state"), std::string::npos) << st.to_string();
 }
 
-// Cache modes that need a rotation file and devices without the DeltaNet ops are refused up
-// front, by name.
+// A rotated cache whose every token stays exact (int2-hadamard: 100 tokens inside the sinks and
+// recent window) computes the same attention as bf16: keys rotated on append and queries with
+// them, values through the rotation folded into v_proj, and the output turned back by R_Vᵀ before
+// the elementwise output gate (ModelWeights::out_unrotation; folding R_V into o_proj instead is
+// wrong under that gate). Same bound as the bf16 cache: each cached element rounded to BF16 in
+// the rotated basis.
+TEST(Qwen3_5Model, RotatedExactCacheMatchesFloat64Reference) {
+  const Reference ref(kModel);
+  auto rt = make_runtime("int2-hadamard");
+  ASSERT_TRUE(rt);
+  ASSERT_FALSE(rt->spec().v_rotation.empty());
+  const int vocab = ref.config().vocab_size;
+  std::mt19937 rng(3507);
+  const std::vector<int32_t> ids = random_tokens(rng, 100, vocab);
+  const Vec want = ref.forward(ids);
+  auto cache = rt->new_cache();
+  const std::vector<float> got = run_pieces(*rt, *cache, ids, {60, 1, 1, 38});
+  expect_close(got, want, 0, 100, vocab, kLogitTolBf16, "int2-hadamard, all exact", kMinCosBf16);
+  EXPECT_EQ(cache->bytes().history, 0);
+}
+
+// An oscar mode without a rotation file and devices without the DeltaNet ops are refused up
+// front, by name (tests/calib/test_calib_hybrid.cpp runs oscar with a calibrated file).
 TEST(Qwen3_5Model, UnsupportedModesAndDevicesAreRefused) {
   engine::RuntimeOptions o;
   o.model_dir = kModel;
@@ -431,8 +454,9 @@ TEST(Qwen3_5Model, UnsupportedModesAndDevicesAreRefused) {
   o.cache_mode = "oscar";
   auto rt = engine::Runtime::create(o);
   ASSERT_FALSE(rt.ok());
-  EXPECT_NE(rt.status().message().find("rotation files of hybrid models are not implemented"),
-            std::string::npos)
+  EXPECT_NE(rt.status().message().find("needs a rotation file, and"), std::string::npos)
+      << rt.status().to_string();
+  EXPECT_NE(rt.status().message().find("oscar calibrate"), std::string::npos)
       << rt.status().to_string();
   o.cache_mode = "bf16";
   o.device = "cuda";

@@ -376,5 +376,92 @@ TEST(RotationFile, RefusesBadFiles) {
   std::remove(path.c_str());
 }
 
+// A hybrid's file (rotation_file.h, "Layer entries"): entries for decoder layers 1 and 3 of 4
+// record model_layers / model_n_layers and load only for a model with the KV cache on exactly
+// those layers; a dense file writes neither key and loads as before.
+TEST(RotationFile, LayerEntriesOfAHybrid) {
+  RotationSet set = make_set(2, 2, 32, 91);
+  set.layers.model_n_layers = 4;
+  set.layers.model_layers = {1, 3};
+  const std::string path = temp_path("hybrid.safetensors");
+  ASSERT_TRUE(write_rotation_file(path, set).ok());
+  auto file = format::SafetensorsFile::open(path);
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ(file->metadata().at("model_layers"), "1,3");
+  EXPECT_EQ(file->metadata().at("model_n_layers"), "4");
+  EXPECT_EQ(file->metadata().at("n_layers"), "2");
+
+  RotationLayers hybrid;
+  hybrid.model_n_layers = 4;
+  hybrid.model_layers = {1, 3};
+  Result<RotationSet> r = load_rotation_file(path, "abc123", hybrid, 2, 32);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->n_layers, 2);
+  EXPECT_EQ(r->layers, hybrid);
+  EXPECT_EQ(r->k_rot, set.k_rot);
+  // Rewriting what was read keeps the keys (from r->layers, not the stale metadata copy).
+  ASSERT_TRUE(write_rotation_file(path, *r).ok());
+  ASSERT_TRUE(load_rotation_file(path, "abc123", hybrid, 2, 32).ok());
+
+  // A dense 2-layer model: same entry count, other layers.
+  r = load_rotation_file(path, "abc123", 2, 2, 32);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("serves 2 of 4 decoder layers ([1,3]), but the model has a "
+                                      "KV cache on 2 layers (0..1)"),
+            std::string::npos)
+      << r.status().message();
+  // A dense 4-layer model: the count differs.
+  r = load_rotation_file(path, "abc123", 4, 2, 32);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("n_layers 2 != model 4"), std::string::npos)
+      << r.status().message();
+  // Another hybrid (layers 1 and 2 of 4; layers 1 and 3 of 8).
+  for (const RotationLayers& other : {RotationLayers{4, {1, 2}}, RotationLayers{8, {1, 3}}}) {
+    r = load_rotation_file(path, "abc123", other, 2, 32);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("serves 2 of 4 decoder layers ([1,3])"), std::string::npos)
+        << r.status().message();
+  }
+
+  // A dense file (no keys) for the hybrid: refused, by its layers.
+  set.layers = {};
+  ASSERT_TRUE(write_rotation_file(path, set).ok());
+  file = format::SafetensorsFile::open(path);
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ(file->metadata().count("model_layers"), 0u);
+  EXPECT_EQ(file->metadata().count("model_n_layers"), 0u);
+  r = load_rotation_file(path, "abc123", hybrid, 2, 32);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("serves 2 layers (0..1), but the model has a KV cache on 2 "
+                                      "of 4 decoder layers ([1,3])"),
+            std::string::npos)
+      << r.status().message();
+  r = load_rotation_file(path, "abc123", 2, 2, 32);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->layers.is_dense());
+  // Dense layers given explicitly write no keys either (byte-identical files for dense models).
+  set.layers = RotationLayers::dense(2);
+  ASSERT_TRUE(write_rotation_file(path, set).ok());
+  EXPECT_EQ(format::SafetensorsFile::open(path)->metadata().count("model_layers"), 0u);
+
+  // The writer checks the layers it records.
+  for (const RotationLayers& bad :
+       {RotationLayers{4, {3, 1}}, RotationLayers{4, {1, 4}}, RotationLayers{4, {1}}}) {
+    set.layers = bad;
+    const Status st = write_rotation_file(path, set);
+    EXPECT_FALSE(st.ok()) << format_model_layers(bad.model_layers);
+  }
+  std::remove(path.c_str());
+}
+
+TEST(RotationFile, ModelLayersText) {
+  EXPECT_EQ(format_model_layers({3, 7, 11}), "3,7,11");
+  auto ok = parse_model_layers("3,7,11");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok.value(), (std::vector<int>{3, 7, 11}));
+  for (const char* bad : {"", "3,", ",3", "3,,7", "7,3", "3,3", "-1", "3 ,7", "a", "3;7"})
+    EXPECT_FALSE(parse_model_layers(bad).ok()) << "'" << bad << "'";
+}
+
 }  // namespace
 }  // namespace oscar::quant
