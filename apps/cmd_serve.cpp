@@ -75,6 +75,12 @@ Command add_serve(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("!--no-prefix-cache", sched->prefix_cache,
                "Do not share prompt prefixes between requests (radix prefix cache)");
+  app.add_option("--prefix-snapshots", sched->prefix_state_snapshots,
+                 "Hybrid models: DeltaNet state snapshots the prefix cache keeps at page "
+                 "boundaries (host memory, one state-pool slot each; 0: no prefix cache for "
+                 "hybrids)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--http-threads", http->n_threads, "HTTP I/O threads")->capture_default_str();
   app.add_option("--max-connections", http->max_connections,
                  "Open connections at most: at the cap a new one closes the connection idle "

@@ -79,6 +79,9 @@ struct Scheduler::Sequence {
   int64_t prefilled = 0;       // tokens of `context` in the cache (adopted or computed)
   int64_t cached_tokens = 0;   // prompt tokens adopted from the prefix cache (first admission)
   int64_t cached_context = 0;  // tokens of `context` adopted at the last admission
+  // Hybrid with the prefix cache: where the context branches off a cached path that has no state
+  // snapshot there (0: none); its prefill stops at this page boundary and snapshots it.
+  int64_t branch_tokens = 0;
   uint64_t arrival = 0;        // submit order; preemption takes the latest first
   int preemptions = 0;
   bool preempted = false;      // preempted in this step; moved back to the waiting queue after it
@@ -195,23 +198,40 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(std::unique_ptr<Runtime> ru
     s->chat_template_ = std::make_unique<tok::ChatTemplate>(std::move(tmpl).value());
     s->template_reads_reasoning_ = tok::template_reads_reasoning(source);
   }
-  // A hybrid model's cached prefix would need its DeltaNet state at the page boundary, which is
-  // not kept yet (issue #25 item 4): the prefix cache is off for them (every prompt computed).
+  // A hybrid model's cached prefix needs its DeltaNet state at the page boundary: the radix cache
+  // keeps up to prefix_state_snapshots of them (kv/radix_cache.h, hybrid mode); with none, the
+  // prefix cache is off for hybrids (every prompt computed).
   const bool hybrid = s->runtime_->model().config().is_hybrid();
-  if (hybrid && options.kv_event_sink)
-    return unimplemented("KV-cache events need the prefix cache, which is off for the hybrid %s",
-                         s->runtime_->model().config().architecture_name.c_str());
-  if (hybrid && options.prefix_cache)
-    OSCAR_LOG_INFO("scheduler: prefix cache off for the hybrid %s (its DeltaNet states are not "
-                   "snapshotted)", s->runtime_->model().config().architecture_name.c_str());
-  if (options.prefix_cache && !hybrid) {
+  if (options.prefix_state_snapshots < 0)
+    return invalid_argument("scheduler: prefix_state_snapshots %d must be >= 0",
+                            options.prefix_state_snapshots);
+  const bool prefix_cache = options.prefix_cache && (!hybrid || options.prefix_state_snapshots > 0);
+  if (hybrid && options.prefix_cache && !prefix_cache)
+    OSCAR_LOG_INFO("scheduler: prefix cache off for the hybrid %s (--prefix-snapshots 0)",
+                   s->runtime_->model().config().architecture_name.c_str());
+  if (prefix_cache) {
     std::vector<kv::PagePool*> pools = {&s->runtime_->exact_pool()};
     if (s->runtime_->int2_pool()) pools.push_back(s->runtime_->int2_pool());
     s->radix_ = std::make_unique<kv::RadixCache>(s->runtime_->spec().regions.page_size, pools);
+    if (hybrid) {
+      kv::StatePool* states = s->runtime_->state_pool();
+      OSCAR_CHECK(states != nullptr, "scheduler: a hybrid runtime without a state pool");
+      s->radix_->attach_state_pool(states, options.prefix_state_snapshots);
+      OSCAR_LOG_INFO("scheduler: prefix cache for the hybrid %s: snapshots=%d bytes_each=%lld "
+                     "max_bytes=%lld (DeltaNet states at page boundaries, host memory)",
+                     s->runtime_->model().config().architecture_name.c_str(),
+                     options.prefix_state_snapshots,
+                     static_cast<long long>(states->bytes_per_slot()),
+                     static_cast<long long>(states->bytes_per_slot() *
+                                            options.prefix_state_snapshots));
+    }
     // Attaching queues AllBlocksCleared: routers learn that this replica starts empty.
     if (options.kv_event_sink) s->radix_->set_listener(&s->kv_events_);
   } else if (options.kv_event_sink) {
-    return invalid_argument("KV-cache events need the prefix cache (drop --no-prefix-cache)");
+    return invalid_argument(
+        hybrid ? "KV-cache events need the prefix cache (drop --no-prefix-cache, and a hybrid "
+                 "needs --prefix-snapshots > 0)"
+               : "KV-cache events need the prefix cache (drop --no-prefix-cache)");
   }
   {
     std::lock_guard<std::mutex> lock(s->mu_);
@@ -512,7 +532,7 @@ kv::PageNeed Scheduler::prefill_pages(int64_t n_tokens,
 
 // Inserts the sequence's shareable pages (prompt, then generated tokens) into the prefix cache.
 // keep_locked: the sequence goes on running and keeps the inserted path from eviction.
-void Scheduler::publish_prefix(Sequence& s, bool keep_locked) {
+void Scheduler::publish_prefix(Sequence& s, bool keep_locked, bool kept_state, bool live_state) {
   const int64_t n = s.cache->shareable_tokens();
   kv::NodeHandle node;
   if (n > 0) {
@@ -521,10 +541,34 @@ void Scheduler::publish_prefix(Sequence& s, bool keep_locked) {
                                     std::min<int64_t>(n, s.req.prompt_ids.size()));
     for (size_t i = 0; static_cast<int64_t>(tokens.size()) < n; ++i) tokens.push_back(s.output[i]);
     node = radix_->insert(tokens, s.cache->shareable_pages()).last_node;
+    if (radix_->hybrid()) {
+      // The kept boundary state (committed tokens only), and the live one after a good step that
+      // ended on a page. store_snapshot may split edges; node keeps its id.
+      const int64_t at = s.cache->state_snapshot_tokens();
+      OSCAR_CHECK(at <= n, "kept state at %lld of %lld shareable tokens",
+                  static_cast<long long>(at), static_cast<long long>(n));
+      if (kept_state && at > 0 && s.cache->state_snapshot_slot() >= 0)
+        radix_->store_snapshot(std::span<const int32_t>(tokens).first(at),
+                               s.cache->state_snapshot_slot());
+      if (live_state && n == s.cache->n_tokens() && n != at)
+        radix_->store_snapshot(tokens, s.cache->state_slot());
+    }
     if (keep_locked) radix_->lock(node);
   }
   if (s.prefix_node.id != 0) radix_->unlock(s.prefix_node);
   s.prefix_node = keep_locked ? node : kv::NodeHandle{};
+}
+
+void Scheduler::keep_boundary_state(Sequence& s) {
+  if (!hybrid_prefix() || !s.cache) return;
+  const int64_t n = s.cache->n_tokens();
+  if (n == 0 || n % runtime_->spec().regions.page_size != 0 ||
+      n <= s.cache->state_snapshot_tokens())
+    return;
+  const Status st = s.cache->keep_state_snapshot();
+  if (!st.ok())  // no host memory: this boundary is not snapshotted (correct, only slower later)
+    OSCAR_LOG_WARN("scheduler: request %s keeps no state at %lld tokens: %s",
+                   s.req.request_id.c_str(), static_cast<long long>(n), st.to_string().c_str());
 }
 
 kv::PrefixMatch Scheduler::match_prefix(const Sequence& s) {
@@ -545,10 +589,21 @@ kv::PrefixMatch Scheduler::match_prefix(const Sequence& s) {
 
 // m: match_prefix(s), with no cache call in between.
 void Scheduler::attach_prefix(Sequence& s, const kv::PrefixMatch& m) {
+  s.branch_tokens = 0;
+  if (radix_ && radix_->hybrid() && m.n_tokens_cached > m.n_tokens_matched)
+    s.branch_tokens = m.n_tokens_cached;
   if (!radix_ || m.n_tokens_matched == 0) return;
   radix_->lock(m.last_node);
   radix_->retain_pages(m.pages);
-  Status st = s.cache->adopt_prefix(m.pages);
+  // A hybrid's adoption copies the matched state snapshot (m.state_slot) into its own slot.
+  Status st = s.cache->adopt_prefix(m.pages, m.state_slot);
+  if (st.code() == StatusCode::kResourceExhausted) {  // no host memory for the state: cold start
+    OSCAR_LOG_WARN("scheduler: request %s computes its cached prefix again: %s",
+                   s.req.request_id.c_str(), st.to_string().c_str());
+    radix_->release_pages(m.pages);
+    radix_->unlock(m.last_node);
+    return;
+  }
   OSCAR_CHECK(st.ok(), "prefix cache handed out a prefix of the wrong shape: %s",
               st.to_string().c_str());
   s.prefix_node = m.last_node;
@@ -625,6 +680,7 @@ void Scheduler::preempt(Sequence& s) {
   s.context.insert(s.context.end(), s.output.begin(), s.output.end());
   s.prefilled = 0;
   s.cached_context = 0;
+  s.branch_tokens = 0;
   s.promised = {};
   s.preemptions += 1;
   s.preempted = true;
@@ -811,6 +867,17 @@ void Scheduler::step() {
     const int64_t depth = s.cache->n_tokens();
     int64_t n = prefill_budget_.fit(prefill_flops_left, depth,
                                     std::min<int64_t>({left, options_.prefill_chunk, budget}), page);
+    if (hybrid_prefix()) {
+      // End a chunk where the DeltaNet state is to be snapshotted: where the context branches
+      // off a cached path, the end of the pages a repeat of this prompt looks up (all but its
+      // last token), and the end of its last full page.
+      const int64_t c = static_cast<int64_t>(s.context.size());
+      for (const int64_t b : {s.branch_tokens, (c - 1) / page * page, c / page * page})
+        if (s.prefilled < b && s.prefilled + n > b) {
+          n = b - s.prefilled;
+          break;
+        }
+    }
     bool ok = reserve(s, n, /*may_preempt=*/false);
     while (!ok && n > page) {
       n = std::max<int64_t>(page, n / 2 / page * page);
@@ -1049,9 +1116,16 @@ void Scheduler::run_step(std::span<const kv::StepChunk> chunks, std::span<Sequen
         std::lock_guard<std::mutex> lock(mu_);
         metrics_.prompt_tokens_total += static_cast<uint64_t>(n);
       }
-      if (s.prefilling()) continue;
-      if (radix_) publish_prefix(s, /*keep_locked=*/true);
+      if (s.prefilling()) {
+        if (hybrid_prefix() && s.cache->n_tokens() == s.branch_tokens) { // a snapshot there only
+          publish_prefix(s, /*keep_locked=*/true, /*kept_state=*/false, /*live_state=*/true);
+        }
+        keep_boundary_state(s);
+        continue;
+      }
+      if (radix_) publish_prefix(s, /*keep_locked=*/true, /*kept_state=*/true, /*live_state=*/true);
     }
+    keep_boundary_state(s);  // before handle_token, which may end the request and publish it
     const int32_t token = ids[plan.cu_logits[p]];
     if (token == kernels::kSampleNonFinite) {
       const Status bad = internal_error("the model produced non-finite logits at position %lld",

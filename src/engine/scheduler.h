@@ -13,6 +13,18 @@
 // sharing a system prompt hit while the first one still decodes), and again with its generated
 // tokens when the request ends, so multi-turn conversations and agent loops reuse their own
 // history.
+// Hybrids (Gated DeltaNet layers, kv/radix_cache.h "hybrid mode"): a cached prefix is served
+// only up to a node with a DeltaNet state snapshot, whose copy becomes the sequence's state.
+// Each sequence keeps the state at the last page boundary its committed tokens reached
+// (SequenceCache::keep_state_snapshot), and its prefill chunks end at its context's last page
+// boundaries (that of the tokens a repeat of the prompt looks up, and that of the whole prompt),
+// so that publishing stores a snapshot where reuse is likely: the prompt's last full pages when
+// its prefill ends (n > 1 choices, retries, longer prompts), and the last full page of prompt +
+// output when it ends or is preempted (the next turn of a conversation, the readmission of a
+// preempted request). A prompt whose lookup found cached pages beyond the deepest snapshot
+// branches off a cached path there (a shared system prompt): its prefill also stops at that
+// page boundary and stores a snapshot, which the next prompt with that prefix adopts. At most
+// prefix_state_snapshots are kept (LRU).
 // Unlocked cached pages count as available at admission and are evicted (LRU) when a step's
 // pages do not fit.
 //
@@ -83,6 +95,11 @@ struct SchedulerOptions {
   // limits above apply.
   double prefill_itl_factor = 0;
   bool prefix_cache = true;     // share prompt prefixes between requests (radix cache)
+  // Hybrid models (Gated DeltaNet layers): DeltaNet state snapshots the prefix cache keeps at
+  // page boundaries (host memory, the runtime's state-pool bytes per slot each; beyond the KV
+  // budget); a cached prefix is served only up to a snapshot. 0: the prefix cache is off for
+  // hybrids. Dense models ignore it.
+  int prefix_state_snapshots = 32;
   // Longest prompt + max_tokens accepted (info().max_context_tokens). 0: the model's
   // max_position_embeddings, lowered to the longest sequence whose peak pages fit the pools.
   int max_model_len = 0;
@@ -138,7 +155,14 @@ class Scheduler : public Engine {
   void preempt(Sequence& s);
   kv::PrefixMatch match_prefix(const Sequence& s);
   void attach_prefix(Sequence& s, const kv::PrefixMatch& m);
-  void publish_prefix(Sequence& s, bool keep_locked);
+  // Hybrids: kept_state stores the state the sequence kept at its last page boundary
+  // (SequenceCache::keep_state_snapshot); live_state its live state, which must be that of its
+  // committed tokens (after a step that succeeded), when those end on a page.
+  void publish_prefix(Sequence& s, bool keep_locked, bool kept_state = true,
+                      bool live_state = false);
+  // Hybrid with the prefix cache: keeps the state when the committed tokens end on a page.
+  void keep_boundary_state(Sequence& s);
+  bool hybrid_prefix() const { return radix_ && radix_->hybrid(); }
   void step();
   void run_step(std::span<const kv::StepChunk> chunks, std::span<Sequence* const> owners);
   void handle_token(Sequence& s, int32_t token);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <queue>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -42,8 +43,19 @@ void for_each_form(std::span<const CachedChunk> chunks, Fn&& fn) {
 }  // namespace
 
 RadixCache::~RadixCache() {
-  for (auto& [id, node] : nodes_)
+  for (auto& [id, node] : nodes_) {
     for_each_form(node->chunks, [&](CachedPage page) { pools_[page.pool]->release(page.page); });
+    if (node->snapshot >= 0) states_->release(node->snapshot);
+  }
+}
+
+void RadixCache::attach_state_pool(StatePool* states, int32_t max_snapshots) {
+  OSCAR_CHECK(states != nullptr && max_snapshots >= 1,
+              "radix cache: attach_state_pool with %d snapshots", max_snapshots);
+  OSCAR_CHECK(states_ == nullptr && nodes_.size() == 1,
+              "radix cache: attach_state_pool on a cache in use");
+  states_ = states;
+  max_snapshots_ = max_snapshots;
 }
 
 RadixCache::Node* RadixCache::find_node(NodeHandle handle) const {
@@ -101,6 +113,9 @@ RadixCache::Node* RadixCache::split(Node* node, size_t n_pages) {
   // Every lock on node also covers its new ancestor; the pages just move, so gauges are unchanged.
   upper->lock_count = node->lock_count;
   upper->last_access = node->last_access;
+  // The snapshot describes node's end, which stays node's: the upper node has none, and leads to
+  // exactly the snapshots node leads to.
+  upper->n_snapshots_below = node->n_snapshots_below;
   node->tokens.erase(node->tokens.begin(), node->tokens.begin() + n_pages * p);
   node->chunks.erase(node->chunks.begin(), node->chunks.begin() + n_pages);
   // The first page is unchanged, so the parent's key for this edge stays the same.
@@ -117,6 +132,7 @@ PrefixMatch RadixCache::match_prefix(std::span<const int32_t> tokens, const Form
   const size_t p = static_cast<size_t>(page_size_);
   // Every chunk along the path, read without changing the tree.
   std::vector<CachedChunk> found;
+  std::vector<size_t> cuts;  // hybrid mode: chunk counts at which a snapshot was matched
   for (const Node* node = root_; tokens.size() - found.size() * p >= p;) {
     const std::span<const int32_t> rest = tokens.subspan(found.size() * p);
     auto it = node->children.find(rest.first(p));
@@ -125,12 +141,28 @@ PrefixMatch RadixCache::match_prefix(std::span<const int32_t> tokens, const Form
     found.insert(found.end(), it->second->chunks.begin(), it->second->chunks.begin() + k);
     if (k < it->second->chunks.size()) break;
     node = it->second;
+    if (node->snapshot >= 0) cuts.push_back(found.size());
   }
+  auto pick = [&](std::span<const CachedChunk> chunks) {
+    if (choose) return choose(chunks);
+    std::vector<CachedPage> pages;
+    for (const CachedChunk& chunk : chunks) pages.push_back(chunk.form(chunk.has(0) ? 0 : 1));
+    return pages;
+  };
   PrefixMatch match;
-  if (choose) {
-    match.pages = choose(found);
+  match.n_tokens_cached = static_cast<int64_t>(found.size() * p);
+  if (states_ == nullptr) {
+    match.pages = pick(found);
   } else {
-    for (const CachedChunk& chunk : found) match.pages.push_back(chunk.form(chunk.has(0) ? 0 : 1));
+    // Only a prefix that ends at a snapshot can be served, and only whole: the deepest one whose
+    // chunks the chooser takes in full.
+    for (auto cut = cuts.rbegin(); cut != cuts.rend(); ++cut) {
+      std::vector<CachedPage> pages = pick(std::span<const CachedChunk>(found).first(*cut));
+      if (pages.size() == *cut) {
+        match.pages = std::move(pages);
+        break;
+      }
+    }
   }
   OSCAR_CHECK(match.pages.size() <= found.size(), "radix cache: %zu forms chosen of %zu chunks",
               match.pages.size(), found.size());
@@ -154,6 +186,11 @@ PrefixMatch RadixCache::match_prefix(std::span<const int32_t> tokens, const Form
   touch(node);
   match.n_tokens_matched = static_cast<int64_t>(pos);
   match.last_node = NodeHandle{node->id};
+  if (states_ != nullptr && node != root_) {
+    OSCAR_CHECK(node->snapshot >= 0, "radix cache: hybrid match ends at a node without a state");
+    node->snapshot_access = clock_;
+    match.state_slot = node->snapshot;
+  }
   ++stats_.lookups;
   stats_.lookup_tokens += static_cast<int64_t>(tokens.size());
   stats_.matched_tokens += match.n_tokens_matched;
@@ -198,7 +235,7 @@ InsertResult RadixCache::insert(std::span<const int32_t> tokens,
       stats_.cached_chunks += static_cast<int64_t>(leaf->chunks.size());
       node->children.emplace(std::vector<int32_t>(leaf->tokens.begin(), leaf->tokens.begin() + p),
                              leaf);
-      if (listener_ != nullptr) hash_and_announce(leaf);
+      if (announced(leaf)) hash_and_announce(leaf);
       node = leaf;
       pos = tokens.size();
       break;
@@ -267,7 +304,8 @@ int64_t RadixCache::release_chunk(const CachedChunk& chunk, uint8_t pool) {
 
 void RadixCache::remove_leaf(Node* node) {
   OSCAR_CHECK(
-      node != root_ && node->children.empty() && node->lock_count == 0 && !node->chunks.empty(),
+      node != root_ && node->children.empty() && node->lock_count == 0 &&
+          !node->chunks.empty() && node->snapshot < 0,
       "radix cache: remove_leaf on node %llu", static_cast<unsigned long long>(node->id));
   Node* parent = node->parent;
   auto it = parent->children.find(std::span<const int32_t>(node->tokens).first(page_size_));
@@ -306,18 +344,19 @@ void RadixCache::evict_all_unlocked() {
 int64_t RadixCache::evict_impl(int64_t n_pages_needed, uint8_t pool, bool any_leaf) {
   if (n_pages_needed == 0) return 0;
   const size_t p = static_cast<size_t>(page_size_);
-  // Min-heap of unlocked leaves by (last access, id): least recently used first, ties by age.
-  using Entry = std::pair<uint64_t, uint64_t>;
+  // Min-heap of unlocked leaves by (has a snapshot, last access, id): least recently used first,
+  // ties by age; in hybrid mode the leaves without a state snapshot (they serve no hit) before
+  // all others.
+  using Entry = std::tuple<bool, uint64_t, uint64_t>;
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  auto push = [&](const Node* n) { heap.emplace(n->snapshot >= 0, n->last_access, n->id); };
   for (const auto& [id, node] : nodes_) {
-    if (node.get() != root_ && node->children.empty() && node->lock_count == 0) {
-      heap.emplace(node->last_access, id);
-    }
+    if (node.get() != root_ && node->children.empty() && node->lock_count == 0) push(node.get());
   }
   int64_t freed = 0;
   std::vector<BlockHash> removed;  // this leaf's pages, for the listener
   while (freed < n_pages_needed && !heap.empty()) {
-    Node* leaf = nodes_.at(heap.top().second).get();
+    Node* leaf = nodes_.at(std::get<2>(heap.top())).get();
     heap.pop();
     // Trim from the tail (the deepest, least shared tokens) while that can still free pages of
     // `pool`: the leaf's remaining pages hold some, or an unlocked ancestor does.
@@ -325,24 +364,24 @@ int64_t RadixCache::evict_impl(int64_t n_pages_needed, uint8_t pool, bool any_le
     int64_t leaf_has = std::count_if(leaf->chunks.begin(), leaf->chunks.end(),
                                      [&](const CachedChunk& chunk) { return chunk.has(pool); });
     removed.clear();
+    // Trimming the leaf's tail invalidates the state after it (its blocks removed first).
+    if (leaf->snapshot >= 0 && (ancestors_have || leaf_has > 0)) drop_snapshot(leaf);
     while (freed < n_pages_needed && (ancestors_have || leaf_has > 0)) {
-      if (listener_ != nullptr) removed.push_back(external_block_hash(leaf->digests.back()));
+      if (announced(leaf)) removed.push_back(external_block_hash(leaf->digests.back()));
       if (leaf->chunks.size() > 1) {
         const CachedChunk chunk = leaf->chunks.back();
         if (chunk.has(pool)) --leaf_has;
         freed += release_chunk(chunk, pool);
         leaf->chunks.pop_back();
         leaf->tokens.resize(leaf->chunks.size() * p);
-        if (listener_ != nullptr) leaf->digests.pop_back();
+        if (announced(leaf)) leaf->digests.pop_back();
         continue;
       }
       // The last chunk keys the edge in the parent: release it and drop the node.
       freed += release_chunk(leaf->chunks.front(), pool);
       Node* parent = leaf->parent;
       remove_leaf(leaf);
-      if (parent != root_ && parent->children.empty() && parent->lock_count == 0) {
-        heap.emplace(parent->last_access, parent->id);
-      }
+      if (parent != root_ && parent->children.empty() && parent->lock_count == 0) push(parent);
       break;
     }
     // One BlockRemoved per trimmed leaf, deepest page first.
@@ -351,13 +390,88 @@ int64_t RadixCache::evict_impl(int64_t n_pages_needed, uint8_t pool, bool any_le
   return freed;
 }
 
+void RadixCache::count_snapshot(Node* node) {
+  std::vector<Node*> fresh;  // nodes that lead to their first snapshot, deepest first
+  for (Node* n = node; n != root_; n = n->parent)
+    if (n->n_snapshots_below++ == 0) fresh.push_back(n);
+  if (listener_ == nullptr) return;
+  for (auto it = fresh.rbegin(); it != fresh.rend(); ++it) hash_and_announce(*it);
+}
+
+void RadixCache::drop_snapshot(Node* node) {
+  OSCAR_CHECK(node->snapshot >= 0, "radix cache: node %llu has no snapshot to drop",
+              static_cast<unsigned long long>(node->id));
+  states_->release(node->snapshot);
+  node->snapshot = -1;
+  --stats_.snapshots;
+  ++stats_.evicted_snapshots;
+  // Deepest first: the blocks of each node that no longer leads to a snapshot.
+  for (Node* n = node; n != root_; n = n->parent) {
+    if (--n->n_snapshots_below > 0 || listener_ == nullptr) continue;
+    std::vector<BlockHash> removed;
+    for (auto d = n->digests.rbegin(); d != n->digests.rend(); ++d)
+      removed.push_back(external_block_hash(*d));
+    n->digests = {};
+    if (!removed.empty()) listener_->on_removed(removed);
+  }
+}
+
+bool RadixCache::store_snapshot(std::span<const int32_t> tokens, int32_t src) {
+  OSCAR_CHECK(states_ != nullptr, "radix cache: store_snapshot without a state pool");
+  const size_t p = static_cast<size_t>(page_size_);
+  OSCAR_CHECK(!tokens.empty() && tokens.size() % p == 0,
+              "radix cache: snapshot after %zu tokens (page_size %d)", tokens.size(), page_size_);
+  // The node whose path is exactly `tokens`, splitting where it ends inside an edge.
+  Node* node = root_;
+  size_t pos = 0;
+  while (pos < tokens.size()) {
+    auto it = node->children.find(tokens.subspan(pos, p));
+    if (it == node->children.end()) return false;
+    Node* child = it->second;
+    const size_t k = match_pages(child, tokens.subspan(pos));
+    if (k < child->chunks.size()) {
+      if (pos + k * p < tokens.size()) return false;  // diverges inside the edge
+      child = split(child, k);
+    }
+    pos += k * p;
+    node = child;
+  }
+  touch(node);
+  node->snapshot_access = clock_;
+  if (node->snapshot >= 0) return true;
+  if (stats_.snapshots >= max_snapshots_) {
+    // The least recently stored or matched snapshot makes room (never node's ancestors' path
+    // matters: a snapshot serves alone).
+    Node* lru = nullptr;
+    for (const auto& [id, n] : nodes_)
+      if (n->snapshot >= 0 && (lru == nullptr || n->snapshot_access < lru->snapshot_access))
+        lru = n.get();
+    OSCAR_CHECK(lru != nullptr, "radix cache: %lld snapshots counted, none found",
+                static_cast<long long>(stats_.snapshots));
+    drop_snapshot(lru);
+  }
+  auto slot = states_->acquire();
+  if (!slot.ok()) return false;
+  states_->copy_slot(slot.value(), src);
+  node->snapshot = slot.value();
+  ++stats_.snapshots;
+  ++stats_.stored_snapshots;
+  count_snapshot(node);
+  return true;
+}
+
 void RadixCache::reset() {
   for (const auto& [id, node] : nodes_) {
     OSCAR_CHECK(node->lock_count == 0, "radix cache: reset with node %llu locked (%d)",
                 static_cast<unsigned long long>(id), node->lock_count);
   }
-  for (auto& [id, node] : nodes_)
+  for (auto& [id, node] : nodes_) {
     for_each_form(node->chunks, [&](CachedPage page) { pools_[page.pool]->release(page.page); });
+    if (node->snapshot >= 0) {
+      states_->release(node->snapshot);
+      ++stats_.evicted_snapshots;
+    }
+  }
   std::unique_ptr<Node> root = std::move(nodes_.at(0));
   nodes_.clear();
   root->children.clear();
@@ -368,6 +482,7 @@ void RadixCache::reset() {
   std::fill(stats_.evictable_pages.begin(), stats_.evictable_pages.end(), 0);
   stats_.n_nodes = 0;
   stats_.cached_chunks = 0;
+  stats_.snapshots = 0;
   if (listener_ != nullptr) listener_->on_cleared();
 }
 
@@ -397,12 +512,17 @@ void RadixCache::set_listener(KvEventListener* listener) {
     return;
   }
   listener_->on_cleared();
-  // Parents first: a node's digests are ready before its children chain from them.
+  // Parents first: a node's digests are ready before its children chain from them. (In hybrid
+  // mode a node that is not announced has no announced descendant either.)
   std::vector<Node*> stack;
   for (const auto& [key, child] : root_->children) stack.push_back(child);
   while (!stack.empty()) {
     Node* node = stack.back();
     stack.pop_back();
+    if (!announced(node)) {
+      node->digests = {};
+      continue;
+    }
     hash_and_announce(node);
     for (const auto& [key, child] : node->children) stack.push_back(child);
   }
@@ -415,6 +535,7 @@ void RadixCache::reset_stats() {
   fresh.evictable_pages = stats_.evictable_pages;
   fresh.n_nodes = stats_.n_nodes;
   fresh.cached_chunks = stats_.cached_chunks;
+  fresh.snapshots = stats_.snapshots;
   stats_ = std::move(fresh);
 }
 
@@ -450,11 +571,24 @@ void RadixCache::for_each_page(
   }
 }
 
+void RadixCache::for_each_snapshot(
+    const std::function<void(std::span<const int32_t> prefix, int32_t slot)>& fn) const {
+  std::vector<std::pair<const Node*, std::vector<int32_t>>> stack{{root_, {}}};
+  while (!stack.empty()) {
+    auto [node, path] = std::move(stack.back());
+    stack.pop_back();
+    path.insert(path.end(), node->tokens.begin(), node->tokens.end());
+    if (node->snapshot >= 0) fn(path, node->snapshot);
+    for (const auto& [key, child] : node->children) stack.emplace_back(child, path);
+  }
+}
+
 void RadixCache::check_invariants() const {
   const size_t p = static_cast<size_t>(page_size_);
   std::vector<int64_t> cached(pools_.size(), 0);
   std::vector<int64_t> evictable(pools_.size(), 0);
   int64_t n_reached = 0, n_chunks = 0;
+  std::set<int32_t> snapshot_slots;
   std::vector<const Node*> stack{root_};
   OSCAR_CHECK(root_->chunks.empty() && root_->tokens.empty() && root_->parent == nullptr &&
                   root_->lock_count == 0,
@@ -484,8 +618,20 @@ void RadixCache::check_invariants() const {
         if (node->lock_count == 0) ++evictable[page.pool];
       });
     }
+    int32_t below = node->snapshot >= 0 ? 1 : 0;
+    if (node->snapshot >= 0) {
+      OSCAR_CHECK(states_ != nullptr && node != root_, "radix cache: a snapshot without a pool");
+      OSCAR_CHECK(snapshot_slots.insert(node->snapshot).second,
+                  "radix cache: snapshot slot %d held twice", node->snapshot);
+    }
+    if (node != root_ && listener_ != nullptr)
+      OSCAR_CHECK(node->digests.size() == (announced(node) ? node->chunks.size() : 0),
+                  "radix cache: node %llu has %zu digests for %zu chunks",
+                  static_cast<unsigned long long>(node->id), node->digests.size(),
+                  node->chunks.size());
     int64_t child_locks = 0;
     for (const auto& [key, child] : node->children) {
+      below += child->n_snapshots_below;
       OSCAR_CHECK(child->parent == node, "radix cache: bad parent link");
       OSCAR_CHECK(key.size() == p && child->tokens.size() >= p &&
                       std::equal(key.begin(), key.end(), child->tokens.begin()),
@@ -494,6 +640,9 @@ void RadixCache::check_invariants() const {
       stack.push_back(child);
     }
     if (node != root_) {
+      OSCAR_CHECK(node->n_snapshots_below == below,
+                  "radix cache: node %llu counts %d snapshots below, holds %d",
+                  static_cast<unsigned long long>(node->id), node->n_snapshots_below, below);
       OSCAR_CHECK(node->lock_count >= child_locks,
                   "radix cache: node %llu lock count %d < its children's %lld",
                   static_cast<unsigned long long>(node->id), node->lock_count,
@@ -507,6 +656,10 @@ void RadixCache::check_invariants() const {
   OSCAR_CHECK(cached == stats_.cached_pages, "radix cache: cached_pages gauge is off");
   OSCAR_CHECK(n_chunks == stats_.cached_chunks, "radix cache: cached_chunks gauge is off");
   OSCAR_CHECK(evictable == stats_.evictable_pages, "radix cache: evictable_pages gauge is off");
+  OSCAR_CHECK(static_cast<int64_t>(snapshot_slots.size()) == stats_.snapshots &&
+                  (states_ == nullptr || stats_.snapshots <= max_snapshots_),
+              "radix cache: %zu snapshots held, gauge %lld, budget %d", snapshot_slots.size(),
+              static_cast<long long>(stats_.snapshots), max_snapshots_);
 }
 
 }  // namespace oscar::kv

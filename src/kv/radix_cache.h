@@ -32,6 +32,22 @@
 // (tests/kv/test_kv_events.cpp checks both against each other); with one it also keeps one
 // 32-byte digest per cached chunk.
 //
+// Hybrid models (Qwen3.5: Gated DeltaNet layers with a fixed-size state per sequence, beside the
+// full-attention layers' pages): attach_state_pool() puts the cache in hybrid mode. A cached KV
+// prefix is then usable only together with the DeltaNet state after its last token, so a node
+// may carry a state snapshot (a StatePool slot holding every DeltaNet layer's conv and recurrent
+// state after exactly the node's last token, a page boundary), stored by store_snapshot() and
+// owned by the cache. match_prefix() returns the deepest matched node that has one (pages beyond
+// it are useless without a state) with its slot, which the caller copies into its sequence's
+// slot before the next cache call. A sequence never holds a snapshot, so snapshots need no
+// locks: at most max_snapshots exist, the least recently used one is dropped for a new one, and
+// trimming or removing a node drops its snapshot (a split leaves it on the lower node, whose end
+// it describes). A node whose subtree holds no snapshot keeps its pages (a later insert of the
+// same tokens finds them) but serves no hit; eviction takes such leaves first.
+// KV events in hybrid mode announce only what can be served: a node's blocks are stored once its
+// subtree (the node included) holds a snapshot, and removed when the last such snapshot goes
+// (or the chunks leave), so a router's view is the blocks on a path to a snapshot.
+//
 // Not thread-safe: the scheduler thread owns the cache and the pools.
 #pragma once
 
@@ -46,6 +62,7 @@
 
 #include "kv/kv_events.h"
 #include "kv/page_pool.h"
+#include "kv/state_pool.h"
 
 namespace oscar::kv {
 
@@ -82,6 +99,15 @@ struct PrefixMatch {
   int64_t n_tokens_matched = 0;   // multiple of page_size
   std::vector<CachedPage> pages;  // [n_tokens_matched / page_size], token order, chosen forms
   NodeHandle last_node;           // the node whose path is exactly the matched prefix
+  // Hybrid mode: the StatePool slot of the snapshot after the matched tokens (-1 when nothing
+  // matched or not hybrid). Owned by the cache; valid until the next call that may store or drop
+  // snapshots (insert, store_snapshot, evict*, reset): copy it out first.
+  int32_t state_slot = -1;
+  // Hybrid mode: the tokens the lookup found cached as pages along the path, snapshot or not
+  // (>= n_tokens_matched; multiple of page_size). Where it is larger, the prompt branches off a
+  // cached path there without a state: a snapshot stored at that point serves the next prompt
+  // sharing the same prefix (a system prompt).
+  int64_t n_tokens_cached = 0;
 };
 
 struct InsertResult {
@@ -112,6 +138,10 @@ struct RadixCacheStats {
   std::vector<int64_t> evictable_pages;  // [n_pools] gauge: cached pages in unlocked nodes
   int64_t n_nodes = 0;                   // gauge: nodes excluding the root
   int64_t cached_chunks = 0;  // gauge: chunks cached, whatever their forms (the KV-event blocks)
+  // Hybrid mode (attach_state_pool): DeltaNet state snapshots.
+  int64_t snapshots = 0;          // gauge: snapshots held (<= max_snapshots)
+  int64_t stored_snapshots = 0;   // store_snapshot calls that stored a new snapshot
+  int64_t evicted_snapshots = 0;  // snapshots dropped (budget, trimmed or removed nodes, reset)
 };
 
 class RadixCache {
@@ -136,6 +166,19 @@ class RadixCache {
   // reference to the BF16 one).
   // Splits an edge where the tokens diverge in the middle of it (always at a page boundary).
   InsertResult insert(std::span<const int32_t> tokens, std::span<const CachedPage> pages);
+
+  // Hybrid mode: from now on, KV prefixes are served only with a state snapshot of `states` (not
+  // owned; must outlive the cache), of which at most max_snapshots (>= 1) are kept. Call once,
+  // before the first insert.
+  void attach_state_pool(StatePool* states, int32_t max_snapshots);
+  bool hybrid() const { return states_ != nullptr; }
+  int32_t max_snapshots() const { return max_snapshots_; }
+  // Hybrid mode: keeps a copy of state slot `src` (the DeltaNet state after exactly `tokens`) as
+  // the snapshot of the node whose path is `tokens` (page-aligned, non-empty, cached: splits an
+  // edge there if needed). A node that has one keeps it (it is refreshed as just used). When
+  // max_snapshots are held, the least recently used one is dropped first. False (nothing
+  // stored) when `tokens` is not cached or the pool has no memory for a slot.
+  bool store_snapshot(std::span<const int32_t> tokens, int32_t src);
 
   // Lock counts: lock(node) protects node and its ancestors from eviction until unlock(node).
   void lock(NodeHandle node);
@@ -171,6 +214,10 @@ class RadixCache {
   // from the root through the end of that chunk (tests compare the tree with a brute-force model).
   void for_each_page(
       const std::function<void(std::span<const int32_t> prefix, CachedPage page)>& fn) const;
+  // Hybrid mode: calls fn(prefix, slot) for every state snapshot, prefix being the tokens the
+  // state has seen (tests).
+  void for_each_snapshot(
+      const std::function<void(std::span<const int32_t> prefix, int32_t slot)>& fn) const;
   // Checks the structural invariants (edge alignment, child keys, parent links, lock counts
   // against ancestors, gauges); aborts on a violation. For tests and debugging: O(tree size).
   void check_invariants() const;
@@ -193,6 +240,12 @@ class RadixCache {
     ChildMap children;                 // keyed by the child's first page of tokens
     int32_t lock_count = 0;
     uint64_t last_access = 0;  // logical clock, larger = more recent
+    // Hybrid mode: the state snapshot after the edge's last token (a StatePool slot, -1 = none),
+    // when it was last stored or matched, and the snapshots in this node's subtree (itself
+    // included; > 0 = its blocks are announced to a listener).
+    int32_t snapshot = -1;
+    uint64_t snapshot_access = 0;
+    int32_t n_snapshots_below = 0;
   };
 
   Node* find_node(NodeHandle handle) const;
@@ -220,8 +273,22 @@ class RadixCache {
   // node's pages with on_stored().
   void hash_and_announce(Node* node);
 
+  // Whether node's blocks are (to be) announced to the listener: every node in the dense mode,
+  // in hybrid mode those with a snapshot in their subtree.
+  bool announced(const Node* node) const {
+    return listener_ != nullptr && (states_ == nullptr || node->n_snapshots_below > 0);
+  }
+  // Hybrid mode: gives node's snapshot back to the state pool; the nodes that no longer lead to
+  // any snapshot have their blocks removed (listener).
+  void drop_snapshot(Node* node);
+  // Hybrid mode: counts a new snapshot of node in it and its ancestors, announcing (listener)
+  // those that lead to their first snapshot, parents first.
+  void count_snapshot(Node* node);
+
   int32_t page_size_;
   std::vector<PagePool*> pools_;
+  StatePool* states_ = nullptr;  // hybrid mode; not owned
+  int32_t max_snapshots_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<Node>> nodes_;  // all nodes, root included
   Node* root_ = nullptr;
   uint64_t next_id_ = 1;

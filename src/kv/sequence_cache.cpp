@@ -261,6 +261,21 @@ void SequenceCache::clear() {
   hist_end_ = spec_->regions.n_sink;
   if (state_slot_ >= 0) state_pool_->release(state_slot_);
   state_slot_ = -1;
+  if (snapshot_slot_ >= 0) state_pool_->release(snapshot_slot_);
+  snapshot_slot_ = -1;
+  snapshot_tokens_ = 0;
+}
+
+Status SequenceCache::keep_state_snapshot() {
+  OSCAR_CHECK(state_pool_ != nullptr && state_slot_ >= 0 && n_staged_ == 0,
+              "keep_state_snapshot() without a state or with %lld tokens staged",
+              static_cast<long long>(n_staged_));
+  if (snapshot_slot_ < 0) {
+    OSCAR_ASSIGN_OR_RETURN(snapshot_slot_, state_pool_->acquire());
+  }
+  state_pool_->copy_slot(snapshot_slot_, state_slot_);
+  snapshot_tokens_ = n_tokens_;
+  return Status();
 }
 
 Status SequenceCache::reserve(int64_t n) {
@@ -330,12 +345,12 @@ std::vector<CachedPage> SequenceCache::shareable_pages() const {
   return pages;
 }
 
-Status SequenceCache::adopt_prefix(std::span<const CachedPage> pages) {
+Status SequenceCache::adopt_prefix(std::span<const CachedPage> pages, int32_t state_snapshot) {
   OSCAR_CHECK(n_tokens_ == 0 && n_staged_ == 0 && sink_pages_.empty(),
               "adopt_prefix() on a cache that holds tokens");
-  if (state_pool_ != nullptr && !pages.empty())
-    return unimplemented("adopt_prefix: a hybrid model's prefix needs its DeltaNet state, "
-                               "which the prefix cache does not keep yet");
+  if (state_pool_ != nullptr && !pages.empty() && state_snapshot < 0)
+    return invalid_argument("adopt_prefix: a hybrid model's prefix of %zu pages needs the "
+                            "DeltaNet state after it (no snapshot given)", pages.size());
   const RegionConfig& r = spec_->regions;
   const size_t n_sink_pages = static_cast<size_t>(r.n_sink / r.page_size);
   // Sinks, history (quantized only), recent: the pool of page i may only step from INT2 to BF16.
@@ -348,6 +363,12 @@ Status SequenceCache::adopt_prefix(std::span<const CachedPage> pages) {
     if (pages[i].pool != want)
       return invalid_argument("adopt_prefix: page %zu is in pool %d, expected %d", i,
                               pages[i].pool, want);
+  }
+  if (state_pool_ != nullptr && !pages.empty()) {
+    if (state_slot_ < 0) {
+      OSCAR_ASSIGN_OR_RETURN(state_slot_, state_pool_->acquire());
+    }
+    state_pool_->copy_slot(state_slot_, state_snapshot);
   }
   for (size_t i = 0; i < pages.size(); ++i) {
     const bool sink = i < n_sink_pages;

@@ -22,8 +22,11 @@
 // StatePool slot (kv/state_pool.h) that this cache takes at its first reserve() and gives back in
 // clear(). The forward pass advances that state in place, so it always matches n_tokens() plus
 // the staged tokens of the step in flight; a failed step leaves it advanced, and its owner drops
-// the cache (as after a failed commit). Prefix sharing needs state snapshots: adopt_prefix()
-// refuses while a state pool is attached.
+// the cache (as after a failed commit). Prefix sharing needs the state after the shared prefix:
+// adopt_prefix() takes a snapshot slot (kv/radix_cache.h, hybrid mode) and copies it into this
+// sequence's slot; keep_state_snapshot() copies the state after the committed tokens into a
+// second slot of this cache's own, which its owner hands to the prefix cache when it publishes
+// the sequence's pages (the state of a failed step is never kept: only committed tokens count).
 //
 // kivi2 (the KIVI-style baseline, OSCAR.md §8; quant/kivi.h): same regions and windows, no
 // rotation, no clipping. History pages are KIVI pages (kernels/kv_layout.h): keys per channel
@@ -210,7 +213,18 @@ class SequenceCache {
   // demotes what lags, and the recent window is never shorter once the history catches up. The
   // caller has retained one reference per page for this cache (released by clear() / the
   // destructor like any other page). InvalidArgument when the pools are not in that order.
-  Status adopt_prefix(std::span<const CachedPage> pages);
+  // Hybrid (a state pool attached): a non-empty prefix needs state_snapshot, the StatePool slot
+  // holding the DeltaNet state after exactly those pages' tokens, which is copied into this
+  // cache's slot (taken now); InvalidArgument without one, ResourceExhausted when no slot can be
+  // taken (nothing adopted either way).
+  Status adopt_prefix(std::span<const CachedPage> pages, int32_t state_snapshot = -1);
+
+  // Hybrid only: copies the state after the committed tokens (none staged) into this cache's
+  // snapshot slot (taken at the first call, given back in clear()), replacing the previous one.
+  // ResourceExhausted when no slot can be taken.
+  Status keep_state_snapshot();
+  int32_t state_snapshot_slot() const { return snapshot_slot_; }      // -1 = none
+  int64_t state_snapshot_tokens() const { return snapshot_tokens_; }  // the state's position
 
   // Reads a token's K or V (kv 0 = K, 1 = V) of one head as attention sees it: exact rows as
   // stored (rotated K), history rows dequantized. For tests and evaluation.
@@ -234,6 +248,8 @@ class SequenceCache {
   int64_t staged_recent_pages_ = 0;
   StatePool* state_pool_ = nullptr;
   int32_t state_slot_ = -1;
+  int32_t snapshot_slot_ = -1;   // keep_state_snapshot()'s copy, -1 = none
+  int64_t snapshot_tokens_ = 0;  // tokens that state has seen
 };
 
 }  // namespace oscar::kv

@@ -49,4 +49,16 @@ void StatePool::release(int32_t slot) {
   free_.push_back(slot);
 }
 
+void StatePool::copy_slot(int32_t dst, int32_t src) {
+  OSCAR_CHECK(dst >= 0 && dst < n_slots_ && src >= 0 && src < n_slots_,
+              "StatePool::copy_slot: slots %d <- %d of %d", dst, src, n_slots_);
+  if (dst == src) return;
+  for (int32_t l = 0; l < n_layers_; ++l) {
+    std::copy_n(conv_[l].begin() + src * conv_floats_, conv_floats_,
+                conv_[l].begin() + dst * conv_floats_);
+    std::copy_n(rec_[l].begin() + src * rec_floats_, rec_floats_,
+                rec_[l].begin() + dst * rec_floats_);
+  }
+}
+
 }  // namespace oscar::kv

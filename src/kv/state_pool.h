@@ -7,9 +7,10 @@
 // zeroed when taken (a fresh sequence starts from zero state).
 //
 // Host memory, grown on demand by whole slots (each layer's array keeps its slot stride, so slot
-// ids stay valid; pointers do not: read them once per step). The device version (a fixed pool in
-// the backend's memory, sized at start-up like the page pools) and state snapshots for prefix
-// reuse (issue #25 item 4) are not here. Not thread-safe: owned by the engine's step loop.
+// ids stay valid; pointers do not: read them once per step). The prefix cache's state snapshots
+// (kv/radix_cache.h, hybrid mode) are slots of the same pool, filled by copy_slot(); the
+// device version (a fixed pool in the backend's memory, sized at start-up like the page pools)
+// is not here. Not thread-safe: owned by the engine's step loop.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,9 @@ class StatePool {
   // A zeroed slot; ResourceExhausted when the host cannot hold one more.
   Result<int32_t> acquire();
   void release(int32_t slot);
+  // Copies slot src's state (every layer's conv and recurrent arrays) into slot dst: a state
+  // snapshot, or a snapshot back into a sequence's slot. Both must be taken (acquired).
+  void copy_slot(int32_t dst, int32_t src);
 
   int32_t n_layers() const { return n_layers_; }
   int32_t n_slots() const { return n_slots_; }  // slots allocated (live or free)

@@ -19,6 +19,7 @@
 
 #include "engine/json_schema.h"
 #include "engine/scheduler.h"
+#include "kv/kv_events.h"
 #include "schema_validator.h"
 
 namespace oscar::engine {
@@ -977,9 +978,11 @@ TEST(Scheduler, MemoryFollowsUseManyRequestsSmallPool) {
 // Two long generations that cannot both fit (8 pages; each ends at 110 tokens = 7 pages): the
 // later one is preempted, recomputes prompt + output, and resumes with exactly the tokens it gives
 // alone (greedy and seeded sampling: the draw index is the output index), streamed once.
+// expect_resume_hits: the readmissions adopt cached prefixes (prefix-cache hit tokens beyond
+// what the requests' first admissions report).
 void check_preemption_resumes(const std::string& mode, bool prefix_cache, size_t budget_mib,
                               int prompt_tokens, int max_tokens, const std::string& model = kModel,
-                              size_t budget_kib = 0) {
+                              size_t budget_kib = 0, bool expect_resume_hits = false) {
   SchedulerOptions so;
   so.prefix_cache = prefix_cache;
   auto sched = make_scheduler_with(mode, so, {}, budget_mib, model, budget_kib);
@@ -1000,6 +1003,7 @@ void check_preemption_resumes(const std::string& mode, bool prefix_cache, size_t
   // a with b (greedy), then a with c (seeded sampling): the later one is preempted.
   for (size_t j = 1; j < reqs.size(); ++j) {
     const uint64_t preempted_before = sched->metrics().num_preemptions_total;
+    const uint64_t hits_before = sched->metrics().prefix_cache_hit_tokens;
     Collector ca, cb;
     ASSERT_TRUE(sched->submit(reqs[0], ca.callback()).ok());
     ASSERT_TRUE(sched->submit(reqs[j], cb.callback()).ok());
@@ -1019,6 +1023,13 @@ void check_preemption_resumes(const std::string& mode, bool prefix_cache, size_t
       EXPECT_EQ(c->finish, "length");
     }
     EXPECT_GE(sched->metrics().num_preemptions_total, preempted_before + 1) << mode;
+    if (expect_resume_hits) {
+      const uint64_t resumed = sched->metrics().prefix_cache_hit_tokens - hits_before -
+                               static_cast<uint64_t>(ca.cached_tokens + cb.cached_tokens);
+      EXPECT_GT(resumed, 0u) << mode << ": no readmission adopted a cached prefix";
+      std::printf("preempted and resumed: %llu tokens adopted at readmissions\n",
+                  static_cast<unsigned long long>(resumed));
+    }
     if (!prefix_cache) {
       wait_idle(*sched);
       EXPECT_EQ(used_pages(*sched), 0);
@@ -1042,11 +1053,214 @@ TEST(Scheduler, PreemptionResumesExactlyWithSharedRecentPages) {
 }
 
 // The hybrid Qwen3.5 (models/tiny-qwen3-5): its one KV layer has 16 KiB BF16 pages, so 128 KiB
-// is the same 8 pages. A preempted sequence drops its DeltaNet state with its pages and recomputes
-// both; the prefix cache (asked for) stays off for hybrids.
+// is the same 8 pages. A preempted sequence drops its DeltaNet state with its pages; without the
+// prefix cache it recomputes both, with it (5) its readmission adopts the snapshot it stored when
+// preempted (the last full page of prompt + output) and recomputes only the rest.
 TEST(Scheduler, PreemptionResumesExactlyHybrid) {
   check_preemption_resumes("bf16", /*prefix_cache=*/false, 0, 20, 90, "models/tiny-qwen3-5", 128);
-  check_preemption_resumes("bf16", /*prefix_cache=*/true, 0, 20, 90, "models/tiny-qwen3-5", 128);
+  check_preemption_resumes("bf16", /*prefix_cache=*/true, 0, 20, 90, "models/tiny-qwen3-5", 128,
+                           /*expect_resume_hits=*/true);
+}
+
+// --- The prefix cache for hybrids (kv/radix_cache.h hybrid mode) ------------------------------
+// models/tiny-qwen3-5: 3 Gated DeltaNet layers + 1 full-attention layer, pages of 16 tokens. A
+// cached prefix is served only up to a DeltaNet state snapshot. The CPU path is deterministic,
+// but the delta rule's chunked prefill form (64-row chunks from each step's first row) and its
+// decode recurrence round differently, so a hit gives the cold result bit for bit only where both
+// runs split the work alike: with prefill_chunk = 192 and a 192-token shared prefix, the cold run
+// computes [0, 192) then the rest, and the hit adopts the state after [0, 192) computed the same
+// way (first request) and computes the same rest. Elsewhere (a snapshot taken by decode steps,
+// prefills split at other boundaries) the logits agree within kHybridLogprobTol and the greedy
+// tokens are equal.
+constexpr const char* kHybrid = "models/tiny-qwen3-5";
+constexpr float kHybridLogprobTol = 1e-3f;
+
+struct HybridRun {
+  std::vector<int32_t> ids;
+  std::vector<std::vector<TokenLogprob>> top;  // [token][5] with the chosen one first
+  int cached_tokens = 0;
+  uint64_t computed = 0;  // prompt tokens the scheduler computed for it
+};
+
+HybridRun run_hybrid(Scheduler& s, const std::string& id, const std::vector<int32_t>& prompt,
+                     int max_tokens) {
+  GenerationRequest r = greedy(id, prompt, max_tokens);
+  r.ignore_eos = true;
+  r.logprobs = 5;
+  const uint64_t before = s.metrics().prompt_tokens_total;
+  Collector c;
+  EXPECT_TRUE(s.submit(r, c.callback()).ok());
+  EXPECT_TRUE(c.wait());
+  EXPECT_TRUE(c.error.ok()) << c.error.to_string();
+  HybridRun out;
+  out.ids = c.ids;
+  for (const GenerationEvent& e : c.tokens) {
+    std::vector<TokenLogprob> t{e.chosen};
+    t.insert(t.end(), e.top_logprobs.begin(), e.top_logprobs.end());
+    out.top.push_back(std::move(t));
+  }
+  out.cached_tokens = c.cached_tokens;
+  out.computed = s.metrics().prompt_tokens_total - before;
+  return out;
+}
+
+// Max |Δ logprob| over the reported alternatives (the same tokens, in the same order, asserted).
+float max_logprob_diff(const HybridRun& a, const HybridRun& b) {
+  EXPECT_EQ(a.ids, b.ids);
+  float d = 0;
+  if (a.top.size() != b.top.size()) return 1e9f;
+  for (size_t i = 0; i < a.top.size(); ++i) {
+    EXPECT_EQ(a.top[i].size(), b.top[i].size());
+    for (size_t k = 0; k < std::min(a.top[i].size(), b.top[i].size()); ++k) {
+      EXPECT_EQ(a.top[i][k].token_id, b.top[i][k].token_id) << "token " << i << " alt " << k;
+      d = std::max(d, std::abs(a.top[i][k].logprob - b.top[i][k].logprob));
+    }
+  }
+  return d;
+}
+
+std::unique_ptr<Scheduler> hybrid_scheduler(bool prefix_cache, int snapshots = 32,
+                                            kv::KvEventSink* sink = nullptr) {
+  SchedulerOptions so;
+  so.prefill_chunk = 192;
+  so.prefix_cache = prefix_cache;
+  so.prefix_state_snapshots = snapshots;
+  so.kv_event_sink = sink;
+  return make_scheduler_with("bf16", so, {}, 0, kHybrid, 4096);
+}
+
+std::vector<int32_t> joined(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// (1) A prompt sharing a page-aligned 192-token prefix with an earlier one adopts it (the
+// earlier prompt's snapshot after all but its last token's pages) and gives the cold tokens and
+// log-probabilities bit for bit, computing only its own 10 tokens; an identical repeat too.
+// (2) Prompts that diverge mid-page, or before any snapshot, fall back: the one diverging inside
+// page [176, 192) misses (no snapshot at or before 176) and stores one where it branches off
+// (176), which the next prompt with that prefix adopts.
+TEST(Scheduler, HybridPrefixHitGivesTheColdResult) {
+  auto cold = hybrid_scheduler(false);
+  auto warm = hybrid_scheduler(true);
+  const auto system = code_prompt(*warm, 192, "def add(a, b):\n    return a + b\n");
+  const auto a = joined(system, code_prompt(*warm, 10, "# first question\n"));
+  const auto b = joined(system, code_prompt(*warm, 10, "import numpy as np\n"));
+  const HybridRun a_warm = run_hybrid(*warm, "a", a, 8);
+  EXPECT_EQ(a_warm.cached_tokens, 0);
+  EXPECT_EQ(max_logprob_diff(a_warm, run_hybrid(*cold, "a", a, 8)), 0.f);
+
+  const HybridRun b_warm = run_hybrid(*warm, "b", b, 8);
+  EXPECT_EQ(b_warm.cached_tokens, 192);
+  EXPECT_EQ(b_warm.computed, 10u);
+  const HybridRun b_cold = run_hybrid(*cold, "b", b, 8);
+  EXPECT_EQ(b_cold.computed, b.size());
+  EXPECT_EQ(max_logprob_diff(b_warm, b_cold), 0.f);
+  const HybridRun b_again = run_hybrid(*warm, "b2", b, 8);  // B1 of b is 192 as well
+  EXPECT_EQ(b_again.cached_tokens, 192);
+  EXPECT_EQ(max_logprob_diff(b_again, b_cold), 0.f);
+  std::printf("hybrid prefix hit: %zu-token prompt, %llu computed warm vs %llu cold\n", b.size(),
+              static_cast<unsigned long long>(b_warm.computed),
+              static_cast<unsigned long long>(b_cold.computed));
+
+  // Diverges at token 185, inside page [176, 192): pages up to 176 match, no snapshot there.
+  auto c = std::vector<int32_t>(system.begin(), system.begin() + 185);
+  c = joined(c, code_prompt(*warm, 20, "class Model:\n"));
+  const HybridRun c_warm = run_hybrid(*warm, "c", c, 8);
+  EXPECT_EQ(c_warm.cached_tokens, 0);
+  EXPECT_EQ(c_warm.computed, c.size());
+  const HybridRun c_cold = run_hybrid(*cold, "c", c, 8);
+  const float dc = max_logprob_diff(c_warm, c_cold);  // split at 176 (the branch), cold at 192
+  EXPECT_LE(dc, kHybridLogprobTol);
+  // The same 185 tokens, another tail: the branch snapshot at 176 serves.
+  auto d = std::vector<int32_t>(system.begin(), system.begin() + 185);
+  d = joined(d, code_prompt(*warm, 20, "for i in range(10):\n"));
+  const HybridRun d_warm = run_hybrid(*warm, "d", d, 8);
+  EXPECT_EQ(d_warm.cached_tokens, 176);
+  EXPECT_EQ(d_warm.computed, d.size() - 176);
+  const float dd = max_logprob_diff(d_warm, run_hybrid(*cold, "d", d, 8));
+  EXPECT_LE(dd, kHybridLogprobTol);
+  // Diverges at token 40: no snapshot before it (the branch one at 32 is stored now).
+  auto e = std::vector<int32_t>(system.begin(), system.begin() + 40);
+  e = joined(e, code_prompt(*warm, 30, "while True:\n    pass\n"));
+  const HybridRun e_warm = run_hybrid(*warm, "e", e, 8);
+  EXPECT_EQ(e_warm.cached_tokens, 0);
+  const float de = max_logprob_diff(e_warm, run_hybrid(*cold, "e", e, 8));
+  EXPECT_LE(de, kHybridLogprobTol);
+  std::printf("hybrid fallbacks: max |dlogprob| %.3g (branch at 176), %.3g (hit at 176), %.3g\n",
+              dc, dd, de);
+}
+
+// (3) Multi-turn: the second turn's prompt is the first turn's prompt + output + a new message;
+// it adopts the snapshot the first turn stored when it ended (the last full page of prompt +
+// output, reached by decode steps), and gives the cold greedy tokens (log-probabilities within
+// kHybridLogprobTol: the state there came from the recurrence, the cold run's from the chunked
+// form).
+TEST(Scheduler, HybridPrefixMultiTurnReusesTheConversation) {
+  auto cold = hybrid_scheduler(false);
+  auto warm = hybrid_scheduler(true);
+  const auto turn1 = code_prompt(*warm, 150, "def add(a, b):\n    return a + b\n");
+  const HybridRun t1 = run_hybrid(*warm, "t1", turn1, 40);  // 189 tokens cached: snapshot at 176
+  const auto turn2 = joined(joined(turn1, t1.ids), code_prompt(*warm, 12, "# and now?\n"));
+  const HybridRun t2 = run_hybrid(*warm, "t2", turn2, 16);
+  EXPECT_EQ(t2.cached_tokens, 176);
+  EXPECT_EQ(t2.computed, turn2.size() - 176);
+  const float d = max_logprob_diff(t2, run_hybrid(*cold, "t2", turn2, 16));
+  EXPECT_LE(d, kHybridLogprobTol);
+  std::printf("hybrid multi-turn: %zu-token turn 2, %llu computed, max |dlogprob| %.3g\n",
+              turn2.size(), static_cast<unsigned long long>(t2.computed), d);
+}
+
+// (4) The snapshot budget: with one snapshot, a's end of request (the last full page of its
+// prompt + output) replaces its prompt's, so b (sharing only the prompt's pages) misses and is
+// computed cold, with the cold result; with two, b hits.
+TEST(Scheduler, HybridPrefixSnapshotBudgetEvicts) {
+  auto cold = hybrid_scheduler(false);
+  for (int snapshots : {1, 2}) {
+    auto warm = hybrid_scheduler(true, snapshots);
+    const auto system = code_prompt(*warm, 192, "def add(a, b):\n    return a + b\n");
+    const auto a = joined(system, code_prompt(*warm, 10, "# first question\n"));
+    const auto b = joined(system, code_prompt(*warm, 10, "import numpy as np\n"));
+    run_hybrid(*warm, "a", a, 8);  // 209 tokens: snapshots at 192 (prompt) and 208 (end)
+    const HybridRun hb = run_hybrid(*warm, "b", b, 8);
+    EXPECT_EQ(hb.cached_tokens, snapshots == 1 ? 0 : 192) << snapshots;
+    EXPECT_EQ(max_logprob_diff(hb, run_hybrid(*cold, "b", b, 8)), 0.f) << snapshots;
+  }
+}
+
+// (7) KV events with a hybrid: only blocks on a path to a snapshot are announced. After a's
+// request (snapshots after 192 and 208 tokens), a router knows exactly a's first 13 blocks; a
+// prompt with no page in common adds its own once it has a snapshot; every batch applies cleanly.
+TEST(Scheduler, HybridKvEventsAnnounceOnlyServableBlocks) {
+  struct MirrorSink final : kv::KvEventSink {
+    std::mutex mu;
+    kv::KvBlockMirror mirror;
+    Status status;
+    void publish(std::vector<kv::KvEvent> events) override {
+      std::lock_guard<std::mutex> lock(mu);
+      if (status.ok()) status = mirror.apply_all(events);
+    }
+  } sink;
+  auto warm = hybrid_scheduler(true, 32, &sink);
+  const auto system = code_prompt(*warm, 192, "def add(a, b):\n    return a + b\n");
+  const auto a = joined(system, code_prompt(*warm, 10, "# first question\n"));
+  const HybridRun ra = run_hybrid(*warm, "a", a, 8);
+  auto settle = [&] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); };
+  settle();
+  const auto path = joined(a, ra.ids);  // 209 tokens in the cache: 13 pages
+  const auto hashes = kv::block_hashes_of_path(std::span(path).first(208), 16);
+  {
+    std::lock_guard<std::mutex> lock(sink.mu);
+    EXPECT_TRUE(sink.status.ok()) << sink.status.to_string();
+    EXPECT_EQ(sink.mirror.size(), 13u);
+    for (kv::BlockHash h : hashes) EXPECT_TRUE(sink.mirror.blocks().contains(h));
+  }
+  run_hybrid(*warm, "f", code_prompt(*warm, 40, "while True:\n    pass\n"), 4);  // 43: at 32
+  settle();
+  std::lock_guard<std::mutex> lock(sink.mu);
+  EXPECT_TRUE(sink.status.ok()) << sink.status.to_string();
+  EXPECT_EQ(sink.mirror.size(), 15u);
+  EXPECT_LE(static_cast<int64_t>(sink.mirror.size()), warm->metrics().prefix_cache_blocks);
 }
 
 // max_waiting bounds the requests that wait for admission: one more is refused with

@@ -16,7 +16,8 @@
 //   greedy tokens by decode steps (reference margins >= 0.0198: identical);
 // - a rotated cache kept exact (int2-hadamard inside its windows) against the same reference: the
 //   value rotation under the output gate;
-// - state slots come back to the pool, prefix adoption is refused, bad checkpoints fail clearly;
+// - state slots come back to the pool, prefix adoption needs a state snapshot (with one it
+//   continues bit for bit), bad checkpoints fail clearly;
 // - --dummy-weights at this shape (the weight bytes it holds, finite logits).
 //
 // Tolerances. With an f32 KV cache every operation is float32 with float32 accumulation over at
@@ -408,20 +409,32 @@ TEST(Qwen3_5Model, HuggingFaceGolden) {
   }
 }
 
-// Prefix adoption needs the DeltaNet state at the page boundary, which is not kept: refused.
-TEST(Qwen3_5Model, PrefixAdoptionIsRefused) {
+// Prefix adoption needs the DeltaNet state at the page boundary: refused without a snapshot;
+// with one (the donor's state kept after 32 tokens, two pages) the adopter continues exactly as
+// the donor did: the same logits for the same next 8 tokens, in the same pieces.
+TEST(Qwen3_5Model, PrefixAdoptionNeedsAStateSnapshot) {
   auto rt = make_runtime("bf16");
   ASSERT_TRUE(rt);
   auto donor = rt->new_cache();
   std::mt19937 rng(3505);
   const std::vector<int32_t> ids = random_tokens(rng, 40, 8192);
-  run_pieces(*rt, *donor, ids, {40});
+  run_pieces(*rt, *donor, std::vector<int32_t>(ids.begin(), ids.begin() + 32), {32});
+  ASSERT_TRUE(donor->keep_state_snapshot().ok());
+  EXPECT_EQ(donor->state_snapshot_tokens(), 32);
   const std::vector<kv::CachedPage> pages = donor->shareable_pages();
-  ASSERT_FALSE(pages.empty());
+  ASSERT_EQ(pages.size(), 2u);
   auto cache = rt->new_cache();
   const Status st = cache->adopt_prefix(pages);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("DeltaNet state"), std::string::npos) << st.to_string();
+  for (const kv::CachedPage& p : pages) rt->exact_pool().retain(p.page);
+  ASSERT_TRUE(cache->adopt_prefix(pages, donor->state_snapshot_slot()).ok());
+  EXPECT_EQ(cache->n_tokens(), 32);
+  const std::vector<int32_t> rest(ids.begin() + 32, ids.end());
+  const std::vector<float> from_donor = run_pieces(*rt, *donor, rest, {8});
+  const std::vector<float> from_adopter = run_pieces(*rt, *cache, rest, {8});
+  ASSERT_EQ(from_donor.size(), from_adopter.size());
+  EXPECT_EQ(from_donor, from_adopter);  // the same state, pages and pieces: bit for bit
 }
 
 // A rotated cache whose every token stays exact (int2-hadamard: 100 tokens inside the sinks and
