@@ -10,27 +10,17 @@
 #include <string>
 
 #include "engine/regex_dfa.h"
+#include "schema_validator.h"
 
 namespace oscar::engine {
 namespace {
 
-std::wstring to_wide(const std::string& s) {  // UTF-8 to code points (wchar_t is 32-bit here)
-  std::wstring out;
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const int n = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
-    uint32_t cp = n == 1 ? c : c & (0x3F >> (n - 1));
-    for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-    out.push_back(static_cast<wchar_t>(cp));
-    i += static_cast<size_t>(n);
-  }
-  return out;
-}
+using test::code_point_string;  // UTF-8 to code points (wchar_t is 32-bit here)
 
 // std::wregex in the C locale leaves the non-ASCII white space out of \s (ECMA-262 has it): the
 // reference is asked only about strings without those.
 bool reference_knows(const std::string& text) {
-  for (wchar_t c : to_wide(text))
+  for (wchar_t c : code_point_string(text))
     if (c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
         c == 0x202F || c == 0x205F || c == 0x3000 || c == 0xFEFF)
       return false;
@@ -43,8 +33,8 @@ std::optional<bool> reference(const std::string& pattern, const std::string& tex
   if (pattern.find("\\uD83D") != std::string::npos || pattern.find("\\c") != std::string::npos)
     return std::nullopt;
   try {
-    const std::wregex re(to_wide(pattern), std::regex::ECMAScript);
-    return std::regex_search(to_wide(text), re);
+    const std::wregex re(code_point_string(pattern), std::regex::ECMAScript);
+    return std::regex_search(code_point_string(text), re);
   } catch (const std::regex_error&) {
     return std::nullopt;
   }
@@ -180,7 +170,7 @@ TEST(RegexDfa, AgreesWithStdRegexOnRandomStrings) {
     std::vector<std::string> alphabet = extra;
     for (const char* p = pattern; *p; ++p)
       if (static_cast<unsigned char>(*p) < 0x80) alphabet.push_back(std::string(1, *p));
-    const std::wregex re(to_wide(pattern), std::regex::ECMAScript);
+    const std::wregex re(code_point_string(pattern), std::regex::ECMAScript);
     int matched = 0;
     for (int i = 0; i < 3000; ++i) {
       std::string s;
@@ -211,7 +201,7 @@ TEST(RegexDfa, AgreesWithStdRegexOnRandomStrings) {
       if (i % 2 == 0) {
         EXPECT_TRUE(mine) << "the walk ended outside: '" << s << "'";
       }
-      EXPECT_EQ(mine, std::regex_search(to_wide(s), re)) << "'" << s << "'";
+      EXPECT_EQ(mine, std::regex_search(code_point_string(s), re)) << "'" << s << "'";
     }
     EXPECT_GT(matched, 500);
   }
