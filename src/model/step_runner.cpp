@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/check.h"
 #include "kernels/demote_pages.h"
@@ -207,11 +209,15 @@ Status StepRunner::forward(const kv::StepPlan& plan, const ForwardOptions& optio
   pre.n_seqs = plan.n_seqs() - plan.n_decode;
   pre.max_rows = static_cast<int32_t>(n - plan.n_decode);  // the prefill rows of this step
   // The key split of short chunks at depth (kernels/cuda/prefill_attn_ws.cu) is tested on the CPU
-  // build only as compiled code; it stays off the serving path until test_prefill_attn_cuda and
-  // its benchmark have run on a GPU (docs/results/prefill_cuda/s14/call1/call1.sh, pending).
-  constexpr bool kSplitShortChunkKeys = false;
+  // build only as compiled code; it stays off the serving path (OSCAR_PREFILL_SPLIT=1 turns it
+  // on) until test_prefill_attn_cuda and its benchmark have run on a GPU
+  // (docs/results/prefill_cuda/s14/call1/call1.sh, pending).
+  static const bool split_short_chunk_keys = [] {
+    const char* e = std::getenv("OSCAR_PREFILL_SPLIT");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
   pre.max_keys = 0;
-  for (int32_t s = plan.n_decode; kSplitShortChunkKeys && s < plan.n_seqs(); ++s)
+  for (int32_t s = plan.n_decode; split_short_chunk_keys && s < plan.n_seqs(); ++s)
     pre.max_keys = std::max<int64_t>(pre.max_keys, plan.pos0[s] + plan.cu_seqlens[s + 1] -
                                                        plan.cu_seqlens[s]);
   // The prefill sequences' slice of the plan: their rows keep their step-wide numbering.
