@@ -60,9 +60,11 @@ constexpr const char* kUsage =
     "usage: bench_model [--model DIR] [--modes bf16,int2-hadamard] [--contexts 512,2048,4096]\n"
     "                   [--decode-tokens 256] [--warmup-tokens 16] [--reps 5]\n"
     "                   [--config FILE] [--layers N] [--dummy-weights] [--deterministic 0|1]\n"
+    "                   [--kv-budget-mib 512]\n"
     "Prefill and decode tokens/s per (mode, context): medians of --reps repetitions, each a\n"
     "prefill, --warmup-tokens untimed decode steps and --decode-tokens timed ones, after one\n"
-    "untimed warm-up; the decode min-max and max/min beside. Repetitions go to stderr.\n";
+    "untimed warm-up; the decode min-max and max/min beside. Repetitions go to stderr.\n"
+    "--kv-budget-mib: the KV pools (a real shape at 16K context needs ~2 GiB in bf16).\n";
 
 // Prefill time and decode time of one repetition, in seconds, and the voluntary context switches
 // (all threads) during the timed decode.
@@ -139,6 +141,7 @@ int main(int argc, char** argv) {
   std::string qwen3_tokenizer = OSCAR_QWEN3_TOKENIZER_DIR;  // unpacked by configure
   std::string config;
   int decode_tokens = 256, warmup_tokens = 16, reps = 5, layers = 0, deterministic = 0;
+  long long kv_budget_mib = 512;
   bool dummy = false;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
@@ -163,6 +166,7 @@ int main(int argc, char** argv) {
     else if (a == "--warmup-tokens") warmup_tokens = std::stoi(argv[i + 1]);
     else if (a == "--reps") reps = std::stoi(argv[i + 1]);
     else if (a == "--deterministic") deterministic = std::stoi(argv[i + 1]);  // batch-invariant
+    else if (a == "--kv-budget-mib") kv_budget_mib = std::stoll(argv[i + 1]);
     else {
       std::fprintf(stderr, "bench_model: unknown option %s\n%s", a.c_str(), kUsage);
       return 2;
@@ -173,9 +177,9 @@ int main(int argc, char** argv) {
                  "bench_model: --config and --layers need --dummy-weights (no checkpoint fits)\n");
     return 2;
   }
-  if (decode_tokens < 1 || warmup_tokens < 0 || reps < 1) {
-    std::fprintf(stderr,
-                 "bench_model: need --decode-tokens >= 1, --warmup-tokens >= 0, --reps >= 1\n");
+  if (decode_tokens < 1 || warmup_tokens < 0 || reps < 1 || kv_budget_mib < 1) {
+    std::fprintf(stderr, "bench_model: need --decode-tokens >= 1, --warmup-tokens >= 0, "
+                         "--reps >= 1, --kv-budget-mib >= 1\n");
     return 2;
   }
 
@@ -199,7 +203,7 @@ int main(int argc, char** argv) {
     o.dummy_weights = dummy;
     o.deterministic = deterministic != 0;
     o.cache_mode = mode;
-    o.kv_budget_bytes = size_t{512} << 20;
+    o.kv_budget_bytes = static_cast<size_t>(kv_budget_mib) << 20;
     t = Clock::now();
     auto rt = engine::Runtime::create(o);
     const double load_s = since(t);

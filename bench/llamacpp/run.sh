@@ -19,7 +19,9 @@
 # (default "default passive") picks them.
 # BENCH_MODEL lists the bench_model binaries to run each round (default ./build/bench/bench_model;
 # several: a before/after pair, rows labelled by the binary's file name).
-# MODEL and GGUF override the model (e.g. a --dummy-weights shape: set BENCH_MODEL_ARGS too).
+# MODEL and GGUF override the model (e.g. a --dummy-weights shape: set BENCH_MODEL_ARGS too);
+# KV_BUDGET_MIB sizes bench_model's KV pools (default 512; a real shape at 16K needs ~2048).
+# bench_model's errors (a context that does not fit) go to $LLAMACPP_DIR/bench_model.err.
 # Rows go to stdout and to $LLAMACPP_DIR/rounds.md, the medians to the end.
 set -euo pipefail
 if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
@@ -48,7 +50,8 @@ for r in $(seq 1 "$rounds"); do
     label=""
     [ -n "${BENCH_MODEL:-}" ] && label="$(basename "$bin") "
     "$bin" --model "$model" "${model_args[@]}" --modes bf16,oscar --contexts "$contexts" \
-      --decode-tokens "$decode" --reps 1 2>/dev/null | grep '^| \(bf16\|oscar\) ' |
+      --decode-tokens "$decode" --reps 1 --kv-budget-mib "${KV_BUDGET_MIB:-512}" \
+      2>"$dir/bench_model.err" | grep '^| \(bf16\|oscar\) ' |
       sed "s/^| \([a-z0-9]*\) /round $r | \1 $label/" | tee -a "$out"
   done
   for cache in ${CACHES:-f16 q4_0}; do
