@@ -1,15 +1,17 @@
 // Benchmark of the CUDA linear (kernels/linear.h: linear_cuda; forced paths in
 // kernels/cuda/linear_cuda.h) on Qwen3-8B's projection shapes (in -> out): 4096->4096 (q, o),
 // 4096->1024 (k, v), 4096->12288 (gate, up), 12288->4096 (down), 4096->151936 (lm_head), BF16
-// weights, at n = 1, 4, 16, 64, 512 rows of x (defaults). For each shape and n: the automatic
-// path, and for n <= 16 also the forced streaming kernel and the forced cuBLASLt GEMM (to check
-// the threshold kLinearCudaFewRows). Timing: CUDA events around one linear_cuda call, the L2
-// flushed before each call by reading 256 MiB (l2_flush_read_cuda); 3 warm-up calls, median and
-// p10/p90 of --iters calls (default 30). Reported: weight bytes / time (effective TB/s: the
-// weights dominate what a decode step reads), 2·n·in·out / time (TFLOP/s), and the
-// device-to-device copy bandwidth (read + write) measured in the same run.
+// weights, at n = 1, 4, 8, 16, 32, 64, 512, 2048, 8192 rows of x (defaults). For each shape and
+// n: the automatic path, the forced cuBLASLt GEMM and the forced batch-invariant tensor-core
+// GEMM (linear_invariant.cuh: what --enable-deterministic-inference runs), and for n <= 16 also
+// the forced streaming kernel (to check the threshold kLinearCudaFewRows). Timing: CUDA events
+// around one linear_cuda call, the L2 flushed before each call by reading 256 MiB
+// (l2_flush_read_cuda); 3 warm-up calls, median and p10/p90 of --iters calls (default 30).
+// Reported: weight bytes / time (effective TB/s: the weights dominate what a decode step reads),
+// 2·n·in·out / time (TFLOP/s), and the device-to-device copy bandwidth (read + write) measured
+// in the same run; "gemm / this" is the GEMM's median time over this path's (above 1: faster).
 //
-// Run: bench_linear_cuda [--n 1,4,16,64,512] [--iters 30] [--f32 1] [--csv FILE]
+// Run: bench_linear_cuda [--n 1,4,8,16,32,64,512,2048,8192] [--iters 30] [--f32 1] [--csv FILE]
 // Not Google Benchmark: a plain program, so that one device call prints one table.
 #include <cuda_runtime.h>
 
@@ -31,13 +33,16 @@ using namespace oscar::kernels;
 using namespace oscar::bench;
 
 const char* path_name(LinearCudaPath p) {
-  return p == LinearCudaPath::kAuto ? "auto" : p == LinearCudaPath::kStream ? "stream" : "gemm";
+  return p == LinearCudaPath::kAuto     ? "auto"
+         : p == LinearCudaPath::kStream ? "stream"
+         : p == LinearCudaPath::kGemm   ? "gemm"
+                                        : "invariant";
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int> ns = {1, 4, 16, 64, 512};
+  std::vector<int> ns = {1, 4, 8, 16, 32, 64, 512, 2048, 8192};
   int iters = 30;
   bool f32 = false;
   const char* csv = nullptr;
@@ -95,19 +100,21 @@ int main(int argc, char** argv) {
 
   FILE* fcsv = csv ? std::fopen(csv, "w") : nullptr;
   if (fcsv)
-    std::fprintf(fcsv, "shape,in,out,n,path,median_us,p10_us,p90_us,weight_bytes,tbs,tflops\n");
+    std::fprintf(fcsv,
+                 "shape,in,out,n,path,median_us,p10_us,p90_us,weight_bytes,tbs,tflops,"
+                 "gemm_over_this\n");
   std::printf("weights %s; L2 flushed (256 MiB read) before each call; median of %d\n\n",
               f32 ? "F32" : "BF16", iters);
   std::printf(
       "| shape | in | out | n | path | median us | p10 | p90 | weight MB | TB/s | %% of copy "
-      "| TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| TFLOP/s | gemm / this |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes)
     for (int n : ns) {
-      std::vector<LinearCudaPath> paths = {LinearCudaPath::kAuto};
-      if (n <= 16) {
-        paths.push_back(LinearCudaPath::kStream);
-        paths.push_back(LinearCudaPath::kGemm);
-      }
+      // The GEMM first: the others' ratio is to its median.
+      std::vector<LinearCudaPath> paths = {LinearCudaPath::kGemm, LinearCudaPath::kAuto,
+                                           LinearCudaPath::kInvariant};
+      if (n <= 16) paths.push_back(LinearCudaPath::kStream);
+      double gemm_med = 0;
       for (LinearCudaPath path : paths) {
         LinearParams p;
         p.x = x;
@@ -126,15 +133,17 @@ int main(int argc, char** argv) {
         const double wbytes = static_cast<double>(s.in) * s.out * dtype_bytes(dt);
         const double tbs = wbytes / (med * 1e-6) / 1e12;
         const double tflops = 2.0 * n * s.in * s.out / (med * 1e-6) / 1e12;
+        if (path == LinearCudaPath::kGemm) gemm_med = med;
+        const double vs_gemm = gemm_med / med;
         std::printf(
             "| %s | %lld | %lld | %d | %s | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f%% | "
-            "%.1f |\n",
+            "%.1f | %.2f |\n",
             s.name, static_cast<long long>(s.in), static_cast<long long>(s.out), n, path_name(path),
-            med, p10, p90, wbytes / 1e6, tbs, 100.0 * tbs / copy_tbs, tflops);
+            med, p10, p90, wbytes / 1e6, tbs, 100.0 * tbs / copy_tbs, tflops, vs_gemm);
         if (fcsv)
-          std::fprintf(fcsv, "%s,%lld,%lld,%d,%s,%.2f,%.2f,%.2f,%.0f,%.3f,%.3f\n", s.name,
+          std::fprintf(fcsv, "%s,%lld,%lld,%d,%s,%.2f,%.2f,%.2f,%.0f,%.3f,%.3f,%.3f\n", s.name,
                        static_cast<long long>(s.in), static_cast<long long>(s.out), n,
-                       path_name(path), med, p10, p90, wbytes, tbs, tflops);
+                       path_name(path), med, p10, p90, wbytes, tbs, tflops, vs_gemm);
       }
     }
   if (fcsv) std::fclose(fcsv);

@@ -49,14 +49,16 @@ Status linear_group(const LinearParams* ps, int count);
 // CUDA (kernels/cuda/linear.cu): device pointers, asynchronous on `stream` (a cudaStream_t).
 // Few rows: a bandwidth-bound kernel that reads each weight once for all rows, float
 // activations and accumulation (as the CPU path). Many rows: x rounded to BF16 and a cuBLASLt
-// BF16 GEMM with float accumulation and output (F32 weights: float GEMM). With batch_invariant:
-// the streaming kernel for every n, in passes of 8 rows (its y[i, r] is one fixed chain per row;
-// cuBLASLt's choice of kernel and split-K follows n, and no documented setting pins its
-// reduction order across n), so prefill rows run on the FP32 units, not the tensor cores.
+// BF16 GEMM with float accumulation and output (F32 weights: float GEMM). With batch_invariant
+// and BF16 weights: for every n, x rounded to BF16 and our own tensor-core GEMM
+// (kernels/cuda/linear_invariant.cuh), whose y[i, r] is one fixed chain of MMAs over k in order
+// whatever tile n picks (cuBLASLt's choice of kernel and split-K follows n, and no documented
+// setting pins its reduction order across n); with F32 weights the streaming kernel for every
+// n, in passes of 8 rows (also one fixed chain per row).
 Status linear_cuda(const LinearParams& p, void* stream);
 // Several products of the same x (same n, in and dtype): one streaming launch for all of them
-// where linear_cuda would stream each (decode rows), else one linear_cuda each. The same values
-// as one linear_cuda per product.
+// where linear_cuda would stream each (decode rows; batch_invariant with F32 weights), else one
+// linear_cuda each. The same values as one linear_cuda per product.
 Status linear_group_cuda(const LinearParams* ps, int count, void* stream);
 
 }  // namespace oscar::kernels

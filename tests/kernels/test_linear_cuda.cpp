@@ -3,8 +3,8 @@
 // included, so the streaming kernel's passes of 8 end ragged), out not a multiple of the
 // kernel's 4 rows per block, in a multiple of 8 (the kernel's precondition; other values must
 // be refused), both weight dtypes, with and without bias; every case runs the automatic choice,
-// the forced streaming kernel and the forced GEMM. y is 0xFF (NaN) before each call, so an
-// unwritten output shows up.
+// the forced streaming kernel, the forced GEMM and the forced batch-invariant GEMM. y is 0xFF
+// (NaN) before each call, so an unwritten output shows up.
 //
 // Tolerance per output element, with M = Σ_c |x_c w_c| (+ |bias|):
 //   streaming kernel (float x, float FMA accumulation in 4·8 partial sums, then a tree):
@@ -14,6 +14,8 @@
 //     product by <= 2^-8 |x_c w_c|, products exact in FP32, FP32 accumulation as above:
 //     tol_gemm = 2^-8 · M + 2 · in · u · M   (2^-9 here first; the H200 run of 2026-12-01
 //     measured 1.1 · 2^-9 · M at in = 8, within the right bound)
+//   batch-invariant GEMM (BF16 weights): x rounded to BF16 and FP32 tensor-core accumulation,
+//     as the GEMM: tol_gemm. With F32 weights it is the streaming kernel: tol_stream.
 //   GEMM, F32 weights (CUBLAS_COMPUTE_32F, no TF32): tol_stream. A TF32 GEMM (10-bit mantissa)
 //     would miss it by ~2^-11 · M / (2 in u) ≈ 100x for in = 64.
 // Plus, per case: ||err|| / ||M|| <= 2^-8 (GEMM with BF16 x; relative to y it is unbounded
@@ -37,7 +39,10 @@ namespace oscar::kernels {
 namespace {
 
 const char* path_name(LinearCudaPath p) {
-  return p == LinearCudaPath::kAuto ? "auto" : p == LinearCudaPath::kStream ? "stream" : "gemm";
+  return p == LinearCudaPath::kAuto     ? "auto"
+         : p == LinearCudaPath::kStream ? "stream"
+         : p == LinearCudaPath::kGemm   ? "gemm"
+                                        : "invariant";
 }
 
 // y_off: y starts y_off floats into its buffer (y needs no alignment; the GEMM's heuristic is
@@ -85,9 +90,9 @@ void run(DType dtype, int64_t n, int64_t in, int64_t out, bool bias, uint32_t se
   dp.y = y_dev;
 
   std::vector<float> got(n * out);
-  for (LinearCudaPath path :
-       {LinearCudaPath::kAuto, LinearCudaPath::kStream, LinearCudaPath::kGemm}) {
-    const bool gemm = path == LinearCudaPath::kGemm ||
+  for (LinearCudaPath path : {LinearCudaPath::kAuto, LinearCudaPath::kStream,
+                              LinearCudaPath::kGemm, LinearCudaPath::kInvariant}) {
+    const bool gemm = path == LinearCudaPath::kGemm || path == LinearCudaPath::kInvariant ||
                       (path == LinearCudaPath::kAuto && !linear_cuda_streams(n, out, in));
     const bool bf16_x = gemm && dtype == DType::kBF16;
     CUDA_OK(cudaMemset(y_dev, 0xFF, got.size() * 4));
@@ -220,8 +225,9 @@ TEST_F(LinearCuda, GroupBitIdenticalToSeparateCalls) {
 // a call of n rows is bitwise the row computed alone, for n across the automatic choice's
 // switch from the streaming kernel to the GEMM (3, 5, 8, 9, 64, 300), both dtypes, with a bias,
 // the lm_head-like wide output, and linear_group_cuda (one launch or one call per product). The
-// invariant rows also stay within the streaming kernel's bound of the float64 reference (run()
-// above covers that path's accuracy; here one spot check per shape: the same tol_stream).
+// invariant rows also stay within their path's bound of the float64 reference (run() above
+// covers the accuracy; here one spot check per shape): tol_gemm for BF16 weights (the
+// tensor-core GEMM, x rounded to BF16), tol_stream for F32 weights (the streaming kernel).
 TEST_F(LinearCuda, BatchInvariantRowsEqualTheRowAlone) {
   std::mt19937 rng(4242);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -269,7 +275,9 @@ TEST_F(LinearCuda, BatchInvariantRowsEqualTheRowAlone) {
         for (int64_t r = 0; r < out; ++r) {
           double m = std::fabs(b[r]);
           for (int64_t c = 0; c < in; ++c) m += std::fabs(double(x[i * in + c]) * wf[r * in + c]);
-          ASSERT_LE(std::fabs(double(alone[i * out + r]) - want[r]), 2.0 * in * kU * m + 1e-30)
+          const double tol =
+              (dtype == DType::kBF16 ? m / 256 : 0.0) + 2.0 * in * kU * m + 1e-30;
+          ASSERT_LE(std::fabs(double(alone[i * out + r]) - want[r]), tol)
               << "row " << i << " col " << r;
         }
       }
@@ -300,6 +308,114 @@ TEST_F(LinearCuda, BatchInvariantRowsEqualTheRowAlone) {
           }
         }
     }
+}
+
+// The batch-invariant tensor-core GEMM (linear_invariant.cuh) on model-like shapes, with fresh
+// random x and W: every row of a call of n rows (n = 1, 3, 7, 17, 40, 100, 300, 2048: each of
+// the tile configurations, for 4096 -> 1024 the narrow decode tiles and for 4096 -> 12288 the
+// wide ones, ragged M tiles) is bitwise the row computed alone (n = 1, forced kInvariant with
+// batch_invariant off: the same kernel as kAuto with it on), from offsets 0, an odd row and the
+// end; 136 -> 129 and 4104 -> 33 add a partial last k-tile (in % 16 == 8) and ragged N tiles.
+// linear_group_cuda gives the same bits.
+//
+// Accuracy, against the float64 product of x rounded to BF16 (x̂, round to nearest even) and W,
+// plus the bias, with M = Σ_c |x̂_c w_c| + |bias|: the products of BF16 values are exact in FP32
+// (8 + 8 significant bits), so the only error is the FP32 accumulation. Each of the in/16
+// mma steps adds 16 products to the accumulator; model each step (the tensor core's internal sum
+// with alignment to the largest exponent, possibly truncating) as at most 2^-23 · (|acc| + Σ|p|)
+// relative error per addition of 16 terms and of the accumulator, i.e. <= 17 additions of error
+// 2^-23 each on terms bounded by M: |err| <= (in/16 + 1) · 17 · 2^-23 · M < in · 2^-22 · M for
+// in >= 16 (in = 8: 34 · 2^-23 · M < 2^-17 M), plus the bias add (2^-24 |y| <= 2^-24 M). Used:
+// tol = (in + 32) · 2^-22 · M. The bound on the unrounded x is test_linear_cuda's tol_gemm
+// (run(): kInvariant), so x is not re-checked here.
+TEST_F(LinearCuda, BatchInvariantTensorCoreRows) {
+  std::mt19937 rng(9090);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const int64_t n_max = 2048;
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{4096, 1024},
+                         {4096, 12288},
+                         {136, 129},
+                         {4104, 33}}) {
+    std::vector<float> x(n_max * in), b(out);
+    std::vector<bf16_t> wb(out * in);
+    for (float& v : x) v = normal(rng) + 0.3f;
+    for (bf16_t& v : wb) v = f32_to_bf16(normal(rng));
+    for (float& v : b) v = normal(rng);
+    DeviceUploads up;
+    const float* dx = up.up(x);
+    const void* dw = up.up(wb);
+    const float* db = up.up(b);
+    float* dy = up.up(std::vector<float>(n_max * out));
+    float* dy2 = up.up(std::vector<float>(n_max * out));
+    float* dy3 = up.up(std::vector<float>(n_max * out));
+    ASSERT_TRUE(dx && dw && db && dy && dy2 && dy3);
+    LinearParams p;
+    p.w = WeightView{dw, DType::kBF16, out, in};
+    p.bias = db;
+    std::vector<float> alone(n_max * out), got(n_max * out);
+    CUDA_OK(cudaMemset(dy, 0xFF, alone.size() * 4));
+    for (int64_t i = 0; i < n_max; ++i) {
+      p.x = dx + i * in;
+      p.n = 1;
+      p.y = dy + i * out;
+      ASSERT_TRUE(linear_cuda_ex(p, LinearCudaPath::kInvariant, nullptr).ok());
+    }
+    CUDA_OK(cudaMemcpy(alone.data(), dy, alone.size() * 4, cudaMemcpyDeviceToHost));
+
+    // Accuracy of a few lone rows against the float64 product of x̂ and W (tolerance above).
+    double max_ratio = 0;
+    for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{17}, int64_t{1000}, n_max - 1}) {
+      std::vector<double> xh(in);
+      for (int64_t c = 0; c < in; ++c) xh[c] = round_to_bf16(x[i * in + c]);
+      for (int64_t r = 0; r < out; ++r) {
+        double s = b[r], m = std::fabs(b[r]);
+        const bf16_t* wr = &wb[r * in];
+        for (int64_t c = 0; c < in; ++c) {
+          const double pr = xh[c] * bf16_to_f32(wr[c]);
+          s += pr;
+          m += std::fabs(pr);
+        }
+        const double g = alone[i * out + r];
+        const double tol = (in + 32) * 0x1p-22 * m + 1e-30;
+        ASSERT_TRUE(std::isfinite(g)) << "in " << in << " out " << out << ": row " << i
+                                      << " col " << r << " not written or not finite";
+        max_ratio = std::max(max_ratio, std::fabs(g - s) / tol);
+        ASSERT_LE(std::fabs(g - s), tol) << "in " << in << " out " << out << ": row " << i
+                                         << " col " << r << ": got " << g << " want " << s;
+      }
+    }
+    std::printf("  invariant in=%-5lld out=%-5lld err/tol=%.3g (x rounded to BF16)\n",
+                static_cast<long long>(in), static_cast<long long>(out), max_ratio);
+
+    p.batch_invariant = true;
+    for (int64_t n : {1, 3, 7, 17, 40, 100, 300, 2048})
+      for (int64_t i0 : {int64_t{0}, int64_t{5}, n_max - n}) {
+        if (i0 + n > n_max) continue;
+        const size_t off = static_cast<size_t>(i0 * out), count = static_cast<size_t>(n * out);
+        CUDA_OK(cudaMemset(dy2 + off, 0xFF, count * 4));
+        p.x = dx + i0 * in;
+        p.n = n;
+        p.y = dy2 + i0 * out;
+        ASSERT_TRUE(linear_cuda(p, nullptr).ok());
+        CUDA_OK(cudaMemcpy(&got[off], dy2 + off, count * 4, cudaMemcpyDeviceToHost));
+        for (int64_t i = i0; i < i0 + n; ++i)
+          for (int64_t r = 0; r < out; ++r)
+            ASSERT_EQ(0, std::memcmp(&got[i * out + r], &alone[i * out + r], 4))
+                << "in " << in << " out " << out << ": row " << i << " col " << r
+                << " of a call of " << n << " rows from " << i0 << ": " << got[i * out + r]
+                << " vs " << alone[i * out + r] << " alone";
+        if (n != 17 && n != 300) continue;
+        LinearParams g[2] = {p, p};
+        g[1].y = dy3 + i0 * out;
+        for (float* y : {dy2, dy3}) CUDA_OK(cudaMemset(y + off, 0xFF, count * 4));
+        ASSERT_TRUE(linear_group_cuda(g, 2, nullptr).ok());
+        for (float* y : {dy2, dy3}) {
+          CUDA_OK(cudaMemcpy(&got[off], y + off, count * 4, cudaMemcpyDeviceToHost));
+          ASSERT_EQ(0, std::memcmp(&got[off], &alone[off], count * 4))
+              << "group: a call of " << n << " rows from " << i0 << " differs from the rows alone";
+        }
+      }
+  }
 }
 
 TEST_F(LinearCuda, UnalignedOutput) {

@@ -12,10 +12,15 @@
 //     FP32 compute and FP32 output (tensor cores), bias through the BIAS epilogue (or a small
 //     kernel where no algorithm offers the epilogue). F32 weights: cuBLASLt FP32 GEMM with
 //     CUBLAS_COMPUTE_32F (no TF32), x used as is.
-// Batch-invariant calls (p.batch_invariant) take the streaming kernel for every n: each y[i, r]
-// is then the same FMA chain (thread t's chunks t, t + 256, ... in order, the warp's xor tree,
-// the 8 warps in order, the bias) whatever n and the other rows are, as the pass of 8 rows a row
-// falls in only changes which accumulators sit beside it. The GEMM cannot promise that: the
+// Batch-invariant calls (p.batch_invariant) with BF16 weights take the batch-invariant
+// tensor-core GEMM (linear_invariant.cuh, which states why a row's bits do not depend on n or
+// on the other rows) for every n, x rounded to BF16 as on the GEMM path: each y[i, r] is one
+// chain of m16n8k16 MMAs over k in increasing steps of 16 into one accumulator, then the bias.
+// n only picks the tile configuration (launch_invariant below). With F32 weights (matrices
+// computed at load time, few and small) they keep the streaming kernel, whose y[i, r] is also
+// one fixed FMA chain (thread t's chunks t, t + 256, ... in order, the warp's xor tree, the 8
+// warps in order, the bias) whatever n and the other rows are, as the pass of 8 rows a row falls
+// in only changes which accumulators sit beside it. cuBLASLt cannot promise either: the
 // heuristic picks the kernel, tile and split-K per shape (cuBLAS guarantees run-to-run
 // reproducibility for one shape only), as vLLM's and SGLang's batch-invariant modes note.
 //
@@ -27,7 +32,7 @@
 // loaded with ld.global.nc.L1::no_allocate (read once: they must not evict x from L1); x is read
 // with __ldg from L1 (all blocks of an SM walk the same columns; 16-48 KiB per row of x). Each
 // thread keeps n x 4 float accumulators; a warp-shuffle reduce, then one across the 8 warps in
-// shared memory, and the bias added in float. Preconditions (both paths): in % 8 == 0, x and W
+// shared memory, and the bias added in float. Preconditions (all paths): in % 8 == 0, x and W
 // 16-byte aligned.
 //
 // Not here: quantized weights, fused activations, split-K for very short outputs.
@@ -35,12 +40,15 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
+#include <climits>
 #include <map>
 #include <mutex>
 #include <tuple>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/linear_cuda.h"
+#include "kernels/cuda/linear_invariant.cuh"
 #include "kernels/linear.h"
 
 namespace oscar::kernels {
@@ -446,6 +454,94 @@ Status gemm(const LinearParams& p, cudaStream_t stream) {
   return Status();
 }
 
+// ---- Batch-invariant tensor-core GEMM (linear_invariant.cuh) -------------------------------
+//
+// Configurations, chosen by n only (and, for decode, by out against the SM count): any choice
+// gives each row the same bits (linear_invariant.cuh), so they are picked for speed alone.
+//   n <= 16 / <= 64: BM = 16 / 32 rows, float x rounded in registers (no conversion launch),
+//     BK = 128, 96 KiB of stages (2 blocks per SM): memory-bound on W, which is read once per
+//     call (one M tile; for 33..64 rows the two M tiles of a W tile run side by side and share
+//     it in L2). BN = 64 (4 warps of 16 columns) where that still gives every SM a block
+//     (gate/up, lm_head), else BN = 32 (2 warps; q/o, k/v), for more blocks in flight.
+//   n <= 256: 64 x 128 x 32, 8 warps of 32 x 32, 4 stages (48 KiB), x converted to BF16 first.
+//   n > 256: 128 x 128 x 32, 8 warps of 64 x 32, 4 stages (64 KiB), 2 blocks per SM.
+using InvDecode16N32 = bi::Config<16, 32, 128, 1, 2, 6, true, 2>;
+using InvDecode16N64 = bi::Config<16, 64, 128, 1, 4, 4, true, 2>;
+using InvDecode32N32 = bi::Config<32, 32, 128, 1, 2, 4, true, 2>;
+using InvDecode32N64 = bi::Config<32, 64, 128, 1, 4, 3, true, 2>;
+using InvMid = bi::Config<64, 128, 32, 2, 4, 4, false, 2>;
+using InvLarge = bi::Config<128, 128, 32, 2, 4, 4, false, 2>;
+
+struct InvFacts {
+  int sms = 0;
+};
+Status inv_facts(InvFacts* out) {
+  return cuda::facts_per_device(out, [](InvFacts* f, int dev) {
+    OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&f->sms, cudaDevAttrMultiProcessorCount, dev));
+    return Status();
+  });
+}
+
+// One launch of configuration C over x ([n, in] float for C::kXF32, else BF16).
+template <class C>
+Status launch_invariant_config(const LinearParams& p, const void* x, cudaStream_t stream) {
+  // The dynamic shared-memory limit, raised once per device (bit dev of `raised`).
+  static std::atomic<uint64_t> raised{0};
+  int dev = 0;
+  OSCAR_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if ((raised.load(std::memory_order_acquire) & bit) == 0) {
+    OSCAR_CUDA_CHECK(cudaFuncSetAttribute(bi::linear_invariant_kernel<C>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          C::kSmemBytes));
+    raised.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  const int64_t m_tiles = (p.n + C::kBM - 1) / C::kBM, n_tiles = (p.w.rows + C::kBN - 1) / C::kBN;
+  if (m_tiles * n_tiles > INT_MAX)
+    return invalid_argument("linear_cuda: %lld x %lld tiles for the batch-invariant GEMM",
+                            static_cast<long long>(m_tiles), static_cast<long long>(n_tiles));
+  const bool vec2 = p.w.rows % 2 == 0 && (reinterpret_cast<uintptr_t>(p.y) & 7) == 0;
+  OSCAR_CUDA_CHECK(cuda::launch_pdl(
+      bi::linear_invariant_kernel<C>, dim3(static_cast<unsigned>(m_tiles * n_tiles)),
+      dim3(C::kThreads), static_cast<size_t>(C::kSmemBytes), stream, x,
+      static_cast<const __nv_bfloat16*>(p.w.data), p.bias, p.y, static_cast<int>(p.n),
+      static_cast<int>(p.w.cols), static_cast<int>(p.w.rows), static_cast<int>(m_tiles), vec2));
+  OSCAR_CUDA_LAUNCH_CHECK("linear_invariant_kernel");
+  return Status();
+}
+
+// BF16 weights only (the caller sends F32 weights to the streaming kernel).
+Status launch_invariant(const LinearParams& p, cudaStream_t stream) {
+  if (p.n > INT_MAX)
+    return invalid_argument("linear_cuda: n %lld too large", static_cast<long long>(p.n));
+  if (p.n <= 64) {
+    InvFacts f;
+    OSCAR_RETURN_IF_ERROR(inv_facts(&f));
+    const bool wide = (p.w.rows + 63) / 64 >= f.sms;
+    if (p.n <= 16)
+      return wide ? launch_invariant_config<InvDecode16N64>(p, p.x, stream)
+                  : launch_invariant_config<InvDecode16N32>(p, p.x, stream);
+    return wide ? launch_invariant_config<InvDecode32N64>(p, p.x, stream)
+                : launch_invariant_config<InvDecode32N32>(p, p.x, stream);
+  }
+  // x to BF16 in the GEMM path's per-device buffer (same lock, same one-stream-per-device rule).
+  int dev = 0;
+  OSCAR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return internal_error("linear_cuda: device %d", dev);
+  std::lock_guard<std::mutex> lock(g_mu);
+  LtDevice& dv = g_dev[dev];
+  const size_t bytes = static_cast<size_t>(p.n) * p.w.cols * 2;
+  OSCAR_RETURN_IF_ERROR(
+      dv.xbf.reserve(bytes, std::max<size_t>(bytes + bytes / 4, size_t{4} << 20), stream));
+  const int64_t n4 = p.n * p.w.cols / 4;
+  const int blocks = static_cast<int>(std::min<int64_t>((n4 + 255) / 256, 4096));
+  to_bf16_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const float4*>(p.x),
+                                             static_cast<uint2*>(dv.xbf.ptr), n4);
+  OSCAR_CUDA_LAUNCH_CHECK("linear to_bf16_kernel");
+  return p.n <= 256 ? launch_invariant_config<InvMid>(p, dv.xbf.ptr, stream)
+                    : launch_invariant_config<InvLarge>(p, dv.xbf.ptr, stream);
+}
+
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
 Status check_cuda(const LinearParams& p) {
@@ -474,9 +570,11 @@ Status linear_cuda_ex(const LinearParams& p, LinearCudaPath path, void* stream_p
   OSCAR_RETURN_IF_ERROR(check_cuda(p));
   if (p.n == 0) return Status();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const bool few = path == LinearCudaPath::kStream ||
-                   (path == LinearCudaPath::kAuto &&
-                    (p.batch_invariant || linear_cuda_streams(p.n, p.w.rows, p.w.cols)));
+  const bool invariant = path == LinearCudaPath::kInvariant ||
+                         (path == LinearCudaPath::kAuto && p.batch_invariant);
+  if (invariant && p.w.dtype == DType::kBF16) return launch_invariant(p, stream);
+  const bool few = path == LinearCudaPath::kStream || invariant ||
+                   (path == LinearCudaPath::kAuto && linear_cuda_streams(p.n, p.w.rows, p.w.cols));
   if (!few) return gemm(p, stream);
   return p.w.dtype == DType::kBF16 ? launch_stream<__nv_bfloat16>(&p, 1, stream)
                                    : launch_stream<float>(&p, 1, stream);
@@ -498,8 +596,11 @@ Status linear_group_cuda(const LinearParams* ps, int count, void* stream_ptr) {
                  ps[m].batch_invariant == ps[0].batch_invariant;
   }
   if (ps[0].n == 0) return Status();
+  // Batch-invariant BF16 products: one linear_cuda each (the tensor-core GEMM; F32 weights
+  // stream, and may share a launch).
   one_launch = one_launch && rows <= (int64_t{1} << 31) - kRows * kMaxGroup &&
-               (ps[0].batch_invariant || linear_cuda_streams(ps[0].n, rows, ps[0].w.cols));
+               (ps[0].batch_invariant ? ps[0].w.dtype == DType::kF32
+                                      : linear_cuda_streams(ps[0].n, rows, ps[0].w.cols));
   if (!one_launch) {
     for (int m = 0; m < count; ++m) OSCAR_RETURN_IF_ERROR(linear_cuda(ps[m], stream_ptr));
     return Status();

@@ -1,6 +1,7 @@
 // Internal controls of the CUDA linear (kernels/linear.h: linear_cuda), for tests and
-// benchmarks: force the streaming (few-rows) kernel or the cuBLASLt GEMM. Plain C++: tests include
-// it without nvcc. Production code calls linear_cuda, which is linear_cuda_ex with kAuto.
+// benchmarks: force the streaming (few-rows) kernel, the cuBLASLt GEMM or the batch-invariant
+// GEMM. Plain C++: tests include it without nvcc. Production code calls linear_cuda, which is
+// linear_cuda_ex with kAuto.
 #pragma once
 
 #include <cstdint>
@@ -11,9 +12,12 @@
 namespace oscar::kernels {
 
 enum class LinearCudaPath : int32_t {
-  kAuto = 0,    // linear_cuda_streams() below decides (p.batch_invariant: the streaming kernel)
+  kAuto = 0,    // linear_cuda_streams() below decides; p.batch_invariant: as kInvariant
   kStream = 1,  // streaming kernel, in passes of kLinearCudaFewRows rows of x
   kGemm = 2,    // x rounded to BF16 (BF16 weights) and cuBLASLt
+  // Batch-invariant tensor-core GEMM (linear_invariant.cuh; x rounded to BF16) whatever
+  // p.batch_invariant says; F32 weights: the streaming kernel.
+  kInvariant = 3,
 };
 
 // Up to this many rows of x: the streaming kernel (see linear.cu for the reasoning).
