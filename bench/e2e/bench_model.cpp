@@ -60,11 +60,12 @@ constexpr const char* kUsage =
     "usage: bench_model [--model DIR] [--modes bf16,int2-hadamard] [--contexts 512,2048,4096]\n"
     "                   [--decode-tokens 256] [--warmup-tokens 16] [--reps 5]\n"
     "                   [--config FILE] [--layers N] [--dummy-weights] [--deterministic 0|1]\n"
-    "                   [--kv-budget-mib 512]\n"
+    "                   [--kv-budget-mib 512] [--folded-weights auto|f32|bf16]\n"
     "Prefill and decode tokens/s per (mode, context): medians of --reps repetitions, each a\n"
     "prefill, --warmup-tokens untimed decode steps and --decode-tokens timed ones, after one\n"
     "untimed warm-up; the decode min-max and max/min beside. Repetitions go to stderr.\n"
-    "--kv-budget-mib: the KV pools (a real shape at 16K context needs ~2 GiB in bf16).\n";
+    "--kv-budget-mib: the KV pools (a real shape at 16K context needs ~2 GiB in bf16).\n"
+    "--folded-weights: how v_proj / o_proj hold a folded value rotation (RuntimeOptions).\n";
 
 // Prefill time and decode time of one repetition, in seconds, and the voluntary context switches
 // (all threads) during the timed decode.
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
   std::string config;
   int decode_tokens = 256, warmup_tokens = 16, reps = 5, layers = 0, deterministic = 0;
   long long kv_budget_mib = 512;
+  std::string folded_weights = "auto";
   bool dummy = false;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
@@ -167,6 +169,7 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = std::stoi(argv[i + 1]);
     else if (a == "--deterministic") deterministic = std::stoi(argv[i + 1]);  // batch-invariant
     else if (a == "--kv-budget-mib") kv_budget_mib = std::stoll(argv[i + 1]);
+    else if (a == "--folded-weights") folded_weights = argv[i + 1];
     else {
       std::fprintf(stderr, "bench_model: unknown option %s\n%s", a.c_str(), kUsage);
       return 2;
@@ -204,6 +207,7 @@ int main(int argc, char** argv) {
     o.deterministic = deterministic != 0;
     o.cache_mode = mode;
     o.kv_budget_bytes = static_cast<size_t>(kv_budget_mib) << 20;
+    o.folded_weights = folded_weights;
     t = Clock::now();
     auto rt = engine::Runtime::create(o);
     const double load_s = since(t);

@@ -42,7 +42,7 @@ using tcp = net::ip::tcp;
 namespace {
 
 // Beyond max_connections, when every connection has a request in progress: this many more may
-// connect to ask GET /health or /metrics (one request each, within kProbeHeaderTimeout).
+// connect to ask GET /health or /metrics (one request each, within options.probe_header_timeout).
 constexpr int kProbeConnections = 8;
 
 // A connection beyond max_connections: a 503 (Retry-After), then a lingering close so the

@@ -73,6 +73,8 @@ struct ServerOptions {
   // keep-alive from the previous response (uvicorn, behind vLLM, closes idle keep-alive
   // connections after 5 s). Short, so that idle and slow clients let go of their connections.
   std::chrono::milliseconds header_timeout{10'000};
+  // The same for a probe connection (one taken beyond max_connections for /health or /metrics).
+  std::chrono::milliseconds probe_header_timeout{2'000};
   // Time for the body to arrive once the headers are in.
   std::chrono::milliseconds read_timeout{30'000};
   // Time for one write to the client to complete (a stalled reader is disconnected).

@@ -19,9 +19,6 @@ using tcp = net::ip::tcp;
 
 namespace {
 
-// A probe connection (beyond max_connections) has this long at most for its request's headers.
-constexpr std::chrono::milliseconds kProbeHeaderTimeout{2'000};
-
 // A client's X-Request-Id is echoed when it is 1..128 visible ASCII characters; else a fresh id.
 std::string request_id_for(std::string_view client_id) {
   bool sane = !client_id.empty() && client_id.size() <= 128;
@@ -118,7 +115,8 @@ void HttpSession::do_read() {
   parser_.emplace();
   parser_->header_limit(static_cast<std::uint32_t>(kMaxHeaderBytes));
   parser_->body_limit(kMaxBodyBytes);
-  stream_.expires_after(probe_ ? std::min(st_->options.header_timeout, kProbeHeaderTimeout)
+  stream_.expires_after(probe_ ? std::min(st_->options.header_timeout,
+                                          st_->options.probe_header_timeout)
                                : st_->options.header_timeout);
   http::async_read_header(
       stream_, buffer_, *parser_,

@@ -755,6 +755,9 @@ TEST_F(HttpServerTest, ConnectionCapClosesTheLongestIdleConnectionFirst) {
 TEST_F(HttpServerTest, ConnectionCapKeepsHealthAnswerableWhenEveryConnectionIsBusy) {
   ServerOptions sopt;
   sopt.max_connections = 2;
+  // The silent probes below must hold the reserve until the check sees it full: under a loaded
+  // ctest run the default 2 s let them time out first (the probe then answered 200).
+  sopt.probe_header_timeout = std::chrono::milliseconds(7'000);
   // 8 s of tokens each: both must still run through every check below, also on a loaded machine
   // (at 2 s, a run under load saw them finish first, freeing the connections).
   start(FakeEngine::Options{.token_delay = std::chrono::milliseconds(20)}, sopt);

@@ -11,6 +11,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee $OUT/devi
 mkdir -p /tmp/g && tar -xJf .gpu/bin.tar.xz -C /tmp/g
 G=/tmp/g
 export LD_LIBRARY_PATH=/tmp/g/lib:$LD_LIBRARY_PATH
+echo "== Qwen3-Next golden (branch qwen3-next, issue #25; CPU torch, float32) $(el)"
+timeout 150 python3 scripts/goldens/qwen3_next_golden.py --out $OUT/qwen3_next_golden.safetensors \
+  > $OUT/golden_next.log 2>&1; echo rc=$?; tail -12 $OUT/golden_next.log
 echo "== test_prefill_attn_cuda $(el)"
 timeout 150 $G/test_prefill_attn_cuda --gtest_color=no > $OUT/test_prefill.log 2>&1; echo rc=$?
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|non-finite|mismatch|max err" $OUT/test_prefill.log | head -12
