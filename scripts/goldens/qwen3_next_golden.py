@@ -192,8 +192,9 @@ def torch_paths(model):
                                ("causal_conv1d_update", "torch_causal_conv1d_update"),
                                ("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
                                ("recurrent_gated_delta_rule", "torch_recurrent_gated_delta_rule")):
-            if not hasattr(la, attr):
-                fail(f"Qwen3NextGatedDeltaNet has no attribute {attr}: check the reference code")
+            if not hasattr(la, attr):  # 5.17 picks some of these per call: its torch path then
+                changed.add(f"{attr} absent")
+                continue
             want = None if fallback is None else getattr(m, fallback)
             if getattr(la, attr) is not want:
                 setattr(la, attr, want)
@@ -204,6 +205,10 @@ def torch_paths(model):
                 norm.weight.copy_(la.norm.weight.detach().float().cpu())
             la.norm = norm
             changed.add("norm")
+    if any(c.endswith("absent") for c in changed):
+        la = next(l.linear_attn for l in model.model.layers if hasattr(l, "linear_attn"))
+        print("linear_attn attributes:",
+              [a for a in dir(la) if "conv" in a or "delta" in a or "fast" in a])
     return sorted(changed)
 
 
