@@ -72,6 +72,9 @@ Command add_inspect(CLI::App& app) {
       std::printf("experts             %d, top-%d%s, width %d; %d of %d layers sparse\n",
                   c.n_experts, c.n_experts_per_tok, c.norm_topk_prob ? " renormalised" : "",
                   c.moe_intermediate_size, c.n_moe_layers, c.n_layers);
+    if (c.has_shared_expert())
+      std::printf("shared expert       width %d, sigmoid-gated, in every sparse layer\n",
+                  c.shared_expert_intermediate_size);
     if (c.is_hybrid())
       std::printf("layer types         %d full attention (KV cache), %d Gated DeltaNet (%d / %d "
                   "heads of %d / %d, conv %d)\n",

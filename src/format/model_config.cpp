@@ -1,8 +1,8 @@
 // Parsing and validating config.json into ModelConfig. Field names and defaults follow the
-// Hugging Face configuration classes (Qwen3Config, Qwen3MoeConfig, Qwen2Config, LlamaConfig);
-// anything that would change the math oscar implements (rope scaling, sliding windows, experts in
-// a dense architecture, shared experts, another activation) is refused by name rather than
-// ignored.
+// Hugging Face configuration classes (Qwen3Config, Qwen3MoeConfig, Qwen2Config, LlamaConfig,
+// Qwen3_5TextConfig, Qwen3NextConfig); anything that would change the math oscar implements (rope
+// scaling, sliding windows, experts in a dense architecture, shared experts outside Qwen3-Next,
+// another activation) is refused by name rather than ignored.
 #include "format/model_config.h"
 
 #include <algorithm>
@@ -33,7 +33,7 @@ struct Bounded {
 
 constexpr const char* kSupported =
     "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM, "
-    "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration";
+    "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3NextForCausalLM";
 
 // Reads an integer field that fits int. Absent (or null) -> `fallback` if given, else an error.
 Status get_int(const json& j, const char* key, int* out, const int* fallback = nullptr) {
@@ -118,16 +118,18 @@ Status check_rope_type(const json& rope, const char* where) {
   return Status();
 }
 
-// The Qwen3MoeConfig fields. Absent ones take that class's defaults; mlp_only_layers is a list of
-// layer indices (checked against num_hidden_layers by validate()).
+// The Qwen3MoeConfig / Qwen3NextConfig fields. Absent ones take that class's defaults;
+// mlp_only_layers is a list of layer indices (checked against num_hidden_layers by validate()).
 Status parse_moe(const json& j, ModelConfig* c) {
-  const int default_experts = 128, default_top_k = 8, default_moe_inter = 768, default_step = 1;
+  const bool next = c->arch == Architecture::kQwen3Next;
+  const int default_experts = next ? 512 : 128, default_top_k = next ? 10 : 8;
+  const int default_moe_inter = next ? 512 : 768, default_step = 1;
   OSCAR_RETURN_IF_ERROR(get_int(j, "num_experts", &c->n_experts, &default_experts));
   OSCAR_RETURN_IF_ERROR(get_int(j, "num_experts_per_tok", &c->n_experts_per_tok, &default_top_k));
   OSCAR_RETURN_IF_ERROR(
       get_int(j, "moe_intermediate_size", &c->moe_intermediate_size, &default_moe_inter));
   OSCAR_RETURN_IF_ERROR(get_int(j, "decoder_sparse_step", &c->decoder_sparse_step, &default_step));
-  c->norm_topk_prob = false;
+  c->norm_topk_prob = next;
   OSCAR_RETURN_IF_ERROR(get_bool(j, "norm_topk_prob", &c->norm_topk_prob));
   c->mlp_only_layers.clear();
   if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
@@ -146,21 +148,32 @@ Status parse_moe(const json& j, ModelConfig* c) {
     c->mlp_only_layers.erase(std::unique(c->mlp_only_layers.begin(), c->mlp_only_layers.end()),
                              c->mlp_only_layers.end());
   }
-  // Shared experts (Qwen2-MoE) change the math; Qwen3-MoE has none.
+  // Qwen3-Next's one shared expert with its sigmoid gate (Qwen3NextSparseMoeBlock). Elsewhere
+  // shared experts (Qwen2-MoE's, DeepSeek's n_shared_experts) change the math: refused.
+  c->shared_expert_intermediate_size = 0;
+  if (next) {
+    const int default_shared = 512;
+    OSCAR_RETURN_IF_ERROR(get_int(j, "shared_expert_intermediate_size",
+                                  &c->shared_expert_intermediate_size, &default_shared));
+  }
   for (const char* key : {"shared_expert_intermediate_size", "n_shared_experts"}) {
+    if (next && std::string(key) == "shared_expert_intermediate_size") continue;
     auto it = j.find(key);
     if (it != j.end() && it->is_number_integer() && it->get<int64_t>() > 0)
-      return unimplemented("config.json: %s = %lld; shared experts are not supported", key,
-                           static_cast<long long>(it->get<int64_t>()));
+      return unimplemented("config.json: %s = %lld in a %s config; shared experts are supported "
+                           "in Qwen3NextForCausalLM only", key,
+                           static_cast<long long>(it->get<int64_t>()),
+                           c->architecture_name.c_str());
   }
   return Status();
 }
 
 Result<ModelConfig> parse_fields(const json& j, ModelConfig c);
 
-// The Qwen3_5TextConfig fields of the hybrid layers. Absent ones take that class's defaults
-// (kernel 4, 16 key heads of 128, 32 value heads of 128, partial_rotary_factor 0.25 at the top
-// level or in rope_parameters). The layer list is checked against num_hidden_layers by validate().
+// The Qwen3_5TextConfig / Qwen3NextConfig fields of the hybrid layers. Absent ones take those
+// classes' defaults, the same in both (kernel 4, 16 key heads of 128, 32 value heads of 128,
+// partial_rotary_factor 0.25 at the top level or in rope_parameters, full_attention_interval 4).
+// The layer list is checked against num_hidden_layers by validate().
 Status parse_hybrid(const json& j, ModelConfig* c) {
   const int def_kernel = 4, def_k_heads = 16, def_v_heads = 32, def_dim = 128;
   OSCAR_RETURN_IF_ERROR(get_int(j, "linear_conv_kernel_dim", &c->lin_conv_kernel, &def_kernel));
@@ -168,7 +181,7 @@ Status parse_hybrid(const json& j, ModelConfig* c) {
   OSCAR_RETURN_IF_ERROR(get_int(j, "linear_num_value_heads", &c->lin_heads_v, &def_v_heads));
   OSCAR_RETURN_IF_ERROR(get_int(j, "linear_key_head_dim", &c->lin_head_dim_k, &def_dim));
   OSCAR_RETURN_IF_ERROR(get_int(j, "linear_value_head_dim", &c->lin_head_dim_v, &def_dim));
-  c->attn_output_gate = true;  // Qwen3_5Attention always gates (it reads no switch)
+  c->attn_output_gate = true;  // Qwen3_5Attention and Qwen3NextAttention always gate
   c->zero_centred_norms = true;
   double factor = 0.25;
   OSCAR_RETURN_IF_ERROR(get_number(j, "partial_rotary_factor", &factor));
@@ -201,7 +214,8 @@ Status parse_hybrid(const json& j, ModelConfig* c) {
     for (int l = 0; l < c->n_layers; ++l) c->linear_layer[l] = (l + 1) % interval != 0;
   }
   if (c->attention_bias)
-    return unimplemented("config.json: attention_bias true in a Qwen3.5 config is not supported");
+    return unimplemented("config.json: attention_bias true in a %s config is not supported",
+                         c->architecture_name.c_str());
   return Status();
 }
 
@@ -235,10 +249,9 @@ Result<ModelConfig> parse(const json& j) {
     c.qk_norm = true;
     c.attention_bias = false;
   } else if (c.architecture_name == "Qwen3NextForCausalLM") {
-    return unimplemented("config.json: Qwen3NextForCausalLM is not supported yet: its fused "
-                         "in_proj_qkvz / in_proj_ba layout and its MoE FFN with a shared expert "
-                         "are not implemented (issue #25); the dense Qwen3.5 hybrids "
-                         "(Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration) are");
+    c.arch = Architecture::kQwen3Next;
+    c.qk_norm = true;
+    c.attention_bias = false;
   } else if (c.architecture_name.rfind("Qwen3_5Moe", 0) == 0) {
     return unimplemented("config.json: %s is not supported yet: MoE hybrids are not implemented "
                          "(issue #25); the dense Qwen3.5 hybrids are",
@@ -272,16 +285,24 @@ Result<ModelConfig> parse(const json& j) {
 // The language model's fields of j (the config, or a wrapper's text_config) into a copy of c,
 // whose architecture is set. Not validated yet.
 Result<ModelConfig> parse_fields(const json& j, ModelConfig c) {
-  OSCAR_RETURN_IF_ERROR(get_int(j, "vocab_size", &c.vocab_size));
-  OSCAR_RETURN_IF_ERROR(get_int(j, "hidden_size", &c.hidden_size));
-  OSCAR_RETURN_IF_ERROR(get_int(j, "intermediate_size", &c.intermediate_size));
-  OSCAR_RETURN_IF_ERROR(get_int(j, "num_hidden_layers", &c.n_layers));
-  OSCAR_RETURN_IF_ERROR(get_int(j, "num_attention_heads", &c.n_heads_q));
-  OSCAR_RETURN_IF_ERROR(get_int(j, "num_key_value_heads", &c.n_heads_kv, &c.n_heads_q));
-  OSCAR_RETURN_IF_ERROR(get_int(j, "max_position_embeddings", &c.max_position_embeddings));
+  // Qwen3NextConfig gives every size a default (the 80B-A3B shape, intermediate 5632 and 32768
+  // positions aside); the other classes' sizes are required here.
+  const bool next = c.arch == Architecture::kQwen3Next;
+  const int next_vocab = 151936, next_hidden = 2048, next_inter = 5632, next_layers = 48;
+  const int next_heads = 16, next_kv_heads = 2, next_positions = 32768, next_head_dim = 256;
+  auto dflt = [&](const int& v) { return next ? &v : nullptr; };
+  OSCAR_RETURN_IF_ERROR(get_int(j, "vocab_size", &c.vocab_size, dflt(next_vocab)));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "hidden_size", &c.hidden_size, dflt(next_hidden)));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "intermediate_size", &c.intermediate_size, dflt(next_inter)));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "num_hidden_layers", &c.n_layers, dflt(next_layers)));
+  OSCAR_RETURN_IF_ERROR(get_int(j, "num_attention_heads", &c.n_heads_q, dflt(next_heads)));
+  OSCAR_RETURN_IF_ERROR(
+      get_int(j, "num_key_value_heads", &c.n_heads_kv, next ? &next_kv_heads : &c.n_heads_q));
+  OSCAR_RETURN_IF_ERROR(
+      get_int(j, "max_position_embeddings", &c.max_position_embeddings, dflt(next_positions)));
   if (c.n_heads_q <= 0)
     return invalid_argument("config.json: num_attention_heads %d must be positive", c.n_heads_q);
-  const int default_head_dim = c.hidden_size / c.n_heads_q;
+  const int default_head_dim = next ? next_head_dim : c.hidden_size / c.n_heads_q;
   OSCAR_RETURN_IF_ERROR(get_int(j, "head_dim", &c.head_dim, &default_head_dim));
 
   double eps = c.rms_norm_eps;
@@ -310,8 +331,8 @@ Result<ModelConfig> parse_fields(const json& j, ModelConfig c) {
   if (sliding)
     return unimplemented("config.json: use_sliding_window is true; sliding-window attention is "
                          "not supported");
-  if (auto lt = j.find("layer_types"); c.arch != Architecture::kQwen3_5 && lt != j.end() &&
-                                       lt->is_array()) {
+  const bool hybrid = c.arch == Architecture::kQwen3_5 || next;
+  if (auto lt = j.find("layer_types"); !hybrid && lt != j.end() && lt->is_array()) {
     for (size_t i = 0; i < lt->size(); ++i) {
       const json& t = (*lt)[i];
       if (!t.is_string() || t.get<std::string>() != "full_attention")
@@ -324,15 +345,15 @@ Result<ModelConfig> parse_fields(const json& j, ModelConfig c) {
       return unimplemented("config.json: hidden_act %s is not supported (only silu)",
                            act->dump().c_str());
   }
-  if (c.arch == Architecture::kQwen3_5) OSCAR_RETURN_IF_ERROR(parse_hybrid(j, &c));
-  if (c.arch == Architecture::kQwen3Moe) {
+  if (hybrid) OSCAR_RETURN_IF_ERROR(parse_hybrid(j, &c));
+  if (c.arch == Architecture::kQwen3Moe || next) {
     OSCAR_RETURN_IF_ERROR(parse_moe(j, &c));
   } else {
     for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"}) {
       auto it = j.find(key);
       if (it != j.end() && it->is_number_integer() && it->get<int64_t>() > 0)
         return unimplemented("config.json: %s = %lld in a %s config; mixture-of-experts models "
-                             "are supported as Qwen3MoeForCausalLM only",
+                             "are supported as Qwen3MoeForCausalLM and Qwen3NextForCausalLM only",
                              key, static_cast<long long>(it->get<int64_t>()),
                              c.architecture_name.c_str());
     }
@@ -401,7 +422,7 @@ Status ModelConfig::validate() {
     return invalid_argument("config: bos_token_id %d / eos_token_id %d outside vocab_size %d",
                             bos_token_id, eos_token_id, vocab_size);
   n_moe_layers = 0;
-  if (arch == Architecture::kQwen3Moe) {
+  if (arch == Architecture::kQwen3Moe || arch == Architecture::kQwen3Next) {
     for (const Bounded& p :
          {Bounded{"num_experts", n_experts, kMaxCount},
           Bounded{"num_experts_per_tok", n_experts_per_tok, kMaxCount},
@@ -425,10 +446,18 @@ Status ModelConfig::validate() {
             mlp_only_layers.end())
       return invalid_argument("config: mlp_only_layers must be sorted and unique");
     for (int l = 0; l < n_layers; ++l) n_moe_layers += moe_layer(l) ? 1 : 0;
+    if (arch == Architecture::kQwen3Next &&
+        (shared_expert_intermediate_size <= 0 ||
+         shared_expert_intermediate_size > kMaxIntermediate))
+      return invalid_argument("config: shared_expert_intermediate_size = %d must be in (0, %d]",
+                              shared_expert_intermediate_size, kMaxIntermediate);
   } else if (n_experts != 0 || n_experts_per_tok != 0 || moe_intermediate_size != 0) {
     return invalid_argument("config: expert fields set in a dense %s config",
                             architecture_name.c_str());
   }
+  if (arch != Architecture::kQwen3Next && shared_expert_intermediate_size != 0)
+    return invalid_argument("config: a shared expert set in a %s config (Qwen3-Next only)",
+                            architecture_name.c_str());
   gqa_ratio = n_heads_q / n_heads_kv;
   q_dim = n_heads_q * head_dim;  // <= 2^24 by the limits above
   kv_dim = n_heads_kv * head_dim;
@@ -495,8 +524,8 @@ int64_t ModelConfig::n_params() const {
                       + int64_t{kv_dim} * h * 2;     // k_proj, v_proj
   if (qk_norm) per_layer += 2 * int64_t{head_dim};
   if (attention_bias) per_layer += q_dim + 2 * int64_t{kv_dim};
-  // A Gated DeltaNet layer: in_proj_qkv, in_proj_z, in_proj_b/a, the conv, A_log, dt_bias, the
-  // gated norm and out_proj.
+  // A Gated DeltaNet layer: in_proj_qkv, in_proj_z, in_proj_b/a (Qwen3-Next's fused in_proj_qkvz
+  // and in_proj_ba hold the same), the conv, A_log, dt_bias, the gated norm and out_proj.
   const int64_t linear_layer_params =
       int64_t{lin_conv_dim} * h + 2 * int64_t{lin_value_dim} * h + 2 * int64_t{lin_heads_v} * h +
       int64_t{lin_conv_dim} * lin_conv_kernel + 2 * lin_heads_v + lin_head_dim_v;
@@ -504,7 +533,9 @@ int64_t ModelConfig::n_params() const {
               + per_layer * n_kv_layers + linear_layer_params * n_linear_layers;
   const int64_t dense_ffn = 3 * inter * h;                                   // gate, up, down
   const int64_t moe_ffn = int64_t{n_experts} * h                             // router
-                          + int64_t{n_experts} * 3 * moe_intermediate_size * h;  // experts
+                          + int64_t{n_experts} * 3 * moe_intermediate_size * h   // experts
+                          + 3 * int64_t{shared_expert_intermediate_size} * h     // shared expert
+                          + (has_shared_expert() ? h : 0);                       // and its gate
   n += dense_ffn * (n_layers - n_moe_layers) + moe_ffn * n_moe_layers;
   if (!tie_word_embeddings) n += v * h;
   return n;

@@ -4,13 +4,14 @@
 // differences here are qkv bias and the absence of q_norm/k_norm), Qwen3MoeForCausalLM (Qwen3
 // attention; a routed mixture-of-experts FFN in the sparse layers, a dense one in the others) and
 // the dense Qwen3.5 / 3.6 hybrids: Qwen3_5ForCausalLM, or the multimodal wrapper
-// Qwen3_5ForConditionalGeneration whose nested text_config is read (the vision tower is not).
-// Qwen3-Next (its fused in_proj_qkvz layout and MoE) and the Qwen3.5 MoE hybrids are refused by
-// name.
+// Qwen3_5ForConditionalGeneration whose nested text_config is read (the vision tower is not), and
+// Qwen3NextForCausalLM (model_type qwen3_next: the hybrid layers of Qwen3.5 with a routed MoE FFN
+// plus a sigmoid-gated shared expert; its fused in_proj_qkvz / in_proj_ba are the loader's
+// business). The Qwen3.5 MoE hybrids are refused by name.
 // Both spellings found in the wild are accepted: top-level `rope_theta` or
 // `rope_parameters.rope_theta`, `torch_dtype` or `dtype`. Unknown architectures, rope scaling
-// types, sliding windows, shared experts and expert counts in a dense architecture are refused by
-// name.
+// types, sliding windows, shared experts outside Qwen3-Next (Qwen2-MoE's) and expert counts in a
+// dense architecture are refused by name.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,7 @@
 
 namespace oscar::format {
 
-enum class Architecture { kQwen3, kQwen2, kLlama, kQwen3Moe, kQwen3_5 };
+enum class Architecture { kQwen3, kQwen2, kLlama, kQwen3Moe, kQwen3_5, kQwen3Next };
 
 struct ModelConfig {
   Architecture arch = Architecture::kQwen3;
@@ -43,17 +44,23 @@ struct ModelConfig {
   int eos_token_id = -1;        // first eos id if config gives a list
   std::string sha256;           // of the config.json bytes: the rotation file's fingerprint
 
-  // Mixture of experts (Qwen3MoeForCausalLM; n_experts == 0 in a dense model). Absent fields take
-  // transformers' Qwen3MoeConfig defaults (128 experts, top-8, 768, no renormalisation, step 1).
-  // Which layers are sparse: moe_layer(). A dense layer's FFN is intermediate_size wide.
+  // Mixture of experts (Qwen3MoeForCausalLM, Qwen3NextForCausalLM; n_experts == 0 in a dense
+  // model). Absent fields take transformers' Qwen3MoeConfig defaults (128 experts, top-8, 768, no
+  // renormalisation, step 1), or Qwen3NextConfig's (512 experts, top-10, 512, renormalised, step
+  // 1, a shared expert of 512). Which layers are sparse: moe_layer(). A dense layer's FFN is
+  // intermediate_size wide.
   int n_experts = 0;                 // num_experts
   int n_experts_per_tok = 0;         // num_experts_per_tok: the top-k of the router
   int moe_intermediate_size = 0;     // each expert's FFN width
   bool norm_topk_prob = false;       // renormalise the top-k probabilities to sum to 1
   int decoder_sparse_step = 1;       // every step-th layer is sparse (layer + 1) % step == 0
   std::vector<int> mlp_only_layers;  // layers kept dense whatever the step (sorted, unique)
+  // Qwen3-Next: every sparse layer also runs one shared expert (a SwiGLU FFN this wide) on every
+  // row, scaled by sigmoid(x · shared_expert_gateᵀ) and added to the routed experts' sum; 0: none.
+  int shared_expert_intermediate_size = 0;
 
-  // Hybrid (Qwen3.5, transformers' Qwen3_5TextConfig). Each layer is full attention or a Gated
+  // Hybrid (Qwen3.5 and Qwen3-Next, transformers' Qwen3_5TextConfig / Qwen3NextConfig; the same
+  // fields, the same defaults). Each layer is full attention or a Gated
   // DeltaNet ("linear_attention"): layer_types, else every full_attention_interval-th layer (4)
   // is full attention. Full-attention layers: q_proj gives query and output gate per head, the
   // output is multiplied by sigmoid(gate) before o_proj, and RoPE turns the first rotary_dim dims
@@ -90,6 +97,7 @@ struct ModelConfig {
   Status validate();
 
   bool is_moe() const { return n_experts > 0; }
+  bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
   bool is_hybrid() const { return n_linear_layers > 0; }
   bool linear(int layer) const { return !linear_layer.empty() && linear_layer[layer]; }
   // Floats of one sequence's state per Gated DeltaNet layer: the conv's last K-1 inputs and the

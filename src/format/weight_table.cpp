@@ -1,5 +1,6 @@
-// The weight table for Qwen3 / Qwen2 / Llama dense decoders, Qwen3-MoE and the Qwen3.5 hybrids
-// (Gated DeltaNet or gated-attention layers, under "model." or "model.language_model."), and the
+// The weight table for Qwen3 / Qwen2 / Llama dense decoders, Qwen3-MoE, the Qwen3.5 hybrids
+// (Gated DeltaNet or gated-attention layers, under "model." or "model.language_model.") and
+// Qwen3-Next (the hybrid layers with fused DeltaNet projections, MoE with a shared expert), and the
 // binding of a checkpoint to it. Binding never stops at the first problem: it lists every
 // missing, mis-shaped, mis-typed and unused tensor (up to a cap) so that one run shows everything
 // wrong with a checkpoint.
@@ -66,10 +67,15 @@ std::vector<WeightSpec> weight_specs(const ModelConfig& config) {
     if (config.linear(l)) {
       const int64_t conv = config.lin_conv_dim, value = config.lin_value_dim;
       const int64_t hv = config.lin_heads_v;
-      add("linear_attn.in_proj_qkv.weight", WeightKind::kLinQkv, {conv, hidden});
-      add("linear_attn.in_proj_z.weight", WeightKind::kLinZ, {value, hidden});
-      add("linear_attn.in_proj_b.weight", WeightKind::kLinB, {hv, hidden});
-      add("linear_attn.in_proj_a.weight", WeightKind::kLinA, {hv, hidden});
+      if (config.arch == Architecture::kQwen3Next) {
+        add("linear_attn.in_proj_qkvz.weight", WeightKind::kLinQkvz, {conv + value, hidden});
+        add("linear_attn.in_proj_ba.weight", WeightKind::kLinBa, {2 * hv, hidden});
+      } else {
+        add("linear_attn.in_proj_qkv.weight", WeightKind::kLinQkv, {conv, hidden});
+        add("linear_attn.in_proj_z.weight", WeightKind::kLinZ, {value, hidden});
+        add("linear_attn.in_proj_b.weight", WeightKind::kLinB, {hv, hidden});
+        add("linear_attn.in_proj_a.weight", WeightKind::kLinA, {hv, hidden});
+      }
       add("linear_attn.conv1d.weight", WeightKind::kLinConv, {conv, 1, config.lin_conv_kernel});
       add("linear_attn.A_log", WeightKind::kLinALog, {hv});
       add("linear_attn.dt_bias", WeightKind::kLinDtBias, {hv});
@@ -95,6 +101,13 @@ std::vector<WeightSpec> weight_specs(const ModelConfig& config) {
       add_expert("gate_proj.weight", WeightKind::kExpertGate, {moe_inter, hidden});
       add_expert("up_proj.weight", WeightKind::kExpertUp, {moe_inter, hidden});
       add_expert("down_proj.weight", WeightKind::kExpertDown, {hidden, moe_inter});
+    }
+    if (config.has_shared_expert()) {
+      const int64_t shared = config.shared_expert_intermediate_size;
+      add("mlp.shared_expert.gate_proj.weight", WeightKind::kSharedGate, {shared, hidden});
+      add("mlp.shared_expert.up_proj.weight", WeightKind::kSharedUp, {shared, hidden});
+      add("mlp.shared_expert.down_proj.weight", WeightKind::kSharedDown, {hidden, shared});
+      add("mlp.shared_expert_gate.weight", WeightKind::kSharedExpertGate, {1, hidden});
     }
   }
   specs.push_back({root + "norm.weight", WeightKind::kFinalNorm, -1, {hidden}, false});

@@ -1,5 +1,5 @@
 // The table from Hugging Face tensor names to weight slots with the shapes config.json implies.
-// One entry per tensor (with `{layer}` and, for Qwen3-MoE experts, the expert index expanded: the
+// One entry per tensor (with `{layer}` and, for MoE experts, the expert index expanded: the
 // per-expert `mlp.experts.{e}.*_proj.weight` names Hugging Face saves). Binding a checkpoint
 // reports every missing, mis-shaped, mis-typed or unused tensor in one error. Stacking a layer's
 // experts into one [E, out, in] buffer is the loader's job (model/qwen3.cpp).
@@ -27,6 +27,14 @@ enum class WeightKind {
   // in_proj_z [value_dim, hidden], in_proj_b / in_proj_a [heads_v, hidden], conv1d.weight
   // [conv_dim, 1, K], A_log and dt_bias [heads_v], norm.weight [d_v], out_proj [hidden, value_dim].
   kLinQkv, kLinZ, kLinB, kLinA, kLinConv, kLinALog, kLinDtBias, kLinNorm, kLinOut,
+  // Qwen3-Next's DeltaNet layer fuses the input projections, interleaved per key-head group (the
+  // loader splits them into kLinQkv / kLinZ / kLinB / kLinA's layout, model/weights.h):
+  // in_proj_qkvz [2 · key_dim + 2 · value_dim, hidden], in_proj_ba [2 · heads_v, hidden].
+  kLinQkvz, kLinBa,
+  // Qwen3-Next's sparse layers add a shared expert `mlp.shared_expert.{gate,up,down}_proj.weight`
+  // ([shared_inter, hidden] twice, [hidden, shared_inter]) and its gate
+  // `mlp.shared_expert_gate.weight` [1, hidden].
+  kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate,
 };
 
 struct WeightSpec {

@@ -93,10 +93,12 @@ class Backend {
   // kernels (CUDA, for now) says so rather than computing something else.
   virtual Status moe_route(const MoeRouteParams& p);
   virtual Status moe_ffn(const MoeFfnParams& p);
-  // The hybrid models' ops (Qwen3.5): the gated attention output (elementwise.h) and the Gated
-  // DeltaNet layer's conv, gates, delta rule and gated norm (gated_delta.h). The defaults
-  // (backend_cpu.cpp) refuse with a Status naming the device, as the MoE ops do.
+  // The hybrid models' ops (Qwen3.5, Qwen3-Next): the gated attention output and the shared
+  // expert's row gate (elementwise.h) and the Gated DeltaNet layer's conv, gates, delta rule and
+  // gated norm (gated_delta.h). The defaults (backend_cpu.cpp) refuse with a Status naming the
+  // device, as the MoE ops do.
   virtual Status sigmoid_mul(float* x, const float* gate, int64_t n);
+  virtual Status sigmoid_scale_rows(float* x, const float* gate, int64_t rows, int64_t dim);
   virtual Status causal_conv1d(const CausalConv1dParams& p);
   virtual Status gdn_gates(const GdnGatesParams& p);
   virtual Status gated_delta_rule(const GatedDeltaParams& p);

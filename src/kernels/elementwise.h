@@ -47,6 +47,8 @@ void rope_tables(const int32_t* positions, int64_t n_rows, const float* inv_freq
 Status silu_mul(float* gate, const float* up, int64_t n);
 // x = x ⊙ sigmoid(gate), n values (Qwen3.5's gated attention output: attn · sigmoid(gate)).
 Status sigmoid_mul(float* x, const float* gate, int64_t n);
+// x[r, :] = x[r, :] · sigmoid(gate[r]), rows of dim values (Qwen3-Next's shared-expert gate).
+Status sigmoid_scale_rows(float* x, const float* gate, int64_t rows, int64_t dim);
 // x += y, n values.
 Status add(float* x, const float* y, int64_t n);
 // dst[i, :] = src[rows[i], :], n rows of dim values (the rows that produce logits).

@@ -1,7 +1,8 @@
 // Architecture: what differs between the decoder families oscar runs, per layer: the token mixer
 // (full attention, or a Gated DeltaNet) and the FFN (dense, or routed experts), each one block of
 // model/blocks.h. One file per family in model/arch/ (llama.cpp's src/models/): dense.cpp (Qwen3,
-// Qwen2, Llama), qwen3_moe.cpp, qwen3_5.cpp (the Qwen3.5 / 3.6 hybrids). Everything else of a
+// Qwen2, Llama), qwen3_moe.cpp, qwen3_5.cpp (the Qwen3.5 / 3.6 hybrids), qwen3_next.cpp (the
+// hybrid layers with MoE and a shared expert). Everything else of a
 // step (plan staging, embedding, the pre-norm residual stream, final norm, logits, graphs,
 // demotion) is the step runner's, written once (model/step_runner.h).
 // Not thread-safe: a LayerStep is one step's.
@@ -44,6 +45,9 @@ class Architecture {
  protected:
   // Full attention over the layer's cache layer (its index in the full-attention group).
   Status full_attention(int layer, LayerStep& step, const float* h, float* out) const;
+  // A hybrid's mixer (Qwen3.5, Qwen3-Next): full attention, or the Gated DeltaNet over the
+  // layer's StatePool layer (its index in the linear-state group).
+  Status hybrid_mixer(int layer, LayerStep& step, const float* h, float* out) const;
 
   const ModelWeights& w_;
   const kv::LayerGroups groups_;
@@ -54,5 +58,6 @@ std::unique_ptr<Architecture> make_architecture(const ModelWeights& w);
 std::unique_ptr<Architecture> make_dense(const ModelWeights& w);
 std::unique_ptr<Architecture> make_qwen3_moe(const ModelWeights& w);
 std::unique_ptr<Architecture> make_qwen3_5(const ModelWeights& w);
+std::unique_ptr<Architecture> make_qwen3_next(const ModelWeights& w);
 
 }  // namespace oscar::model

@@ -68,7 +68,15 @@ Status dense_ffn(kernels::Backend& be, const DenseFfnWeights& w, const float* h,
 
 Status moe_ffn(kernels::Backend& be, const MoeFfnWeights& w, const float* h, int64_t n,
                const FfnScratch& s, float* out) {
-  OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, w.router, s.router_logits)));
+  const bool shared = w.shared_gate.rows > 0;
+  if (shared) {  // everything that reads h: the router, the shared expert's gate/up and its score
+    const kernels::LinearParams in[4] = {
+        lin(h, n, w.router, s.router_logits), lin(h, n, w.shared_gate, s.shared_gate),
+        lin(h, n, w.shared_up, s.shared_up), lin(h, n, w.shared_expert_gate, s.shared_score)};
+    OSCAR_RETURN_IF_ERROR(be.linear_group(in, 4));
+  } else {
+    OSCAR_RETURN_IF_ERROR(be.linear(lin(h, n, w.router, s.router_logits)));
+  }
   kernels::MoeRouteParams route;
   route.logits = s.router_logits;
   route.n = n;
@@ -90,7 +98,14 @@ Status moe_ffn(kernels::Backend& be, const MoeFfnWeights& w, const float* h, int
   ffn.y = out;
   ffn.work = s.moe_work;
   ffn.work_bytes = s.moe_work_bytes;
-  return be.moe_ffn(ffn);
+  OSCAR_RETURN_IF_ERROR(be.moe_ffn(ffn));
+  if (!shared) return Status();
+  // Qwen3NextSparseMoeBlock: routed + sigmoid(h · w_sgᵀ) · shared_expert(h).
+  const int64_t hidden = w.shared_down.rows;
+  OSCAR_RETURN_IF_ERROR(be.silu_mul(s.shared_gate, s.shared_up, n * w.shared_gate.rows));
+  OSCAR_RETURN_IF_ERROR(be.linear(lin(s.shared_gate, n, w.shared_down, s.shared_out)));
+  OSCAR_RETURN_IF_ERROR(be.sigmoid_scale_rows(s.shared_out, s.shared_score, n, hidden));
+  return be.add(out, s.shared_out, n * hidden);
 }
 
 Status gated_delta_net(kernels::Backend& be, const GatedDeltaNetWeights& w, const float* h,

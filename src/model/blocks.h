@@ -1,7 +1,8 @@
 // Building blocks of a decoder layer, written once against kernels::Backend: full attention over
 // the OSCAR cache (q/k/v, norms and RoPE, append, decode and prefill attention, Qwen3.5's output
-// gate, o_proj), the dense SwiGLU FFN, the routed mixture-of-experts FFN (Qwen3-MoE) and the Gated
-// DeltaNet token mixer of the hybrid models (Qwen3.5). llama.cpp's build_attn / build_ffn /
+// gate, o_proj), the dense SwiGLU FFN, the routed mixture-of-experts FFN (Qwen3-MoE; with
+// Qwen3-Next's sigmoid-gated shared expert where the weights have one) and the Gated DeltaNet
+// token mixer of the hybrid models (Qwen3.5, Qwen3-Next). llama.cpp's build_attn / build_ffn /
 // build_moe_ffn shape: an architecture (model/architecture.h) picks one mixer and one FFN per
 // layer. The step's life (plan staging, residuals and norms, logits, graphs, demotion) is the
 // step runner's (model/step_runner.h).
@@ -75,13 +76,17 @@ struct DenseFfnWeights {
   kernels::WeightView down;      // [hidden, inter]
 };
 
-// MoE FFN weights (kernels/moe.h): the router, then top_k of the stacked experts per row.
+// MoE FFN weights (kernels/moe.h): the router, then top_k of the stacked experts per row; and
+// Qwen3-Next's shared expert, run on every row and scaled by sigmoid(h · shared_expert_gateᵀ).
 struct MoeFfnWeights {
   kernels::WeightView router;       // [n_experts, hidden]
   kernels::ExpertWeights gate, up;  // [n_experts, moe_inter, hidden]
   kernels::ExpertWeights down;      // [n_experts, hidden, moe_inter]
   int32_t top_k = 0;
   bool norm_topk_prob = false;
+  kernels::WeightView shared_gate, shared_up;  // [shared_inter, hidden]; rows == 0: none
+  kernels::WeightView shared_down;             // [hidden, shared_inter]
+  kernels::WeightView shared_expert_gate;      // [1, hidden]
 };
 
 // Scratch of one FFN call over n rows, sized by the caller (the step runner's workspace).
@@ -93,9 +98,14 @@ struct FfnScratch {
   float* expert_weights = nullptr;  // MoE: [n, top_k]
   void* moe_work = nullptr;         // MoE: kernels::moe_ffn_work_bytes(n, ...) bytes
   size_t moe_work_bytes = 0;
+  float* shared_gate = nullptr;     // shared expert: [n, shared_inter]
+  float* shared_up = nullptr;       // shared expert: [n, shared_inter]
+  float* shared_out = nullptr;      // shared expert: [n, hidden]
+  float* shared_score = nullptr;    // shared expert: [n] h · shared_expert_gateᵀ
 };
 
-// Gated DeltaNet weights (transformers' Qwen3_5GatedDeltaNet, separate in_proj_qkv/z/b/a).
+// Gated DeltaNet weights (transformers' Qwen3_5GatedDeltaNet, separate in_proj_qkv/z/b/a;
+// Qwen3-Next's fused ones are split into this layout at load, model/weights.h).
 struct GatedDeltaNetWeights {
   kernels::WeightView in_qkv;        // [conv_dim, hidden]: q, k (heads_k · d_k each), v
   kernels::WeightView in_z;          // [heads_v · d_v, hidden]: the output gate
@@ -138,7 +148,10 @@ Status gated_delta_net(kernels::Backend& be, const GatedDeltaNetWeights& w, cons
 // out[n, hidden] = the FFN of h[n, hidden]. out may not alias h.
 Status dense_ffn(kernels::Backend& be, const DenseFfnWeights& w, const float* h, int64_t n,
                  const FfnScratch& s, float* out);
-// Router logits (linear), top-k routing (moe_route), grouped experts (moe_ffn).
+// Router logits (linear), top-k routing (moe_route), grouped experts (moe_ffn); with a shared
+// expert (w.shared_gate.rows > 0, Qwen3NextSparseMoeBlock) out += sigmoid(h · w_sgᵀ) ·
+// down(silu(gate · h) ⊙ (up · h)) of its matrices, its projections in one linear_group with the
+// router's. Without one, the routed path alone (no extra op).
 Status moe_ffn(kernels::Backend& be, const MoeFfnWeights& w, const float* h, int64_t n,
                const FfnScratch& s, float* out);
 

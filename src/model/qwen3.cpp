@@ -151,6 +151,13 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir) {
       case WeightKind::kLinDtBias: L->lin_dt_bias = t->to_f32(); break;
       case WeightKind::kLinNorm: L->lin_norm = t->to_f32(); break;
       case WeightKind::kLinOut: L->lin_out = to_matrix(t); break;
+      case WeightKind::kLinQkvz: split_in_proj_qkvz(to_matrix(t), config, &L->lin_qkv, &L->lin_z);
+        break;
+      case WeightKind::kLinBa: split_in_proj_ba(to_matrix(t), config, &L->lin_b, &L->lin_a); break;
+      case WeightKind::kSharedGate: L->w_shared_gate = to_matrix(t); break;
+      case WeightKind::kSharedUp: L->w_shared_up = to_matrix(t); break;
+      case WeightKind::kSharedDown: L->w_shared_down = to_matrix(t); break;
+      case WeightKind::kSharedExpertGate: L->w_shared_expert_gate = to_matrix(t); break;
     }
   }
   if (config.tie_word_embeddings) m->w_.lm_head = Matrix();
@@ -232,6 +239,13 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load_dummy(const format::ModelCo
       OSCAR_ASSIGN_OR_RETURN(L.w_exp_gate, randn(E * MI, H));
       OSCAR_ASSIGN_OR_RETURN(L.w_exp_up, randn(E * MI, H));
       OSCAR_ASSIGN_OR_RETURN(L.w_exp_down, randn(E * H, MI));
+      if (config.has_shared_expert()) {
+        const int64_t S = config.shared_expert_intermediate_size;
+        OSCAR_ASSIGN_OR_RETURN(L.w_shared_gate, randn(S, H));
+        OSCAR_ASSIGN_OR_RETURN(L.w_shared_up, randn(S, H));
+        OSCAR_ASSIGN_OR_RETURN(L.w_shared_down, randn(H, S));
+        OSCAR_ASSIGN_OR_RETURN(L.w_shared_expert_gate, randn(1, H));
+      }
     }
     if (config.linear(l)) {
       const int64_t hv = config.lin_heads_v;
@@ -313,7 +327,8 @@ std::vector<Matrix*> Qwen3Model::matrices() {
   std::vector<Matrix*> all = {&w_.embed, &w_.lm_head};
   for (LayerWeights& L : w_.layers)
     for (Matrix* w : {&L.wq, &L.wq_gate, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down,
-                      &L.w_router, &L.w_exp_gate, &L.w_exp_up, &L.w_exp_down, &L.lin_qkv,
+                      &L.w_router, &L.w_exp_gate, &L.w_exp_up, &L.w_exp_down, &L.w_shared_gate,
+                      &L.w_shared_up, &L.w_shared_down, &L.w_shared_expert_gate, &L.lin_qkv,
                       &L.lin_z, &L.lin_b, &L.lin_a, &L.lin_out})
       all.push_back(w);
   return all;
@@ -345,7 +360,9 @@ size_t Qwen3Model::weight_bytes() const {
   for (const LayerWeights& L : w_.layers)
     n += L.wq.bytes() + L.wq_gate.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() +
          L.w_gate.bytes() + L.w_up.bytes() + L.w_down.bytes() + L.w_router.bytes() +
-         L.w_exp_gate.bytes() + L.w_exp_up.bytes() + L.w_exp_down.bytes() + L.lin_qkv.bytes() +
+         L.w_exp_gate.bytes() + L.w_exp_up.bytes() + L.w_exp_down.bytes() +
+         L.w_shared_gate.bytes() + L.w_shared_up.bytes() + L.w_shared_down.bytes() +
+         L.w_shared_expert_gate.bytes() + L.lin_qkv.bytes() +
          L.lin_z.bytes() + L.lin_b.bytes() + L.lin_a.bytes() + L.lin_out.bytes() +
          sizeof(float) * (L.input_norm.size() + L.post_norm.size() + L.bq.size() + L.bk.size() +
                           L.bv.size() + L.q_norm.size() + L.k_norm.size() + L.lin_conv.size() +

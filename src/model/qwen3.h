@@ -4,7 +4,9 @@
 // state in the sequence's StatePool slot, kv/state_pool.h) between full-attention layers whose
 // q_proj also gives an output gate (attn · sigmoid(gate) before o_proj), with partial RoPE and
 // zero-centred norms (stored as 1 + w at load); only the full-attention layers have KV cache
-// layers (ModelConfig::kv_layer).
+// layers (ModelConfig::kv_layer); and Qwen3-Next (CPU only for now): those hybrid layers with a
+// sparse FFN plus a sigmoid-gated shared expert, its fused DeltaNet projections split at load
+// into Qwen3.5's layout (model/weights.h).
 //
 // Weights are loaded from a checkpoint directory (format/weight_table.h). Matrices stay in the
 // checkpoint's BF16 and are widened inside the matrix product (kernels/linear.h): a decode step

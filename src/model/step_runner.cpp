@@ -243,6 +243,10 @@ Status StepRunner::forward(const kv::StepPlan& plan, const ForwardOptions& optio
   step.ffn.expert_weights = w.expert_weights.as<float>();
   step.ffn.moe_work = w.moe_work.data();
   step.ffn.moe_work_bytes = w.moe_work.bytes();
+  step.ffn.shared_gate = w.shared_gate.as<float>();
+  step.ffn.shared_up = w.shared_up.as<float>();
+  step.ffn.shared_out = w.shared_out.as<float>();
+  step.ffn.shared_score = w.shared_score.as<float>();
 
   // The linear-state layers' sequences and state slots (a hybrid model; host arrays: these ops
   // run on the CPU only for now).

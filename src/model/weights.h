@@ -61,15 +61,37 @@ struct LayerWeights {
   Matrix w_router;              // [n_experts, hidden]
   Matrix w_exp_gate, w_exp_up;  // [n_experts · moe_inter, hidden]
   Matrix w_exp_down;            // [n_experts · hidden, moe_inter]
+  // Qwen3-Next's shared expert of a sparse layer (config.has_shared_expert()), else empty.
+  Matrix w_shared_gate, w_shared_up;  // [shared_inter, hidden] mlp.shared_expert.{gate,up}_proj
+  Matrix w_shared_down;               // [hidden, shared_inter]
+  Matrix w_shared_expert_gate;        // [1, hidden] mlp.shared_expert_gate: sigmoid(h · wᵀ)
   bool moe = false;
   // Gated DeltaNet (config.linear(l)): the attention members above are empty; its state is in
-  // the StatePool layer kv::layer_groups gives it.
+  // the StatePool layer kv::layer_groups gives it. Qwen3-Next's fused projections are split into
+  // these at load (split_in_proj_qkvz / split_in_proj_ba below).
   Matrix lin_qkv, lin_z, lin_b, lin_a;  // [conv_dim | value_dim | heads_v | heads_v, hidden]
   Matrix lin_out;                       // [hidden, value_dim]
   Vec lin_conv;                         // [conv_dim, K]
   Vec lin_A_log, lin_dt_bias;           // [heads_v]
   Vec lin_norm;                         // [d_v]
 };
+
+// Qwen3-Next stores the DeltaNet input projections fused and interleaved per key-head group
+// (transformers' Qwen3NextGatedDeltaNet.fix_query_key_value_ordering reads them so). With
+// Hk = lin_heads_k key heads of d_k, Hv = lin_heads_v value heads of d_v and r = Hv / Hk value
+// heads per key head, the rows of in_proj_qkvz [Hk · (2·d_k + 2·r·d_v), hidden] are, per group g:
+//
+//   | q_g (d_k) | k_g (d_k) | v_{g·r} .. v_{g·r+r-1} (r·d_v) | z_{g·r} .. z_{g·r+r-1} (r·d_v) |
+//
+// and those of in_proj_ba [2·Hv, hidden], per group g: | b_{g·r} .. (r) | a_{g·r} .. (r) |.
+// The split gives Qwen3.5's separate layout, which the gated_delta_net block reads
+// (model/blocks.h), in key-head then value-head order:
+//   qkv [2·Hk·d_k + Hv·d_v, hidden] = | q_0 .. q_{Hk-1} | k_0 .. k_{Hk-1} | v_0 .. v_{Hv-1} |,
+//   z [Hv·d_v, hidden] = | z_0 .. z_{Hv-1} |, b and a [Hv, hidden]. Value head h reads key head
+// h / r in both models, so only rows move; the conv1d weight is already in the split order
+// (transformers convolves the concatenated q | k | v). Rows are copied in the stored dtype.
+void split_in_proj_qkvz(const Matrix& qkvz, const format::ModelConfig& c, Matrix* qkv, Matrix* z);
+void split_in_proj_ba(const Matrix& ba, const format::ModelConfig& c, Matrix* b, Matrix* a);
 
 struct ModelWeights {
   format::ModelConfig config;

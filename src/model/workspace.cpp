@@ -32,6 +32,12 @@ Status StepWorkspace::reserve(kernels::Backend& be, int64_t n, int64_t n_logits,
           moe_work, be.alloc(kernels::moe_ffn_work_bytes(r, c.n_experts_per_tok, c.n_experts,
                                                          c.hidden_size, c.moe_intermediate_size),
                              "MoE scratch"));
+      if (c.has_shared_expert()) {
+        for (DeviceBuffer* b : {&shared_gate, &shared_up})
+          OSCAR_RETURN_IF_ERROR(fit(*b, c.shared_expert_intermediate_size));
+        OSCAR_RETURN_IF_ERROR(fit(shared_out, c.hidden_size));
+        OSCAR_RETURN_IF_ERROR(fit(shared_score, 1));
+      }
     }
     if (c.attn_output_gate) OSCAR_RETURN_IF_ERROR(fit(attn_gate, c.q_dim));
     if (c.is_hybrid()) {

@@ -1,7 +1,8 @@
 // StepWorkspace: the activations of one step in the backend's memory, reused across steps (grown,
 // never shrunk, by doubling), and the host arrays the step runner stages (model/step_runner.h).
 // The buffers a config needs only: the dense FFN's where some layer is dense, the MoE scratch
-// where some layer is sparse, the DeltaNet's in a hybrid. Not thread-safe (one per runner).
+// where some layer is sparse (and the shared expert's where it has one), the DeltaNet's in a
+// hybrid. Not thread-safe (one per runner).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,9 @@ struct StepWorkspace {
   DeviceBuffer expert_ids;         // [n, top_k] int32
   DeviceBuffer expert_weights;     // [n, top_k]
   DeviceBuffer moe_work;           // kernels::moe_ffn_work_bytes(n, ...) bytes
+  DeviceBuffer shared_gate, shared_up;  // [n, shared_inter] (Qwen3-Next's shared expert)
+  DeviceBuffer shared_out;              // [n, hidden]
+  DeviceBuffer shared_score;            // [n]
   DeviceBuffer logits;             // [n_logit_rows, vocab]
   DeviceBuffer attn_gate;          // [n, q_dim] (Qwen3.5's gated attention)
   DeviceBuffer lin_qkv, lin_conv;  // [n, conv_dim] (Gated DeltaNet layers)

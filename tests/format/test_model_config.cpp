@@ -3,7 +3,8 @@
 // (sparse layers, defaults), the Qwen3.5 hybrids (Qwen3.6-27B's nested config, layer types from
 // the list or the interval, partial rotary), and the refusals (unknown architecture, rope scaling,
 // sliding window, missing or mistyped fields, inconsistent head counts, bad expert fields,
-// Qwen3-Next and MoE hybrids, bad layer types).
+// MoE hybrids, bad layer types), and Qwen3-Next (the 80B-A3B config, its class's defaults, the
+// shared expert accepted there only).
 // Also SHA-256 against the FIPS 180-2 test vectors.
 #include <gtest/gtest.h>
 
@@ -238,7 +239,7 @@ TEST(ModelConfig, RefusedFeatures) {
   nlohmann::json m = base_config();
   m["num_experts"] = 128;
   EXPECT_MSG_HAS(parse(m).status(), "num_experts");
-  EXPECT_MSG_HAS(parse(m).status(), "Qwen3MoeForCausalLM only");
+  EXPECT_MSG_HAS(parse(m).status(), "supported as Qwen3MoeForCausalLM and");
 }
 
 // A small Qwen3-MoE config; tests edit it.
@@ -451,14 +452,114 @@ TEST(ModelConfig, Qwen3_6RealShape) {
   EXPECT_EQ(c.recurrent_state_floats(), 48 * 128 * 128);
 }
 
-// Qwen3-Next: its fused in_proj_qkvz layout and MoE are refused by name.
-TEST(ModelConfig, Qwen3NextRefused) {
+// Qwen3-Next-80B-A3B as published (tests/data/configs/qwen3-next-80b-a3b.json, from
+// ../shared/configs): 36 Gated DeltaNet layers and 12 full-attention layers
+// (full_attention_interval 4, no layer_types), 16 / 2 heads of 256 with 64 rotated dims (top-level partial_rotary_factor),
+// 16 / 32 DeltaNet heads of 128, every layer sparse: 512 experts of 512, top-10 renormalised, a
+// shared expert of 512. 79.7 B parameters, 3.9 B active per token (embedding and lm_head
+// included; the "A3B" of the name counts without them: 3.25 B).
+TEST(ModelConfig, Qwen3NextRealShape) {
   Result<std::string> text = read_text_file("tests/data/configs/qwen3-next-80b-a3b.json");
   ASSERT_TRUE(text.ok()) << text.status().to_string();
   const Result<ModelConfig> r = ModelConfig::from_json_text(text.value());
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
-  EXPECT_MSG_HAS(r.status(), "in_proj_qkvz");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const ModelConfig& c = r.value();
+  EXPECT_EQ(c.arch, Architecture::kQwen3Next);
+  EXPECT_EQ(c.architecture_name, "Qwen3NextForCausalLM");
+  EXPECT_EQ(c.weight_prefix, "model.");
+  EXPECT_EQ(c.n_layers, 48);
+  EXPECT_EQ(c.n_linear_layers, 36);
+  EXPECT_EQ(c.n_kv_layers, 12);
+  EXPECT_EQ(c.kv_layer[3], 0);
+  EXPECT_EQ(c.kv_layer[47], 11);
+  EXPECT_EQ(c.kv_layer[46], -1);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.rotary_dim, 64);
+  EXPECT_EQ(c.n_heads_q, 16);
+  EXPECT_EQ(c.n_heads_kv, 2);
+  EXPECT_EQ(c.lin_heads_k, 16);
+  EXPECT_EQ(c.lin_heads_v, 32);
+  EXPECT_EQ(c.lin_head_dim_k, 128);
+  EXPECT_EQ(c.lin_head_dim_v, 128);
+  EXPECT_EQ(c.lin_conv_dim, 2 * 16 * 128 + 32 * 128);
+  EXPECT_TRUE(c.attn_output_gate);
+  EXPECT_TRUE(c.zero_centred_norms);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.n_experts, 512);
+  EXPECT_EQ(c.n_experts_per_tok, 10);
+  EXPECT_EQ(c.moe_intermediate_size, 512);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.n_moe_layers, 48);
+  EXPECT_TRUE(c.has_shared_expert());
+  EXPECT_EQ(c.shared_expert_intermediate_size, 512);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e7);
+  EXPECT_EQ(c.vocab_size, 151936);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.kv_bytes_per_token_bf16(), 12 * 2 * 2 * 256 * 2);
+  EXPECT_EQ(c.n_params(), 79674391296);
+  EXPECT_EQ(c.n_active_params(), 3874929408);
+  EXPECT_EQ(c.conv_state_floats(), 3 * 8192);
+  EXPECT_EQ(c.recurrent_state_floats(), 32 * 128 * 128);
+}
+
+// Keys a Qwen3-Next config leaves out take Qwen3NextConfig's defaults (its class, not Qwen3's or
+// Qwen3MoeConfig's); the shared expert is accepted there only.
+TEST(ModelConfig, Qwen3NextDefaultsAndRefusals) {
+  const nlohmann::json bare = {{"architectures", {"Qwen3NextForCausalLM"}},
+                               {"model_type", "qwen3_next"}};
+  Result<ModelConfig> r = parse(bare);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->vocab_size, 151936);
+  EXPECT_EQ(r->hidden_size, 2048);
+  EXPECT_EQ(r->intermediate_size, 5632);
+  EXPECT_EQ(r->n_layers, 48);
+  EXPECT_EQ(r->n_heads_q, 16);
+  EXPECT_EQ(r->n_heads_kv, 2);
+  EXPECT_EQ(r->head_dim, 256);
+  EXPECT_EQ(r->max_position_embeddings, 32768);
+  EXPECT_EQ(r->rotary_dim, 64);
+  EXPECT_EQ(r->n_kv_layers, 12);
+  EXPECT_EQ(r->lin_heads_k, 16);
+  EXPECT_EQ(r->lin_heads_v, 32);
+  EXPECT_EQ(r->lin_conv_kernel, 4);
+  EXPECT_EQ(r->n_experts, 512);
+  EXPECT_EQ(r->n_experts_per_tok, 10);
+  EXPECT_EQ(r->moe_intermediate_size, 512);
+  EXPECT_EQ(r->shared_expert_intermediate_size, 512);
+  EXPECT_TRUE(r->norm_topk_prob);
+  EXPECT_EQ(r->decoder_sparse_step, 1);
+  EXPECT_FALSE(r->tie_word_embeddings);
+  // A layer kept dense by mlp_only_layers, an explicit layer list.
+  nlohmann::json j = bare;
+  j["num_hidden_layers"] = 4;
+  j["mlp_only_layers"] = {1};
+  j["layer_types"] = {"linear_attention", "full_attention", "linear_attention", "full_attention"};
+  r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->n_moe_layers, 3);
+  EXPECT_FALSE(r->moe_layer(1));
+  EXPECT_EQ(r->kv_layer, (std::vector<int>{-1, 0, -1, 1}));
+  j = bare;
+  j["shared_expert_intermediate_size"] = 0;
+  EXPECT_MSG_HAS(parse(j).status(), "shared_expert_intermediate_size = 0 must be in");
+  j = bare;
+  j["n_shared_experts"] = 2;
+  EXPECT_MSG_HAS(parse(j).status(), "n_shared_experts = 2");
+  j = bare;
+  j["attention_bias"] = true;
+  EXPECT_MSG_HAS(parse(j).status(), "attention_bias true in a Qwen3NextForCausalLM config");
+  // Shared experts stay refused where oscar does not run them (a Qwen3-MoE config; Qwen2-MoE's
+  // architecture is refused as unknown), in config.json and in a config built in code.
+  nlohmann::json moe = moe_config();
+  moe["shared_expert_intermediate_size"] = 512;
+  EXPECT_MSG_HAS(parse(moe).status(), "shared experts are supported in Qwen3NextForCausalLM only");
+  moe["architectures"] = {"Qwen2MoeForCausalLM"};
+  EXPECT_EQ(parse(moe).status().code(), StatusCode::kUnimplemented);
+  Result<ModelConfig> m = parse(moe_config());
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ModelConfig c = m.value();
+  c.shared_expert_intermediate_size = 64;
+  EXPECT_MSG_HAS(c.validate(), "a shared expert set in a Qwen3MoeForCausalLM config");
 }
 
 // A small Qwen3_5ForCausalLM config; tests edit it.

@@ -1,10 +1,11 @@
 // Weight table and binding on synthetic checkpoints written to a temp dir: a complete checkpoint
-// binds (dense and Qwen3-MoE); a broken one reports every missing, mis-shaped, mis-typed and
-// unused tensor at once.
+// binds (dense, Qwen3-MoE and Qwen3-Next); a broken one reports every missing, mis-shaped,
+// mis-typed and unused tensor at once.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -213,6 +214,93 @@ TEST(WeightTable, BindQwen3MoeCheckpoint) {
                               "[16, 12])");
   EXPECT_MSG_HAS(bb.status(), "wrong shape model.layers.0.mlp.experts.1.up_proj.weight");
   EXPECT_MSG_HAS(bb.status(), "unused model.layers.0.mlp.experts.gate_up_proj");
+}
+
+// A small Qwen3-Next: layers [linear, full], layer 1 sparse with a shared expert, layer 0 dense.
+ModelConfig next_config() {
+  nlohmann::json j = {{"architectures", {"Qwen3NextForCausalLM"}},
+                      {"vocab_size", 32},
+                      {"hidden_size", 16},
+                      {"intermediate_size", 24},
+                      {"moe_intermediate_size", 12},
+                      {"shared_expert_intermediate_size", 20},
+                      {"num_experts", 4},
+                      {"num_experts_per_tok", 2},
+                      {"mlp_only_layers", {0}},
+                      {"num_hidden_layers", 2},
+                      {"full_attention_interval", 2},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"head_dim", 8},
+                      {"linear_num_key_heads", 2},
+                      {"linear_num_value_heads", 4},
+                      {"linear_key_head_dim", 4},
+                      {"linear_value_head_dim", 2},
+                      {"max_position_embeddings", 64},
+                      {"tie_word_embeddings", false}};
+  Result<ModelConfig> r = ModelConfig::from_json_text(j.dump());
+  OSCAR_CHECK(r.ok(), "%s", r.status().to_string().c_str());
+  return r.value();
+}
+
+// Qwen3-Next's names and shapes: the fused DeltaNet projections (no separate in_proj_qkv / z / b
+// / a), the shared expert and its gate beside the routed experts; n_params() agrees; a checkpoint
+// in Qwen3.5's DeltaNet layout or without the shared expert's gate is reported tensor by tensor.
+TEST(WeightTable, SpecsAndBindQwen3Next) {
+  const ModelConfig c = next_config();
+  std::map<std::string, std::vector<int64_t>> shape;
+  int64_t params = 0;
+  for (const WeightSpec& s : weight_specs(c)) {
+    shape[s.hf_name] = s.shape;
+    int64_t n = 1;
+    for (int64_t d : s.shape) n *= d;
+    params += n;
+  }
+  EXPECT_EQ(params, c.n_params());
+  const std::string l0 = "model.layers.0.", l1 = "model.layers.1.";
+  // key_dim 8, value_dim 8: qkvz rows 2·8 + 2·8; ba rows 2 · 4 value heads.
+  EXPECT_EQ(shape[l0 + "linear_attn.in_proj_qkvz.weight"], (std::vector<int64_t>{32, 16}));
+  EXPECT_EQ(shape[l0 + "linear_attn.in_proj_ba.weight"], (std::vector<int64_t>{8, 16}));
+  EXPECT_EQ(shape[l0 + "linear_attn.conv1d.weight"], (std::vector<int64_t>{24, 1, 4}));
+  EXPECT_EQ(shape.count(l0 + "linear_attn.in_proj_qkv.weight"), 0u);
+  EXPECT_EQ(shape.count(l0 + "linear_attn.in_proj_b.weight"), 0u);
+  EXPECT_EQ(shape[l0 + "mlp.gate_proj.weight"], (std::vector<int64_t>{24, 16}));  // dense layer
+  EXPECT_EQ(shape.count(l0 + "mlp.shared_expert_gate.weight"), 0u);
+  EXPECT_EQ(shape[l1 + "self_attn.q_proj.weight"], (std::vector<int64_t>{64, 16}));  // + gate
+  EXPECT_EQ(shape[l1 + "mlp.gate.weight"], (std::vector<int64_t>{4, 16}));
+  EXPECT_EQ(shape[l1 + "mlp.experts.3.down_proj.weight"], (std::vector<int64_t>{16, 12}));
+  EXPECT_EQ(shape[l1 + "mlp.shared_expert.gate_proj.weight"], (std::vector<int64_t>{20, 16}));
+  EXPECT_EQ(shape[l1 + "mlp.shared_expert.up_proj.weight"], (std::vector<int64_t>{20, 16}));
+  EXPECT_EQ(shape[l1 + "mlp.shared_expert.down_proj.weight"], (std::vector<int64_t>{16, 20}));
+  EXPECT_EQ(shape[l1 + "mlp.shared_expert_gate.weight"], (std::vector<int64_t>{1, 16}));
+
+  TempDir dir;
+  std::vector<TensorToWrite> t = full_checkpoint(c);
+  ASSERT_TRUE(write_safetensors((dir.path / "model.safetensors").string(), t, {}).ok());
+  Result<Checkpoint> ck = Checkpoint::open(dir.path.string());
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  ASSERT_TRUE(bind_weights(c, ck.value()).ok());
+  std::erase_if(t, [&](const TensorToWrite& x) {
+    return x.name == l1 + "mlp.shared_expert_gate.weight" ||
+           x.name == l0 + "linear_attn.in_proj_qkvz.weight";
+  });
+  for (TensorToWrite& x : t)
+    if (x.name == l0 + "linear_attn.in_proj_ba.weight") x = zeros(x.name, DType::kBF16, {4, 16});
+  t.push_back(zeros(l0 + "linear_attn.in_proj_qkv.weight", DType::kBF16, {24, 16}));
+  TempDir broken;
+  ASSERT_TRUE(write_safetensors((broken.path / "model.safetensors").string(), t, {}).ok());
+  Result<Checkpoint> bk = Checkpoint::open(broken.path.string());
+  ASSERT_TRUE(bk.ok()) << bk.status().to_string();
+  const Result<BoundWeights> bb = bind_weights(c, bk.value());
+  ASSERT_FALSE(bb.ok());
+  EXPECT_MSG_HAS(bb.status(), "4 problem(s)");
+  EXPECT_MSG_HAS(bb.status(), "missing model.layers.1.mlp.shared_expert_gate.weight (expected "
+                              "[1, 16])");
+  EXPECT_MSG_HAS(bb.status(), "missing model.layers.0.linear_attn.in_proj_qkvz.weight (expected "
+                              "[32, 16])");
+  EXPECT_MSG_HAS(bb.status(), "wrong shape model.layers.0.linear_attn.in_proj_ba.weight: "
+                              "expected [8, 16], got [4, 16]");
+  EXPECT_MSG_HAS(bb.status(), "unused model.layers.0.linear_attn.in_proj_qkv.weight");
 }
 
 TEST(WeightTable, BindCompleteCheckpoint) {

@@ -84,6 +84,9 @@ class CpuBackend final : public Backend {
   Status sigmoid_mul(float* x, const float* gate, int64_t n) override {
     return kernels::sigmoid_mul(x, gate, n);
   }
+  Status sigmoid_scale_rows(float* x, const float* gate, int64_t rows, int64_t dim) override {
+    return kernels::sigmoid_scale_rows(x, gate, rows, dim);
+  }
   Status causal_conv1d(const CausalConv1dParams& p) override { return kernels::causal_conv1d(p); }
   Status gdn_gates(const GdnGatesParams& p) override { return kernels::gdn_gates(p); }
   Status gated_delta_rule(const GatedDeltaParams& p) override {
@@ -197,6 +200,9 @@ Status no_hybrid_ops(const char* op, Device device) {
 
 Status Backend::sigmoid_mul(float*, const float*, int64_t) {
   return no_hybrid_ops("sigmoid_mul", device());
+}
+Status Backend::sigmoid_scale_rows(float*, const float*, int64_t, int64_t) {
+  return no_hybrid_ops("sigmoid_scale_rows", device());
 }
 Status Backend::causal_conv1d(const CausalConv1dParams&) {
   return no_hybrid_ops("causal_conv1d", device());

@@ -82,6 +82,14 @@ Status sigmoid_mul(float* x, const float* gate, int64_t n) {
   return Status();
 }
 
+Status sigmoid_scale_rows(float* x, const float* gate, int64_t rows, int64_t dim) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = 1.0f / (1.0f + std::exp(-gate[r]));
+    for (int64_t i = 0; i < dim; ++i) x[r * dim + i] *= s;
+  }
+  return Status();
+}
+
 Status silu_mul(float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];

@@ -11,13 +11,7 @@ class Qwen3_5 final : public Architecture {
  public:
   using Architecture::Architecture;
   Status mixer(int layer, LayerStep& step, const float* h, float* out) const override {
-    if (groups_.kind[layer] != kv::LayerCache::kLinearState)
-      return full_attention(layer, step, h, out);
-    const int32_t state_layer = groups_.index[layer];
-    step.delta_net.conv_state = step.state_pool->conv(state_layer);
-    step.delta_net.recurrent_state = step.state_pool->recurrent(state_layer);
-    return gated_delta_net(*step.be, w_.gated_delta_net(layer), h, step.n, step.delta_net,
-                           step.delta_net_scratch, out);
+    return hybrid_mixer(layer, step, h, out);
   }
   Status ffn(int layer, LayerStep& step, const float* h, float* out) const override {
     return dense_ffn(*step.be, w_.dense_ffn(layer), h, step.n, step.ffn, out);
